@@ -1,0 +1,1 @@
+"""Dependency-free types shared by every layer (no torch, no ray)."""

@@ -1,0 +1,119 @@
+"""The contract between the local scheduler, the executor and the update phase.
+
+``SchedulerOutput`` says what to compute, ``ModelOutput`` says what was
+sampled, and ``EngineCore.update`` joins them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from llumnix.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    request_id: str
+    token_ids: list[int]
+    """The tokens to compute this step: positions start_pos .. start_pos+len-1."""
+    start_pos: int
+    block_ids: list[int]
+    """The request's block table, covering at least start_pos + len(token_ids) slots."""
+    sampling_params: SamplingParams
+    seed: int
+    output_index: int
+    """Index of the token about to be sampled; with ``seed`` it fixes the random draw."""
+
+    @property
+    def context_len(self) -> int:
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    is_prefill: bool
+    preempted_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    sampled_token_ids: list[int]
+    """One token per scheduled request, in the order of SchedulerOutput.scheduled."""
+    logprobs: list[float] | None = None
+    elapsed: float | None = None
+    """Seconds the step took, when the executor knows (the simulator's latency model)."""
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Timing of a finished request, in the engine clock's seconds."""
+
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finish_time: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_preemptions: int
+    preemption_loss: float
+    priority: int
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e(self) -> float:
+        return self.finish_time - self.arrival_time
+
+    @property
+    def decode_per_token(self) -> float | None:
+        """Mean seconds per output token after the first."""
+        if self.first_token_time is None or self.num_output_tokens < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (self.num_output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What a step produced for one request: the stream the gateway forwards."""
+
+    request_id: str
+    new_token_ids: list[int]
+    num_output_tokens: int
+    finish_reason: str | None = None
+    new_logprobs: list[float] | None = None
+    stop_reason: int | str | None = None
+    metrics: RequestMetrics | None = None
+    """Set on the output that finishes the request."""
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Executor(Protocol):
+    """Runs one scheduled batch. The model executor runs a network; the
+    simulator's returns placeholder tokens and a modelled latency."""
+
+    def execute(self, batch: SchedulerOutput) -> ModelOutput: ...
+
+
+class KVBlockIO(Protocol):
+    """Moves KV blocks in and out of an executor's cache, for migration."""
+
+    @property
+    def bytes_per_block(self) -> int: ...
+
+    def gather_blocks(self, block_ids: list[int]) -> bytes | memoryview: ...
+
+    def scatter_blocks(self, block_ids: list[int], data: bytes | memoryview) -> None: ...

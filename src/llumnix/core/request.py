@@ -1,0 +1,112 @@
+"""A request's state inside one engine: token lists and progress counters.
+
+Progress is counters, not phase flags: a step computes the tokens from
+``num_computed_tokens`` up to ``num_tokens`` and appends one sampled token.
+A fresh or recompute-preempted request has ``num_computed_tokens == 0`` (a
+prefill); a decoding one is exactly one token behind.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from llumnix.core.sampling_params import SamplingParams
+
+
+class Priority(enum.IntEnum):
+    """Scheduling/execution priority levels; higher value is served first."""
+
+    NORMAL = 0
+    HIGH = 1
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered so that ``status > PAUSED`` means finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    PAUSED = 2  # out of the batch for a migration's last stage; blocks kept
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PAUSED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    priority: int = Priority.NORMAL
+    seed: int = 0
+    """The resolved seed of the request's random stream (see model/sampler)."""
+    eos_token_id: int | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    # Timing and accounting, in the engine clock's seconds.
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+    preemption_loss: float = 0.0
+    """Seconds from each preemption until the recompute finished, summed."""
+    preempted_at: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens the next step must compute for this request."""
+        return self.num_tokens - self.num_computed_tokens
+
+    def new_token_ids(self) -> list[int]:
+        """The tokens from num_computed_tokens on, without copying the whole sequence."""
+        start = self.num_computed_tokens
+        n_prompt = len(self.prompt_token_ids)
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt:]
+        return self.prompt_token_ids[start:] + self.output_token_ids
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_new_tokens > 1 or self.num_computed_tokens == 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.sampling_params.max_tokens

@@ -1,0 +1,63 @@
+"""InstanceStatus: the snapshot an instance reports after a step.
+
+Policies are pure functions of these snapshots, so everything they read
+(blocks, queues, priorities, head-of-line demand) must be here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RequestBrief:
+    request_id: str
+    priority: int
+    num_blocks: int
+    """Blocks the request holds now (0 while queued)."""
+    num_tokens: int
+    arrival_time: float
+    is_running: bool
+    is_migrating: bool = False
+    num_output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    instance_id: str
+    timestamp: float
+    num_total_blocks: int
+    num_used_blocks: int
+    num_watermark_blocks: int
+    block_size: int
+    max_num_seqs: int
+    running: tuple[RequestBrief, ...] = ()
+    waiting: tuple[RequestBrief, ...] = ()
+    """Queued requests in service order; the first is the head of line."""
+    head_of_line_demand: int = 0
+    """Blocks the head-of-line queued request needs to be admitted (0 if none)."""
+    num_preemptions: int = 0
+    """Preemptions since the instance started."""
+    num_reserved_blocks: int = 0
+    """Blocks held for incoming migrations (included in num_used_blocks)."""
+    num_migrating_in: int = 0
+    num_migrating_out: int = 0
+    is_terminating: bool = False
+    is_schedulable: bool = True
+    step_id: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_total_blocks - self.num_used_blocks
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.running)

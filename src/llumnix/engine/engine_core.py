@@ -1,0 +1,207 @@
+"""EngineCore: schedule, execute, update. Nothing here knows which executor it has."""
+from __future__ import annotations
+
+import copy
+import random
+
+from llumnix.core.batch import Executor, ModelOutput, RequestMetrics, RequestOutput, SchedulerOutput
+from llumnix.core.clock import Clock, WallClock
+from llumnix.core.config import EngineConfig
+from llumnix.core.errors import InvalidRequestError, RequestTooLongError, UnknownRequestError
+from llumnix.core.request import Priority, Request, RequestStatus
+from llumnix.core.sampling_params import SamplingParams
+from llumnix.core.status import InstanceStatus
+from llumnix.core.stop import Detokenizer, find_stop
+from llumnix.engine.migration_ops import MigrationOpsMixin
+from llumnix.engine.scheduler import LocalScheduler
+from llumnix.engine.status_builder import build_status
+from llumnix.kv.kv_manager import KVManager
+
+
+class EngineCore(MigrationOpsMixin):
+    def __init__(
+        self,
+        config: EngineConfig,
+        executor: Executor,
+        num_blocks: int,
+        *,
+        clock: Clock | None = None,
+        instance_id: str = "instance-0",
+        eos_token_id: int | None = None,
+        detokenizer: Detokenizer | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.config = config
+        self.executor = executor
+        self.clock = clock or WallClock()
+        self.instance_id = instance_id
+        self.eos_token_id = eos_token_id
+        self.detokenizer = detokenizer
+        self.kv = KVManager(num_blocks, config.cache.block_size, config.cache.watermark)
+        self.scheduler = LocalScheduler(config.scheduler, self.kv, self.clock.now)
+        self.requests: dict[str, Request] = {}
+        self.step_id = 0
+        self._rng = random.Random(seed)
+
+    # -- requests ------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        *,
+        priority: int = Priority.NORMAL,
+        arrival_time: float | None = None,
+    ) -> Request:
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        self.check_admissible(len(prompt_token_ids), sampling_params)
+        seed = sampling_params.seed
+        req = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=sampling_params,
+            arrival_time=self.clock.now() if arrival_time is None else arrival_time,
+            priority=int(priority),
+            seed=self._rng.getrandbits(63) if seed is None else seed,
+            eos_token_id=self.eos_token_id,
+        )
+        self.requests[request_id] = req
+        self.scheduler.enqueue(req)
+        return req
+
+    def check_admissible(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """Reject what could never be served, instead of queueing it forever."""
+        if num_prompt_tokens < 1:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        max_len = self.config.max_model_len
+        if num_prompt_tokens + 1 > max_len:
+            raise RequestTooLongError(
+                f"the prompt has {num_prompt_tokens} tokens; this model's context is "
+                f"{max_len} tokens including at least one output token", "prompt")
+        most = min(num_prompt_tokens + params.max_tokens, max_len)
+        usable = self.kv.num_total_blocks - self.kv.num_watermark_blocks
+        if self.kv.num_blocks_for(most) > usable:
+            raise RequestTooLongError(
+                f"the request needs up to {most} tokens of KV cache but this instance holds "
+                f"{usable * self.kv.block_size}; lower max_tokens or the prompt", "max_tokens")
+
+    def abort_request(self, request_id: str) -> bool:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.remove(req)
+        self.kv.free(request_id)
+        req.status = RequestStatus.FINISHED_ABORTED
+        req.finish_time = self.clock.now()
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- the step ------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.schedule()
+        if batch.is_empty:
+            return []
+        return self.update(batch, self.executor.execute(batch))
+
+    def schedule(self) -> SchedulerOutput:
+        return self.scheduler.schedule()
+
+    def update(self, batch: SchedulerOutput, output: ModelOutput) -> list[RequestOutput]:
+        self.step_id += 1
+        now = self.clock.now()
+        outputs: list[RequestOutput] = []
+        logprobs = output.logprobs
+        for i, entry in enumerate(batch.scheduled):
+            req = self.requests.get(entry.request_id)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue  # aborted or paused while the step ran
+            token = output.sampled_token_ids[i]
+            req.num_computed_tokens = req.num_tokens
+            req.output_token_ids.append(token)
+            lp = None if logprobs is None else [logprobs[i]]
+            if lp is not None:
+                req.output_logprobs.extend(lp)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if req.preempted_at is not None:
+                req.preemption_loss += now - req.preempted_at
+                req.preempted_at = None
+            status = self._check_stop(req, token)
+            finish = None
+            metrics = None
+            if status is not None:
+                finish = status.finish_reason
+                metrics = self._finish(req, status, now)
+            outputs.append(RequestOutput(
+                request_id=req.request_id, new_token_ids=[token],
+                num_output_tokens=req.num_output_tokens, finish_reason=finish,
+                new_logprobs=lp, stop_reason=req.stop_reason, metrics=metrics,
+            ))
+        return outputs
+
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+        params = req.sampling_params
+        if token == req.eos_token_id and not params.ignore_eos:
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            req.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if params.stop and self.detokenizer is not None:
+            tail = max(len(s) for s in params.stop) + 4
+            hit = find_stop(self.detokenizer.decode(req.output_token_ids[-tail:]), params.stop)
+            if hit is not None:
+                req.stop_reason = hit[1]
+                return RequestStatus.FINISHED_STOPPED
+        if req.num_output_tokens >= params.max_tokens or req.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, req: Request, status: RequestStatus, now: float) -> RequestMetrics:
+        req.status = status
+        req.finish_time = now
+        self.scheduler.running.remove(req)
+        self.kv.free(req.request_id)
+        del self.requests[req.request_id]
+        return RequestMetrics(
+            arrival_time=req.arrival_time, first_scheduled_time=req.first_scheduled_time,
+            first_token_time=req.first_token_time, finish_time=now,
+            num_prompt_tokens=req.num_prompt_tokens, num_output_tokens=req.num_output_tokens,
+            num_preemptions=req.num_preemptions, preemption_loss=req.preemption_loss,
+            priority=req.priority,
+        )
+
+    # -- introspection ---------------------------------------------------------
+    def get_request(self, request_id: str) -> Request:
+        try:
+            return self.requests[request_id]
+        except KeyError:
+            raise UnknownRequestError(request_id) from None
+
+    def get_status(self) -> InstanceStatus:
+        return build_status(self)
+
+    def snapshot_request(self, request_id: str) -> Request:
+        """A detached copy of the request: the wire form migration sends."""
+        return copy.deepcopy(self.get_request(request_id))
+
+    def check_invariants(self) -> None:
+        self.kv.check_invariants()
+        sched = self.scheduler
+        queued = sched.waiting + sched.running + list(sched.paused.values())
+        ids = [r.request_id for r in queued]
+        assert len(ids) == len(set(ids)), "a request is in two queues"
+        assert set(ids) == set(self.requests), "queues and the request table disagree"
+        for r in sched.waiting:
+            assert r.status == RequestStatus.WAITING
+            assert not self.kv.has(r.request_id) or self.kv.is_reserved(r.request_id)
+        for r in sched.running + list(sched.paused.values()):
+            assert r.status in (RequestStatus.RUNNING, RequestStatus.PAUSED)
+            have = self.kv.num_blocks_of(r.request_id)
+            assert have >= self.kv.num_blocks_for(r.num_computed_tokens), (
+                f"{r.request_id} has {have} blocks for {r.num_computed_tokens} computed tokens")
+        live = {r.request_id for r in sched.running} | set(sched.paused)
+        for rid in self.kv.reserved_ids():
+            assert rid not in live, f"{rid} is both live and reserved"

@@ -1,0 +1,141 @@
+"""Local scheduler: continuous batching with vLLM 0.1.x step semantics.
+
+A step is either a prefill batch (admit queued requests in priority, then
+FCFS, order while the token budget, the batch size and the KV watermark
+allow) or, when nothing can be admitted, a decode batch of every running
+request. When a decode step cannot get a block, the lowest-priority, most
+recently arrived running request is preempted by recompute: its blocks are
+freed and it re-queues to be prefilled again from its prompt and outputs.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Callable
+
+from llumnix.core.batch import ScheduledRequest, SchedulerOutput
+from llumnix.core.config import SchedulerConfig
+from llumnix.core.request import Request, RequestStatus
+from llumnix.kv.kv_manager import KVManager
+
+
+def service_key(req: Request) -> tuple[int, float]:
+    """Order of service: higher priority first, then earlier arrival."""
+    return (-req.priority, req.arrival_time)
+
+
+class LocalScheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVManager, now: Callable[[], float]) -> None:
+        self.config = config
+        self.kv = kv
+        self._now = now
+        self.waiting: list[Request] = []  # sorted by (service_key, insertion)
+        self.running: list[Request] = []
+        self.paused: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._waiting_keys: list[tuple[int, float, int]] = []
+        self._seq = itertools.count()
+
+    # -- queues ------------------------------------------------------------
+    def enqueue(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        key = (*service_key(req), next(self._seq))
+        i = bisect.bisect(self._waiting_keys, key)
+        self._waiting_keys.insert(i, key)
+        self.waiting.insert(i, req)
+
+    def _pop_waiting_head(self) -> Request:
+        self._waiting_keys.pop(0)
+        return self.waiting.pop(0)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out of whichever queue holds it (blocks untouched)."""
+        if req.status == RequestStatus.WAITING:
+            i = self.waiting.index(req)
+            del self.waiting[i]
+            del self._waiting_keys[i]
+        elif req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status == RequestStatus.PAUSED:
+            del self.paused[req.request_id]
+
+    @property
+    def head_of_line(self) -> Request | None:
+        return self.waiting[0] if self.waiting else None
+
+    # -- one step ------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        admitted = self._admit()
+        if admitted:
+            return SchedulerOutput([self._entry(r) for r in admitted], is_prefill=True)
+        preempted = self._grow_running()
+        return SchedulerOutput(
+            [self._entry(r) for r in self.running], is_prefill=False,
+            preempted_request_ids=preempted,
+        )
+
+    def _admit(self) -> list[Request]:
+        admitted: list[Request] = []
+        num_tokens = 0
+        while self.waiting:
+            req = self.waiting[0]
+            n = req.num_new_tokens
+            # The budget limits batching, never a lone request: a sequence grown
+            # past the budget must still be re-prefillable after a preemption.
+            if admitted and num_tokens + n > self.config.max_num_batched_tokens:
+                break
+            if len(self.running) + len(admitted) >= self.config.max_num_seqs:
+                break
+            if not self.kv.can_allocate(req.num_tokens):
+                break  # head-of-line blocking is deliberate (FCFS)
+            self._pop_waiting_head()
+            self.kv.allocate(req.request_id, req.num_tokens)
+            req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = self._now()
+            admitted.append(req)
+            num_tokens += n
+        self.running.extend(admitted)
+        return admitted
+
+    def _grow_running(self) -> list[str]:
+        """Give every running request a slot for its next token, preempting as needed."""
+        queue = sorted(self.running, key=service_key)
+        kept: list[Request] = []
+        preempted: list[str] = []
+        while queue:
+            req = queue.pop(0)
+            while not self.kv.can_append(req.request_id, req.num_tokens):
+                victim = queue.pop() if queue else req
+                self.preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            else:
+                self.kv.append_slot(req.request_id, req.num_tokens)
+                kept.append(req)
+        self.running = kept
+        return preempted
+
+    def preempt(self, req: Request) -> None:
+        """Recompute preemption: drop the KV, re-queue for a full prefill."""
+        if req in self.running:
+            self.running.remove(req)
+        self.kv.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        if req.preempted_at is None:
+            req.preempted_at = self._now()
+        self.num_preemptions += 1
+        self.enqueue(req)
+
+    def _entry(self, req: Request) -> ScheduledRequest:
+        return ScheduledRequest(
+            request_id=req.request_id,
+            token_ids=req.new_token_ids(),
+            start_pos=req.num_computed_tokens,
+            block_ids=list(self.kv.block_table(req.request_id)),
+            sampling_params=req.sampling_params,
+            seed=req.seed,
+            output_index=req.num_output_tokens,
+        )
