@@ -1,0 +1,222 @@
+"""The live-migration protocol as a pure state machine (paper section 4.3).
+
+The driver (the simulator in virtual time, or the runtime coordinator over a
+real transport) performs each action the machine asks for and reports the
+outcome; the machine decides what comes next and keeps the record. It reads
+no clock and does no I/O: times come in as arguments.
+
+::
+
+    start ──► RESERVE ──ok──► COPY ──copied──► post-stage check
+                 │ refused        │                 │ request finished, aborted,
+                 ▼                ▼ failure         │ or preempted: ABORTED
+              ABORTED          ABORTED              ├─ few new blocks or stage limit ──► PAUSE
+                                                    │        (the driver takes the request out of
+                                                    │         its batch at a step boundary)
+                                                    │        paused ──► RESERVE ──► COPY (last) ──► COMMIT
+                                                    └─ otherwise: the next pre-copy stage (RESERVE)
+
+Pre-copy stages send only full blocks, because the request keeps decoding
+into its last block; the last stage sends everything left. A request that
+has no KV yet (queued) starts at COMMIT: it migrates as metadata. With
+``max_stages == 1`` it starts at PAUSE: a blocking stop-and-copy, the baseline.
+Downtime is from PAUSE to COMMITTED: only the last stage, however long the
+sequence, which is what keeps it flat.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MigrationConfig:
+    max_stages: int = 3
+    """Most copy stages, the last (stop-and-copy) one included."""
+    last_stage_max_blocks: int = 2
+    """Go to the last stage once at most this many unsent blocks remain."""
+    timeout_s: float = 10.0
+    """A migration not committed within this many seconds is aborted by its driver."""
+
+    def __post_init__(self) -> None:
+        if self.max_stages < 1:
+            raise ValueError("max_stages must be >= 1")
+        if self.last_stage_max_blocks < 0:
+            raise ValueError("last_stage_max_blocks must be >= 0")
+        if self.timeout_s <= 0:
+            raise ValueError("timeout_s must be > 0")
+
+
+class MigrationPhase(enum.IntEnum):
+    RESERVE = 0  # waiting for the destination to reserve blocks for this stage
+    COPY = 1  # waiting for this stage's blocks to be copied
+    PAUSE = 2  # waiting for the source to take the request out of its batch
+    COMMIT = 3  # waiting for the destination to install the request
+    COMMITTED = 4
+    ABORTED = 5
+
+    @property
+    def is_done(self) -> bool:
+        return self >= MigrationPhase.COMMITTED
+
+
+@dataclass
+class StageRecord:
+    index: int
+    num_blocks: int
+    is_last: bool
+    start_time: float
+    end_time: float | None = None
+    src_block_ids: list[int] = field(default_factory=list)
+    dst_block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MigrationReport:
+    request_id: str
+    src_instance_id: str
+    dst_instance_id: str
+    committed: bool
+    abort_reason: str | None
+    num_stages: int
+    num_blocks: int
+    num_bytes: int
+    downtime: float | None
+    duration: float
+
+
+class MigrationProtocol:
+    def __init__(self, request_id: str, src_instance_id: str, dst_instance_id: str,
+                 config: MigrationConfig, now: float, *, has_kv: bool = True,
+                 bytes_per_block: int = 0) -> None:
+        self.request_id = request_id
+        self.src_instance_id = src_instance_id
+        self.dst_instance_id = dst_instance_id
+        self.config = config
+        self.bytes_per_block = bytes_per_block
+        self.start_time = now
+        # No KV (a queued request): metadata only. One stage allowed: stop-and-copy.
+        if not has_kv:
+            self.phase = MigrationPhase.COMMIT
+        elif config.max_stages == 1:
+            self.phase = MigrationPhase.PAUSE
+        else:
+            self.phase = MigrationPhase.RESERVE
+        self.stages: list[StageRecord] = []
+        self.num_blocks_sent = 0
+        self.paused_at: float | None = None
+        self.end_time: float | None = None
+        self.abort_reason: str | None = None
+        self._pending_blocks: list[int] = []
+
+    # -- what the driver asks ---------------------------------------------
+    @property
+    def is_last_stage(self) -> bool:
+        return self.paused_at is not None
+
+    @property
+    def pending_blocks(self) -> list[int]:
+        """Source block ids of the current stage (set by ``begin_stage``)."""
+        return self._pending_blocks
+
+    def is_timed_out(self, now: float) -> bool:
+        return not self.phase.is_done and now - self.start_time > self.config.timeout_s
+
+    # -- transitions ----------------------------------------------------------
+    def begin_stage(self, new_src_blocks: list[int], now: float) -> MigrationPhase:
+        """Start a stage with the source blocks not yet sent (full ones, unless paused).
+
+        A pre-copy stage with nothing new to send is skipped: straight to PAUSE.
+        """
+        self._expect(MigrationPhase.RESERVE)
+        if not new_src_blocks and not self.is_last_stage:
+            self.phase = MigrationPhase.PAUSE
+            return self.phase
+        self._pending_blocks = list(new_src_blocks)
+        self.stages.append(StageRecord(len(self.stages), len(new_src_blocks), self.is_last_stage, now,
+                                       src_block_ids=list(new_src_blocks)))
+        return self.phase
+
+    def on_reserved(self, dst_block_ids: list[int] | None, now: float) -> MigrationPhase:
+        """The destination reserved blocks for this stage (None: refused)."""
+        self._expect(MigrationPhase.RESERVE)
+        if dst_block_ids is None:
+            return self.abort("destination refused to reserve blocks", now)
+        if len(dst_block_ids) != len(self._pending_blocks):
+            return self.abort("destination reserved the wrong number of blocks", now)
+        self.stages[-1].dst_block_ids = list(dst_block_ids)
+        self.phase = MigrationPhase.COPY
+        return self.phase
+
+    def on_copied(self, now: float, *, request_alive: bool, num_unsent_blocks: int) -> MigrationPhase:
+        """The stage's copy finished. ``request_alive``: still running on the source,
+        not finished, aborted or preempted since the migration began.
+        ``num_unsent_blocks``: blocks of its table not yet sent (after this stage)."""
+        self._expect(MigrationPhase.COPY)
+        stage = self.stages[-1]
+        stage.end_time = now
+        self.num_blocks_sent += stage.num_blocks
+        self._pending_blocks = []
+        if self.is_last_stage:
+            self.phase = MigrationPhase.COMMIT
+        elif not request_alive:
+            return self.abort("the request finished, was aborted or was preempted", now)
+        elif (num_unsent_blocks <= self.config.last_stage_max_blocks
+              or len(self.stages) + 1 >= self.config.max_stages):
+            self.phase = MigrationPhase.PAUSE
+        else:
+            self.phase = MigrationPhase.RESERVE
+        return self.phase
+
+    def on_paused(self, now: float, *, request_alive: bool) -> MigrationPhase:
+        """The source took the request out of its batch (at a step boundary)."""
+        self._expect(MigrationPhase.PAUSE)
+        if not request_alive:
+            return self.abort("the request ended before its last stage", now)
+        self.paused_at = now
+        self.phase = MigrationPhase.RESERVE
+        return self.phase
+
+    def on_committed(self, now: float) -> MigrationPhase:
+        """The destination installed the request; the source must now free its copy."""
+        self._expect(MigrationPhase.COMMIT)
+        self.phase = MigrationPhase.COMMITTED
+        self.end_time = now
+        return self.phase
+
+    def abort(self, reason: str, now: float) -> MigrationPhase:
+        """Either side failed, or a check said stop. The driver frees the
+        destination's reservation and, if the source paused it, resumes the request."""
+        if self.phase.is_done:
+            return self.phase
+        self.phase = MigrationPhase.ABORTED
+        self.abort_reason = reason
+        self.end_time = now
+        return self.phase
+
+    # -- record ---------------------------------------------------------------
+    def report(self) -> MigrationReport:
+        end = self.end_time if self.end_time is not None else self.start_time
+        downtime = None
+        if self.phase == MigrationPhase.COMMITTED:
+            downtime = end - (self.paused_at if self.paused_at is not None else end)
+        blocks = sum(s.num_blocks for s in self.stages if s.end_time is not None)
+        return MigrationReport(
+            request_id=self.request_id, src_instance_id=self.src_instance_id,
+            dst_instance_id=self.dst_instance_id, committed=self.phase == MigrationPhase.COMMITTED,
+            abort_reason=self.abort_reason, num_stages=len(self.stages), num_blocks=blocks,
+            num_bytes=blocks * self.bytes_per_block, downtime=downtime, duration=end - self.start_time,
+        )
+
+    def check_invariants(self) -> None:
+        assert len(self.stages) <= self.config.max_stages, "more stages than allowed"
+        assert sum(1 for s in self.stages if s.is_last) <= 1, "two last stages"
+        assert self.num_blocks_sent == sum(s.num_blocks for s in self.stages if s.end_time is not None)
+        if self.phase == MigrationPhase.COMMITTED and self.stages:
+            assert self.stages[-1].is_last, "committed without a stop-and-copy stage"
+        dst = [b for s in self.stages for b in s.dst_block_ids]
+        assert len(dst) == len(set(dst)), "a destination block reserved twice"
+
+    def _expect(self, phase: MigrationPhase) -> None:
+        if self.phase != phase:
+            raise RuntimeError(f"migration of {self.request_id}: expected {phase.name}, in {self.phase.name}")
