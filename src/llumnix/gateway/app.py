@@ -1,0 +1,229 @@
+"""The FastAPI app: OpenAI completions and chat completions, streaming or not."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from llumnix.core.errors import InvalidRequestError, LlumnixError
+from llumnix.gateway.backend import Backend, GenerateRequest
+from llumnix.gateway.detokenizer import IncrementalDetokenizer
+from llumnix.gateway.metrics import GatewayMetrics
+from llumnix.gateway.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    new_id,
+    now_s,
+    parse_priority,
+)
+
+PRIORITY_HEADER = "x-llumnix-priority"
+
+
+def error_response(status: int, message: str, *, type_: str = "invalid_request_error",
+                   param: str | None = None, code: str | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_key: bool = False,
+              default_max_tokens: int = 256) -> FastAPI:
+    app = FastAPI(title="Llumnix", version="0.1.0")
+    metrics = GatewayMetrics(backend.model_name)
+    m = metrics.labels
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        metrics.rejected.labels(model_name=backend.model_name, status="400").inc()
+        msg = err.get("msg", "invalid request")
+        return error_response(400, f"{'.'.join(loc)}: {msg}" if loc else msg,
+                              param=loc[0] if loc else None)
+
+    @app.exception_handler(InvalidRequestError)
+    async def _bad(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        metrics.rejected.labels(model_name=backend.model_name, status="400").inc()
+        return error_response(400, str(exc), param=exc.param)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):  # type: ignore[no-untyped-def]
+        path = request.url.path
+        guarded = path.startswith("/v1/") or path.startswith("/admin/")
+        if path.startswith("/admin/") and admin_requires_key and api_key is None:
+            return error_response(403, "admin endpoints need --api-key when not on loopback",
+                                  type_="permission_error")
+        if (guarded and api_key is not None
+                and request.headers.get("authorization", "") != f"Bearer {api_key}"):
+            return error_response(401, "missing or wrong API key", type_="authentication_error")
+        return await call_next(request)
+
+    def _check_model(name: str) -> JSONResponse | None:
+        if name != backend.model_name:
+            metrics.rejected.labels(model_name=backend.model_name, status="404").inc()
+            return error_response(404, f"the model '{name}' does not exist; this server serves "
+                                  f"'{backend.model_name}'", type_="NotFoundError",
+                                  param="model", code="model_not_found")
+        return None
+
+    def _prepare(body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
+                 request: Request) -> GenerateRequest:
+        if any(not 0 <= t < backend.vocab_size for t in prompt_ids):
+            raise InvalidRequestError("prompt token ids must be in [0, vocab size)", "prompt")
+        params = body.sampling_params(default_max_tokens)
+        backend.validate(len(prompt_ids), params)
+        header = request.headers.get(PRIORITY_HEADER)
+        priority = parse_priority(header if header is not None else body.priority)
+        return GenerateRequest(new_id("cmpl"), prompt_ids, params, priority, time.monotonic())
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return await backend.health()
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": backend.model_name, "object": "model",
+                                            "created": now_s(), "owned_by": "llumnix",
+                                            "max_model_len": backend.max_model_len}]}
+
+    @app.get("/admin/cluster")
+    async def cluster() -> dict[str, Any]:
+        return await backend.cluster_info()
+
+    @app.post("/admin/instances/{instance_id}/drain")
+    async def drain(instance_id: str) -> dict[str, Any]:
+        return await backend.drain_instance(instance_id)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        if (bad := _check_model(body.model)) is not None:
+            return bad
+        prompt = body.prompt
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt must not be empty", "prompt")
+            ids = backend.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+        gen = _prepare(body, ids, request)
+        echo = prompt if (body.echo and isinstance(prompt, str)) else ""
+        return await _respond(gen, body.stream, chat=False, prefix=echo)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        if (bad := _check_model(body.model)) is not None:
+            return bad
+        text = backend.tokenizer.apply_chat_template([msg.model_dump() for msg in body.messages])
+        gen = _prepare(body, backend.tokenizer.encode(text, add_special_tokens=False), request)
+        return await _respond(gen, body.stream, chat=True)
+
+    async def _respond(gen: GenerateRequest, stream: bool, *, chat: bool, prefix: str = "") -> Response:
+        if stream:
+            return StreamingResponse(_sse(gen, chat=chat, prefix=prefix),
+                                     media_type="text/event-stream")
+        return await _complete(gen, chat=chat, prefix=prefix)
+
+    async def _run(gen: GenerateRequest) -> AsyncIterator[tuple[str, str | None, int]]:
+        """Yield (new text, finish reason, output tokens) and keep the metrics."""
+        det = IncrementalDetokenizer(backend.tokenizer, gen.params.stop)
+        metrics.in_flight.labels(model_name=backend.model_name).inc()
+        first = last = None
+        finished = False
+        n_out = 0
+        try:
+            async for out in backend.generate(gen):
+                now = time.monotonic()
+                if first is None:
+                    first = now
+                    m(metrics.ttft).observe(now - gen.arrival_time)
+                last = now
+                n_out = out.num_output_tokens
+                text = det.add(out.new_token_ids, final=out.is_finished)
+                reason = out.finish_reason
+                if det.stopped and reason is None:
+                    reason = "stop"  # the stop string completed before the engine saw it
+                if reason is not None:
+                    finished = True
+                    yield text, reason, n_out
+                    metrics.requests.labels(model_name=backend.model_name,
+                                            finished_reason=reason).inc()
+                    break
+                if text:
+                    yield text, None, n_out
+        finally:
+            metrics.in_flight.labels(model_name=backend.model_name).dec()
+            if not finished:
+                await backend.abort(gen.request_id)  # client gone or error: free the KV
+            else:
+                m(metrics.prompt_tokens).inc(len(gen.prompt_token_ids))
+                m(metrics.generation_tokens).inc(n_out)
+                if first is not None and last is not None:
+                    m(metrics.e2e).observe(last - gen.arrival_time)
+                    if n_out > 1:
+                        m(metrics.tpot).observe((last - first) / (n_out - 1))
+
+    def _usage(gen: GenerateRequest, n_out: int) -> dict[str, int]:
+        n_in = len(gen.prompt_token_ids)
+        return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+
+    async def _complete(gen: GenerateRequest, *, chat: bool, prefix: str) -> Response:
+        pieces, reason, n_out = [prefix], None, 0
+        try:
+            async for text, last_reason, last_n in _run(gen):
+                pieces.append(text)
+                reason, n_out = last_reason, last_n
+        except LlumnixError as e:
+            return error_response(503, f"the request failed: {e}", type_="server_error")
+        text = "".join(pieces)
+        if chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "finish_reason": reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            obj = "text_completion"
+        return JSONResponse({"id": gen.request_id, "object": obj, "created": now_s(),
+                             "model": backend.model_name, "choices": [choice],
+                             "usage": _usage(gen, n_out)})
+
+    async def _sse(gen: GenerateRequest, *, chat: bool, prefix: str) -> AsyncIterator[str]:
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        created = now_s()
+
+        def chunk(text: str, reason: str | None, first: bool = False) -> str:
+            if chat:
+                delta: dict[str, str] = {"role": "assistant"} if first else {}
+                if text:
+                    delta["content"] = text
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            return "data: " + json.dumps({"id": gen.request_id, "object": obj, "created": created,
+                                          "model": backend.model_name, "choices": [choice]}) + "\n\n"
+
+        if chat or prefix:
+            yield chunk(prefix, None, first=True)
+        n_out = 0
+        try:
+            async for text, reason, last_n in _run(gen):
+                n_out = last_n
+                yield chunk(text, reason)
+        except LlumnixError as e:
+            err = {"error": {"message": f"the request failed: {e}", "type": "server_error"}}
+            yield "data: " + json.dumps(err) + "\n\n"
+        usage = {"id": gen.request_id, "object": obj, "created": created,
+                 "model": backend.model_name, "choices": [], "usage": _usage(gen, n_out)}
+        yield "data: " + json.dumps(usage) + "\n\n"
+        yield "data: [DONE]\n\n"
+
+    return app

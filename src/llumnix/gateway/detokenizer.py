@@ -1,0 +1,46 @@
+"""Incremental detokenization with stop strings, for streamed completions.
+
+Decoding token by token breaks multi-byte characters and would leak the start
+of a stop string before we know it is one, so text is released only when it
+is settled: complete characters, and no tail that could still become a stop.
+"""
+from __future__ import annotations
+
+from llumnix.core.stop import Detokenizer, find_stop
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Detokenizer, stop: tuple[str, ...] = ()) -> None:
+        self._tok = tokenizer
+        self._stop = stop
+        self._hold = max((len(s) for s in stop), default=1) - 1
+        self.token_ids: list[int] = []
+        self._text = ""
+        self._emitted = 0  # characters of self._text already released
+        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """Everything released so far."""
+        return self._text[: self._emitted]
+
+    def add(self, token_ids: list[int], *, final: bool = False) -> str:
+        """Add tokens; returns the newly settled text."""
+        if self.stopped:
+            return ""
+        self.token_ids += token_ids
+        text = self._tok.decode(self.token_ids)
+        hit = find_stop(text, self._stop) if self._stop else None
+        if hit is not None:
+            text = text[: hit[0]]
+            self.stopped = True
+            final = True
+        self._text = text
+        end = len(text)
+        if not final:
+            while end > self._emitted and text[end - 1] == "\ufffd":
+                end -= 1  # an incomplete UTF-8 sequence: wait for the next token
+            end = max(self._emitted, end - self._hold)
+        new = text[self._emitted:end]
+        self._emitted = end
+        return new

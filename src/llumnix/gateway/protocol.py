@@ -1,0 +1,111 @@
+"""OpenAI request/response shapes (pydantic) and their mapping onto SamplingParams."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from llumnix.core.errors import InvalidRequestError
+from llumnix.core.request import Priority
+from llumnix.core.sampling_params import SamplingParams
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+def parse_priority(value: str | int | None) -> int:
+    """'high'/'normal', or vLLM's integers (lower value = more urgent; < 0 is high)."""
+    if value is None:
+        return Priority.NORMAL
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("high", "normal"):
+            return Priority.HIGH if v == "high" else Priority.NORMAL
+        try:
+            value = int(v)
+        except ValueError:
+            raise InvalidRequestError("priority must be 'high', 'normal' or an integer",
+                                      "priority") from None
+    return Priority.HIGH if value < 0 else Priority.NORMAL
+
+
+class _SamplingFields(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(default=None)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    logprobs: Any = None
+    ignore_eos: bool = False
+    priority: str | int | None = None
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _only_one(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        logprobs = self.logprobs
+        if isinstance(logprobs, bool):
+            logprobs = 0 if logprobs else None
+        return SamplingParams(
+            max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+            stop=stop, ignore_eos=self.ignore_eos, logprobs=logprobs,
+        )
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[int]
+    echo: bool = False
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    max_completion_tokens: int | None = None
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        if self.max_tokens is None and self.max_completion_tokens is not None:
+            self.max_tokens = self.max_completion_tokens
+        return super().sampling_params(default_max_tokens)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now_s() -> int:
+    return int(time.time())

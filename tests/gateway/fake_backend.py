@@ -1,0 +1,63 @@
+"""A backend for gateway tests: an EngineCore with the token-cache executor, stepped
+in the event loop, and a byte-level tokenizer."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from llumnix.core.batch import RequestOutput
+from llumnix.core.sampling_params import SamplingParams
+from llumnix.gateway.backend import GenerateRequest
+from tests.engine.helpers import make_engine
+
+
+class ByteTokenizer:
+    eos_token_id = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return bytes(i % 128 for i in ids).decode(errors="replace")
+
+    def apply_chat_template(self, messages, add_generation_prompt=True) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
+class EngineBackend:
+    model_name = "fake"
+    max_model_len = 256
+    vocab_size = 256
+
+    def __init__(self) -> None:
+        self.engine = make_engine(num_blocks=64, block_size=4, max_model_len=self.max_model_len)
+        self.tokenizer = ByteTokenizer()
+        self.aborted: list[str] = []
+
+    def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        self.engine.check_admissible(num_prompt_tokens, params)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
+                                priority=request.priority)
+        while True:
+            await asyncio.sleep(0)
+            for out in self.engine.step():
+                if out.request_id == request.request_id:
+                    yield out
+                    if out.is_finished:
+                        return
+
+    async def abort(self, request_id: str) -> None:
+        if self.engine.abort_request(request_id):
+            self.aborted.append(request_id)
+
+    async def health(self) -> dict[str, Any]:
+        return {"status": "ok"}
+
+    async def cluster_info(self) -> dict[str, Any]:
+        return {"instances": [self.engine.instance_id]}
+
+    async def drain_instance(self, instance_id: str) -> dict[str, Any]:
+        return {"draining": instance_id}

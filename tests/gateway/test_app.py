@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from llumnix.gateway.app import build_app
+from tests.gateway.fake_backend import EngineBackend
+
+
+@pytest.fixture()
+def backend():
+    return EngineBackend()
+
+
+@pytest.fixture()
+def client(backend):
+    return TestClient(build_app(backend))
+
+
+def test_completion_non_streaming(client, backend):
+    r = client.post("/v1/completions", json={"model": "fake", "prompt": "hello", "max_tokens": 7,
+                                             "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+    assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
+
+
+def test_streaming_chunks_join_to_the_non_streamed_text(client):
+    req = {"model": "fake", "prompt": "abc", "max_tokens": 12, "temperature": 0}
+    full = client.post("/v1/completions", json=req).json()["choices"][0]["text"]
+    with client.stream("POST", "/v1/completions", json={**req, "stream": True}) as r:
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == full
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_chat_completion(client):
+    r = client.post("/v1/chat/completions", json={
+        "model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("payload,status,param", [
+    ({"model": "fake", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": "fake", "prompt": "x", "temperature": 5}, 400, "temperature"),
+    ({"model": "fake", "prompt": "x", "top_p": 0}, 400, "top_p"),
+    ({"model": "fake", "prompt": "x", "n": 2}, 400, "n"),
+    ({"model": "fake", "prompt": 7}, 400, "prompt"),
+    ({"model": "fake"}, 400, "prompt"),
+    ({"model": "nope", "prompt": "x"}, 404, "model"),
+    ({"model": "fake", "prompt": "x" * 300}, 400, "prompt"),
+    ({"model": "fake", "prompt": [1, 2, 999]}, 400, "prompt"),
+    ({"model": "fake", "prompt": ""}, 400, "prompt"),
+])
+def test_bad_input_gets_an_openai_error_body(client, backend, payload, status, param):
+    r = client.post("/v1/completions", json=payload)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["param"] == param
+    assert not backend.engine.requests  # nothing reached the engine
+
+
+def test_malformed_json_is_a_400(client):
+    r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_api_key_is_required_when_set(backend):
+    c = TestClient(build_app(backend, api_key="s3cret"))
+    req = {"model": "fake", "prompt": "x", "max_tokens": 1}
+    assert c.post("/v1/completions", json=req).status_code == 401
+    ok = c.post("/v1/completions", json=req, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
+    assert c.get("/health").status_code == 200  # health stays open for probes
+
+
+def test_admin_needs_a_key_off_loopback(backend):
+    c = TestClient(build_app(backend, admin_requires_key=True))
+    assert c.get("/admin/cluster").status_code == 403
+
+
+def test_priority_header_and_field(client, backend):
+    seen = []
+    orig = backend.engine.add_request
+
+    def spy(*a, **kw):
+        seen.append(kw.get("priority"))
+        return orig(*a, **kw)
+
+    backend.engine.add_request = spy
+    client.post("/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 1,
+                                         "priority": "high"})
+    client.post("/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 1},
+                headers={"X-Llumnix-Priority": "high"})
+    client.post("/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 1,
+                                         "priority": 0})
+    assert seen == [1, 1, 0]
+
+
+def test_metrics_endpoint_counts_requests(client):
+    client.post("/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 2})
+    text = client.get("/metrics").text
+    assert 'vllm:request_success_total{finished_reason="length",model_name="fake"} 1.0' in text
+    assert "vllm:time_to_first_token_seconds_bucket" in text
