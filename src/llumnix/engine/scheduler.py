@@ -134,7 +134,10 @@ class LocalScheduler:
             request_id=req.request_id,
             token_ids=req.new_token_ids(),
             start_pos=req.num_computed_tokens,
-            block_ids=list(self.kv.block_table(req.request_id)),
+            # The live table, not a copy: the batch is executed before the
+            # scheduler runs again, and copying every table each step is the
+            # simulator's hottest cost.
+            block_ids=self.kv.block_table(req.request_id),
             sampling_params=req.sampling_params,
             seed=req.seed,
             output_index=req.num_output_tokens,
