@@ -1,0 +1,1 @@
+"""The distributed runtime: Ray actors around the pure engine, llumlet and LlumSched."""
