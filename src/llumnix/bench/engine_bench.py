@@ -1,0 +1,153 @@
+"""`llumnix bench engine`: prefill and decode throughput of one engine, against
+Hugging Face transformers on the same weights, and the engine's memory.
+
+Every figure is measured in this one run, side by side, on this machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from llumnix.bench.machine import machine_info, peak_rss_bytes
+from llumnix.core.sampling_params import SamplingParams
+
+PREFILL_LENS = (128, 512, 2048)
+DECODE_BATCHES = (1, 8, 32)
+CONTEXT = 256
+DECODE_STEPS = 32
+
+
+def _prompt(n: int, salt: int = 0) -> list[int]:
+    # Ordinary-vocabulary ids, varied so no two prompts are identical.
+    return [100 + (i * 7919 + salt * 104729) % 40000 for i in range(n)]
+
+
+def bench_prefill(llm, n: int, reps: int) -> float:
+    times = []
+    for r in range(reps):
+        llm.engine.add_request(f"p{n}-{r}", _prompt(n, r), SamplingParams(max_tokens=1))
+        t0 = time.perf_counter()
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
+        times.append(time.perf_counter() - t0)
+    return n / min(times)
+
+
+def bench_decode(llm, batch: int, steps: int) -> float:
+    params = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
+    for i in range(batch):
+        llm.engine.add_request(f"d{batch}-{i}", _prompt(CONTEXT, i), params)
+    while any(r.num_output_tokens == 0 for r in llm.engine.requests.values()):
+        llm.engine.step()  # prefill everyone first
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        llm.engine.step()
+    elapsed = time.perf_counter() - t0
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    return batch * steps / elapsed
+
+
+def bench_transformers(model_path: str, steps: int, reps: int) -> dict[str, float]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = Path(model_path)
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                              torch_dtype=torch.float32)
+    hf.eval()
+    ids = torch.tensor([_prompt(CONTEXT)])
+
+    def gen(n: int) -> float:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                        do_sample=False, pad_token_id=0)
+        return time.perf_counter() - t0
+
+    gen(2)  # warm-up
+    t_long = min(gen(steps + 1) for _ in range(reps))
+    t_one = min(gen(1) for _ in range(reps))
+    return {"decode_tokens_per_s_batch1": steps / (t_long - t_one),
+            "prefill_s_256": t_one}
+
+
+def measure_memory(model: str, kv_bytes: int) -> dict[str, float]:
+    """Peak RSS of a fresh process holding one engine with every KV page touched."""
+    code = f"""
+import json, torch
+torch.set_num_threads(2)
+from llumnix.llm import LLM
+from llumnix.bench.machine import peak_rss_bytes
+llm = LLM({model!r}, kv_cache_bytes={kv_bytes})
+ex = llm.executor
+n = llm.engine.kv.num_total_blocks
+ex.scatter_blocks(list(range(n)), bytes(n * ex.bytes_per_block))  # touch the whole pool
+from llumnix.core.sampling_params import SamplingParams
+llm.generate(["Hello there"], SamplingParams(max_tokens=8))
+print(json.dumps({{"peak_rss_bytes": peak_rss_bytes(), "num_blocks": n,
+                   "kv_pool_bytes": n * ex.bytes_per_block}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main_engine_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from llumnix.llm import LLM
+
+    torch.set_num_threads(args.threads or 2)
+    reps = 1 if args.quick else 3
+    steps = 8 if args.quick else DECODE_STEPS
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_batched_tokens=4096)
+    llm.generate(["warm up"], SamplingParams(max_tokens=4))
+    result: dict[str, object] = {
+        "benchmark": "engine", "model": llm.loaded.name, "device": args.device, "dtype": args.dtype,
+        "machine": machine_info(), "settings": {"context": CONTEXT, "decode_steps": steps,
+                                                "reps": reps, "block_size": 16},
+    }
+    result["prefill_tokens_per_s"] = {str(n): bench_prefill(llm, n, reps) for n in PREFILL_LENS}
+    result["decode_tokens_per_s"] = {str(b): bench_decode(llm, b, steps) for b in DECODE_BATCHES}
+    dec = result["decode_tokens_per_s"]
+    assert isinstance(dec, dict)
+    result["batch32_over_batch1"] = dec["32"] / dec["1"]
+    result["rss_after_bench_bytes"] = peak_rss_bytes()
+    model_path = str(llm.loaded.path)
+    del llm
+    if not args.no_reference and model_path.endswith(".gguf"):
+        hf = bench_transformers(model_path, steps, reps)
+        result["transformers"] = hf
+        result["batch1_over_transformers"] = dec["1"] / hf["decode_tokens_per_s_batch1"]
+    result["memory_512mib_pool"] = measure_memory(args.model, 512 * 2**20)
+    _print(result)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out / 'engine.json'}")
+    return 0
+
+
+def _print(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"engine benchmark: {r['model']} on {r['device']} ({r['dtype']})")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for n, v in r["prefill_tokens_per_s"].items():
+        t.add_row(f"prefill tokens/s, {n} tokens", f"{v:,.0f}")
+    for b, v in r["decode_tokens_per_s"].items():
+        t.add_row(f"decode tokens/s, batch {b}, context ~{CONTEXT}", f"{v:,.1f}")
+    t.add_row("batch 32 / batch 1", f"{r['batch32_over_batch1']:.2f}x")
+    if "transformers" in r:
+        t.add_row("transformers generate, batch 1 tokens/s",
+                  f"{r['transformers']['decode_tokens_per_s_batch1']:,.1f}")
+        t.add_row("ours / transformers, batch 1", f"{r['batch1_over_transformers']:.2f}x")
+    m = r["memory_512mib_pool"]
+    t.add_row("peak RSS, fp32 + 512 MiB KV pool", f"{m['peak_rss_bytes'] / 2**30:.2f} GiB")
+    Console().print(t)

@@ -1,0 +1,92 @@
+"""`llumnix` command line. Errors print one line and exit 2, never a traceback."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from llumnix.core.errors import LlumnixError
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2",
+                   help="'smollm2' (the packaged SmolLM2-135M-Instruct GGUF), a .gguf file, "
+                        "or a Hugging Face directory (config.json + *.safetensors + tokenizer.json)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from llumnix.core.sampling_params import SamplingParams
+    from llumnix.llm import LLM
+
+    _set_threads(args.threads)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                            stop=tuple(args.stop or ()))
+    llm = LLM(args.model, device=args.device, dtype=args.dtype)
+    (out,) = llm.generate([args.prompt], params, chat=args.chat)
+    print(out.text)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "engine":
+        from llumnix.bench.engine_bench import main_engine_bench
+
+        return main_engine_bench(args)
+    raise LlumnixError(f"unknown benchmark {args.what!r}")
+
+
+def _set_threads(n: int | None) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llumnix", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="complete one prompt with the local engine")
+    _add_model_args(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.set_defaults(func=_cmd_generate)
+
+    b = sub.add_parser("bench", help="run a committed benchmark")
+    b.add_argument("what", choices=["engine"])
+    _add_model_args(b)
+    b.add_argument("--out", default="benchmarks/results", help="directory for the JSON result")
+    b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
+    b.add_argument("--no-reference", action="store_true",
+                   help="skip the Hugging Face transformers reference")
+    b.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (LlumnixError, FileNotFoundError) as e:
+        if os.environ.get("LLUMNIX_DEBUG"):
+            raise
+        print(f"llumnix {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Offline entry point: one engine with a real model, for `llumnix generate`,
+benchmarks, and the instance actors of the serving cluster."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from llumnix.core.batch import RequestMetrics
+from llumnix.core.clock import Clock
+from llumnix.core.config import CacheConfig, EngineConfig, SchedulerConfig
+from llumnix.core.request import Priority
+from llumnix.core.sampling_params import SamplingParams
+from llumnix.core.stop import find_stop
+from llumnix.engine import EngineCore
+
+
+@dataclass(frozen=True)
+class Completion:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    num_prompt_tokens: int
+    metrics: RequestMetrics | None
+
+
+def finish_text(tokenizer, token_ids: list[int], params: SamplingParams) -> str:
+    """The completion text: decoded, cut before the first stop string."""
+    text = tokenizer.decode(token_ids)
+    hit = find_stop(text, params.stop) if params.stop else None
+    return text if hit is None else text[:hit[0]]
+
+
+class LLM:
+    def __init__(self, model: str = "smollm2", *, device: str = "cpu", dtype: str = "float32",
+                 kv_cache_bytes: int = 512 * 2**20, num_blocks: int | None = None,
+                 block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 4096,
+                 max_model_len: int | None = None, instance_id: str = "instance-0",
+                 clock: Clock | None = None, seed: int = 0) -> None:
+        from llumnix.model import ModelExecutor, load_model, num_blocks_for_bytes
+
+        self.loaded = load_model(model, device=device, dtype=dtype)
+        self.tokenizer = self.loaded.tokenizer
+        mcfg = self.loaded.config
+        if num_blocks is None:
+            num_blocks = num_blocks_for_bytes(mcfg, block_size, dtype, kv_cache_bytes)
+        self.config = EngineConfig(
+            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                      max_num_batched_tokens=max_num_batched_tokens),
+            max_model_len=max_model_len or mcfg.max_position_embeddings,
+        )
+        self.executor = ModelExecutor(self.loaded.model, num_blocks, block_size, device=device,
+                                      dtype=dtype)
+        self.engine = EngineCore(self.config, self.executor, num_blocks, clock=clock,
+                                 instance_id=instance_id, eos_token_id=self.tokenizer.eos_token_id,
+                                 detokenizer=self.tokenizer, seed=seed)
+        self._ids = itertools.count()
+
+    def encode_prompt(self, prompt: str, *, chat: bool = False) -> list[int]:
+        if chat:
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(prompt)
+
+    def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams, *,
+                 chat: bool = False, priority: int = Priority.NORMAL) -> list[Completion]:
+        """Run prompts to completion in one continuous batch; results in input order."""
+        order: list[str] = []
+        prompt_lens: dict[str, int] = {}
+        for p in prompts:
+            ids = p if isinstance(p, list) else self.encode_prompt(p, chat=chat)
+            rid = f"gen-{next(self._ids)}"
+            self.engine.add_request(rid, ids, params, priority=priority)
+            order.append(rid)
+            prompt_lens[rid] = len(ids)
+        tokens: dict[str, list[int]] = {rid: [] for rid in order}
+        done: dict[str, tuple[str, RequestMetrics | None]] = {}
+        while len(done) < len(order):
+            for out in self.engine.step():
+                tokens[out.request_id] += out.new_token_ids
+                if out.finish_reason is not None:
+                    done[out.request_id] = (out.finish_reason, out.metrics)
+        return [Completion(rid, finish_text(self.tokenizer, tokens[rid], params), tokens[rid],
+                           done[rid][0], prompt_lens[rid], done[rid][1]) for rid in order]

@@ -1,0 +1,130 @@
+"""ModelExecutor: runs a scheduled batch through the model over its paged KV
+cache, and moves KV blocks in and out for migration."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from llumnix.core.batch import ModelOutput, SchedulerOutput
+from llumnix.model.config import LlamaConfig
+from llumnix.model.llama import ForwardBatch, LlamaModel
+from llumnix.model.sampler import sample
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}") from None
+
+
+def bytes_per_block(config: LlamaConfig, block_size: int, dtype: str | torch.dtype) -> int:
+    elem = torch.tensor([], dtype=resolve_dtype(dtype)).element_size()
+    return config.num_layers * 2 * block_size * config.kv_size * elem
+
+
+def num_blocks_for_bytes(config: LlamaConfig, block_size: int, dtype: str | torch.dtype,
+                         nbytes: int) -> int:
+    return max(1, nbytes // bytes_per_block(config, block_size, dtype))
+
+
+class ModelExecutor:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
+                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> None:
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        # The cache lives where the weights live, in their precision, unless told otherwise.
+        self.device = model.device if device is None else torch.device(device)
+        self.dtype = model.dtype if dtype is None else resolve_dtype(dtype)
+        # One tensor for every layer's K and V: a block's KV across layers is
+        # kv_cache[:, :, block], so migration moves a block list in one gather.
+        self.kv_cache = torch.zeros(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads,
+                                    cfg.head_dim, dtype=self.dtype, device=self.device)
+
+    # -- Executor -------------------------------------------------------------
+    def execute(self, batch: SchedulerOutput) -> ModelOutput:
+        t0 = time.perf_counter()
+        reqs = batch.scheduled
+        with torch.inference_mode():
+            fb = self._build(batch)
+            logits = self.model.forward(fb, self.kv_cache)
+            want_lp = any(r.sampling_params.logprobs is not None for r in reqs)
+            tokens, logprobs = sample(logits, reqs, want_lp)
+        return ModelOutput(sampled_token_ids=tokens, logprobs=logprobs,
+                           elapsed=time.perf_counter() - t0)
+
+    def _build(self, batch: SchedulerOutput) -> ForwardBatch:
+        reqs = batch.scheduled
+        bs = self.block_size
+        dev = self.device
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        last_idx: list[int] = []
+        q_lens = [len(r.token_ids) for r in reqs]
+        ctx_lens = [r.context_len for r in reqs]
+        for r in reqs:
+            ids += r.token_ids
+            table = r.block_ids
+            for p in range(r.start_pos, r.context_len):
+                positions.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+            last_idx.append(len(ids) - 1)
+        t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
+        fresh = len(reqs) == 1 and reqs[0].start_pos == 0
+        b, q_len, max_ctx = len(reqs), max(q_lens), max(ctx_lens)
+        n_blocks = -(-max_ctx // bs)
+        tables = t([r.block_ids[:n_blocks] + [0] * (n_blocks - min(len(r.block_ids), n_blocks))
+                    for r in reqs])
+        mask = tok_b = tok_i = None
+        if not fresh and (q_len > 1 or len(set(ctx_lens)) > 1):
+            key_pos = torch.arange(max_ctx, device=dev)
+            # Padded query rows get position 0 so they attend to one real key (no NaN rows).
+            q_pos = torch.zeros(b, q_len, dtype=torch.long, device=dev)
+            if q_len > 1:
+                tok_b = t([i for i, n in enumerate(q_lens) for _ in range(n)])
+                tok_i = t([j for n in q_lens for j in range(n)])
+                q_pos[tok_b, tok_i] = t(positions)
+            else:
+                q_pos[:, 0] = t(ctx_lens) - 1
+            mask = (key_pos.view(1, 1, -1) <= q_pos.unsqueeze(-1)) \
+                & (key_pos.view(1, 1, -1) < t(ctx_lens).view(-1, 1, 1))
+            mask = mask.unsqueeze(1)
+        return ForwardBatch(input_ids=t(ids), positions=t(positions), slot_mapping=t(slots),
+                            block_tables=tables, ctx_len=max_ctx, last_idx=t(last_idx), mask=mask, tok_b=tok_b,
+                            tok_i=tok_i, q_len=q_len, fresh_causal=fresh)
+
+    # -- KVBlockIO --------------------------------------------------------------
+    @property
+    def bytes_per_block(self) -> int:
+        return self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
+
+    def gather_blocks_tensor(self, block_ids: list[int]) -> torch.Tensor:
+        """The blocks fused into one contiguous tensor [layers, 2, n, block, kv_heads, head_dim]."""
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        return self.kv_cache.index_select(2, idx)
+
+    def scatter_blocks_tensor(self, block_ids: list[int], data: torch.Tensor) -> None:
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        self.kv_cache.index_copy_(2, idx, data.to(self.device, self.dtype))
+
+    def gather_blocks(self, block_ids: list[int]) -> memoryview:
+        fused = self.gather_blocks_tensor(block_ids).cpu().contiguous()
+        return memoryview(fused.view(torch.uint8).numpy()).cast("B")
+
+    def scatter_blocks(self, block_ids: list[int], data: bytes | memoryview | bytearray) -> None:
+        shape = list(self.kv_cache.shape)
+        shape[2] = len(block_ids)
+        expected = len(block_ids) * self.bytes_per_block
+        if len(data) != expected:
+            raise ValueError(f"KV buffer has {len(data)} bytes, {expected} expected")
+        writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
+        raw = torch.frombuffer(data if writable else bytearray(data), dtype=torch.uint8)
+        self.scatter_blocks_tensor(block_ids, raw.view(self.dtype).view(shape))

@@ -1,0 +1,75 @@
+"""Load a Llama-family GGUF file: dequantize tensor by tensor, undo llama.cpp's Q/K permutation."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from llumnix.core.errors import ModelLoadError
+from llumnix.model.config import LlamaConfig
+from llumnix.model.llama import LayerWeights, LlamaModel
+
+
+def read_fields(reader: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "merges", "token_type")):
+            continue  # large arrays: read by the tokenizer loader
+        try:
+            out[key] = field.contents()
+        except Exception:  # noqa: BLE001 - a field type gguf cannot decode is not one we use
+            continue
+    out["_tensor_names"] = {t.name for t in reader.tensors}
+    return out
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Invert llama.cpp's convert-time permutation of Q/K rows (interleaved RoPE
+    pairs -> the halves layout that rotate-half RoPE expects)."""
+    # llama.cpp: w.reshape(n_head, 2, d, ...).swapaxes(1, 2); so swap back from (n_head, d, 2, ...).
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_gguf(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfig, LlamaModel, Any]:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 - report any parse failure as a load error
+        raise ModelLoadError(f"{path} is not a readable GGUF file: {e}") from e
+    fields = read_fields(reader)
+    arch = fields.get("general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
+    tensors = {t.name: t for t in reader.tensors}
+    config = LlamaConfig.from_gguf_fields(fields, vocab_size=int(tensors["token_embd.weight"].shape[-1]))
+
+    def get(name: str, n_head: int | None = None) -> torch.Tensor:
+        t = tensors.get(name)
+        if t is None:
+            raise ModelLoadError(f"{path}: tensor {name} is missing")
+        arr = dequantize(t.data, t.tensor_type)
+        arr = arr.reshape([int(x) for x in reversed(t.shape)])
+        if n_head is not None:
+            arr = unpermute(arr, n_head)
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if not arr.flags.writeable:
+            arr = arr.copy()  # F32 tensors come straight from the read-only memory map
+        return torch.from_numpy(arr).to(device, dtype)
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"blk.{i}."
+        wqkv = torch.cat([get(p + "attn_q.weight", config.num_heads),
+                          get(p + "attn_k.weight", config.num_kv_heads),
+                          get(p + "attn_v.weight")])
+        gate_up = torch.cat([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")])
+        layers.append(LayerWeights(attn_norm=get(p + "attn_norm.weight"), wqkv=wqkv,
+                                   wo=get(p + "attn_output.weight"), ffn_norm=get(p + "ffn_norm.weight"),
+                                   w_gate_up=gate_up, w_down=get(p + "ffn_down.weight")))
+    lm_head = None if config.tie_word_embeddings else get("output.weight")
+    model = LlamaModel(config, get("token_embd.weight"), layers, get("output_norm.weight"), lm_head)
+    return config, model, reader

@@ -1,0 +1,132 @@
+"""A Llama-family forward pass in plain PyTorch over a paged KV cache.
+
+All requests of a step are flattened into one token axis (T tokens). Each
+layer writes its new keys/values into the cache slots of those tokens, then
+every request attends over its whole context read back through its block
+table; so prefill, decode and any mix of them share one path::
+
+    slot(token at position p) = block_table[p // block_size] * block_size + p % block_size
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from llumnix.model.config import LlamaConfig
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor  # [q_size + 2 * kv_size, hidden]: Q, K and V fused in one matmul
+    wo: torch.Tensor
+    ffn_norm: torch.Tensor
+    w_gate_up: torch.Tensor  # [2 * intermediate, hidden]: gate and up fused
+    w_down: torch.Tensor
+
+
+@dataclass
+class ForwardBatch:
+    """Index tensors for one step, built once and shared by every layer."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T] flat cache slot of each new token
+    block_tables: torch.Tensor  # [B, nb] each request's blocks covering its context (padded)
+    ctx_len: int  # L = longest context; keys beyond a request's own length are masked
+    last_idx: torch.Tensor  # [B] index in T of each request's last token
+    mask: torch.Tensor | None  # [B, 1, Q, L] True = may attend; None = attend to all
+    tok_b: torch.Tensor | None  # [T] request of each token (None when every request has 1 token)
+    tok_i: torch.Tensor | None  # [T] its row in the padded query block
+    q_len: int  # Q, padded queries per request
+    fresh_causal: bool  # one request prefilled from position 0: attend over fresh K/V
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaModel:
+    def __init__(self, config: LlamaConfig, embed: torch.Tensor, layers: list[LayerWeights],
+                 norm: torch.Tensor, lm_head: torch.Tensor | None = None) -> None:
+        self.config = config
+        self.embed = embed
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = embed if lm_head is None else lm_head  # tied: one tensor, not two
+        inv = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float64)
+                                           / config.head_dim))
+        pos = torch.arange(config.max_position_embeddings, dtype=torch.float64)
+        freqs = torch.outer(pos, inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(embed.dtype).to(embed.device)
+        self.sin = emb.sin().to(embed.dtype).to(embed.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def forward(self, fb: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        """Logits of each request's last token, [B, vocab]. ``kv_cache`` is
+        [layers, 2, num_blocks, block_size, kv_heads, head_dim]."""
+        cfg = self.config
+        h = F.embedding(fb.input_ids, self.embed)
+        cos = self.cos[fb.positions].unsqueeze(1)
+        sin = self.sin[fb.positions].unsqueeze(1)
+        eps = cfg.rms_norm_eps
+        for i, lw in enumerate(self.layers):
+            x = F.rms_norm(h, (cfg.hidden_size,), lw.attn_norm, eps)
+            qkv = F.linear(x, lw.wqkv)
+            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q = q.view(-1, cfg.num_heads, cfg.head_dim)
+            k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+            v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            attn = self._attention(fb, q, k, v, kv_cache[i, 0], kv_cache[i, 1])
+            h = h + F.linear(attn, lw.wo)
+            x = F.rms_norm(h, (cfg.hidden_size,), lw.ffn_norm, eps)
+            gate, up = F.linear(x, lw.w_gate_up).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, lw.w_down)
+        h = F.rms_norm(h[fb.last_idx], (cfg.hidden_size,), self.norm, eps)
+        return F.linear(h, self.lm_head).float()
+
+    def _attention(self, fb: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        kvh, hd = cfg.num_kv_heads, cfg.head_dim
+        flat_k = k_cache.view(-1, kvh, hd)
+        flat_v = v_cache.view(-1, kvh, hd)
+        flat_k.index_copy_(0, fb.slot_mapping, k)
+        flat_v.index_copy_(0, fb.slot_mapping, v)
+        if fb.fresh_causal:
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                v.transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=True)
+            return out.squeeze(0).transpose(0, 1).reshape(-1, cfg.q_size)
+        # Gather whole blocks (index_select over block ids is far cheaper than
+        # gathering L single slots), then view them as one context per request.
+        b, nb = fb.block_tables.shape
+        idx = fb.block_tables.view(-1)
+        keys = k_cache.index_select(0, idx).view(b, nb * k_cache.shape[1], kvh, hd)
+        values = v_cache.index_select(0, idx).view(b, nb * k_cache.shape[1], kvh, hd)
+        keys = keys[:, :fb.ctx_len].transpose(1, 2)  # [B, kvh, L, hd]
+        values = values[:, :fb.ctx_len].transpose(1, 2)
+        if fb.tok_b is None:
+            queries = q.view(b, 1, cfg.num_heads, hd)
+        else:
+            queries = q.new_zeros(b, fb.q_len, cfg.num_heads, hd)
+            queries[fb.tok_b, fb.tok_i] = q
+        out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
+                                             attn_mask=fb.mask, enable_gqa=True)
+        out = out.transpose(1, 2)  # [B, Q, heads, hd]
+        if fb.tok_b is None:
+            return out.reshape(-1, cfg.q_size)
+        return out[fb.tok_b, fb.tok_i].reshape(-1, cfg.q_size)

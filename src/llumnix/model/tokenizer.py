@@ -1,0 +1,94 @@
+"""Tokenizer over the `tokenizers` library, from GGUF metadata or tokenizer.json,
+with the model's own chat template rendered by sandboxed Jinja."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from llumnix.core.errors import ModelLoadError
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+          " + '<|im_end|>' + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+# GGUF token types (llama.cpp): 3 = control, 4 = user-defined; both are whole special tokens.
+_SPECIAL_TYPES = (3, 4)
+
+
+class Tokenizer:
+    def __init__(self, tok: HFTokenizer, *, bos_token_id: int | None, eos_token_id: int | None,
+                 chat_template: str | None) -> None:
+        self._tok = tok
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.chat_template = chat_template or CHATML
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._template = env.from_string(self.chat_template)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self._token(self.bos_token_id),
+                                     eos_token=self._token(self.eos_token_id))
+
+    def _token(self, tid: int | None) -> str:
+        return "" if tid is None else (self._tok.id_to_token(tid) or "")
+
+    @classmethod
+    def from_gguf(cls, reader: Any, fields: dict[str, Any]) -> Tokenizer:
+        kind = fields.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ModelLoadError(f"GGUF tokenizer {kind!r} is not supported (only byte-level BPE 'gpt2')")
+        f = reader.fields
+        tokens = list(f["tokenizer.ggml.tokens"].contents())
+        merges = [tuple(m.split(" ", 1)) for m in f["tokenizer.ggml.merges"].contents()]
+        types = list(f["tokenizer.ggml.token_type"].contents()) if "tokenizer.ggml.token_type" in f else []
+        vocab = {t: i for i, t in enumerate(tokens)}
+        tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+        # SmolLM2's pre-tokenizer ('smollm' in llama.cpp): digits split one by one, then GPT-2's.
+        split_digits = fields.get("tokenizer.ggml.pre") in ("smollm", "starcoder")
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                      byte_level]) if split_digits else byte_level)
+        tok.decoder = decoders.ByteLevel()
+        special = [AddedToken(tokens[i], special=True, normalized=False)
+                   for i, t in enumerate(types) if t in _SPECIAL_TYPES]
+        tok.add_special_tokens(special)
+        return cls(tok, bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
+                   eos_token_id=fields.get("tokenizer.ggml.eos_token_id"),
+                   chat_template=fields.get("tokenizer.chat_template"))
+
+    @classmethod
+    def from_dir(cls, path: Path, bos_token_id: int | None, eos_token_id: int | None) -> Tokenizer:
+        file = path / "tokenizer.json"
+        if not file.exists():
+            raise ModelLoadError(f"{path} has no tokenizer.json")
+        tok = HFTokenizer.from_file(str(file))
+        template = None
+        cfg_file = path / "tokenizer_config.json"
+        if cfg_file.exists():
+            cfg = json.loads(cfg_file.read_text())
+            template = cfg.get("chat_template")
+            eos = cfg.get("eos_token")
+            if isinstance(eos, dict):
+                eos = eos.get("content")
+            if isinstance(eos, str) and tok.token_to_id(eos) is not None:
+                eos_token_id = tok.token_to_id(eos)
+        return cls(tok, bos_token_id=bos_token_id, eos_token_id=eos_token_id, chat_template=template)

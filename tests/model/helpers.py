@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from llumnix.core.clock import VirtualClock
+from llumnix.core.config import CacheConfig, EngineConfig, SchedulerConfig
+from llumnix.engine import EngineCore
+from llumnix.model import ModelExecutor
+
+
+def real_engine(loaded, num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 16,
+                instance_id: str = "m0") -> EngineCore:
+    config = EngineConfig(cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, watermark=0.0),
+                          scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=512),
+                          max_model_len=loaded.config.max_position_embeddings)
+    ex = ModelExecutor(loaded.model, num_blocks, block_size)
+    return EngineCore(config, ex, num_blocks, clock=VirtualClock(), instance_id=instance_id,
+                      eos_token_id=None)
+
+
+def drain(engine) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+        engine.check_invariants()
+    return out

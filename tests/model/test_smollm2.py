@@ -1,0 +1,66 @@
+"""The packaged default model: loading, tokenizer, chat template, a known answer."""
+from __future__ import annotations
+
+import pytest
+
+from llumnix.core.errors import ModelLoadError
+from llumnix.core.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from llumnix.llm import LLM
+
+    return LLM("smollm2", kv_cache_bytes=64 * 2**20)
+
+
+def test_the_capital_of_france_is_paris(smollm2):
+    (out,) = smollm2.generate(["What is the capital of France? Answer in one sentence."],
+                              SamplingParams(max_tokens=20), chat=True)
+    assert "Paris" in out.text
+
+
+def test_chat_template_is_the_models_own(smollm2):
+    text = smollm2.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    assert smollm2.tokenizer.encode("<|im_start|>user", add_special_tokens=False)[0] == 1
+
+
+def test_eos_stops_generation_and_stop_strings_cut_text(smollm2):
+    (out,) = smollm2.generate(["Say hello."], SamplingParams(max_tokens=60), chat=True)
+    assert out.finish_reason == "stop" and out.token_ids[-1] == smollm2.tokenizer.eos_token_id
+    (cut,) = smollm2.generate(["What is the capital of France? Answer in one sentence."],
+                              SamplingParams(max_tokens=20, stop=("Paris",)), chat=True)
+    assert "Paris" not in cut.text and cut.finish_reason == "stop"
+
+
+def test_prompt_too_long_is_rejected_at_admission(smollm2):
+    from llumnix.core.errors import RequestTooLongError
+
+    with pytest.raises(RequestTooLongError):
+        smollm2.generate([[100] * 9000], SamplingParams(max_tokens=1))
+
+
+def test_unknown_model_is_a_clear_error():
+    from llumnix.model import load_model
+
+    with pytest.raises(ModelLoadError, match="neither"):
+        load_model("/no/such/model.gguf")
+
+
+@pytest.mark.slow
+def test_tokenizer_and_greedy_tokens_match_transformers_on_the_gguf(smollm2):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = smollm2.loaded.path
+    hf_tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    for s in ["Hello world", "The year 2024 had 366 days!", "héllo 日本語 ✓", "a\n\n\tb"]:
+        assert smollm2.tokenizer.encode(s) == hf_tok.encode(s)
+    hf = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
+    for prompt in ["The capital of France is", "def fibonacci(n):", "Once upon a time,"]:
+        ids = smollm2.tokenizer.encode(prompt)
+        (ours,) = smollm2.generate([ids], SamplingParams(max_tokens=24, ignore_eos=True))
+        with torch.inference_mode():
+            theirs = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):]
+        assert ours.token_ids == theirs.tolist()
