@@ -14,7 +14,7 @@ PROMPTS = [[5, 17, 200, 33, 9], list(range(40, 77)), [250] * 3 + [1, 2, 3, 4, 5,
 def reference_forward(model, ids: list[int]) -> torch.Tensor:
     """Full causal attention, no cache, no paging: logits of every position."""
     cfg = model.config
-    h = F.embedding(torch.tensor(ids), model.embed)
+    h = model.lm_head.T[torch.tensor(ids)]  # tied embeddings
     n = len(ids)
     cos, sin = model.cos[:n].unsqueeze(1), model.sin[:n].unsqueeze(1)
 
@@ -24,24 +24,24 @@ def reference_forward(model, ids: list[int]) -> torch.Tensor:
 
     for lw in model.layers:
         x = F.rms_norm(h, (cfg.hidden_size,), lw.attn_norm, cfg.rms_norm_eps)
-        q, k, v = (x @ lw.wqkv.T).split([cfg.q_size, cfg.kv_size, cfg.kv_size], -1)
+        q, k, v = (x @ lw.wqkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], -1)
         q = rot(q.view(n, cfg.num_heads, -1))
         k = rot(k.view(n, cfg.num_kv_heads, -1)).repeat_interleave(cfg.num_heads // cfg.num_kv_heads, 1)
         v = v.view(n, cfg.num_kv_heads, -1).repeat_interleave(cfg.num_heads // cfg.num_kv_heads, 1)
         scores = torch.einsum("qhd,khd->hqk", q, k) / cfg.head_dim ** 0.5
         scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
         att = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, -1)
-        h = h + att @ lw.wo.T
+        h = h + att @ lw.wo
         x = F.rms_norm(h, (cfg.hidden_size,), lw.ffn_norm, cfg.rms_norm_eps)
-        g, u = (x @ lw.w_gate_up.T).chunk(2, -1)
-        h = h + (F.silu(g) * u) @ lw.w_down.T
-    return F.rms_norm(h, (cfg.hidden_size,), model.norm, cfg.rms_norm_eps) @ model.lm_head.T
+        g, u = (x @ lw.w_gate_up).chunk(2, -1)
+        h = h + (F.silu(g) * u) @ lw.w_down
+    return F.rms_norm(h, (cfg.hidden_size,), model.norm, cfg.rms_norm_eps) @ model.lm_head
 
 
 def test_loaded_config_matches_the_directory(tiny_loaded):
     c = tiny_loaded.config
     assert (c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size) == (2, 4, 2, 16, 257)
-    assert tiny_loaded.model.lm_head is tiny_loaded.model.embed  # tied, one tensor
+    assert tiny_loaded.model.is_tied and tiny_loaded.model.embed is None  # one tensor
 
 
 def test_logits_match_transformers_and_the_reference(tiny_llama_dir, tiny_loaded):

@@ -52,13 +52,13 @@ def bench_decode(llm, batch: int, steps: int) -> float:
     return batch * steps / elapsed
 
 
-def bench_transformers(model_path: str, steps: int, reps: int) -> dict[str, float]:
+def bench_transformers(model_path: str, steps: int, reps: int, dtype: str) -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM
 
     path = Path(model_path)
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                              torch_dtype=torch.float32)
+                                              dtype=getattr(torch, dtype))
     hf.eval()
     ids = torch.tensor([_prompt(CONTEXT)])
 
@@ -77,20 +77,21 @@ def bench_transformers(model_path: str, steps: int, reps: int) -> dict[str, floa
 
 
 def measure_memory(model: str, kv_bytes: int) -> dict[str, float]:
-    """Peak RSS of a fresh process holding one engine with every KV page touched."""
+    """Resident memory of a fresh process holding one engine, every KV page touched:
+    now (steady state, after serving a batch) and at its peak (model loading included)."""
     code = f"""
 import json, torch
-torch.set_num_threads(2)
+torch.set_num_threads(1)
 from llumnix.llm import LLM
-from llumnix.bench.machine import peak_rss_bytes
+from llumnix.bench.machine import peak_rss_bytes, current_rss_bytes
+from llumnix.core.sampling_params import SamplingParams
 llm = LLM({model!r}, kv_cache_bytes={kv_bytes})
 ex = llm.executor
+ex.kv_cache.fill_(1.0)  # make every page of the pool resident
+llm.generate(["Hello there"] * 8, SamplingParams(max_tokens=16))
 n = llm.engine.kv.num_total_blocks
-ex.scatter_blocks(list(range(n)), bytes(n * ex.bytes_per_block))  # touch the whole pool
-from llumnix.core.sampling_params import SamplingParams
-llm.generate(["Hello there"], SamplingParams(max_tokens=8))
-print(json.dumps({{"peak_rss_bytes": peak_rss_bytes(), "num_blocks": n,
-                   "kv_pool_bytes": n * ex.bytes_per_block}}))
+print(json.dumps({{"rss_bytes": current_rss_bytes(), "peak_rss_bytes": peak_rss_bytes(),
+                   "num_blocks": n, "kv_pool_bytes": n * ex.bytes_per_block}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -101,7 +102,7 @@ def main_engine_bench(args: argparse.Namespace) -> int:
 
     from llumnix.llm import LLM
 
-    torch.set_num_threads(args.threads or 2)
+    torch.set_num_threads(args.threads or 1)
     reps = 1 if args.quick else 3
     steps = 8 if args.quick else DECODE_STEPS
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_batched_tokens=4096)
@@ -109,7 +110,8 @@ def main_engine_bench(args: argparse.Namespace) -> int:
     result: dict[str, object] = {
         "benchmark": "engine", "model": llm.loaded.name, "device": args.device, "dtype": args.dtype,
         "machine": machine_info(), "settings": {"context": CONTEXT, "decode_steps": steps,
-                                                "reps": reps, "block_size": 16},
+                                                "reps": reps, "block_size": 16,
+                                                "torch_threads": torch.get_num_threads()},
     }
     result["prefill_tokens_per_s"] = {str(n): bench_prefill(llm, n, reps) for n in PREFILL_LENS}
     result["decode_tokens_per_s"] = {str(b): bench_decode(llm, b, steps) for b in DECODE_BATCHES}
@@ -120,7 +122,7 @@ def main_engine_bench(args: argparse.Namespace) -> int:
     model_path = str(llm.loaded.path)
     del llm
     if not args.no_reference and model_path.endswith(".gguf"):
-        hf = bench_transformers(model_path, steps, reps)
+        hf = bench_transformers(model_path, steps, reps, args.dtype)
         result["transformers"] = hf
         result["batch1_over_transformers"] = dec["1"] / hf["decode_tokens_per_s_batch1"]
     result["memory_512mib_pool"] = measure_memory(args.model, 512 * 2**20)
@@ -149,5 +151,6 @@ def _print(r: dict) -> None:
                   f"{r['transformers']['decode_tokens_per_s_batch1']:,.1f}")
         t.add_row("ours / transformers, batch 1", f"{r['batch1_over_transformers']:.2f}x")
     m = r["memory_512mib_pool"]
-    t.add_row("peak RSS, fp32 + 512 MiB KV pool", f"{m['peak_rss_bytes'] / 2**30:.2f} GiB")
+    t.add_row("RSS, fp32 + 512 MiB KV pool (steady / peak)",
+              f"{m['rss_bytes'] / 1e9:.2f} / {m['peak_rss_bytes'] / 1e9:.2f} GB")
     Console().print(t)

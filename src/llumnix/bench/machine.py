@@ -35,3 +35,15 @@ def machine_info() -> dict[str, object]:
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int:
+    """Resident set size of this process now (Linux /proc; peak where unavailable)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return peak_rss_bytes()

@@ -32,6 +32,11 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _t(w: torch.Tensor) -> torch.Tensor:
+    """[out, in] -> contiguous [in, out], the layout LlamaModel multiplies with."""
+    return w.t().contiguous()
+
+
 def load_gguf(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfig, LlamaModel, Any]:
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -67,9 +72,14 @@ def load_gguf(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfig,
                           get(p + "attn_k.weight", config.num_kv_heads),
                           get(p + "attn_v.weight")])
         gate_up = torch.cat([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")])
-        layers.append(LayerWeights(attn_norm=get(p + "attn_norm.weight"), wqkv=wqkv,
-                                   wo=get(p + "attn_output.weight"), ffn_norm=get(p + "ffn_norm.weight"),
-                                   w_gate_up=gate_up, w_down=get(p + "ffn_down.weight")))
-    lm_head = None if config.tie_word_embeddings else get("output.weight")
-    model = LlamaModel(config, get("token_embd.weight"), layers, get("output_norm.weight"), lm_head)
+        layers.append(LayerWeights(attn_norm=get(p + "attn_norm.weight"), wqkv=_t(wqkv),
+                                   wo=_t(get(p + "attn_output.weight")),
+                                   ffn_norm=get(p + "ffn_norm.weight"),
+                                   w_gate_up=_t(gate_up), w_down=_t(get(p + "ffn_down.weight"))))
+        del wqkv, gate_up
+    embed = get("token_embd.weight")
+    if config.tie_word_embeddings:
+        model = LlamaModel(config, _t(embed), layers, get("output_norm.weight"))
+    else:
+        model = LlamaModel(config, _t(get("output.weight")), layers, get("output_norm.weight"), embed)
     return config, model, reader

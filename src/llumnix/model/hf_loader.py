@@ -9,6 +9,7 @@ from safetensors import safe_open
 
 from llumnix.core.errors import ModelLoadError
 from llumnix.model.config import LlamaConfig
+from llumnix.model.gguf_loader import _t
 from llumnix.model.llama import LayerWeights, LlamaModel
 
 _SUPPORTED = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
@@ -45,12 +46,13 @@ def load_hf_dir(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfi
         p = f"model.layers.{i}."
         layers.append(LayerWeights(
             attn_norm=get(p + "input_layernorm.weight"),
-            wqkv=torch.cat([get(p + f"self_attn.{x}_proj.weight") for x in "qkv"]),
-            wo=get(p + "self_attn.o_proj.weight"),
+            wqkv=_t(torch.cat([get(p + f"self_attn.{x}_proj.weight") for x in "qkv"])),
+            wo=_t(get(p + "self_attn.o_proj.weight")),
             ffn_norm=get(p + "post_attention_layernorm.weight"),
-            w_gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]),
-            w_down=get(p + "mlp.down_proj.weight")))
-    tied = config.tie_word_embeddings or "lm_head.weight" not in where
-    lm_head = None if tied else get("lm_head.weight")
-    model = LlamaModel(config, get("model.embed_tokens.weight"), layers, get("model.norm.weight"), lm_head)
-    return config, model
+            w_gate_up=_t(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])),
+            w_down=_t(get(p + "mlp.down_proj.weight"))))
+    embed = get("model.embed_tokens.weight")
+    norm = get("model.norm.weight")
+    if config.tie_word_embeddings or "lm_head.weight" not in where:
+        return config, LlamaModel(config, _t(embed), layers, norm)
+    return config, LlamaModel(config, _t(get("lm_head.weight")), layers, norm, embed)

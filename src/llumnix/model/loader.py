@@ -63,4 +63,15 @@ def load_model(spec: str = "smollm2", device: str = "cpu", dtype: str | torch.dt
         name = "smollm2" if path.name == SMOLLM2_FILE else path.stem
     else:
         raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face directory")
+    _release_free_heap()
     return LoadedModel(name=name, path=path, config=config, model=model, tokenizer=tokenizer)
+
+
+def _release_free_heap() -> None:
+    """Dequantizing leaves freed buffers in glibc's heap; hand them back to the OS."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim
