@@ -1,0 +1,99 @@
+"""The metrics -> filters -> scorers -> picker pipeline every dispatch policy is written in.
+
+Filters narrow the candidates; scorers return one value in [0, 1] per candidate
+(higher is better); the framework clamps, weights and sums them; the picker
+chooses. Plugins are registered by name, so a policy is configuration.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llumnix.core.status import InstanceStatus
+from llumnix.policy.config import FreenessConfig, PolicyConfigError
+
+
+@dataclass
+class DispatchContext:
+    """What plugins may read besides the statuses. No clock: ``now`` comes in."""
+
+    now: float
+    freeness: FreenessConfig
+    staleness_s: float
+    sent: dict[str, int] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+
+Filter = Callable[[InstanceStatus, DispatchContext], bool]
+Scorer = Callable[[list[InstanceStatus], DispatchContext], list[float]]
+Picker = Callable[[list[InstanceStatus], list[float], DispatchContext], InstanceStatus]
+
+FILTERS: dict[str, Filter] = {}
+SCORERS: dict[str, Scorer] = {}
+PICKERS: dict[str, Picker] = {}
+
+
+def register(table: dict, name: str) -> Callable:
+    def deco(fn: Callable) -> Callable:
+        table[name] = fn
+        return fn
+    return deco
+
+
+def lookup(table: dict, kind: str, name: str) -> Callable:
+    if name not in table:
+        raise PolicyConfigError(f"unknown {kind} {name!r} (known: {', '.join(sorted(table))})", kind)
+    return table[name]
+
+
+def higher_is_better(values: list[float]) -> list[float]:
+    """Min-max normalise raw metrics into [0, 1]; all equal -> all 1."""
+    finite = [v for v in values if v not in (float("inf"), float("-inf"))]
+    if not finite:
+        return [1.0 for _ in values]
+    lo, hi = min(finite), max(finite)
+    if hi == lo:
+        return [1.0 if v >= lo else 0.0 for v in values]
+    return [min(1.0, max(0.0, (v - lo) / (hi - lo))) for v in values]
+
+
+def lower_is_better(values: list[float]) -> list[float]:
+    return higher_is_better([-v for v in values])
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    filters: tuple[str, ...] = ("schedulable", "not-terminating", "fresh")
+    scorers: tuple[tuple[str, float], ...] = (("freeness", 1.0),)
+    picker: str = "max-score"
+
+    def __post_init__(self) -> None:
+        for f in self.filters:
+            lookup(FILTERS, "filter", f)
+        for s, w in self.scorers:
+            lookup(SCORERS, "scorer", s)
+            if w < 0:
+                raise PolicyConfigError(f"weight of scorer {s!r} must be >= 0", "weight")
+        lookup(PICKERS, "picker", self.picker)
+
+    def pick(self, statuses: list[InstanceStatus], ctx: DispatchContext) -> str | None:
+        cands = self.candidates(statuses, ctx)
+        if not cands:
+            return None
+        total = [0.0] * len(cands)
+        for name, weight in self.scorers:
+            for i, v in enumerate(SCORERS[name](cands, ctx)):
+                total[i] += weight * min(1.0, max(0.0, v))
+        return PICKERS[self.picker](cands, total, ctx).instance_id
+
+    def candidates(self, statuses: list[InstanceStatus], ctx: DispatchContext) -> list[InstanceStatus]:
+        cands = sorted(statuses, key=lambda s: s.instance_id)
+        for name in self.filters:
+            kept = [s for s in cands if FILTERS[name](s, ctx)]
+            # A staleness filter that would leave nothing is ignored: serving on an old
+            # view beats refusing every request while reports are late.
+            if not kept and name == "fresh":
+                continue
+            cands = kept
+        return cands
