@@ -7,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH ?= torch==2.13.0
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: setup run test test-slow lint bench-engine
+.PHONY: setup run generate test test-slow lint bench-engine
 
 setup: $(VENV)/.installed
 
@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup
+	$(VENV)/bin/llumnix serve
+
+generate: setup
 	$(VENV)/bin/llumnix generate --chat --max-tokens 40 --prompt "$(PROMPT)"
 
 test: setup

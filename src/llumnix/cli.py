@@ -32,6 +32,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from llumnix.cluster.serve import main_serve
+
+    return main_serve(args)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "engine":
         from llumnix.bench.engine_bench import main_engine_bench
@@ -62,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.set_defaults(func=_cmd_generate)
+
+    s = sub.add_parser("serve", help="serve an OpenAI-compatible API from a cluster of instances on Ray")
+    from llumnix.cluster.serve import add_serve_args
+
+    add_serve_args(s)
+    s.set_defaults(func=_cmd_serve)
 
     b = sub.add_parser("bench", help="run a committed benchmark")
     b.add_argument("what", choices=["engine"])

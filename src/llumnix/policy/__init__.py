@@ -2,6 +2,7 @@
 Llumlet and GlobalScheduler objects that the runtime and the simulator drive."""
 from llumnix.policy import plugins as _plugins  # noqa: F401 - registers the built-in plugins
 from llumnix.policy.config import (
+    DISPATCH_POLICIES,
     DispatchConfig,
     FreenessConfig,
     PolicyConfigError,
@@ -9,7 +10,7 @@ from llumnix.policy.config import (
     ScalingConfig,
     SchedulingConfig,
 )
-from llumnix.policy.dispatch import DISPATCH_POLICIES, make_pipeline
+from llumnix.policy.dispatch import make_pipeline
 from llumnix.policy.freeness import freeness, memory_load, normal_freeness, virtual_usages
 from llumnix.policy.global_scheduler import DispatchQueue, DispatchRequest, GlobalScheduler
 from llumnix.policy.llumlet import Llumlet

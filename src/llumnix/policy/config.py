@@ -39,6 +39,10 @@ class FreenessConfig:
             raise PolicyConfigError("headroom_tokens must be >= 0", "headroom_tokens")
 
 
+DISPATCH_POLICIES = ("llumnix", "infaas++", "round-robin", "least-requests", "random", "power-of-two",
+                     "llm-d", "custom")
+
+
 @dataclass(frozen=True)
 class DispatchConfig:
     policy: str = "llumnix"
@@ -47,8 +51,14 @@ class DispatchConfig:
     """Policy-specific parameters (weights of the llm-d scorer, ...)."""
     staleness_s: float = 2.0
     """Statuses older than this are not dispatched to (unless every one is stale)."""
+    pending_grace_s: float = 0.0
+    """How long a dispatched request may take to show up in its instance's reports
+    (0 in the simulator, where delivery is instant; about a second over Ray)."""
 
     def __post_init__(self) -> None:
+        if self.policy not in DISPATCH_POLICIES:
+            raise PolicyConfigError(f"unknown dispatch policy {self.policy!r} "
+                                    f"(known: {', '.join(DISPATCH_POLICIES)})", "dispatch.policy")
         if self.staleness_s <= 0:
             raise PolicyConfigError("staleness_s must be > 0", "staleness_s")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from llumnix.policy import plugins as _plugins  # noqa: F401 - registers the built-ins
-from llumnix.policy.config import PolicyConfigError
+from llumnix.policy.config import DISPATCH_POLICIES, PolicyConfigError
 from llumnix.policy.pipeline import Pipeline
 
 
@@ -40,6 +40,3 @@ def make_pipeline(name: str, params: dict[str, Any] | None = None) -> Pipeline:
     raise PolicyConfigError(f"unknown dispatch policy {name!r} (known: {', '.join(DISPATCH_POLICIES)})",
                             "dispatch.policy")
 
-
-DISPATCH_POLICIES = ("llumnix", "infaas++", "round-robin", "least-requests", "random", "power-of-two",
-                     "llm-d", "custom")

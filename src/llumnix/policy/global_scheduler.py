@@ -79,9 +79,14 @@ class GlobalScheduler:
         if old is not None and status.timestamp < old.timestamp:
             return  # a late report never rolls the view back
         self.statuses[status.instance_id] = status
-        # Requests dispatched before this snapshot are in it now.
+        # A dispatched request stops being an estimate once the instance reports it,
+        # or once a report is late enough that it must have included it.
+        seen = {r.request_id for r in status.running} | {r.request_id for r in status.waiting}
+        grace = self.config.dispatch.pending_grace_s
         pend = self._pending.get(status.instance_id, [])
-        self._pending[status.instance_id] = [p for p in pend if p.dispatched_at > status.timestamp]
+        self._pending[status.instance_id] = [
+            p for p in pend
+            if p.brief.request_id not in seen and status.timestamp < p.dispatched_at + grace]
 
     # -- scheduler role --------------------------------------------------------
     def view(self) -> list[InstanceStatus]:

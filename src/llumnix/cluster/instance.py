@@ -1,0 +1,141 @@
+"""One serving instance: an engine stepping in its own thread, its llumlet, and an
+outbox of token outputs for the gateway. Transport-agnostic: the Ray actor in
+``actors.py`` wraps it, tests drive it directly.
+
+Everything that touches the engine runs on the step thread, between two steps
+(so at a step boundary): callers enqueue a command and wait for its result.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from llumnix.core.batch import RequestOutput
+from llumnix.core.status import InstanceStatus
+from llumnix.engine import EngineCore
+from llumnix.policy.llumlet import Llumlet
+
+
+class InstanceServer:
+    def __init__(self, engine: EngineCore, llumlet: Llumlet,
+                 on_status: Callable[[InstanceStatus], None] | None = None,
+                 status_interval_s: float = 0.05) -> None:
+        self.engine = engine
+        self.llumlet = llumlet
+        self.instance_id = engine.instance_id
+        self._on_status = on_status
+        self._status_interval = status_interval_s
+        self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
+        self._outbox: list[RequestOutput] = []
+        self._outbox_cv = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"engine-{self.instance_id}", daemon=True)
+        self._last_report = 0.0
+        self.last_step_time = time.monotonic()
+        self.error: BaseException | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._commands.put((lambda: None, Future()))
+        self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    # -- commands (any thread) ---------------------------------------------------
+    def run_at_boundary(self, fn: Callable[[], Any]) -> Future:
+        fut: Future = Future()
+        if not self.is_alive:
+            fut.set_exception(RuntimeError(f"instance {self.instance_id} is not running"))
+            return fut
+        self._commands.put((fn, fut))
+        return fut
+
+    def call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
+        return self.run_at_boundary(fn).result(timeout)
+
+    def get_outputs(self, timeout: float = 0.5) -> list[RequestOutput]:
+        """Outputs produced since the last call; waits up to ``timeout`` for some."""
+        with self._outbox_cv:
+            if not self._outbox:
+                self._outbox_cv.wait(timeout)
+            out, self._outbox = self._outbox, []
+        return out
+
+    def status(self) -> InstanceStatus:
+        return self.call(lambda: self.llumlet.report(time.time()))
+
+    # -- the step thread ----------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                busy = self.engine.has_unfinished_requests() and not self._only_paused()
+                self._drain_commands(block=not busy)
+                if self._stop.is_set():
+                    break
+                if self.engine.has_unfinished_requests() and not self._only_paused():
+                    outputs = self.engine.step()
+                    self.last_step_time = time.monotonic()
+                    if outputs:
+                        self._publish(outputs)
+                    self._maybe_report(force=any(o.is_finished for o in outputs))
+                else:
+                    self._maybe_report(force=False)
+        except BaseException as e:  # noqa: BLE001 - recorded, surfaced through is_alive/health
+            self.error = e
+            raise
+        finally:
+            self._fail_pending()
+
+    def _only_paused(self) -> bool:
+        s = self.engine.scheduler
+        return not s.running and not s.waiting
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            fn, fut = self._commands.get(timeout=self._status_interval) if block \
+                else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except Exception as e:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(e)
+            self._maybe_report(force=True)
+            try:
+                fn, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        with self._outbox_cv:
+            self._outbox.extend(outputs)
+            self._outbox_cv.notify_all()
+
+    def _maybe_report(self, force: bool) -> None:
+        if self._on_status is None:
+            return
+        now = time.monotonic()
+        if force or now - self._last_report >= self._status_interval:
+            self._last_report = now
+            self._on_status(self.llumlet.report(time.time()))
+
+    def _fail_pending(self) -> None:
+        while True:
+            try:
+                _, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(RuntimeError(f"instance {self.instance_id} stopped"))

@@ -1,0 +1,76 @@
+"""Start a serving cluster on Ray: LlumSched, N instance actors, and the gateway backend."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from llumnix.cluster.actors import LLUMSCHED_NAME, InstanceActor, LlumSchedActor
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    model: str = "smollm2"
+    """'smollm2', a .gguf file or a Hugging Face directory."""
+    instances: int = 2
+    """Instance actors to start."""
+    engine: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of each instance's LLM (kv_cache_bytes, max_num_seqs, device, dtype...)."""
+    scheduling: dict[str, Any] = field(default_factory=dict)
+    """SchedulingConfig as a dict (dispatch policy, rescheduling, scaling, freeness)."""
+    cms: str | None = None
+    """Cluster meta store: None/'memory', or a redis:// URL."""
+    ray_address: str | None = None
+    """Join this Ray cluster instead of starting a local one."""
+    ray_num_cpus: int = 2
+    """CPUs of the local Ray cluster."""
+    threads_per_instance: int = 1
+    """torch intra-op threads of each instance."""
+    namespace: str = "llumnix"
+    """Ray namespace (named actors live there)."""
+
+
+@dataclass
+class Cluster:
+    llumsched: Any
+    instances: dict[str, Any]
+    info: dict[str, Any]
+
+    def shutdown(self) -> None:
+        for a in self.instances.values():
+            with contextlib.suppress(Exception):  # shutting down anyway
+                ray.get(a.shutdown.remote(), timeout=10)
+            ray.kill(a)
+        ray.kill(self.llumsched)
+
+
+def init_ray(cfg: ClusterConfig) -> None:
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address, namespace=cfg.namespace, log_to_driver=True)
+    else:
+        ray.init(num_cpus=cfg.ray_num_cpus, include_dashboard=False, namespace=cfg.namespace,
+                 log_to_driver=True)
+
+
+def start_cluster(cfg: ClusterConfig) -> Cluster:
+    init_ray(cfg)
+    sched_cfg = dict(cfg.scheduling)
+    dispatch = dict(sched_cfg.get("dispatch") or {})
+    dispatch.setdefault("pending_grace_s", 1.0)  # Ray delivery is not instant
+    sched_cfg["dispatch"] = dispatch
+    llumsched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(sched_cfg, cfg.cms)
+    ray.get(llumsched.cluster_info.remote())
+    instances = {}
+    for i in range(cfg.instances):
+        iid = f"instance-{i}"
+        instances[iid] = InstanceActor.options(num_cpus=0).remote(
+            iid, cfg.model, dict(cfg.engine), sched_cfg, LLUMSCHED_NAME, cfg.threads_per_instance)
+    infos = ray.get([a.ready.remote() for a in instances.values()])
+    ray.get([llumsched.register.remote(s) for s in ray.get([a.status.remote() for a in instances.values()])])
+    return Cluster(llumsched, instances, infos[0])

@@ -1,0 +1,109 @@
+"""`llumnix serve`: a local (or joined) Ray cluster behind the OpenAI gateway."""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import signal
+from typing import Any
+
+import yaml
+
+from llumnix.core.errors import LlumnixError
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file with ClusterConfig fields (flags override it)")
+    p.add_argument("--model", default=None, help="'smollm2' (default), a .gguf file or an HF directory")
+    p.add_argument("--instances", type=int, default=None, help="instance actors (default 2)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
+    p.add_argument("--dispatch", default=None, help="llumnix | infaas++ | round-robin | random | "
+                   "least-requests | power-of-two | llm-d")
+    p.add_argument("--cms", default=None, help="cluster meta store: memory (default) or redis://HOST:PORT")
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
+    p.add_argument("--kv-cache-mib", type=int, default=None, help="KV cache per instance (default 512)")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="batch size limit per instance")
+    p.add_argument("--device", default=None, help="cpu or cuda")
+    p.add_argument("--threads-per-instance", type=int, default=None)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    from llumnix.cluster.launcher import ClusterConfig
+
+    base: dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config) as f:
+                base = yaml.safe_load(f) or {}
+        except OSError as e:
+            raise LlumnixError(f"cannot read --config: {e}") from e
+        known = set(ClusterConfig.__dataclass_fields__)
+        unknown = sorted(set(base) - known)
+        if unknown:
+            raise LlumnixError(f"unknown field {unknown[0]!r} in {args.config} (known: {', '.join(sorted(known))})")
+    engine = dict(base.get("engine") or {})
+    scheduling = dict(base.get("scheduling") or {})
+    if args.kv_cache_mib is not None:
+        engine["kv_cache_bytes"] = args.kv_cache_mib * 2**20
+    if args.max_num_seqs is not None:
+        engine["max_num_seqs"] = args.max_num_seqs
+    if args.device is not None:
+        engine["device"] = args.device
+    if args.dispatch is not None:
+        scheduling["dispatch"] = {**(scheduling.get("dispatch") or {}), "policy": args.dispatch}
+    for key, val in (("model", args.model), ("instances", args.instances), ("cms", args.cms),
+                     ("ray_address", args.ray_address), ("threads_per_instance", args.threads_per_instance)):
+        if val is not None:
+            base[key] = val
+    if int(base.get("instances", 2)) < 1:
+        raise LlumnixError("--instances must be >= 1")
+    base["engine"], base["scheduling"] = engine, scheduling
+    from llumnix.policy import SchedulingConfig
+
+    SchedulingConfig.from_dict(scheduling)  # fail fast on a bad policy name or field
+    return ClusterConfig(**base)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from llumnix.cluster.backend import ClusterBackend
+    from llumnix.cluster.launcher import start_cluster
+    from llumnix.gateway.app import build_app
+    from llumnix.model import load_model
+
+    cfg = build_config(args)
+    print(f"llumnix serve: starting {cfg.instances} instance(s) of {cfg.model} on Ray ...", flush=True)
+    cluster = start_cluster(cfg)
+    tokenizer = load_model(cfg.model).tokenizer  # tokenization happens at the gateway
+    backend = ClusterBackend(cluster.llumsched, cluster.instances, cluster.info, tokenizer)
+    app = build_app(backend, api_key=args.api_key, admin_requires_key=not is_loopback(args.host))
+
+    @app.on_event("startup")
+    async def _start() -> None:
+        await backend.start()
+
+    @app.on_event("shutdown")
+    async def _stop() -> None:
+        await backend.stop()
+
+    print(f"llumnix serve: http://{args.host}:{args.port}/v1  (model '{backend.model_name}')\n"
+          f"  try: curl http://{args.host}:{args.port}/v1/chat/completions -H 'Content-Type: application/json' "
+          f"-d '{{\"model\": \"{backend.model_name}\", \"messages\": [{{\"role\": \"user\", \"content\": "
+          f"\"What is the capital of France?\"}}], \"max_tokens\": 30}}'", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        cluster.shutdown()
+    return 0
