@@ -97,7 +97,10 @@ class ClusterBackend:
             if iid is None:
                 raise LlumnixError("no instance is available to serve the request")
             stream.instance_id = iid
-            await self.instances[iid].add_request.remote(request)
+            try:
+                await self.instances[iid].add_request.remote(request)
+            except Exception as e:  # noqa: BLE001 - surfaced to the client as one clear error
+                raise LlumnixError(f"instance {iid} could not take the request: {e}") from e
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):

@@ -7,6 +7,7 @@ Everything that touches the engine runs on the step thread, between two steps
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -18,6 +19,8 @@ from llumnix.core.batch import RequestOutput
 from llumnix.core.status import InstanceStatus
 from llumnix.engine import EngineCore
 from llumnix.policy.llumlet import Llumlet
+
+log = logging.getLogger(__name__)
 
 
 class InstanceServer:
@@ -64,11 +67,14 @@ class InstanceServer:
         return self.run_at_boundary(fn).result(timeout)
 
     def get_outputs(self, timeout: float = 0.5) -> list[RequestOutput]:
-        """Outputs produced since the last call; waits up to ``timeout`` for some."""
+        """Outputs produced since the last call; waits up to ``timeout`` for some.
+        Raises once the step thread has died, so nobody waits on it forever."""
         with self._outbox_cv:
-            if not self._outbox:
+            if not self._outbox and self.is_alive:
                 self._outbox_cv.wait(timeout)
             out, self._outbox = self._outbox, []
+        if not out and not self.is_alive:
+            raise RuntimeError(f"instance {self.instance_id} stopped: {self.error!r}")
         return out
 
     def status(self) -> InstanceStatus:
@@ -92,9 +98,11 @@ class InstanceServer:
                     self._maybe_report(force=False)
         except BaseException as e:  # noqa: BLE001 - recorded, surfaced through is_alive/health
             self.error = e
-            raise
+            log.exception("instance %s: the step loop died", self.instance_id)
         finally:
             self._fail_pending()
+            with self._outbox_cv:
+                self._outbox_cv.notify_all()
 
     def _only_paused(self) -> bool:
         s = self.engine.scheduler

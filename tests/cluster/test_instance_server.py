@@ -1,0 +1,62 @@
+"""InstanceServer without Ray: commands at step boundaries, outputs, failure surfacing."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from llumnix.cluster.instance import InstanceServer
+from llumnix.core.sampling_params import SamplingParams
+from llumnix.policy import FreenessConfig, Llumlet, ReschedulingConfig
+from tests.engine.helpers import make_engine
+
+
+def _server(**kw):
+    eng = make_engine(**kw)
+    eng.clock = __import__("llumnix.core.clock", fromlist=["WallClock"]).WallClock()
+    statuses = []
+    srv = InstanceServer(eng, Llumlet(eng.instance_id, eng, ReschedulingConfig(), FreenessConfig()),
+                         on_status=statuses.append, status_interval_s=0.01)
+    srv.start()
+    return srv, statuses
+
+
+def _collect(srv, n_finished, timeout=10.0):
+    got, done = {}, 0
+    deadline = time.time() + timeout
+    while done < n_finished and time.time() < deadline:
+        for o in srv.get_outputs(0.1):
+            got.setdefault(o.request_id, []).extend(o.new_token_ids)
+            done += o.is_finished
+    return got
+
+
+def test_requests_stream_out_and_blocks_return():
+    srv, statuses = _server()
+    try:
+        for i in range(3):
+            srv.call(lambda i=i: srv.engine.add_request(f"r{i}", [1, 2, 3 + i], SamplingParams(max_tokens=6)))
+        got = _collect(srv, 3)
+        assert {k: len(v) for k, v in got.items()} == {"r0": 6, "r1": 6, "r2": 6}
+        assert srv.call(lambda: srv.engine.kv.num_free_blocks) == 64
+        assert statuses and statuses[-1].instance_id == "i0"  # pushed on load change
+    finally:
+        srv.stop()
+
+
+def test_a_dead_step_thread_is_reported_not_waited_on():
+    srv, _ = _server()
+
+    def boom(batch):
+        raise RuntimeError("executor crashed")
+
+    srv.engine.executor.execute = boom
+    srv.call(lambda: srv.engine.add_request("r", [1, 2], SamplingParams(max_tokens=3)))
+    deadline = time.time() + 5
+    while srv.is_alive and time.time() < deadline:
+        time.sleep(0.01)
+    assert not srv.is_alive
+    with pytest.raises(RuntimeError, match="stopped"):
+        srv.get_outputs(0.1)
+    with pytest.raises(RuntimeError, match="not running"):
+        srv.call(lambda: None)
