@@ -18,8 +18,8 @@ def cluster(tiny_model_dir):
     from llumnix.cluster.launcher import ClusterConfig, start_cluster
 
     cfg = ClusterConfig(model=str(tiny_model_dir), instances=2,
-                        engine={"num_blocks": 64, "block_size": 4, "max_num_seqs": 8},
-                        namespace=f"test-{time.time_ns()}")
+                        engine={"num_blocks": 512, "block_size": 4, "max_num_seqs": 8},
+                        namespace=f"test-{time.time_ns()}", reschedule_interval_s=0.05)
     c = start_cluster(cfg)
     yield c
     c.shutdown()
@@ -104,3 +104,40 @@ def test_health(server):
     url, _ = server
     h = httpx.get(f"{url}/health").json()
     assert h["status"] == "ok" and all(h["instances"].values())
+
+
+def test_drain_migrates_running_requests_and_streams_survive(server, cluster):
+    """Runs last: it leaves instance-1 terminating."""
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    n_tokens = 480
+
+    async def one(i: int) -> list[str]:
+        async with httpx.AsyncClient(timeout=120) as c, c.stream(
+                "POST", f"{url}/v1/completions",
+                json={"model": name, "prompt": f"r{i}", "max_tokens": n_tokens, "ignore_eos": True,
+                      "temperature": 0, "stream": True}) as r:
+            return [ln async for ln in r.aiter_lines() if ln.startswith("data: ")]
+
+    async def main():
+        tasks = [asyncio.create_task(one(i)) for i in range(4)]
+        await asyncio.sleep(0.3)
+        async with httpx.AsyncClient() as c:
+            r = await c.post(f"{url}/admin/instances/instance-1/drain")
+            assert r.status_code == 200, r.text
+        return await asyncio.gather(*tasks)
+
+    results = asyncio.run(main())
+    for lines in results:
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][6:])["usage"]["completion_tokens"] == n_tokens
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        info = httpx.get(f"{url}/admin/cluster").json()
+        if not info["migrations"]["in_flight"]:
+            break
+        time.sleep(0.1)
+    assert info["migrations"]["committed"] >= 1, info
+    statuses = {s.instance_id: s for s in ray.get([a.status.remote() for a in cluster.instances.values()])}
+    assert statuses["instance-1"].is_terminating and not statuses["instance-1"].running
+    assert all(s.num_used_blocks == 0 for s in statuses.values())

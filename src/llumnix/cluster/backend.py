@@ -133,4 +133,8 @@ class ClusterBackend:
         return await self.llumsched.cluster_info.remote()
 
     async def drain_instance(self, instance_id: str) -> dict[str, Any]:
-        raise LlumnixError("draining needs live migration, which this runtime does not run yet")
+        if instance_id not in self.instances:
+            from llumnix.core.errors import InvalidRequestError
+
+            raise InvalidRequestError(f"no instance {instance_id!r}", "instance_id")
+        return await self.llumsched.drain.remote(instance_id)

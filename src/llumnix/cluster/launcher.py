@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,10 @@ class ClusterConfig:
     """torch intra-op threads of each instance."""
     namespace: str = "llumnix"
     """Ray namespace (named actors live there)."""
+    migration: dict[str, Any] = field(default_factory=dict)
+    """MigrationConfig fields (max_stages, last_stage_max_blocks, timeout_s)."""
+    reschedule_interval_s: float = 0.5
+    """Seconds between LlumSched's migration rounds."""
 
 
 @dataclass
@@ -64,13 +69,17 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     dispatch = dict(sched_cfg.get("dispatch") or {})
     dispatch.setdefault("pending_grace_s", 1.0)  # Ray delivery is not instant
     sched_cfg["dispatch"] = dispatch
-    llumsched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(sched_cfg, cfg.cms)
+    llumsched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(
+        sched_cfg, cfg.cms, reschedule_interval_s=cfg.reschedule_interval_s)
+    token = secrets.token_bytes(32)  # authenticates KV transfers inside this cluster
     ray.get(llumsched.cluster_info.remote())
     instances = {}
     for i in range(cfg.instances):
         iid = f"instance-{i}"
         instances[iid] = InstanceActor.options(num_cpus=0).remote(
-            iid, cfg.model, dict(cfg.engine), sched_cfg, LLUMSCHED_NAME, cfg.threads_per_instance)
+            iid, cfg.model, dict(cfg.engine), sched_cfg, LLUMSCHED_NAME, cfg.threads_per_instance,
+            token, dict(cfg.migration))
     infos = ray.get([a.ready.remote() for a in instances.values()])
-    ray.get([llumsched.register.remote(s) for s in ray.get([a.status.remote() for a in instances.values()])])
+    statuses = ray.get([a.status.remote() for a in instances.values()])
+    ray.get([llumsched.register.remote(s, instances[s.instance_id]) for s in statuses])
     return Cluster(llumsched, instances, infos[0])

@@ -20,6 +20,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
     p.add_argument("--dispatch", default=None, help="llumnix | infaas++ | round-robin | random | "
                    "least-requests | power-of-two | llm-d")
+    p.add_argument("--migration", action=argparse.BooleanOptionalAction, default=None,
+                   help="continuous rescheduling by live migration (default on)")
+    p.add_argument("--migrate-out-threshold", type=float, default=None,
+                   help="instances with freeness below this migrate requests out (default 3)")
     p.add_argument("--cms", default=None, help="cluster meta store: memory (default) or redis://HOST:PORT")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
     p.add_argument("--kv-cache-mib", type=int, default=None, help="KV cache per instance (default 512)")
@@ -50,6 +54,14 @@ def build_config(args: argparse.Namespace) -> Any:
         engine["max_num_seqs"] = args.max_num_seqs
     if args.device is not None:
         engine["device"] = args.device
+    resched = dict(scheduling.get("rescheduling") or {})
+    if args.migration is not None:
+        resched["enabled"] = args.migration
+    if args.migrate_out_threshold is not None:
+        resched["out_threshold"] = args.migrate_out_threshold
+        resched["in_threshold"] = max(args.migrate_out_threshold, resched.get("in_threshold", 0))
+    if resched:
+        scheduling["rescheduling"] = resched
     if args.dispatch is not None:
         scheduling["dispatch"] = {**(scheduling.get("dispatch") or {}), "policy": args.dispatch}
     for key, val in (("model", args.model), ("instances", args.instances), ("cms", args.cms),
