@@ -43,6 +43,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from llumnix.bench.engine_bench import main_engine_bench
 
         return main_engine_bench(args)
+    if args.what == "migration":
+        from llumnix.bench.migration_bench import main_migration_bench
+
+        return main_migration_bench(args)
     raise LlumnixError(f"unknown benchmark {args.what!r}")
 
 
@@ -76,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_serve)
 
     b = sub.add_parser("bench", help="run a committed benchmark")
-    b.add_argument("what", choices=["engine"])
+    b.add_argument("what", choices=["engine", "migration"])
     _add_model_args(b)
     b.add_argument("--out", default="benchmarks/results", help="directory for the JSON result")
     b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")

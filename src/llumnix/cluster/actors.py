@@ -90,7 +90,28 @@ class InstanceActor:
     def set_terminating(self, terminating: bool) -> None:
         self.server.call(lambda: setattr(self.llumlet, "is_terminating", terminating))
 
+    def step_log(self) -> list[tuple[float, float, int]]:
+        return list(self.server.step_log)
+
+    def num_output_tokens(self, request_id: str) -> int:
+        e = self.llm.engine
+        return self.server.call(lambda: e.requests[request_id].num_output_tokens
+                                if request_id in e.requests else -1)
+
     # -- migration: source side ----------------------------------------------------
+    def migrate_request(self, request_id: str, dst_instance_id: str, dst: Any,
+                        overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Migrate one named request (benchmarks, admin); returns its report."""
+        from llumnix.migration.driver import migrate
+        from llumnix.migration.tcp_transport import KVSender
+
+        cfg = dataclasses.replace(self.migration_config, **(overrides or {}))
+        addr = tuple(ray.get(dst.kv_address.remote()))
+        sender = self._senders.get(addr) or self._senders.setdefault(addr, KVSender(addr, self._token))
+        with self._migrating:
+            rep = migrate(request_id, self.server, _RemoteDestination(dst_instance_id, dst), sender, cfg)
+        return dataclasses.asdict(rep)
+
     def migrate_out(self, dst_instance_id: str, dst: Any, max_migrations: int = 16) -> list[dict[str, Any]]:
         """Migrate requests to ``dst`` one at a time while this instance is still a
         source (the paper's rule); returns the reports."""

@@ -7,6 +7,7 @@ Everything that touches the engine runs on the step thread, between two steps
 """
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -39,6 +40,8 @@ class InstanceServer:
         self._thread = threading.Thread(target=self._loop, name=f"engine-{self.instance_id}", daemon=True)
         self._last_report = 0.0
         self.last_step_time = time.monotonic()
+        self.step_log: collections.deque[tuple[float, float, int]] = collections.deque(maxlen=4096)
+        """(start, end, batch size) of recent steps, monotonic seconds: for benchmarks."""
         self.error: BaseException | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -89,8 +92,10 @@ class InstanceServer:
                 if self._stop.is_set():
                     break
                 if self.engine.has_unfinished_requests() and not self._only_paused():
+                    t0 = time.monotonic()
                     outputs = self.engine.step()
                     self.last_step_time = time.monotonic()
+                    self.step_log.append((t0, self.last_step_time, len(outputs)))
                     if outputs:
                         self._publish(outputs)
                     self._maybe_report(force=any(o.is_finished for o in outputs))

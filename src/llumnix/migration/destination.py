@@ -21,6 +21,9 @@ class DestinationEndpoint:
         self._timeout = reservation_timeout_s
         self._reserved_at: dict[str, float] = {}
         self._lock = threading.Lock()
+        # Held while KV is written, and by release/install: blocks are never freed or
+        # handed to a running request under a write in flight.
+        self._kv_lock = threading.Lock()
         self.receiver = KVReceiver(token, self._on_kv, host=host)
         self._stop = threading.Event()
         threading.Thread(target=self._watchdog, daemon=True, name=f"reaper-{self.instance_id}").start()
@@ -46,11 +49,13 @@ class DestinationEndpoint:
         with self._lock:
             self._reserved_at.pop(request_id, None)
         eng = self.server.engine
-        return self.server.call(lambda: eng.release_reservation(request_id))
+        with self._kv_lock:
+            return self.server.call(lambda: eng.release_reservation(request_id))
 
     def install(self, snapshot: Request) -> None:
         eng = self.server.engine
-        self.server.call(lambda: eng.install_request(snapshot))
+        with self._kv_lock:
+            self.server.call(lambda: eng.install_request(snapshot))
         with self._lock:
             self._reserved_at.pop(snapshot.request_id, None)
 
@@ -58,16 +63,15 @@ class DestinationEndpoint:
     def _on_kv(self, header: dict[str, Any], payload: memoryview) -> bool:
         rid, ids = str(header["request_id"]), [int(b) for b in header["block_ids"]]
         eng = self.server.engine
-
-        def write() -> bool:
-            # Only into blocks reserved for this very request: a sender cannot
-            # overwrite anyone else's KV.
+        # Written without waiting for a step boundary: reserved blocks belong to no
+        # running request, so the forward pass never touches them; the lock keeps
+        # them reserved until the write is done. Only blocks reserved for this very
+        # request are accepted, so a sender cannot overwrite anyone else's KV.
+        with self._kv_lock:
             if not eng.kv.is_reserved(rid) or not set(ids) <= set(eng.kv.block_table(rid)):
                 return False
             eng.executor.scatter_blocks(ids, payload)
             return True
-
-        return bool(self.server.call(write))
 
     def _watchdog(self) -> None:
         while not self._stop.wait(min(1.0, self._timeout / 4)):

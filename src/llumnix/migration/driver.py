@@ -52,6 +52,8 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
                               bytes_per_block=eng.executor.bytes_per_block)
     src.llumlet.on_migration_started(request_id)
     paused = False
+    snapshot: Request | None = None  # taken at the last stage's boundary
+    spare: list[int] = []  # reserved ahead for the last stage, so it needs no reserve round trip
 
     def alive() -> bool:
         st = _state(eng, request_id)
@@ -62,27 +64,27 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
             if proto.is_timed_out(now()):
                 proto.abort("timeout", now())
                 break
-            if proto.phase == P.RESERVE:
-                full_only = not proto.is_last_stage
-                blocks = src.call(lambda fo=full_only: eng.blocks_since(request_id, proto.num_blocks_sent,
-                                                                         full_only=fo) if alive() else [])
+            if proto.phase == P.RESERVE:  # a pre-copy stage: full blocks, request still decoding
+                blocks = src.call(lambda: eng.blocks_since(request_id, proto.num_blocks_sent, full_only=True)
+                                  if alive() else [])
                 if proto.begin_stage(blocks, now()) == P.RESERVE:
                     proto.on_reserved(dst.try_reserve(request_id, len(blocks)), now())
             elif proto.phase == P.COPY:
-                data = src.call(lambda: bytes(eng.executor.gather_blocks(proto.pending_blocks)))
+                data = src.call(lambda: eng.executor.gather_blocks(proto.pending_blocks))
                 if not sender.send({"request_id": request_id, "block_ids": proto.stages[-1].dst_block_ids},
                                    data):
                     proto.abort("the destination refused the KV", now())
                     continue
-                ok, unsent = src.call(lambda: (alive(), len(eng.blocks_since(request_id, 0)) -
+                ok, unsent = src.call(lambda: (True, len(eng.blocks_since(request_id, 0)) -
                                                proto.num_blocks_sent - len(proto.pending_blocks))
                                       if alive() else (False, 0))
-                proto.on_copied(now(), request_alive=ok, num_unsent_blocks=unsent)
+                if proto.on_copied(now(), request_alive=ok, num_unsent_blocks=unsent) == P.PAUSE:
+                    spare = dst.try_reserve(request_id, unsent + 1) or []
             elif proto.phase == P.PAUSE:
-                paused = src.call(lambda: _pause_if_alive(eng, request_id, alive))
-                proto.on_paused(now(), request_alive=paused)
+                snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now)
+                paused = snapshot is not None
             elif proto.phase == P.COMMIT:
-                _commit(request_id, src, dst, proto, paused, now)
+                _commit(request_id, src, dst, proto, snapshot, now)
     except Exception as e:  # noqa: BLE001 - any failure is an abort; the report says why
         proto.abort(f"{type(e).__name__}: {e}", now())
     finally:
@@ -92,24 +94,50 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
     return proto.report()
 
 
+def _last_stage(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
+                proto: MigrationProtocol, spare: list[int], alive: Callable[[], bool],
+                now: Callable[[], float]) -> Request | None:
+    """Stop and copy. Everything the source must do happens at ONE step boundary
+    (pause, list the rest, gather it, snapshot), so the pause costs no extra
+    steps; the destination already holds spare blocks, so no reserve round trip
+    is needed unless the request outgrew them. Returns the paused request's
+    snapshot (None if it ended before it could be paused)."""
+    eng = src.engine
+
+    def at_boundary() -> tuple[list[int], Any, Request] | None:
+        if not alive():
+            return None
+        eng.pause_request(request_id)
+        rest = eng.blocks_since(request_id, proto.num_blocks_sent)
+        return rest, eng.executor.gather_blocks(rest), eng.snapshot_request(request_id)
+
+    got = src.call(at_boundary)
+    if proto.on_paused(now(), request_alive=got is not None) != P.RESERVE or got is None:
+        return None
+    rest, data, snap = got
+    proto.begin_stage(rest, now())
+    ids = spare[:len(rest)]
+    if len(ids) < len(rest):
+        more = dst.try_reserve(request_id, len(rest) - len(ids))
+        ids = None if more is None else ids + more
+    if proto.on_reserved(ids, now()) == P.COPY:
+        if rest and not sender.send({"request_id": request_id, "block_ids": ids}, data):
+            proto.abort("the destination refused the KV", now())
+        else:
+            proto.on_copied(now(), request_alive=True, num_unsent_blocks=0)
+    return snap
+
+
 def _state(eng: Any, request_id: str) -> tuple[RequestStatus, int] | None:
     req = eng.requests.get(request_id)
     return None if req is None else (req.status, req.num_preemptions)
 
 
-def _pause_if_alive(eng: Any, request_id: str, alive: Callable[[], bool]) -> bool:
-    if not alive():
-        return False
-    eng.pause_request(request_id)
-    return True
-
-
 def _commit(request_id: str, src: SourceServer, dst: Destination, proto: MigrationProtocol,
-            paused: bool, now: Callable[[], float]) -> None:
+            snapshot: Request | None, now: Callable[[], float]) -> None:
     eng = src.engine
-    if paused:
-        snap = src.call(lambda: eng.snapshot_request(request_id))
-        dst.install(snap)  # raises -> abort -> resumed on the source
+    if snapshot is not None:  # paused with its KV sent
+        dst.install(snapshot)  # raises -> abort -> resumed on the source
         proto.on_committed(now())
         src.call(lambda: eng.remove_request(request_id))
         return

@@ -83,6 +83,8 @@ class MigrationReport:
     num_bytes: int
     downtime: float | None
     duration: float
+    start_time: float = 0.0
+    end_time: float = 0.0
 
 
 class MigrationProtocol:
@@ -206,6 +208,7 @@ class MigrationProtocol:
             dst_instance_id=self.dst_instance_id, committed=self.phase == MigrationPhase.COMMITTED,
             abort_reason=self.abort_reason, num_stages=len(self.stages), num_blocks=blocks,
             num_bytes=blocks * self.bytes_per_block, downtime=downtime, duration=end - self.start_time,
+            start_time=self.start_time, end_time=end,
         )
 
     def check_invariants(self) -> None:
