@@ -37,20 +37,9 @@ def redis_url():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """A tiny random Llama as an HF directory (shared with the model tests' builder)."""
-    import json
+    """A tiny random Llama as an HF directory."""
+    from tests.tiny_model import save_tiny_llama
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from tests.model.conftest import _byte_tokenizer_json
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, eos_token_id=256)
     d = tmp_path_factory.mktemp("tiny-cluster-model")
-    LlamaForCausalLM(cfg).save_pretrained(d, safe_serialization=True)
-    (d / "tokenizer.json").write_text(json.dumps(_byte_tokenizer_json()))
-    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end|>"}))
+    save_tiny_llama(d)
     return d

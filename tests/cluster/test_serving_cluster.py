@@ -14,10 +14,10 @@ ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir):
+def cluster(tiny_model_dir, redis_url):
     from llumnix.cluster.launcher import ClusterConfig, start_cluster
 
-    cfg = ClusterConfig(model=str(tiny_model_dir), instances=2,
+    cfg = ClusterConfig(model=str(tiny_model_dir), instances=2, cms=redis_url,
                         engine={"num_blocks": 512, "block_size": 4, "max_num_seqs": 8},
                         namespace=f"test-{time.time_ns()}", reschedule_interval_s=0.05)
     c = start_cluster(cfg)
@@ -98,6 +98,36 @@ def test_bad_request_never_reaches_an_instance(server):
     r = httpx.post(f"{url}/v1/completions", json={"model": httpx.get(f"{url}/v1/models").json()["data"][0]["id"],
                                                   "prompt": "hi" * 600, "max_tokens": 5})
     assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+
+
+def test_statuses_reach_the_shared_redis_meta_store(server, redis_url):
+    from llumnix.cluster.meta_store import RedisMetaStore
+
+    statuses = RedisMetaStore(redis_url).all_statuses()
+    assert set(statuses) == {"instance-0", "instance-1"}
+    assert all(time.time() - s.timestamp < 10 for s in statuses.values())
+
+
+def test_client_disconnect_aborts_and_frees_kv(server, cluster):
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
+                      json={"model": name, "prompt": "bye", "max_tokens": 450, "ignore_eos": True,
+                            "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # got the first token; hang up
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        statuses = ray.get([a.status.remote() for a in cluster.instances.values()])
+        if all(not s.running and not s.waiting and s.num_used_blocks == 0 for s in statuses):
+            break
+        time.sleep(0.1)
+    assert all(not s.running and s.num_used_blocks == 0 for s in statuses)
+    assert "llumnix:requests_aborted_total" in httpx.get(f"{url}/metrics").text
+    aborted = [ln for ln in httpx.get(f"{url}/metrics").text.splitlines()
+               if ln.startswith("llumnix:requests_aborted_total")]
+    assert aborted and float(aborted[0].split()[-1]) >= 1
 
 
 def test_health(server):

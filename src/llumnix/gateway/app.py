@@ -163,6 +163,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         finally:
             metrics.in_flight.labels(model_name=backend.model_name).dec()
             if not finished:
+                m(metrics.aborted).inc()
                 await backend.abort(gen.request_id)  # client gone or error: free the KV
             else:
                 m(metrics.prompt_tokens).inc(len(gen.prompt_token_ids))

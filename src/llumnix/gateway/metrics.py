@@ -12,6 +12,8 @@ class GatewayMetrics:
         r, labels = self.registry, ["model_name"]
         self.requests = Counter("vllm:request_success", "Finished requests by finish reason.",
                                 labels + ["finished_reason"], registry=r)
+        self.aborted = Counter("llumnix:requests_aborted", "Requests aborted before finishing "
+                               "(client gone, or an error).", labels, registry=r)
         self.rejected = Counter("llumnix:requests_rejected", "Requests refused with a 4xx.",
                                 labels + ["status"], registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", labels,
