@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,6 +25,7 @@ from llumnix.gateway.protocol import (
 )
 
 PRIORITY_HEADER = "x-llumnix-priority"
+log = logging.getLogger(__name__)
 
 
 def error_response(status: int, message: str, *, type_: str = "invalid_request_error",
@@ -88,6 +90,10 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        try:
+            metrics.observe_cluster(await backend.cluster_info())
+        except Exception as e:  # noqa: BLE001 - the gateway's own metrics are still worth serving
+            log.warning("cluster metrics unavailable: %s", e)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")

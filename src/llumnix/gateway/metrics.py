@@ -29,7 +29,40 @@ class GatewayMetrics:
                              labels, buckets=_LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge("llumnix:gateway_requests_in_flight", "Requests being served.",
                                labels, registry=r)
+        self.freeness = Gauge("llumnix:instance_freeness", "Freeness of each instance (Algorithm 1).",
+                              labels + ["instance_id"], registry=r)
+        self.instance_running = Gauge("llumnix:instance_num_running", "Running requests per instance.",
+                                      labels + ["instance_id"], registry=r)
+        self.instance_kv_usage = Gauge("vllm:gpu_cache_usage_perc", "KV blocks in use per instance.",
+                                       labels + ["instance_id"], registry=r)
+        self.dispatched = Gauge("llumnix:dispatch_decisions", "Requests dispatched by LlumSched.",
+                                labels, registry=r)
+        self.migrations = Gauge("llumnix:migrations", "Migrations by outcome since start.",
+                                labels + ["outcome"], registry=r)
+        self.downtime = Histogram("llumnix:migration_downtime_seconds", "Downtime of committed migrations.",
+                                  labels, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+                                  registry=r)
+        self._downtimes_seen = 0
         self.model_name = model_name
+
+    def observe_cluster(self, info: dict) -> None:  # type: ignore[type-arg]
+        """Refresh the cluster gauges from LlumSched's /admin/cluster view."""
+        name = self.model_name
+        for inst in info.get("instances", []):
+            iid = inst["instance_id"]
+            self.freeness.labels(model_name=name, instance_id=iid).set(inst["freeness"])
+            self.instance_running.labels(model_name=name, instance_id=iid).set(inst["num_running"])
+            self.instance_kv_usage.labels(model_name=name, instance_id=iid).set(
+                inst["num_used_blocks"] / max(1, inst["num_total_blocks"]))
+        if "num_dispatched" in info:
+            self.dispatched.labels(model_name=name).set(info["num_dispatched"])
+        mig = info.get("migrations")
+        if mig:
+            self.migrations.labels(model_name=name, outcome="committed").set(mig["committed"])
+            self.migrations.labels(model_name=name, outcome="aborted").set(mig["aborted"])
+            for d in mig.get("all_downtimes_s", [])[self._downtimes_seen:]:
+                self.downtime.labels(model_name=name).observe(d)
+            self._downtimes_seen = len(mig.get("all_downtimes_s", []))
 
     def labels(self, metric):  # type: ignore[no-untyped-def]
         return metric.labels(model_name=self.model_name)
