@@ -136,6 +136,30 @@ def test_health(server):
     assert h["status"] == "ok" and all(h["instances"].values())
 
 
+def test_gateway_falls_back_when_llumsched_does_not_answer(server):
+    url, backend = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    real = backend.llumsched
+
+    class Dead:
+        class dispatch:  # noqa: N801 - mimics an actor method
+            @staticmethod
+            def remote(*a, **kw):
+                raise ray.exceptions.RayActorError()
+
+        cluster_info = real.cluster_info
+
+    backend.llumsched = Dead()
+    try:
+        t0 = time.time()
+        r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "x", "max_tokens": 4},
+                       timeout=30)
+        assert r.status_code == 200 and backend.num_fallback_dispatches >= 1
+        assert time.time() - t0 < 10
+    finally:
+        backend.llumsched = real
+
+
 def test_drain_migrates_running_requests_and_streams_survive(server, cluster):
     """Runs last: it leaves instance-1 terminating."""
     url, _ = server

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +13,8 @@ from llumnix.core.errors import LlumnixError, RequestTooLongError
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.gateway.backend import GenerateRequest, TokenizerLike
 from llumnix.policy import DispatchRequest
+
+log = logging.getLogger(__name__)
 
 
 class _Stream:
@@ -47,6 +50,8 @@ class ClusterBackend:
         self.tokenizer = tokenizer
         self._streams: dict[str, _Stream] = {}
         self._pollers: list[asyncio.Task] = []
+        self.dispatch_timeout_s = 1.0
+        self.num_fallback_dispatches = 0
 
     async def start(self) -> None:
         for iid, actor in self.instances.items():
@@ -92,8 +97,7 @@ class ClusterBackend:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         stream = self._streams[request.request_id] = _Stream()
         try:
-            iid = await self.llumsched.dispatch.remote(DispatchRequest(
-                request.request_id, len(request.prompt_token_ids), request.priority, request.arrival_time))
+            iid = await self._dispatch(request)
             if iid is None:
                 raise LlumnixError("no instance is available to serve the request")
             stream.instance_id = iid
@@ -110,6 +114,22 @@ class ClusterBackend:
                     return
         finally:
             self._streams.pop(request.request_id, None)
+
+    async def _dispatch(self, request: GenerateRequest) -> str | None:
+        """LlumSched decides; if it does not answer within a second (dead or
+        restarting), the gateway falls back to its own round-robin so serving goes on."""
+        try:
+            return await asyncio.wait_for(self.llumsched.dispatch.remote(DispatchRequest(
+                request.request_id, len(request.prompt_token_ids), request.priority,
+                request.arrival_time)), timeout=self.dispatch_timeout_s)
+        except Exception as e:  # noqa: BLE001 - any LlumSched failure means: use the fallback
+            ids = sorted(self.instances)
+            if not ids:
+                return None
+            self.num_fallback_dispatches += 1
+            log.warning("LlumSched unavailable (%s); dispatching %s by round-robin",
+                        type(e).__name__, request.request_id)
+            return ids[self.num_fallback_dispatches % len(ids)]
 
     async def abort(self, request_id: str) -> None:
         stream = self._streams.get(request_id)
