@@ -160,6 +160,28 @@ def test_gateway_falls_back_when_llumsched_does_not_answer(server):
         backend.llumsched = real
 
 
+def test_llumsched_is_restarted_by_ray_and_relearns_the_instances(server, cluster):
+    url, backend = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    ray.kill(cluster.llumsched, no_restart=False)
+    r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "x", "max_tokens": 4}, timeout=30)
+    assert r.status_code == 200  # served meanwhile (fallback or the restarted scheduler)
+    deadline = time.time() + 30
+    info = {}
+    while time.time() < deadline:
+        try:
+            info = ray.get(cluster.llumsched.cluster_info.remote(), timeout=5)
+            if len(info["instances"]) == 2:
+                break
+        except Exception:  # noqa: BLE001 - still restarting
+            pass
+        time.sleep(0.2)
+    assert len(info["instances"]) == 2
+    before = info["num_dispatched"]
+    httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "y", "max_tokens": 4}, timeout=30)
+    assert ray.get(cluster.llumsched.cluster_info.remote())["num_dispatched"] == before + 1
+
+
 def test_drain_migrates_running_requests_and_streams_survive(server, cluster):
     """Runs last: it leaves instance-1 terminating."""
     url, _ = server

@@ -3,6 +3,7 @@ cluster meta store). Thin adapters over the plain objects that hold the logic.""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from typing import Any
@@ -15,6 +16,7 @@ from llumnix.gateway.backend import GenerateRequest
 from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, SchedulingConfig
 
 LLUMSCHED_NAME = "llumnix-llumsched"
+log = logging.getLogger(__name__)
 
 
 @ray.remote(max_concurrency=16)  # threaded: long polls for outputs never block commands
@@ -34,6 +36,7 @@ class InstanceActor:
         self.llm = LLM(model, instance_id=instance_id, **engine_kwargs)
         self.llumlet = Llumlet(instance_id, self.llm.engine, cfg.rescheduling, cfg.freeness)
         self._llumsched = ray.get_actor(llumsched_name)
+        self._self_handle = ray.get_runtime_context().current_actor
         self.server = InstanceServer(self.llm.engine, self.llumlet, on_status=self._push)
         self.server.start()
         self._token = token
@@ -44,7 +47,12 @@ class InstanceActor:
         self._migrating = threading.Lock()
 
     def _push(self, status: InstanceStatus) -> None:
-        self._llumsched.update_status.remote(status)  # fire and forget: the newest wins
+        # Fire and forget: the newest wins. The handle rides along so a restarted
+        # LlumSched, which lost its state, re-learns every instance from its next push.
+        try:
+            self._llumsched.update_status.remote(status, self._self_handle)
+        except Exception:  # noqa: BLE001 - LlumSched is restarting; the next push retries
+            log.debug("status push to LlumSched failed", exc_info=True)
 
     def ready(self) -> dict[str, Any]:
         e = self.llm.engine
@@ -217,11 +225,15 @@ class LlumSchedActor:
             except Exception as e:  # noqa: BLE001 - a dead source: recorded as a failed round
                 self.migrations.append({"committed": False, "abort_reason": repr(e)})
 
-    def update_status(self, status: InstanceStatus) -> None:
+    def update_status(self, status: InstanceStatus, handle: Any = None) -> None:
         with self._lock:
-            if status.instance_id in self.gs.statuses:
-                self.gs.update_status(status)
-                self.store.put_status(status)
+            if status.instance_id not in self.gs.statuses:
+                if handle is None:
+                    return
+                self.gs.add_instance(status)  # first push after a restart of this actor
+                self.handles[status.instance_id] = handle
+            self.gs.update_status(status)
+            self.store.put_status(status)
 
     def dispatch(self, req: DispatchRequest) -> str | None:
         with self._lock:

@@ -69,7 +69,9 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     dispatch = dict(sched_cfg.get("dispatch") or {})
     dispatch.setdefault("pending_grace_s", 1.0)  # Ray delivery is not instant
     sched_cfg["dispatch"] = dispatch
-    llumsched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(
+    # Ray restarts LlumSched if it dies; instances re-register through their next status push.
+    llumsched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0, max_restarts=-1,
+                                       max_task_retries=0).remote(
         sched_cfg, cfg.cms, reschedule_interval_s=cfg.reschedule_interval_s)
     token = secrets.token_bytes(32)  # authenticates KV transfers inside this cluster
     ray.get(llumsched.cluster_info.remote())
