@@ -160,6 +160,30 @@ def test_gateway_falls_back_when_llumsched_does_not_answer(server):
         backend.llumsched = real
 
 
+def test_silent_unresponsive_instance_is_marked_unschedulable():
+    """The health-check pull, on a LlumSched with a stub instance that never answers."""
+    from llumnix.cluster.actors import LlumSchedActor
+    from llumnix.core.status import InstanceStatus
+    from llumnix.policy import DispatchRequest
+
+    @ray.remote(num_cpus=0)
+    class Frozen:
+        def health(self) -> bool:
+            time.sleep(60)
+            return True
+
+    sched = LlumSchedActor.options(num_cpus=0).remote(None, None, reschedule_interval_s=0.05)
+    old = InstanceStatus("frozen", time.time() - 10, 100, 0, 1, 16, 8)
+    ray.get(sched.register.remote(old, Frozen.remote()))
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        if ray.get(sched.dispatch.remote(DispatchRequest("r", 5))) is None:
+            break
+        time.sleep(0.2)
+    assert ray.get(sched.dispatch.remote(DispatchRequest("r2", 5))) is None
+    ray.kill(sched)
+
+
 def test_llumsched_is_restarted_by_ray_and_relearns_the_instances(server, cluster):
     url, backend = server
     name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]

@@ -184,6 +184,7 @@ class LlumSchedActor:
         self._in_flight: dict[str, Any] = {}  # source instance -> ObjectRef of its migrate_out
         self.migrations: list[dict[str, Any]] = []
         self._interval = reschedule_interval_s
+        self.health_timeout_s = 2.0
         threading.Thread(target=self._reschedule_loop, daemon=True, name="rescheduler").start()
 
     def register(self, status: InstanceStatus, handle: Any = None) -> None:
@@ -202,9 +203,33 @@ class LlumSchedActor:
         ray.get(handle.set_terminating.remote(True))
         return {"instance_id": instance_id, "draining": True}
 
+    def _health_check(self) -> None:
+        """Pull, as a fallback to the pushes: an instance silent for too long is asked
+        directly; if it does not answer in time it is marked unschedulable."""
+        now = time.time()
+        with self._lock:
+            silent = [(iid, self.handles.get(iid)) for iid, s in self.gs.statuses.items()
+                      if now - s.timestamp > self.health_timeout_s]
+        for iid, handle in silent:
+            ok = False
+            if handle is not None:
+                try:
+                    ok = bool(ray.get(handle.health.remote(), timeout=self.health_timeout_s))
+                except Exception:  # noqa: BLE001 - no answer is the answer
+                    ok = False
+            with self._lock:
+                s = self.gs.statuses.get(iid)
+                if s is not None and s.is_schedulable != ok:
+                    log.warning("instance %s is %s", iid, "healthy again" if ok else "unresponsive")
+                    self.gs.statuses[iid] = dataclasses.replace(s, is_schedulable=ok)
+
     def _reschedule_loop(self) -> None:
+        last_health = 0.0
         while True:
             time.sleep(self._interval)
+            if time.time() - last_health > self.health_timeout_s:
+                last_health = time.time()
+                self._health_check()
             with self._lock:
                 self._reap_finished()
                 orders = self.gs.reschedule(time.time())
