@@ -38,6 +38,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return main_serve(args)
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from llumnix.sim.runner import main_simulate
+
+    return main_simulate(args.config, args.set or [], args.seeds, args.out)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "engine":
         from llumnix.bench.engine_bench import main_engine_bench
@@ -78,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_args(s)
     s.set_defaults(func=_cmd_serve)
+
+    sim = sub.add_parser("simulate", help="run a discrete-event cluster simulation from a YAML config")
+    sim.add_argument("config", help="experiment YAML, e.g. benchmarks/sim/figure11.yaml")
+    sim.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field")
+    sim.add_argument("--seeds", type=int, default=None, help="seeds per point")
+    sim.add_argument("--out", default=None, help="output directory")
+    sim.set_defaults(func=_cmd_simulate)
 
     b = sub.add_parser("bench", help="run a committed benchmark")
     b.add_argument("what", choices=["engine", "migration"])

@@ -1,0 +1,97 @@
+"""The simulated cluster: its engine limits, and the instances it starts and stops."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llumnix.core.clock import VirtualClock
+from llumnix.core.config import CacheConfig, EngineConfig, SchedulerConfig
+from llumnix.engine import EngineCore
+from llumnix.migration.protocol import MigrationConfig
+from llumnix.sim.executor import SimExecutor
+from llumnix.sim.instance import SimInstance
+from llumnix.sim.latency import LatencyModel
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    num_instances: int = 16
+    """Instances at the start of a run."""
+    num_blocks: int = 862
+    """KV blocks per instance (the paper's A10s hold 792 to 862)."""
+    block_size: int = 16
+    """Tokens per KV block."""
+    max_num_seqs: int = 256
+    """Most requests in one batch."""
+    max_num_batched_tokens: int = 12800
+    """Most tokens in one prefill step."""
+    max_model_len: int = 16384
+    """Longest sequence an instance accepts."""
+    watermark: float = 0.01
+    """Fraction of blocks an admission must leave free."""
+    status_interval_s: float = 0.05
+    """Period of the llumlets' status reports."""
+    report_on_load_change: bool = True
+    """Also report right after a step or dispatch that changed an instance's request set."""
+    reschedule_every: int = 2
+    """Status rounds per rescheduling (migration pairing) round."""
+    migration: MigrationConfig = field(default_factory=MigrationConfig)
+    """Stages, last-stage threshold and timeout of live migration."""
+    instance_startup_s: float = 10.0
+    """Seconds from a scale-up decision until the new instance takes requests."""
+    check_invariants: bool = False
+    """Check every engine's block accounting after every step (tests; slow)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_instances", "num_blocks", "block_size", "max_num_seqs",
+                     "max_num_batched_tokens", "max_model_len", "reschedule_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.status_interval_s <= 0:
+            raise ValueError("status_interval_s must be > 0")
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            cache=CacheConfig(block_size=self.block_size, num_blocks=self.num_blocks, watermark=self.watermark),
+            scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
+                                      max_num_batched_tokens=self.max_num_batched_tokens),
+            max_model_len=self.max_model_len,
+        )
+
+
+class Cluster:
+    """Instances by id, in start order; makes new ones with the same engine config."""
+
+    def __init__(self, config: ClusterConfig, latency: LatencyModel, clock: VirtualClock,
+                 make_llumlet: Callable[[str, EngineCore], Any] | None = None) -> None:
+        self.config = config
+        self.latency = latency
+        self.clock = clock
+        self.make_llumlet = make_llumlet
+        self.instances: dict[str, SimInstance] = {}
+        self._engine_config = config.engine_config
+        self._next_index = 0
+
+    def new_instance(self, *, up: bool = True) -> SimInstance:
+        iid = f"instance-{self._next_index}"
+        self._next_index += 1
+        ex = SimExecutor(self.latency)
+        engine = EngineCore(self._engine_config, ex, self.config.num_blocks, clock=self.clock, instance_id=iid)
+        llumlet = self.make_llumlet(iid, engine) if self.make_llumlet else None
+        inst = SimInstance(iid, engine, ex, llumlet, up_since=self.clock.now())
+        inst.is_up = up
+        self.instances[iid] = inst
+        return inst
+
+    def remove(self, instance_id: str) -> SimInstance:
+        return self.instances.pop(instance_id)
+
+    @property
+    def num_live(self) -> int:
+        return len(self.instances)
+
+    def check_invariants(self) -> None:
+        for inst in self.instances.values():
+            inst.engine.check_invariants()

@@ -1,0 +1,292 @@
+"""Experiment configs: systems x traces x rates x seeds on one simulated cluster.
+
+YAML layout (every key optional except ``systems`` and ``traces``)::
+
+    name: figure11
+    latency_model: a10-llama7b      # a preset, or a profile JSON path (sim/profile.py)
+    seeds: 1                        # runs per (system, trace, rate), seeds 0..n-1
+    num_requests: 10000             # default for every trace
+    jobs: 1                         # runs in parallel (processes)
+    plots: true
+    cluster: {num_instances: 16, num_blocks: 862, max_num_batched_tokens: 12800,
+              status_interval_s: 0.05, reschedule_every: 2,
+              migration: {max_stages: 3, last_stage_max_blocks: 2}}
+    systems:
+      round-robin: {dispatch: round-robin}
+      llumnix: {dispatch: llumnix, migration: true, migrate_out_threshold: 3}
+    traces:
+      - {name: M-M, kind: M-M, rates: [7.4, 7.6, 7.8],
+         systems: {llumnix: {migrate_out_threshold: 10}}}   # per-trace system overrides
+      - {name: ShareGPT, kind: sharegpt, path: data/sharegpt.json, rates: [7.5]}
+    include_traces: [M-M]           # optional filters
+    include_systems: [llumnix]
+
+``--set a.b.c=value`` overrides any key (value parsed as YAML; list items by index,
+traces also by name: ``--set traces.M-M.rates=[7.6]``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llumnix.core.errors import LlumnixError
+from llumnix.migration.protocol import MigrationConfig
+from llumnix.sim.cluster import ClusterConfig
+from llumnix.sim.latency import PRESETS
+from llumnix.sim.workloads import TraceError, TraceSpec
+
+
+class ConfigError(LlumnixError):
+    """An experiment config is invalid; the message names the field."""
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """One scheduling system under test."""
+
+    name: str
+    """Label in results."""
+    dispatch: str
+    """Dispatch policy name from the policy registry (e.g. llumnix, infaas++, round-robin)."""
+    enable_migration: bool = False
+    """Run rescheduling rounds (live migration)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Further policy settings (thresholds, selection policy...), passed to the policy configs."""
+
+
+@dataclass(frozen=True)
+class TraceRun:
+    spec: TraceSpec
+    rates: tuple[float, ...]
+    system_overrides: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str
+    latency_model: str
+    seeds: int
+    jobs: int
+    plots: bool
+    cluster: ClusterConfig
+    systems: tuple[SystemSpec, ...]
+    traces: tuple[TraceRun, ...]
+
+    def system_for(self, system: SystemSpec, trace: TraceRun) -> SystemSpec:
+        extra = trace.system_overrides.get(system.name)
+        if not extra:
+            return system
+        return parse_system(system.name, {**_system_dict(system), **extra}, f"traces.{trace.spec.name}.systems")
+
+
+# -- overrides ---------------------------------------------------------------------
+def apply_override(doc: dict[str, Any], assignment: str) -> None:
+    if "=" not in assignment:
+        raise ConfigError(f"override {assignment!r} must look like key=value")
+    key, raw = assignment.split("=", 1)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    parts = key.strip().split(".")
+    node: Any = doc
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            idx = _list_index(node, part, key)
+            if last:
+                node[idx] = value
+            else:
+                node = node[idx]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+        else:
+            raise ConfigError(f"override {key!r}: {'.'.join(parts[:i])} is not a mapping or list")
+
+
+def _list_index(node: list[Any], part: str, key: str) -> int:
+    if part.lstrip("-").isdigit():
+        idx = int(part)
+        if not -len(node) <= idx < len(node):
+            raise ConfigError(f"override {key!r}: index {idx} out of range")
+        return idx
+    for idx, item in enumerate(node):
+        if isinstance(item, dict) and item.get("name") == part:
+            return idx
+    raise ConfigError(f"override {key!r}: no list item named {part!r}")
+
+
+# -- parsing -----------------------------------------------------------------------
+def _system_dict(s: SystemSpec) -> dict[str, Any]:
+    return {"dispatch": s.dispatch, "migration": s.enable_migration, **s.options}
+
+
+def parse_system(name: str, d: Any, where: str = "systems") -> SystemSpec:
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}.{name} must be a mapping")
+    d = dict(d)
+    dispatch = d.pop("dispatch", None)
+    if not isinstance(dispatch, str):
+        raise ConfigError(f"{where}.{name}.dispatch must name a dispatch policy")
+    migration = d.pop("migration", False)
+    if not isinstance(migration, bool):
+        raise ConfigError(f"{where}.{name}.migration must be true or false")
+    from llumnix.sim.policy_bridge import validate_system
+
+    spec = SystemSpec(name, dispatch, migration, d)
+    validate_system(spec, f"{where}.{name}")
+    return spec
+
+
+def _positive_int(d: dict[str, Any], key: str, default: int, where: str) -> int:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{where}{key} must be a positive integer, got {v!r}")
+    return v
+
+
+def _parse_cluster(d: Any) -> ClusterConfig:
+    if d is None:
+        return ClusterConfig()
+    if not isinstance(d, dict):
+        raise ConfigError("cluster must be a mapping")
+    d = dict(d)
+    known = {f.name for f in dataclasses.fields(ClusterConfig)}
+    for k in d:
+        if k not in known:
+            raise ConfigError(f"cluster.{k} is not a cluster setting (known: {', '.join(sorted(known))})")
+    mig = d.pop("migration", None)
+    if mig is not None:
+        if not isinstance(mig, dict):
+            raise ConfigError("cluster.migration must be a mapping")
+        mknown = {f.name for f in dataclasses.fields(MigrationConfig)}
+        for k in mig:
+            if k not in mknown:
+                raise ConfigError(f"cluster.migration.{k} is not a migration setting")
+        try:
+            d["migration"] = MigrationConfig(**mig)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"cluster.migration: {e}") from None
+    try:
+        return ClusterConfig(**d)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"cluster: {e}") from None
+
+
+def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
+    where = f"traces[{i}]"
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where} must be a mapping")
+    kind = d.get("kind")
+    name = d.get("name", kind)
+    if not isinstance(kind, str):
+        raise ConfigError(f"{where}.kind must be sharegpt, burstgpt or e.g. M-M")
+    where = f"traces.{name}"
+    rates = d.get("rates")
+    if not isinstance(rates, list) or not rates:
+        raise ConfigError(f"{where}.rates must be a non-empty list of request rates")
+    for r in rates:
+        if isinstance(r, bool) or not isinstance(r, int | float) or r <= 0:
+            raise ConfigError(f"{where}.rates must be positive numbers, got {r!r}")
+    path = d.get("path")
+    if path is not None:
+        p = Path(path)
+        if not p.is_absolute():
+            p = (base / p) if (base / p).exists() else p
+        if not p.is_file():
+            raise ConfigError(f"{where}.path: file {str(path)!r} not found")
+        path = str(p)
+    cv = d.get("cv")
+    if cv is not None and (not isinstance(cv, int | float) or cv <= 0):
+        raise ConfigError(f"{where}.cv must be a positive number or null")
+    overrides = d.get("systems") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{where}.systems must map system names to settings")
+    known = {"name", "kind", "rates", "path", "cv", "num_requests", "high_priority_fraction", "systems"}
+    for k in d:
+        if k not in known:
+            raise ConfigError(f"{where}.{k} is not a trace setting")
+    try:
+        spec = TraceSpec(name=str(name), kind=kind,
+                         num_requests=_positive_int(d, "num_requests", num_requests, f"{where}."),
+                         path=path, cv=None if cv is None else float(cv),
+                         high_priority_fraction=float(d.get("high_priority_fraction", 0.0)))
+    except TraceError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return TraceRun(spec, tuple(float(r) for r in rates), {k: dict(v) for k, v in overrides.items()})
+
+
+def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
+    if not isinstance(doc, dict):
+        raise ConfigError("the config must be a YAML mapping")
+    known = {"name", "latency_model", "seeds", "num_requests", "jobs", "plots", "cluster", "systems",
+             "traces", "include_traces", "include_systems"}
+    for k in doc:
+        if k not in known:
+            raise ConfigError(f"{k} is not a config key (known: {', '.join(sorted(known))})")
+    latency = str(doc.get("latency_model", "a10-llama7b"))
+    if latency not in PRESETS:
+        p = Path(latency) if Path(latency).is_absolute() or Path(latency).exists() else base / latency
+        if not p.is_file():
+            raise ConfigError(f"latency_model: {latency!r} is neither a preset "
+                              f"({', '.join(PRESETS)}) nor a profile file")
+        latency = str(p)
+    systems_doc = doc.get("systems")
+    if not isinstance(systems_doc, dict) or not systems_doc:
+        raise ConfigError("systems must map system names to their settings")
+    systems = [parse_system(str(k), v) for k, v in systems_doc.items()]
+    traces_doc = doc.get("traces")
+    if not isinstance(traces_doc, list) or not traces_doc:
+        raise ConfigError("traces must be a non-empty list")
+    n = _positive_int(doc, "num_requests", 10_000, "")
+    traces = [_parse_trace(i, t, n, base) for i, t in enumerate(traces_doc)]
+    for label, items, key in (("include_traces", traces, lambda t: t.spec.name),
+                              ("include_systems", systems, lambda s: s.name)):
+        wanted = doc.get(label)
+        if wanted is None:
+            continue
+        if not isinstance(wanted, list):
+            raise ConfigError(f"{label} must be a list of names")
+        names = {key(x) for x in items}
+        for w in wanted:
+            if w not in names:
+                raise ConfigError(f"{label}: no {label.split('_')[1][:-1]} named {w!r}")
+        items[:] = [x for x in items if key(x) in wanted]
+    names = {s.name for s in systems}
+    for t in traces:
+        for s in t.system_overrides:
+            if s not in names and doc.get("include_systems") is None:
+                raise ConfigError(f"traces.{t.spec.name}.systems.{s}: no system named {s!r}")
+    cfg = ExperimentConfig(
+        name=str(doc.get("name", "experiment")), latency_model=latency,
+        seeds=_positive_int(doc, "seeds", 1, ""), jobs=_positive_int(doc, "jobs", 1, ""),
+        plots=bool(doc.get("plots", True)), cluster=_parse_cluster(doc.get("cluster")),
+        systems=tuple(systems), traces=tuple(traces))
+    for t in cfg.traces:  # per-trace overrides must parse too
+        for s in cfg.systems:
+            cfg.system_for(s, t)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if doc is None:
+        doc = {}
+    for o in overrides or []:
+        if not isinstance(doc, dict):
+            break
+        apply_override(doc, o)
+    return parse_config(doc, p.parent)

@@ -1,0 +1,54 @@
+"""SimExecutor: the engine's Executor with a latency model in place of a network."""
+from __future__ import annotations
+
+from llumnix.core.batch import ModelOutput, SchedulerOutput
+from llumnix.sim.latency import LatencyModel
+
+PLACEHOLDER_TOKEN = 0
+
+
+class SimExecutor:
+    """Returns placeholder tokens and the modelled step latency in ``elapsed``.
+
+    Decode steps that overlap a migration's KV copy on this instance pay the model's
+    migration slowdown: every step started while a copy runs (``num_copying`` > 0),
+    and the first one after a copy started (the copy may begin and end within the
+    step that was already running).
+    """
+
+    def __init__(self, model: LatencyModel) -> None:
+        self.model = model
+        self.num_copying = 0
+        self.last_slowed = False
+        self._copy_started = False
+        self.num_steps = 0
+        self.busy_time = 0.0
+        self.last_elapsed = 0.0
+        self._slowdown = model.migration.decode_slowdown
+
+    def begin_copy(self) -> None:
+        self.num_copying += 1
+        self._copy_started = True
+
+    def end_copy(self) -> None:
+        self.num_copying -= 1
+
+    def execute(self, batch: SchedulerOutput) -> ModelOutput:
+        sched = batch.scheduled
+        n = len(sched)
+        if batch.is_prefill:
+            t = self.model.prefill_time([r.start_pos + len(r.token_ids) for r in sched])
+        else:
+            # A decode entry computes one token: its context is start_pos + 1.
+            ctx = n
+            for r in sched:
+                ctx += r.start_pos
+            t = self.model.decode_time(n, ctx)
+            self.last_slowed = bool(self.num_copying or self._copy_started)
+            if self.last_slowed:
+                t *= self._slowdown
+                self._copy_started = False
+        self.num_steps += 1
+        self.busy_time += t
+        self.last_elapsed = t
+        return ModelOutput(sampled_token_ids=[PLACEHOLDER_TOKEN] * n, elapsed=t)

@@ -1,0 +1,97 @@
+"""One simulated instance: an EngineCore stepping in virtual time with a SimExecutor.
+
+The engine's step is split so time passes between its parts::
+
+    schedule() ──► execute() gives the modelled latency ──► [virtual time passes] ──► update()
+    t                                                                                 t + elapsed
+
+Migration actions that need a step boundary (pausing a request for its last stage)
+wait in ``at_boundary`` and run right after ``update``, before the next ``schedule``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from llumnix.core.batch import ModelOutput, RequestOutput, SchedulerOutput
+from llumnix.engine import EngineCore
+from llumnix.sim.events import Event, EventKind
+from llumnix.sim.executor import SimExecutor
+
+if TYPE_CHECKING:
+    from llumnix.sim.migration import MigrationRun
+
+
+class SimInstance:
+    def __init__(self, instance_id: str, engine: EngineCore, executor: SimExecutor,
+                 llumlet: Any = None, *, up_since: float = 0.0) -> None:
+        self.instance_id = instance_id
+        self.engine = engine
+        self.executor = executor
+        self.llumlet = llumlet
+        self.up_since = up_since
+        self.is_up = True
+        self.is_terminating = False
+        self.migrations_out: dict[str, MigrationRun] = {}
+        self.migrations_in: dict[str, MigrationRun] = {}
+        self.at_boundary: list[Callable[[float], list[Event]]] = []
+        self.num_dispatched = 0
+        self.reported_step = -1
+        self.load_changed = True
+        """The request set changed since the last status report (a push is due)."""
+        self._batch: SchedulerOutput | None = None
+        self._output: ModelOutput | None = None
+        self._num_requests = 0
+
+    @property
+    def is_busy(self) -> bool:
+        """A step is in flight."""
+        return self._batch is not None
+
+    def start_step(self, now: float) -> Event | None:
+        """Schedule and execute the next batch; its end is the returned event. None: idle."""
+        if self._batch is not None or not self.is_up:
+            return None
+        batch = self.engine.schedule()
+        if not batch.scheduled:
+            if batch.preempted_request_ids:
+                self.load_changed = True
+            return None
+        if batch.is_prefill or batch.preempted_request_ids:
+            self.load_changed = True
+        self._batch = batch
+        self._output = out = self.executor.execute(batch)
+        return Event(now + (out.elapsed or 0.0), EventKind.STEP_END, self)
+
+    def finish_step(self, now: float) -> tuple[list[RequestOutput], list[Event]]:
+        """Apply the step's outputs, run step-boundary actions; returns the outputs and
+        the events caused (the next step's end, migration stages)."""
+        batch, out = self._batch, self._output
+        assert batch is not None and out is not None
+        self._batch = self._output = None
+        outputs = self.engine.update(batch, out)
+        n = len(self.engine.requests)
+        if n != self._num_requests:
+            self._num_requests = n
+            self.load_changed = True
+        events: list[Event] = []
+        if self.at_boundary:
+            actions, self.at_boundary = self.at_boundary, []
+            for act in actions:
+                events.extend(act(now))
+        nxt = self.start_step(now)
+        if nxt is not None:
+            events.append(nxt)
+        return outputs, events
+
+    def wake(self, now: float) -> list[Event]:
+        """Start stepping if idle (new work arrived or blocks were freed)."""
+        self.load_changed = True
+        if self._batch is not None:
+            return []
+        nxt = self.start_step(now)
+        return [] if nxt is None else [nxt]
+
+    def note_requests_changed(self) -> None:
+        self._num_requests = len(self.engine.requests)
+        self.load_changed = True

@@ -1,0 +1,95 @@
+"""What a run measures: per-request latencies, migrations, instances over time.
+
+Prefill latency is TTFT from the gateway arrival (queueing included); decode latency
+is the mean time per output token after the first; preemption loss is the time from
+each preemption until the recompute finished, summed per request.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from llumnix.core.batch import RequestMetrics
+from llumnix.migration.protocol import MigrationReport
+
+
+def summarize(values: list[float] | np.ndarray) -> dict[str, float]:
+    a = np.asarray(values, dtype=float)
+    if a.size == 0:
+        return {"mean": float("nan"), "p50": float("nan"), "p99": float("nan"), "max": float("nan")}
+    p50, p99 = np.percentile(a, [50, 99])
+    return {"mean": float(a.mean()), "p50": float(p50), "p99": float(p99), "max": float(a.max())}
+
+
+@dataclass
+class MetricsCollector:
+    requests: list[RequestMetrics] = field(default_factory=list)
+    migrations: list[MigrationReport] = field(default_factory=list)
+    num_rejected: int = 0
+    instance_timeline: list[tuple[float, int]] = field(default_factory=list)
+    """(time, number of instances up or starting) at every change."""
+
+    def on_finished(self, m: RequestMetrics) -> None:
+        self.requests.append(m)
+
+    def on_migration(self, report: MigrationReport) -> None:
+        self.migrations.append(report)
+
+    def on_instances(self, now: float, num_instances: int) -> None:
+        if self.instance_timeline and self.instance_timeline[-1][0] == now:
+            self.instance_timeline[-1] = (now, num_instances)
+        else:
+            self.instance_timeline.append((now, num_instances))
+
+    # -- reductions ------------------------------------------------------------
+    def average_instances(self, end: float) -> float:
+        """Time-weighted mean of the number of instances from the first change to ``end``."""
+        tl = self.instance_timeline
+        if not tl:
+            return 0.0
+        start = tl[0][0]
+        if end <= start:
+            return float(tl[-1][1])
+        total = 0.0
+        for (t0, n), (t1, _) in zip(tl, [*tl[1:], (end, 0)], strict=False):
+            total += n * (min(t1, end) - t0)
+        return total / (end - start)
+
+    def request_arrays(self) -> dict[str, np.ndarray]:
+        rs = self.requests
+        return {
+            "prefill": np.array([r.ttft for r in rs if r.ttft is not None]),
+            "decode": np.array([d for r in rs if (d := r.decode_per_token) is not None]),
+            "e2e": np.array([r.e2e for r in rs]),
+            "preemption_loss": np.array([r.preemption_loss for r in rs]),
+            "num_preemptions": np.array([r.num_preemptions for r in rs]),
+        }
+
+    def migration_summary(self) -> dict[str, Any]:
+        done = [m for m in self.migrations if m.committed]
+        reasons: dict[str, int] = {}
+        for m in self.migrations:
+            if not m.committed:
+                key = m.abort_reason or "unknown"
+                reasons[key] = reasons.get(key, 0) + 1
+        downtimes = [m.downtime for m in done if m.downtime is not None and m.num_stages > 0]
+        return {
+            "num_committed": len(done), "num_aborted": len(self.migrations) - len(done),
+            "abort_reasons": reasons,
+            "num_blocks": int(sum(m.num_blocks for m in done)),
+            "downtime": summarize(downtimes),
+        }
+
+    def summary(self, end: float) -> dict[str, Any]:
+        arr = self.request_arrays()
+        out: dict[str, Any] = {"num_finished": len(self.requests), "num_rejected": self.num_rejected}
+        for key in ("prefill", "decode", "e2e", "preemption_loss"):
+            out[key] = summarize(arr[key])
+        out["num_preemptions"] = int(arr["num_preemptions"].sum())
+        out["num_preempted_requests"] = int((arr["num_preemptions"] > 0).sum())
+        out["migrations"] = self.migration_summary()
+        out["instances"] = {"average": self.average_instances(end),
+                            "max": max((n for _, n in self.instance_timeline), default=0)}
+        return out

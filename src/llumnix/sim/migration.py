@@ -1,0 +1,155 @@
+"""Drives one live migration through the shared MigrationProtocol in virtual time.
+
+The protocol decides; this driver performs each action on the two engines and
+reports back::
+
+    RESERVE  dst.try_reserve(blocks since the last stage)   refused -> abort
+    COPY     a MIGRATION_STAGE event after handshake + bytes / bandwidth,
+             while the source keeps decoding (both sides pay the decode slowdown)
+    check    finished or preempted meanwhile -> abort; few blocks left or stage
+             limit -> PAUSE; otherwise the next pre-copy stage
+    PAUSE    at the source's next step boundary: pause_request
+    last     RESERVE + COPY of the rest (+ commit cost): the downtime
+    COMMIT   src.remove_request -> dst.install_request (the request object moves)
+
+An abort frees the destination's reservation and resumes the request on the source.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llumnix.core.request import RequestStatus
+from llumnix.migration.protocol import MigrationConfig, MigrationPhase, MigrationProtocol
+from llumnix.sim.events import Event, EventKind
+from llumnix.sim.instance import SimInstance
+from llumnix.sim.latency import MigrationCost
+
+P = MigrationPhase
+
+
+class MigrationRun:
+    def __init__(self, src: SimInstance, dst: SimInstance, request_id: str, config: MigrationConfig,
+                 cost: MigrationCost, now: float,
+                 on_done: Callable[[MigrationRun, float], list[Event]]) -> None:
+        self.src, self.dst, self.request_id = src, dst, request_id
+        self.cost = cost
+        self.on_done = on_done
+        req = src.engine.requests[request_id]
+        self._preemptions = req.num_preemptions
+        self._was_waiting = req.status == RequestStatus.WAITING
+        self.protocol = MigrationProtocol(
+            request_id, src.instance_id, dst.instance_id, config, now,
+            has_kv=not self._was_waiting, bytes_per_block=cost.bytes_per_block)
+        self._copying = False
+        src.migrations_out[request_id] = self
+        dst.migrations_in[request_id] = self
+
+    # -- checks ------------------------------------------------------------------
+    def _alive(self) -> bool:
+        """Still on the source, not finished, aborted or preempted since the start."""
+        req = self.src.engine.requests.get(self.request_id)
+        if req is None or req.num_preemptions != self._preemptions:
+            return False
+        if self._was_waiting:
+            return req.status == RequestStatus.WAITING
+        return req.status in (RequestStatus.RUNNING, RequestStatus.PAUSED)
+
+    # -- driving -----------------------------------------------------------------
+    def start(self, now: float) -> list[Event]:
+        if self.protocol.phase == P.COMMIT:  # queued: metadata only, one handshake
+            return [Event(now + self.cost.stage_overhead_s, EventKind.MIGRATION_STAGE, self)]
+        return self._advance(now)
+
+    def _advance(self, now: float) -> list[Event]:
+        proto, src, dst, rid = self.protocol, self.src, self.dst, self.request_id
+        while True:
+            phase = proto.phase
+            if phase == P.RESERVE:
+                last = proto.is_last_stage
+                blocks = src.engine.blocks_since(rid, proto.num_blocks_sent, full_only=not last)
+                if proto.begin_stage(blocks, now) == P.PAUSE:
+                    continue
+                if proto.on_reserved(dst.engine.try_reserve(rid, len(blocks)), now) == P.ABORTED:
+                    continue
+                self._copying = True
+                src.executor.begin_copy()
+                dst.executor.begin_copy()
+                t = self.cost.stage_time(len(blocks), is_last=last,
+                                         num_request_blocks=src.engine.kv.num_blocks_of(rid),
+                                         blocking=proto.config.max_stages == 1)
+                return [Event(now + t, EventKind.MIGRATION_STAGE, self)]
+            if phase == P.PAUSE:
+                if src.is_busy:
+                    src.at_boundary.append(self._pause)
+                    return []
+                return self._pause(now)
+            if phase == P.COMMIT:
+                return self._commit(now)
+            return self._finish(now)  # ABORTED (COMMITTED is reached only in _commit)
+
+    def on_stage_done(self, now: float) -> list[Event]:
+        proto = self.protocol
+        if proto.phase.is_done:
+            return []  # aborted from outside while the stage ran
+        if proto.phase == P.COMMIT:  # the metadata hand-over of a queued request
+            if not self._alive():
+                proto.abort("the request was admitted or ended before the hand-over", now)
+                return self._finish(now)
+            return self._commit(now)
+        self._stop_copying()
+        if proto.is_timed_out(now):
+            proto.abort("timeout", now)
+            return self._finish(now)
+        alive = self._alive()
+        table = self.src.engine.kv.num_blocks_of(self.request_id) if alive else 0
+        proto.on_copied(now, request_alive=alive, num_unsent_blocks=max(0, table - proto.num_blocks_sent))
+        return self._advance(now)
+
+    def _pause(self, now: float) -> list[Event]:
+        if self.protocol.phase != P.PAUSE:
+            return []
+        alive = self._alive()
+        if self.protocol.on_paused(now, request_alive=alive) == P.RESERVE:
+            self.src.engine.pause_request(self.request_id)
+        return self._advance(now)
+
+    def _commit(self, now: float) -> list[Event]:
+        src, dst, rid = self.src, self.dst, self.request_id
+        # The source's copy is dropped at commit anyway, so the request object itself
+        # moves; snapshot_request's deepcopy of the token lists costs ~1 ms per long
+        # request, which dominated migration-heavy runs.
+        dst.engine.install_request(src.engine.remove_request(rid))
+        self.protocol.on_committed(now)
+        src.note_requests_changed()
+        dst.note_requests_changed()
+        return self._finish(now)
+
+    def _stop_copying(self) -> None:
+        if self._copying:
+            self._copying = False
+            self.src.executor.end_copy()
+            self.dst.executor.end_copy()
+
+    def abort(self, reason: str, now: float) -> list[Event]:
+        """Abort from outside (an instance going away); a stage in flight is ignored when it ends."""
+        self.protocol.abort(reason, now)
+        return self._finish(now)
+
+    def _finish(self, now: float) -> list[Event]:
+        src, dst, rid = self.src, self.dst, self.request_id
+        self._stop_copying()
+        if src.migrations_out.get(rid) is not self:
+            return []  # already finished
+        del src.migrations_out[rid]
+        del dst.migrations_in[rid]
+        if self.protocol.phase == P.ABORTED:
+            dst.engine.release_reservation(rid)
+            req = src.engine.requests.get(rid)
+            if req is not None and req.status == RequestStatus.PAUSED:
+                src.engine.resume_request(rid)
+        events = src.wake(now) + dst.wake(now)
+        return events + self.on_done(self, now)
+
+    @property
+    def is_done(self) -> bool:
+        return self.protocol.phase.is_done

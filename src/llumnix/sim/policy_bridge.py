@@ -1,0 +1,143 @@
+"""The simulator's PolicyPort over the shared policy objects: one ``GlobalScheduler``
+and one ``Llumlet`` per instance, exactly as the cluster runs them. Nothing here
+decides; it only translates simulator calls into policy calls.
+
+A system in an experiment config::
+
+    llumnix:
+      dispatch: llumnix            # a name from llumnix.policy.DISPATCH_POLICIES
+      migration: true              # rescheduling rounds on
+      migrate_out_threshold: 10    # shortcut: rescheduling.out_threshold (and in_threshold, if lower)
+      rescheduling: {selection: paper, max_out: 1}   # any SchedulingConfig section
+      freeness: {headroom_tokens: {high: 1600}}
+      dispatch_params: {}          # DispatchConfig.params
+      scaling: {enabled: true, scale_out_below: 10, scale_in_above: 60}
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from llumnix.core.errors import InvalidRequestError
+from llumnix.policy import (
+    DispatchRequest,
+    GlobalScheduler,
+    Llumlet,
+    ReschedulingConfig,
+    SchedulingConfig,
+    freeness,
+)
+
+if TYPE_CHECKING:
+    from llumnix.core.clock import Clock
+    from llumnix.engine import EngineCore
+    from llumnix.sim.cluster import ClusterConfig
+    from llumnix.sim.config import SystemSpec
+    from llumnix.sim.instance import SimInstance
+
+_SECTIONS = ("freeness", "rescheduling", "scaling")
+
+
+def scheduling_config(spec: SystemSpec) -> SchedulingConfig:
+    """SystemSpec -> SchedulingConfig; raises the policy's own PolicyConfigError."""
+    opts = dict(spec.options)
+    unknown = sorted(set(opts) - {*_SECTIONS, "migrate_out_threshold", "dispatch_params", "staleness_s"})
+    if unknown:
+        raise InvalidRequestError(f"unknown setting {unknown[0]!r}", unknown[0])
+    resched = dict(opts.get("rescheduling") or {})
+    resched["enabled"] = spec.enable_migration
+    if "migrate_out_threshold" in opts:
+        out = float(opts["migrate_out_threshold"])
+        resched.setdefault("out_threshold", out)
+        resched.setdefault("in_threshold", max(out, ReschedulingConfig().in_threshold))
+    dispatch: dict[str, Any] = {"policy": spec.dispatch, "params": dict(opts.get("dispatch_params") or {}),
+                                "pending_grace_s": 0.0}
+    if "staleness_s" in opts:
+        dispatch["staleness_s"] = opts["staleness_s"]
+    return SchedulingConfig.from_dict({"freeness": opts.get("freeness"), "dispatch": dispatch,
+                                       "rescheduling": resched, "scaling": opts.get("scaling")})
+
+
+def validate_system(spec: SystemSpec, where: str) -> None:
+    from llumnix.sim.config import ConfigError
+
+    try:
+        scheduling_config(spec)
+    except (InvalidRequestError, ValueError, TypeError) as e:
+        param = getattr(e, "param", None)
+        field = "dispatch" if param == "dispatch.policy" else (param or "")
+        raise ConfigError(f"{where}.{field}: {e}" if field else f"{where}: {e}") from None
+
+
+class PolicyBridge:
+    def __init__(self, config: SchedulingConfig, clock: Clock | None = None, seed: int = 0,
+                 scaling_interval_s: float = 1.0) -> None:
+        self.config = config
+        self.gs = GlobalScheduler(config, seed=seed)
+        self.clock = clock
+        self.enable_migration = config.rescheduling.enabled
+        self.scaling_interval_s = scaling_interval_s if config.scaling.enabled else 0.0
+
+    def bind(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def _now(self) -> float:
+        assert self.clock is not None, "bind the bridge to the simulator's clock first"
+        return self.clock.now()
+
+    # -- membership and status --------------------------------------------------------
+    def make_llumlet(self, instance_id: str, engine: EngineCore) -> Llumlet:
+        return Llumlet(instance_id, engine, self.config.rescheduling, self.config.freeness)
+
+    def add_instance(self, inst: SimInstance) -> None:
+        self.gs.add_instance(inst.llumlet.report(self._now()))
+
+    def remove_instance(self, inst: SimInstance) -> None:
+        self.gs.remove_instance(inst.instance_id)
+
+    def report(self, inst: SimInstance) -> None:
+        self.gs.update_status(inst.llumlet.report(self._now()))
+
+    # -- dispatch ------------------------------------------------------------------
+    def dispatch(self, request_id: str, num_prompt_tokens: int, arrival_time: float,
+                 priority: int) -> str | None:
+        return self.gs.dispatch(DispatchRequest(request_id, num_prompt_tokens, priority, arrival_time),
+                                self._now())
+
+    # -- migration -----------------------------------------------------------------
+    def pair_migrations(self) -> list[tuple[str, str]]:
+        return [(o.src_instance_id, o.dst_instance_id) for o in self.gs.reschedule(self._now())]
+
+    def select_request(self, src: SimInstance, dst: SimInstance) -> str | None:
+        picked = src.llumlet.select_requests_to_migrate(self._now(), 1)
+        return picked[0] if picked else None
+
+    def on_migration_started(self, src: SimInstance, request_id: str) -> None:
+        src.llumlet.on_migration_started(request_id)
+
+    def on_migration_finished(self, src: SimInstance, request_id: str, committed: bool) -> None:
+        src.llumlet.on_migration_finished(request_id, committed)
+
+    def keep_migrating(self, src: SimInstance, dst: SimInstance) -> bool:
+        """The source is still a source (its llumlet says) and the destination, seen
+        fresh, is still above the in threshold and not terminating."""
+        now = self._now()
+        if not src.llumlet.should_keep_migrating(now) or dst.llumlet.is_terminating:
+            return False
+        if len(dst.migrations_in) >= self.config.rescheduling.max_in:
+            return False
+        return freeness(dst.llumlet.report(now), self.config.freeness) > self.config.rescheduling.in_threshold
+
+    # -- scaling -------------------------------------------------------------------
+    def scale(self) -> tuple[str, str | None]:
+        """("out", None), ("in", victim id) or ("none", None)."""
+        now = self._now()
+        self.gs.record_freeness(now)
+        act = self.gs.scaling_decision(now)
+        return act.kind, act.instance_id
+
+    def on_terminating(self, inst: SimInstance) -> None:
+        inst.llumlet.is_terminating = True
+
+
+def make_policy(spec: SystemSpec, cluster: ClusterConfig, seed: int = 0) -> PolicyBridge:
+    return PolicyBridge(scheduling_config(spec), seed=seed, scaling_interval_s=cluster.status_interval_s)

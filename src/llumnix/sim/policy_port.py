@@ -1,0 +1,56 @@
+"""What the simulator asks of a scheduling system (dispatch, migration, scaling).
+
+The simulator never decides anything itself: every decision goes through a
+``PolicyPort``. ``policy_bridge.PolicyBridge`` implements it over the shared
+``llumnix.policy`` objects (a GlobalScheduler and one Llumlet per instance), the same
+ones the real cluster runs.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from llumnix.core.clock import Clock
+    from llumnix.engine import EngineCore
+    from llumnix.sim.instance import SimInstance
+
+
+class PolicyPort(Protocol):
+    enable_migration: bool
+    """Run rescheduling rounds."""
+    scaling_interval_s: float
+    """Seconds between auto-scaling decisions; 0 disables scaling."""
+
+    def bind(self, clock: Clock) -> None:
+        """The simulator's virtual clock, for the ``now`` every policy call takes."""
+
+    def make_llumlet(self, instance_id: str, engine: EngineCore) -> Any: ...
+
+    def add_instance(self, inst: SimInstance) -> None: ...
+
+    def remove_instance(self, inst: SimInstance) -> None: ...
+
+    def report(self, inst: SimInstance) -> None:
+        """The instance's llumlet reports its status to the global scheduler."""
+
+    def dispatch(self, request_id: str, num_prompt_tokens: int, arrival_time: float,
+                 priority: int) -> str | None:
+        """The instance to send a new request to; None if none is schedulable."""
+
+    def pair_migrations(self) -> list[tuple[str, str]]:
+        """One rescheduling round: (source, destination) instance pairs."""
+
+    def select_request(self, src: SimInstance, dst: SimInstance) -> str | None:
+        """The source llumlet's choice of the next request to migrate, if any."""
+
+    def on_migration_started(self, src: SimInstance, request_id: str) -> None: ...
+
+    def on_migration_finished(self, src: SimInstance, request_id: str, committed: bool) -> None: ...
+
+    def keep_migrating(self, src: SimInstance, dst: SimInstance) -> bool:
+        """After a migration: is the source still a source (and the destination still fit)?"""
+
+    def scale(self) -> tuple[str, str | None]:
+        """("out", None), ("in", instance to drain) or ("none", None)."""
+
+    def on_terminating(self, inst: SimInstance) -> None: ...

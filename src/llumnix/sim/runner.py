@@ -1,0 +1,129 @@
+"""Run an experiment config: every (trace, rate, seed, system), then metrics.json and plots.
+
+The same trace object (same seed) is replayed for every system, so systems are
+compared on identical requests. Runs go to worker processes when ``jobs`` > 1.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llumnix.sim.cluster import ClusterConfig
+from llumnix.sim.config import ConfigError, ExperimentConfig, SystemSpec, load_config
+from llumnix.sim.latency import get_latency_model
+from llumnix.sim.workloads import TraceSpec, make_trace
+
+KEEP_SAMPLES = ("prefill", "decode")
+"""Per-request arrays kept (in memory) for the CDF plots."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    system: SystemSpec
+    trace: TraceSpec
+    rate: float
+    seed: int
+    cluster: ClusterConfig
+    latency_model: str
+    keep_samples: bool = False
+
+
+def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """One simulation; returns its metrics record (plus ``_samples`` if asked)."""
+    from llumnix.sim.policy_bridge import make_policy
+    from llumnix.sim.simulator import Simulator
+
+    trace = make_trace(spec.trace, spec.rate, spec.seed)
+    sim = Simulator(spec.cluster, get_latency_model(spec.latency_model),
+                    make_policy(spec.system, spec.cluster, seed=spec.seed), trace, progress=progress)
+    summary = sim.run()
+    record: dict[str, Any] = {"system": spec.system.name, "trace": spec.trace.name, "rate": spec.rate,
+                              "seed": spec.seed, "num_requests": len(trace),
+                              "num_instances": spec.cluster.num_instances, **summary}
+    if spec.keep_samples:
+        arrays = sim.metrics.request_arrays()
+        record["_samples"] = {k: arrays[k].tolist() for k in KEEP_SAMPLES}
+    return record
+
+
+def plan(cfg: ExperimentConfig, seeds: int | None = None) -> list[RunSpec]:
+    runs = []
+    for t in cfg.traces:
+        top = max(t.rates)
+        for rate in t.rates:
+            for seed in range(seeds or cfg.seeds):
+                for s in cfg.systems:
+                    runs.append(RunSpec(cfg.system_for(s, t), t.spec, rate, seed, cfg.cluster,
+                                        cfg.latency_model, keep_samples=(rate == top and seed == 0)))
+    return runs
+
+
+def _write(out: Path, cfg: ExperimentConfig, records: list[dict[str, Any]]) -> None:
+    clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in records]
+    order = {(t.spec.name): i for i, t in enumerate(cfg.traces)}
+    sysorder = {s.name: i for i, s in enumerate(cfg.systems)}
+    clean.sort(key=lambda r: (order.get(r["trace"], 0), r["rate"], r["seed"], sysorder.get(r["system"], 0)))
+    doc = {"name": cfg.name, "latency_model": cfg.latency_model, "records": clean}
+    tmp = out / "metrics.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")
+    os.replace(tmp, out / "metrics.json")
+
+
+def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, seeds: int | None = None,
+                   show_progress: bool = True) -> list[dict[str, Any]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = plan(cfg, seeds)
+    records: list[dict[str, Any]] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, disable=not show_progress, transient=False) as bar:
+        overall = bar.add_task(f"{cfg.name}: runs", total=len(runs))
+
+        def label(r: RunSpec) -> str:
+            return f"{r.trace.name} @ {r.rate:g} req/s, seed {r.seed}, {r.system.name}"
+
+        if cfg.jobs == 1:
+            for r in runs:
+                task = bar.add_task(label(r), total=r.trace.num_requests)
+                records.append(run_one(r, lambda n, task=task: bar.advance(task, n)))
+                bar.remove_task(task)
+                bar.advance(overall)
+                _write(out, cfg, records)
+        else:
+            with ProcessPoolExecutor(max_workers=cfg.jobs) as pool:
+                futures = {pool.submit(run_one, r): r for r in runs}
+                for fut in as_completed(futures):
+                    records.append(fut.result())
+                    bar.update(overall, advance=1, description=f"{cfg.name}: done {label(futures[fut])}")
+                    _write(out, cfg, records)
+    _write(out, cfg, records)
+    if cfg.plots:
+        from llumnix.sim.report import write_plots
+
+        write_plots(records, out)
+    return records
+
+
+def main_simulate(config_path: str, overrides: list[str], seeds: int | None, out_dir: str | None) -> int:
+    """`llumnix simulate CONFIG.yaml [--set k=v ...] [--seeds N] [--out DIR]`."""
+    if seeds is not None and seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    cfg = load_config(config_path, overrides)
+    out = Path(out_dir) if out_dir else Path(config_path).parent / "results" / cfg.name
+    start = time.perf_counter()
+    records = run_experiment(cfg, out, seeds, show_progress=sys.stderr.isatty())
+    wall = time.perf_counter() - start
+    from llumnix.sim.report import summary_table
+
+    print(summary_table(records))
+    print(f"{len(records)} runs in {wall:.1f} s; results in {out}/metrics.json")
+    return 0

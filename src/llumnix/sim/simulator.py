@@ -1,0 +1,297 @@
+"""The cluster simulator: the real engines, llumlets and global scheduler in virtual time.
+
+Event flow (each handler returns the events it causes)::
+
+    ARRIVAL ──dispatch──► engine.add_request ──► wake ──► STEP_END ──► STEP_END ...
+       │ (nothing schedulable: gateway queue, retried every status round)
+    STATUS_REPORT every status_interval_s: llumlets report to the global scheduler
+    RESCHEDULE every reschedule_every rounds: pairs -> MigrationRun -> MIGRATION_STAGE ...
+       a source keeps migrating (one request at a time) while it is still a source
+    SCALING / INSTANCE_UP: decisions of the scheduler, start-up delay
+
+A status report nobody reads is not built: between two rounds only a dispatch, a
+rescheduling round or a scaling decision reads statuses, and their times are known
+in advance (arrivals come from the trace), so a report is skipped exactly when the
+next one would overwrite it unread.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from llumnix.core.errors import RequestTooLongError
+from llumnix.core.request import Priority
+from llumnix.core.sampling_params import SamplingParams
+from llumnix.sim.cluster import Cluster, ClusterConfig
+from llumnix.sim.events import Event, EventKind
+from llumnix.sim.instance import SimInstance
+from llumnix.sim.latency import LatencyModel
+from llumnix.sim.loop import EventLoop
+from llumnix.sim.metrics import MetricsCollector
+from llumnix.sim.migration import MigrationRun
+from llumnix.sim.policy_port import PolicyPort
+from llumnix.sim.workloads import Trace
+
+_INF = float("inf")
+
+
+class Simulator:
+    def __init__(self, config: ClusterConfig, latency: LatencyModel, policy: PolicyPort, trace: Trace,
+                 *, progress: Callable[[int], None] | None = None) -> None:
+        self.config = config
+        self.latency = latency
+        self.policy = policy
+        self.trace = trace
+        self.progress = progress
+        self.loop = EventLoop()
+        self.clock = self.loop.clock
+        self.metrics = MetricsCollector()
+        policy.bind(self.clock)
+        self.cluster = Cluster(config, latency, self.clock, make_llumlet=policy.make_llumlet)
+        self.gateway: deque[int] = deque()
+        self.num_done = 0
+        self.wall_s = 0.0
+        self._round = 0
+        self._resched_n = 1
+        self._scale_n = 1
+        self._next_arrival = _INF
+        self._next_reschedule = _INF
+        self._next_scaling = _INF
+        self._num_migrating = 0
+        self._next_round = 0.0
+        loop = self.loop
+        loop.on(EventKind.ARRIVAL, self.on_arrival)
+        loop.on(EventKind.STEP_END, self.on_step_end)
+        loop.on(EventKind.STATUS_REPORT, self.on_status_round)
+        loop.on(EventKind.RESCHEDULE, self.on_reschedule)
+        loop.on(EventKind.MIGRATION_STAGE, lambda ev: ev.target.on_stage_done(self.clock.now()))
+        loop.on(EventKind.INSTANCE_UP, self.on_instance_up)
+        loop.on(EventKind.SCALING, self.on_scaling)
+
+    # -- running -----------------------------------------------------------------------
+    @property
+    def is_done(self) -> bool:
+        return self.num_done >= len(self.trace)
+
+    def run(self) -> dict[str, Any]:
+        for _ in range(self.config.num_instances):
+            inst = self.cluster.new_instance()
+            self.policy.add_instance(inst)
+        self.metrics.on_instances(0.0, self.cluster.num_live)
+        for inst in self.cluster.instances.values():
+            self._report(inst)
+        if len(self.trace):
+            self._next_arrival = float(self.trace.arrival_times[0])
+            self.loop.push(Event(self._next_arrival, EventKind.ARRIVAL, 0))
+        self.loop.push(Event(0.0, EventKind.STATUS_REPORT))
+        if self.policy.enable_migration:
+            self._next_reschedule = self.config.status_interval_s * self.config.reschedule_every
+            self.loop.push(Event(self._next_reschedule, EventKind.RESCHEDULE))
+        if self.policy.scaling_interval_s:
+            self._next_scaling = self.policy.scaling_interval_s
+            self.loop.push(Event(self._next_scaling, EventKind.SCALING))
+        start = time.perf_counter()
+        # Past the last request, in-flight migrations still run to their end (an abort).
+        self.loop.run(stop=lambda: self.num_done >= len(self.trace) and not self._num_migrating)
+        self.wall_s = time.perf_counter() - start
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        end = self.clock.now()
+        out = self.metrics.summary(end)
+        out["sim"] = {"duration_s": end, "wall_s": self.wall_s, "num_events": self.loop.num_events,
+                      "events_per_s": self.loop.num_events / self.wall_s if self.wall_s else 0.0,
+                      "num_steps": sum(i.executor.num_steps for i in self.cluster.instances.values())}
+        return out
+
+    # -- arrivals and dispatch ---------------------------------------------------------
+    def on_arrival(self, ev: Event) -> list[Event]:
+        i: int = ev.target
+        events: list[Event] = []
+        if i + 1 < len(self.trace):
+            self._next_arrival = float(self.trace.arrival_times[i + 1])
+            events.append(Event(self._next_arrival, EventKind.ARRIVAL, i + 1))
+        else:
+            self._next_arrival = _INF
+        if self.gateway:
+            self.gateway.append(i)  # FCFS at the gateway
+            return events + self._drain_gateway()
+        return events + self._dispatch(i)
+
+    def _dispatch(self, i: int) -> list[Event]:
+        """Send request ``i`` to an instance, or queue it at the gateway if none is schedulable."""
+        trace = self.trace
+        priority = int(trace.priorities[i])
+        num_prompt = int(trace.prompt_lens[i])
+        iid = self.policy.dispatch(f"req-{i}", num_prompt, float(trace.arrival_times[i]), priority)
+        if iid is None:
+            self.gateway.append(i)
+            return []
+        inst = self.cluster.instances[iid]
+        try:
+            inst.engine.add_request(
+                f"req-{i}", [0] * num_prompt,
+                SamplingParams(max_tokens=int(trace.output_lens[i]), ignore_eos=True),
+                priority=Priority.HIGH if priority else Priority.NORMAL,
+                arrival_time=float(trace.arrival_times[i]))
+        except RequestTooLongError:
+            self.metrics.num_rejected += 1
+            self._count_done(1)
+            return []
+        inst.num_dispatched += 1
+        events = inst.wake(self.clock.now())
+        self._maybe_report(inst)
+        return events
+
+    def _drain_gateway(self) -> list[Event]:
+        events: list[Event] = []
+        while self.gateway:
+            i = self.gateway.popleft()
+            before = len(self.gateway)
+            out = self._dispatch(i)
+            if len(self.gateway) > before:  # still nothing schedulable: back to the head
+                self.gateway.rotate(1)
+                break
+            events += out
+        return events
+
+    # -- engine steps ------------------------------------------------------------------
+    def on_step_end(self, ev: Event) -> list[Event]:
+        inst: SimInstance = ev.target
+        outputs, events = inst.finish_step(self.clock.now())
+        finished = 0
+        for out in outputs:
+            if out.metrics is not None:
+                self.metrics.on_finished(out.metrics)
+                finished += 1
+        if finished:
+            self._count_done(finished)
+        if self.config.check_invariants:
+            inst.engine.check_invariants()
+        if inst.load_changed:
+            self._maybe_report(inst)
+        if inst.is_terminating and not inst.engine.requests and not inst.migrations_in:
+            events += self._retire(inst)
+        return events
+
+    def _count_done(self, n: int) -> None:
+        self.num_done += n
+        if self.progress is not None:
+            self.progress(n)
+
+    # -- status ------------------------------------------------------------------------
+    def _report(self, inst: SimInstance) -> None:
+        self.policy.report(inst)
+        inst.load_changed = False
+        inst.reported_step = inst.engine.step_id
+
+    def _is_read_before(self, t: float) -> bool:
+        """Will a dispatch, a rescheduling round or the gateway read statuses before ``t``?"""
+        # An arrival at exactly t runs before the round at t (kind order); rescheduling
+        # and scaling at t run after it and read that round's reports.
+        return (self._next_arrival <= t or self._next_reschedule < t or self._next_scaling < t
+                or bool(self.gateway))
+
+    def _maybe_report(self, inst: SimInstance) -> None:
+        if inst.is_up and self.config.report_on_load_change and self._is_read_before(self._next_round):
+            self._report(inst)
+
+    def on_status_round(self, ev: Event) -> list[Event]:
+        if self.is_done:
+            return []
+        self._round += 1
+        # Periodic times are multiples of the interval, never running sums, so a round
+        # and a rescheduling round due at the same instant compare equal.
+        self._next_round = self._round * self.config.status_interval_s
+        if self._is_read_before(self._next_round):
+            # Every instance reports, changed or not: an unchanged report still renews
+            # the timestamp the dispatcher's staleness filter reads.
+            for inst in self.cluster.instances.values():
+                if inst.is_up:
+                    self._report(inst)
+        events = [Event(self._next_round, EventKind.STATUS_REPORT)]
+        if self.gateway:
+            events += self._drain_gateway()
+        return events
+
+    # -- migration ---------------------------------------------------------------------
+    def on_reschedule(self, ev: Event) -> list[Event]:
+        if self.is_done:
+            return []
+        now = self.clock.now()
+        self._resched_n += 1
+        self._next_reschedule = self._resched_n * self.config.status_interval_s * self.config.reschedule_every
+        events = [Event(self._next_reschedule, EventKind.RESCHEDULE)]
+        for src_id, dst_id in self.policy.pair_migrations():
+            src, dst = self.cluster.instances.get(src_id), self.cluster.instances.get(dst_id)
+            if src is None or dst is None or src.migrations_out or not dst.is_up:
+                continue
+            events += self._migrate_next(src, dst, now)
+        return events
+
+    def _migrate_next(self, src: SimInstance, dst: SimInstance, now: float) -> list[Event]:
+        rid = self.policy.select_request(src, dst)
+        if rid is None or rid in src.migrations_out or rid not in src.engine.requests:
+            return []
+        run = MigrationRun(src, dst, rid, self.config.migration, self.latency.migration, now,
+                           on_done=self._on_migration_done)
+        self.policy.on_migration_started(src, rid)
+        self._num_migrating += 1
+        return run.start(now)
+
+    def _on_migration_done(self, run: MigrationRun, now: float) -> list[Event]:
+        self._num_migrating -= 1
+        report = run.protocol.report()
+        self.metrics.on_migration(report)
+        src, dst = run.src, run.dst
+        self.policy.on_migration_finished(src, run.request_id, report.committed)
+        self._maybe_report(src)
+        self._maybe_report(dst)
+        events: list[Event] = []
+        if src.is_terminating and not src.engine.requests and not src.migrations_in:
+            return self._retire(src)
+        if (report.committed and not src.migrations_out and src.instance_id in
+                self.cluster.instances and dst.instance_id in self.cluster.instances
+                and self.policy.keep_migrating(src, dst)):
+            events += self._migrate_next(src, dst, now)
+        return events
+
+    # -- scaling -----------------------------------------------------------------------
+    def on_scaling(self, ev: Event) -> list[Event]:
+        if self.is_done:
+            return []
+        now = self.clock.now()
+        self._scale_n += 1
+        self._next_scaling = self._scale_n * self.policy.scaling_interval_s
+        events = [Event(self._next_scaling, EventKind.SCALING)]
+        kind, victim = self.policy.scale()
+        if kind == "out":
+            inst = self.cluster.new_instance(up=False)
+            events.append(Event(now + self.config.instance_startup_s, EventKind.INSTANCE_UP, inst))
+            self.metrics.on_instances(now, self.cluster.num_live)
+        elif kind == "in" and victim in self.cluster.instances:
+            inst = self.cluster.instances[victim]
+            inst.is_terminating = True
+            self.policy.on_terminating(inst)
+            self._report(inst)
+            if not inst.engine.requests and not inst.migrations_in:
+                events += self._retire(inst)
+        return events
+
+    def on_instance_up(self, ev: Event) -> list[Event]:
+        inst: SimInstance = ev.target
+        inst.is_up = True
+        inst.up_since = self.clock.now()
+        self.policy.add_instance(inst)
+        self._report(inst)
+        return self._drain_gateway()
+
+    def _retire(self, inst: SimInstance) -> list[Event]:
+        for run in list(inst.migrations_out.values()):
+            run.abort("source instance retired", self.clock.now())
+        self.policy.remove_instance(inst)
+        self.cluster.remove(inst.instance_id)
+        self.metrics.on_instances(self.clock.now(), self.cluster.num_live)
+        return []

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from llumnix.sim.config import ConfigError, apply_override, load_config, parse_config
+
+BASE = {
+    "systems": {"rr": {"dispatch": "round-robin"}},
+    "traces": [{"name": "M-M", "kind": "M-M", "rates": [1.0, 2.0]}],
+}
+
+
+def _cfg(**changes):
+    doc = {**BASE, **changes}
+    return parse_config(doc)
+
+
+@pytest.mark.parametrize("doc,field", [
+    ({"traces": [{"name": "M-M", "kind": "M-M", "rates": [-1.0]}]}, "traces.M-M.rates"),
+    ({"traces": [{"name": "X", "kind": "sharegpt", "rates": [1], "path": "/no/such/file.json"}]}, "traces.X.path"),
+    ({"traces": [{"name": "Q", "kind": "Q-Q", "rates": [1]}]}, "traces.Q"),
+    ({"systems": {"s": {"dispatch": "no-such-policy"}}}, "systems.s.dispatch"),
+    ({"systems": {"s": {"dispatch": "round-robin", "migration": "yes"}}}, "systems.s.migration"),
+    ({"cluster": {"num_instance": 4}}, "cluster.num_instance"),
+    ({"cluster": {"num_instances": 0}}, "num_instances"),
+    ({"seeds": 0}, "seeds"),
+    ({"latency_model": "no-such-model"}, "latency_model"),
+    ({"bogus": 1}, "bogus"),
+])
+def test_bad_configs_raise_one_line_errors_naming_the_field(doc, field):
+    with pytest.raises(ConfigError) as e:
+        _cfg(**doc)
+    msg = str(e.value)
+    assert field in msg and "\n" not in msg
+
+
+def test_overrides_reach_nested_keys_lists_and_named_traces(tmp_path):
+    p = tmp_path / "exp.yaml"
+    p.write_text(textwrap.dedent("""
+        name: t
+        systems: {rr: {dispatch: round-robin}}
+        traces:
+          - {name: M-M, kind: M-M, rates: [1.0]}
+          - {name: S-S, kind: S-S, rates: [2.0]}
+    """))
+    cfg = load_config(p, ["cluster.num_instances=4", "traces.S-S.rates=[3, 4]", "traces.0.num_requests=50",
+                          "cluster.migration.max_stages=2", "include_traces=[S-S, M-M]"])
+    assert cfg.cluster.num_instances == 4 and cfg.cluster.migration.max_stages == 2
+    assert cfg.traces[1].rates == (3.0, 4.0) and cfg.traces[0].spec.num_requests == 50
+    with pytest.raises(ConfigError, match="no list item named"):
+        load_config(p, ["traces.L-L.rates=[1]"])
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_override({}, "nonsense")
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_per_trace_system_overrides():
+    cfg = _cfg(systems={"ll": {"dispatch": "round-robin", "migration": True}},
+               traces=[{"name": "M-M", "kind": "M-M", "rates": [1], "systems": {"ll": {"migration": False}}}])
+    s = cfg.system_for(cfg.systems[0], cfg.traces[0])
+    assert cfg.systems[0].enable_migration and not s.enable_migration

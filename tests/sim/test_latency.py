@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llumnix.sim import calibration as cal
+from llumnix.sim.calibration_report import calibration_report, write_report
+from llumnix.sim.latency import fit_a10_llama7b, get_latency_model
+from llumnix.sim.profile import ProfileError, load_profile
+
+
+def test_a10_preset_is_within_5_percent_of_every_anchor():
+    rows = calibration_report()
+    assert len(rows) == 5 * len(cal.SEQ_LENS)
+    bad = [(r.quantity, r.seq_len, round(r.error_pct, 1)) for r in rows if abs(r.error_pct) > 5.0]
+    assert not bad, bad
+
+
+def test_a10_decode_lands_in_the_papers_serving_band():
+    m = fit_a10_llama7b()
+    # a typical serving batch: ~10 sequences, ~10k context tokens, plus prefill stalls
+    step = m.decode_time(10, 10_000)
+    assert cal.SERVING_DECODE_BAND_S[0] * 0.8 < step < cal.SERVING_DECODE_BAND_S[1]
+    assert m.migration.copy_time(512) == pytest.approx(512 * 8 * 2**20 / 15e9)
+
+
+def test_committed_calibration_table_is_current(tmp_path):
+    rows = write_report(tmp_path)
+    fresh = json.loads((tmp_path / "calibration.json").read_text())
+    assert len(fresh) == len(rows)
+    committed = Path(__file__).resolve().parents[2] / "benchmarks" / "sim" / "calibration.json"
+    try:
+        with open(committed) as f:
+            old = json.load(f)
+    except FileNotFoundError:
+        pytest.skip("benchmarks/sim/calibration.json not written yet")
+    assert [round(r["model_ms"], 3) for r in old] == [round(r["model_ms"], 3) for r in fresh]
+
+
+def test_profile_model_loads_and_interpolates(tmp_path):
+    m = get_latency_model(str(Path(__file__).parent / "data" / "tiny_profile.json"))
+    assert m.prefill_time([16]) == pytest.approx(0.010)
+    assert m.prefill_time([100, 100]) == pytest.approx(0.030 + (200 - 128) / (512 - 128) * 0.060)
+    assert m.decode_time(1, 0) == pytest.approx(0.020)
+    assert m.decode_time(8, 4096) == pytest.approx(0.040)
+    assert 0.020 < m.decode_time(4, 2048) < 0.040
+    assert m.migration.stage_time(10, is_last=True, num_request_blocks=100) == pytest.approx(
+        0.002 + 10 * 65536 / 1e9 + 0.004 + 100 * 1e-5)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "llumnix-sim-profile/1", "prefill": {}}))
+    with pytest.raises(ProfileError, match="missing field"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="not found"):
+        load_profile(tmp_path / "nope.json")
