@@ -1,4 +1,9 @@
-"""Frozen configuration of the scheduling policies, buildable from YAML dicts."""
+"""Frozen configuration of the scheduling policies, buildable from YAML dicts.
+
+Every section rejects unknown keys with a ``PolicyConfigError`` naming the
+field (``rescheduling.bogus``), and unknown policy names with the list of
+known ones. Nothing here is mutated after construction.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -6,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from llumnix.core.errors import InvalidRequestError
+from llumnix.core.request import Priority
 
 T = TypeVar("T")
 
@@ -16,51 +22,81 @@ class PolicyConfigError(InvalidRequestError):
 
 def from_dict(cls: type[T], d: dict[str, Any] | None, where: str = "") -> T:
     """Build a config dataclass from a dict; unknown keys are an error naming the field."""
+    if d is not None and not isinstance(d, dict):
+        raise PolicyConfigError(f"{where.rstrip('.') or cls.__name__} must be a mapping, got {d!r}",
+                                where.rstrip("."))
     d = dict(d or {})
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(d) - names)
     if unknown:
         raise PolicyConfigError(f"unknown field '{where}{unknown[0]}' (known: {', '.join(sorted(names))})",
-                                unknown[0])
+                                f"{where}{unknown[0]}")
     try:
         return cls(**d)
     except TypeError as e:
         raise PolicyConfigError(f"{where.rstrip('.') or cls.__name__}: {e}") from e
 
 
+def bad_value(field_path: str, problem: str) -> PolicyConfigError:
+    """The error for a bad value: the message starts with the field's path."""
+    return PolicyConfigError(f"{field_path}: {problem}", field_path)
+
+
+_PRIORITY_NAMES = {p.name.lower(): int(p) for p in Priority}
+
+
+def priority_level(key: Any) -> int:
+    """A priority level from YAML: an int, or a name such as ``high`` / ``normal``."""
+    if isinstance(key, str) and key.lower() in _PRIORITY_NAMES:
+        return _PRIORITY_NAMES[key.lower()]
+    try:
+        return int(key)
+    except (TypeError, ValueError):
+        raise bad_value("freeness.headroom_tokens", f"unknown priority {key!r} "
+                        f"(known: {', '.join(_PRIORITY_NAMES)} or an integer)") from None
+
+
 @dataclass(frozen=True)
 class FreenessConfig:
-    headroom_tokens: dict[int, int] = field(default_factory=lambda: {1: 1600, 0: 0})
+    headroom_tokens: dict[int, int] = field(
+        default_factory=lambda: {int(Priority.HIGH): 1600, int(Priority.NORMAL): 0})
     """Per priority level: tokens of KV kept in reserve for its requests on an instance,
     shared among them (execution priority). Default: high = 1600, normal = 0."""
 
     def __post_init__(self) -> None:
-        if any(v < 0 for v in self.headroom_tokens.values()):
-            raise PolicyConfigError("headroom_tokens must be >= 0", "headroom_tokens")
+        # YAML gives string keys ("high", "1"); normalise once, here.
+        norm = {priority_level(k): int(v) for k, v in self.headroom_tokens.items()}
+        object.__setattr__(self, "headroom_tokens", norm)
+        if any(v < 0 for v in norm.values()):
+            raise bad_value("freeness.headroom_tokens", "headroom must be >= 0")
 
 
 DISPATCH_POLICIES = ("llumnix", "infaas++", "round-robin", "least-requests", "random", "power-of-two",
                      "llm-d", "custom")
+SELECTIONS = ("paper", "SR", "LR", "FCW")
 
 
 @dataclass(frozen=True)
 class DispatchConfig:
     policy: str = "llumnix"
-    """llumnix | infaas++ | round-robin | random | least-requests | power-of-two | llm-d."""
+    """llumnix | infaas++ | round-robin | random | least-requests | power-of-two | llm-d | custom."""
     params: dict[str, Any] = field(default_factory=dict)
-    """Policy-specific parameters (weights of the llm-d scorer, ...)."""
+    """Policy-specific parameters (see ``dispatch.POLICY_PARAMS``); unknown keys are an error."""
     staleness_s: float = 2.0
     """Statuses older than this are not dispatched to (unless every one is stale)."""
-    pending_grace_s: float = 0.0
-    """How long a dispatched request may take to show up in its instance's reports
-    (0 in the simulator, where delivery is instant; about a second over Ray)."""
+    pending_grace_s: float = 1.0
+    """How long a dispatched request may take to show up in its instance's reports before
+    the scheduler stops counting it as pending there (0 in the simulator, where delivery
+    is instant; about a second over Ray)."""
 
     def __post_init__(self) -> None:
         if self.policy not in DISPATCH_POLICIES:
             raise PolicyConfigError(f"unknown dispatch policy {self.policy!r} "
                                     f"(known: {', '.join(DISPATCH_POLICIES)})", "dispatch.policy")
         if self.staleness_s <= 0:
-            raise PolicyConfigError("staleness_s must be > 0", "staleness_s")
+            raise bad_value("dispatch.staleness_s", "must be > 0")
+        if self.pending_grace_s < 0:
+            raise bad_value("dispatch.pending_grace_s", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -68,9 +104,10 @@ class ReschedulingConfig:
     enabled: bool = True
     """Run migration rounds at all (off for the round-robin and INFaaS++ baselines)."""
     out_threshold: float = 3.0
-    """Instances with freeness below this are migration sources."""
+    """Instances with freeness below this are migration sources (the paper's migrate-out threshold)."""
     in_threshold: float = 3.0
-    """Instances with freeness above this can be destinations."""
+    """Instances with freeness above this can be destinations; >= out_threshold. Equal by default,
+    as in the paper's single threshold; set it higher for hysteresis against ping-pong."""
     max_out: int = 1
     """Concurrent migrations out of one instance."""
     max_in: int = 1
@@ -80,9 +117,13 @@ class ReschedulingConfig:
 
     def __post_init__(self) -> None:
         if self.in_threshold < self.out_threshold:
-            raise PolicyConfigError("in_threshold must be >= out_threshold", "in_threshold")
-        if self.max_out < 1 or self.max_in < 1:
-            raise PolicyConfigError("max_out and max_in must be >= 1", "max_out")
+            raise bad_value("rescheduling.in_threshold", "must be >= out_threshold")
+        for name in ("max_out", "max_in"):
+            if getattr(self, name) < 1:
+                raise bad_value(f"rescheduling.{name}", "must be >= 1")
+        if self.selection not in SELECTIONS:
+            raise PolicyConfigError(f"unknown selection policy {self.selection!r} "
+                                    f"(known: {', '.join(SELECTIONS)})", "rescheduling.selection")
 
 
 @dataclass(frozen=True)
@@ -94,19 +135,27 @@ class ScalingConfig:
     scale_in_above: float = 60.0
     """Drain an instance when the average is above this."""
     window_s: float = 10.0
-    """Length of the averaging window."""
+    """Length of the averaging window; no decision before a full window has been observed."""
     cooldown_s: float = 30.0
     """Quiet time after a scaling action."""
     min_instances: int = 1
-    """Never scale in below this."""
+    """Never scale in below this many active (not terminating) instances."""
     max_instances: int = 16
-    """Never scale out above this."""
+    """Never scale out above this many active instances."""
 
     def __post_init__(self) -> None:
         if not self.scale_out_below < self.scale_in_above:
-            raise PolicyConfigError("scale_out_below must be < scale_in_above", "scale_out_below")
+            raise bad_value("scaling.scale_out_below", "must be < scale_in_above")
         if not 1 <= self.min_instances <= self.max_instances:
-            raise PolicyConfigError("need 1 <= min_instances <= max_instances", "min_instances")
+            raise bad_value("scaling.min_instances", "need 1 <= min_instances <= max_instances")
+        if self.window_s <= 0:
+            raise bad_value("scaling.window_s", "must be > 0")
+        if self.cooldown_s < 0:
+            raise bad_value("scaling.cooldown_s", "must be >= 0")
+
+
+_SECTIONS = {"freeness": FreenessConfig, "dispatch": DispatchConfig,
+             "rescheduling": ReschedulingConfig, "scaling": ScalingConfig}
 
 
 @dataclass(frozen=True)
@@ -120,22 +169,20 @@ class SchedulingConfig:
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     """Auto-scaling."""
 
+    def __post_init__(self) -> None:
+        # Validate the dispatch policy's params now, not at the first request.
+        from llumnix.policy.dispatch import make_pipeline
+
+        make_pipeline(self.dispatch.policy, self.dispatch.params)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> SchedulingConfig:
+        if d is not None and not isinstance(d, dict):
+            raise PolicyConfigError(f"the scheduling config must be a mapping, got {d!r}")
         d = dict(d or {})
-        unknown = sorted(set(d) - {"freeness", "dispatch", "rescheduling", "scaling"})
+        unknown = sorted(set(d) - set(_SECTIONS))
         if unknown:
-            raise PolicyConfigError(f"unknown field {unknown[0]!r} in the scheduling config", unknown[0])
-        fr = dict(d.get("freeness") or {})
-        if "headroom_tokens" in fr:
-            fr["headroom_tokens"] = {int(_priority_key(k)): int(v) for k, v in fr["headroom_tokens"].items()}
-        return cls(freeness=from_dict(FreenessConfig, fr, "freeness."),
-                   dispatch=from_dict(DispatchConfig, d.get("dispatch"), "dispatch."),
-                   rescheduling=from_dict(ReschedulingConfig, d.get("rescheduling"), "rescheduling."),
-                   scaling=from_dict(ScalingConfig, d.get("scaling"), "scaling."))
-
-
-def _priority_key(k: Any) -> int:
-    if isinstance(k, str) and k.lower() in ("high", "normal"):
-        return 1 if k.lower() == "high" else 0
-    return int(k)
+            raise PolicyConfigError(f"unknown field {unknown[0]!r} in the scheduling config "
+                                    f"(known: {', '.join(_SECTIONS)})", unknown[0])
+        return cls(**{name: from_dict(sec, d.get(name), f"{name}.")
+                      for name, sec in _SECTIONS.items()})

@@ -1,42 +1,114 @@
 """Named dispatch policies, each a pipeline configuration.
 
-``llumnix`` and ``infaas++`` differ at dispatch in their load metric:
-Llumnix picks the highest freeness ((M - sum V) / B: only the head-of-line
-queued request counts, running requests carry priority headroom, and free
-space is divided by the batch size, i.e. how many decode steps it lasts);
-INFaaS++ picks the lowest memory load (used blocks plus the demand of every
-queued request, over total blocks). Beyond dispatch, only Llumnix migrates.
+================ ===================================================== ==============
+policy           scorer (weight)                                       picker
+================ ===================================================== ==============
+llumnix          freeness; ``queued: all``: queue-aware-freeness        max-score
+infaas++         memory-load; ``metric: freeness``: freeness            max-score
+round-robin      fewest-sent                                           max-score
+least-requests   fewest-requests                                       max-score
+random           -                                                     random
+power-of-two     fewest-requests                                       power-of-two
+llm-d            queue-depth (queue_weight), kv-utilization (kv_weight) max-score
+custom           ``params``: filters, scorers [{name, weight}], picker ``params``
+================ ===================================================== ==============
+
+max-score breaks ties by the lowest instance id (``tie_break: random``: by the RNG).
+Every policy filters with schedulable, not-terminating and fresh.
+
+``llumnix`` and ``infaas++`` differ at dispatch only in their load metric.
+Llumnix picks the highest freeness (M - sum V) / B: only the head-of-line queued
+request counts its demand, running requests carry their priority's headroom, and
+free space is divided by the batch size (how many decode steps it lasts).
+INFaaS++ (the paper's baseline: INFaaS made to watch GPU memory, queued demand
+included) picks the lowest memory load: used blocks plus the demand of every
+queued request, over total blocks. With ``params: {metric: freeness}`` INFaaS++
+dispatches exactly like Llumnix, which is the reading where the two systems
+differ only in that INFaaS++ never migrates. Beyond dispatch, only Llumnix migrates
+(``ReschedulingConfig.enabled``).
+
+``llumnix`` with ``params: {queued: all}`` scores ``queue_aware_freeness``: every
+queued request counts its demand and a batch slot, as the open-source Llumnix's
+dispatch load does; the default ``head`` is Algorithm 1 exactly.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from llumnix.policy import plugins as _plugins  # noqa: F401 - registers the built-ins
-from llumnix.policy.config import DISPATCH_POLICIES, PolicyConfigError
+from llumnix.policy.config import DISPATCH_POLICIES, PolicyConfigError, bad_value
 from llumnix.policy.pipeline import Pipeline
+
+_TIE = ("tie_break",)
+POLICY_PARAMS: dict[str, tuple[str, ...]] = {
+    "llumnix": ("queued", *_TIE),
+    "infaas++": ("metric", *_TIE),
+    "round-robin": _TIE,
+    "least-requests": _TIE,
+    "random": (),
+    "power-of-two": (),
+    "llm-d": ("queue_weight", "kv_weight", *_TIE),
+    "custom": ("filters", "scorers", "picker"),
+}
+"""The params each policy accepts; anything else is a configuration error."""
+
+
+def _picker(p: dict[str, Any]) -> str:
+    tie = p.get("tie_break", "id")
+    if tie not in ("id", "random"):
+        raise bad_value("dispatch.params.tie_break", f"must be 'id' or 'random', got {tie!r}")
+    return "max-score" if tie == "id" else "max-score-random"
+
+
+def _weight(p: dict[str, Any], key: str) -> float:
+    try:
+        return float(p.get(key, 1.0))
+    except (TypeError, ValueError):
+        raise bad_value(f"dispatch.params.{key}", f"must be a number, got {p[key]!r}") from None
 
 
 def make_pipeline(name: str, params: dict[str, Any] | None = None) -> Pipeline:
+    """The pipeline of a named policy; unknown names or params raise PolicyConfigError."""
+    if name not in POLICY_PARAMS:
+        raise PolicyConfigError(f"unknown dispatch policy {name!r} (known: {', '.join(DISPATCH_POLICIES)})",
+                                "dispatch.policy")
     p = dict(params or {})
+    unknown = sorted(set(p) - set(POLICY_PARAMS[name]))
+    if unknown:
+        known = ", ".join(POLICY_PARAMS[name]) or "none"
+        raise PolicyConfigError(f"unknown field 'dispatch.params.{unknown[0]}' for policy {name!r} "
+                                f"(known: {known})", f"dispatch.params.{unknown[0]}")
     if name == "llumnix":
-        return Pipeline(scorers=(("freeness", 1.0),))
+        queued = p.get("queued", "head")
+        if queued not in ("head", "all"):
+            raise bad_value("dispatch.params.queued", f"must be 'head' or 'all', got {queued!r}")
+        scorer = "freeness" if queued == "head" else "queue-aware-freeness"
+        return Pipeline(scorers=((scorer, 1.0),), picker=_picker(p))
     if name == "infaas++":
-        return Pipeline(scorers=(("memory-load", 1.0),))
+        metric = p.get("metric", "memory-load")
+        if metric not in ("memory-load", "freeness"):
+            raise bad_value("dispatch.params.metric", f"must be 'memory-load' or 'freeness', got {metric!r}")
+        return Pipeline(scorers=((metric, 1.0),), picker=_picker(p))
     if name == "round-robin":
-        return Pipeline(scorers=(("fewest-sent", 1.0),))
+        return Pipeline(scorers=(("fewest-sent", 1.0),), picker=_picker(p))
     if name == "least-requests":
-        return Pipeline(scorers=(("fewest-requests", 1.0),))
+        return Pipeline(scorers=(("fewest-requests", 1.0),), picker=_picker(p))
     if name == "random":
         return Pipeline(scorers=(), picker="random")
     if name == "power-of-two":
         return Pipeline(scorers=(("fewest-requests", 1.0),), picker="power-of-two")
     if name == "llm-d":
-        return Pipeline(scorers=(("queue-depth", float(p.get("queue_weight", 1.0))),
-                                 ("kv-utilization", float(p.get("kv_weight", 1.0)))))
-    if name == "custom":
-        return Pipeline(filters=tuple(p.get("filters", Pipeline.filters)),
-                        scorers=tuple((s["name"], float(s.get("weight", 1.0))) for s in p.get("scorers", [])),
-                        picker=p.get("picker", "max-score"))
-    raise PolicyConfigError(f"unknown dispatch policy {name!r} (known: {', '.join(DISPATCH_POLICIES)})",
-                            "dispatch.policy")
+        return Pipeline(scorers=(("queue-depth", _weight(p, "queue_weight")),
+                                 ("kv-utilization", _weight(p, "kv_weight"))), picker=_picker(p))
+    return _custom(p)
 
+
+def _custom(p: dict[str, Any]) -> Pipeline:
+    """``{filters: [..], scorers: [{name, weight}], picker}``, straight from YAML."""
+    scorers = []
+    for s in p.get("scorers", []):
+        if not isinstance(s, dict) or "name" not in s or set(s) - {"name", "weight"}:
+            raise bad_value("dispatch.params.scorers", f"each scorer is {{name, weight}}, got {s!r}")
+        scorers.append((s["name"], _weight(s, "weight")))
+    return Pipeline(filters=tuple(p.get("filters", Pipeline.filters)), scorers=tuple(scorers),
+                    picker=p.get("picker", "max-score"))

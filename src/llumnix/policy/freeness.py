@@ -1,17 +1,21 @@
 """Virtual usage and freeness (the paper's Algorithm 1).
 
     virtual_usage(req):
-        queued, head of line      -> its block demand          (de-fragmentation)
-        queued, not head of line  -> 0
-        fake (instance terminating) -> +inf                     (drain for scale-in)
-        running                   -> physical blocks + headroom(priority) / #running of that priority
-    freeness = (M - sum V) / B        M = total blocks, B = batch size (running requests)
+        queued, head of line        -> its block demand                   (de-fragmentation)
+        queued, not head of line    -> 0
+        fake (instance terminating) -> +inf                                (drain for scale-in)
+        running                     -> physical blocks + headroom(priority) / #running of that priority
+    freeness F = (M - sum V) / B      M = total blocks, B = batch size (running requests)
 
-An idle instance (B = 0) divides by 1: its freeness is its free capacity in
-blocks, higher than any busy instance with the same free space.
+F is in blocks per running request: how many more decode steps the batch can
+take before it runs out of KV. An idle instance (B = 0) divides by 1, so its
+freeness is its whole free capacity in blocks: higher than any busy instance
+with the same free space. Blocks reserved for incoming migrations are not
+attached to any request here, so they are added to sum V.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -19,40 +23,83 @@ from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import FreenessConfig
 
 
+def _blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
 def headroom_blocks(cfg: FreenessConfig, priority: int, block_size: int) -> float:
-    return -(-cfg.headroom_tokens.get(priority, 0) // block_size)
+    """Blocks held in reserve for all of one priority's requests on an instance."""
+    return _blocks_for(cfg.headroom_tokens.get(priority, 0), block_size)
 
 
-def virtual_usages(status: InstanceStatus, cfg: FreenessConfig) -> list[float]:
-    """V of every request on the instance (running, then queued, then the fake one)."""
+def head_of_line_demand(status: InstanceStatus) -> int:
+    """Blocks the head-of-line queued request needs (0 with an empty queue).
+
+    Engines report it; a snapshot that leaves it 0 with a non-empty queue gets
+    the demand of the first queued request's tokens."""
+    if not status.waiting:
+        return 0
+    if status.head_of_line_demand > 0:
+        return status.head_of_line_demand
+    return _blocks_for(status.waiting[0].num_tokens, status.block_size)
+
+
+def virtual_usages(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = True) -> list[float]:
+    """V of every request on the instance: running, then queued, then the fake one
+    (only when ``fake`` and the instance is terminating)."""
     per_priority = Counter(r.priority for r in status.running)
-    out = []
-    for r in status.running:
-        out.append(r.num_blocks + headroom_blocks(cfg, r.priority, status.block_size) / per_priority[r.priority])
+    out = [r.num_blocks + headroom_blocks(cfg, r.priority, status.block_size) / per_priority[r.priority]
+           for r in status.running]
     if status.waiting:
-        out.append(float(status.head_of_line_demand))
+        out.append(float(head_of_line_demand(status)))
         out.extend(0.0 for _ in status.waiting[1:])
-    if status.is_terminating:
+    if fake and status.is_terminating:
         out.append(math.inf)
     return out
 
 
-def total_virtual_usage(status: InstanceStatus, cfg: FreenessConfig) -> float:
+def total_virtual_usage(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = True) -> float:
     """Sum of V, counting blocks held for incoming migrations as used."""
-    return sum(virtual_usages(status, cfg)) + status.num_reserved_blocks
+    return sum(virtual_usages(status, cfg, fake=fake)) + status.num_reserved_blocks
 
 
 def freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
-    batch = max(1, len(status.running))
-    return (status.num_total_blocks - total_virtual_usage(status, cfg)) / batch
+    """F = (M - sum V) / max(B, 1); -inf for a terminating instance."""
+    return (status.num_total_blocks - total_virtual_usage(status, cfg)) / max(1, status.num_running)
+
+
+def queue_aware_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
+    """Freeness with *every* queued request counting its demand and a batch slot:
+    (M - sum V_running - sum demand_queued) / max(B + #queued, 1). Not Algorithm 1 (where
+    only the head of line counts, for de-fragmentation); it is the dispatch load of the
+    open-source Llumnix, which keeps new requests off instances with a queue. Offered as
+    the ``llumnix`` dispatch option ``queued: all``; -inf for a terminating instance."""
+    usage = sum(virtual_usages(dataclasses.replace(status, waiting=()), cfg))
+    usage += sum(_blocks_for(r.num_tokens, status.block_size) for r in status.waiting)
+    usage += status.num_reserved_blocks
+    return (status.num_total_blocks - usage) / max(1, status.num_running + status.num_waiting)
 
 
 def normal_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
-    """Freeness of the normal-priority load alone (no headroom): what auto-scaling watches."""
-    return freeness(status, FreenessConfig(headroom_tokens={}))
+    """Freeness as normal-priority load sees it, what auto-scaling watches: the headroom of
+    higher priorities stays reserved (normal requests cannot use it), but a terminating
+    instance's fake request is left out, so the value stays finite."""
+    used = total_virtual_usage(status, cfg, fake=False)
+    return (status.num_total_blocks - used) / max(1, status.num_running)
+
+
+def average_normal_freeness(statuses: list[InstanceStatus], cfg: FreenessConfig) -> float | None:
+    """Mean ``normal_freeness`` over active instances (schedulable, not terminating);
+    None when there are none."""
+    live = [s for s in statuses if s.is_schedulable and not s.is_terminating]
+    if not live:
+        return None
+    return sum(normal_freeness(s, cfg) for s in live) / len(live)
 
 
 def memory_load(status: InstanceStatus) -> float:
-    """INFaaS++'s load: used blocks plus the demand of every queued request, as a fraction."""
-    queued = sum(-(-r.num_tokens // status.block_size) for r in status.waiting)
+    """INFaaS++'s load: used blocks plus the demand of *every* queued request, over total
+    blocks. Unlike freeness: no priority headroom, no division by the batch size, and the
+    whole queue counts, not only its head."""
+    queued = sum(_blocks_for(r.num_tokens, status.block_size) for r in status.waiting)
     return (status.num_used_blocks + queued) / status.num_total_blocks

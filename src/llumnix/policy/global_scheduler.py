@@ -1,142 +1,146 @@
 """LlumSched's logic: dispatch (scheduler role), migration pairing and scaling
 (rescheduler role) over the latest statuses. Plain object: the runtime and the
-simulator call it; it reads no clock and does no I/O."""
+simulator call it; it reads no clock and does no I/O (``now`` comes in)."""
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
 import random
-from dataclasses import dataclass
+from collections.abc import MutableMapping
 
-from llumnix.core.status import InstanceStatus, RequestBrief
+from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import SchedulingConfig
 from llumnix.policy.dispatch import make_pipeline
-from llumnix.policy.freeness import normal_freeness
+from llumnix.policy.dispatch_queue import DispatchQueue, DispatchRequest
+from llumnix.policy.freeness import average_normal_freeness
 from llumnix.policy.pairing import MigrationOrder, pair_migrations
+from llumnix.policy.pending import PendingDispatches
 from llumnix.policy.pipeline import DispatchContext
-from llumnix.policy.scaling import NO_ACTION, ScaleAction, scaling_decision
+from llumnix.policy.scaling import ScaleAction, scaling_decision
 
-
-@dataclass(frozen=True)
-class DispatchRequest:
-    request_id: str
-    num_prompt_tokens: int
-    priority: int = 0
-    arrival_time: float = 0.0
-
-
-class DispatchQueue:
-    """Requests waiting for dispatch: higher scheduling priority first, FCFS within."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, DispatchRequest]] = []
-        self._seq = itertools.count()
-
-    def push(self, req: DispatchRequest) -> None:
-        heapq.heappush(self._heap, (-req.priority, req.arrival_time, next(self._seq), req))
-
-    def pop(self) -> DispatchRequest:
-        return heapq.heappop(self._heap)[-1]
-
-    def peek(self) -> DispatchRequest:
-        return self._heap[0][-1]
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-
-@dataclass
-class _Pending:
-    dispatched_at: float
-    brief: RequestBrief
+__all__ = ["DispatchQueue", "DispatchRequest", "GlobalScheduler"]
 
 
 class GlobalScheduler:
-    def __init__(self, config: SchedulingConfig | None = None, seed: int = 0) -> None:
+    """Latest status per instance in ``statuses``, a ``MutableMapping`` keyed by instance
+    id: a dict by default, or any store with that interface (a Redis-backed meta store)."""
+
+    def __init__(self, config: SchedulingConfig | None = None, seed: int = 0,
+                 store: MutableMapping[str, InstanceStatus] | None = None) -> None:
         self.config = config or SchedulingConfig()
         self.pipeline = make_pipeline(self.config.dispatch.policy, self.config.dispatch.params)
-        self.statuses: dict[str, InstanceStatus] = {}
+        self.statuses: MutableMapping[str, InstanceStatus] = {} if store is None else store
         self.sent: dict[str, int] = {}
-        self._pending: dict[str, list[_Pending]] = {}
+        """Requests dispatched to each instance so far: round-robin's state."""
+        self.pending = PendingDispatches()
+        self._terminating: set[str] = set()
+        self._removed: set[str] = set()
         self._rng = random.Random(seed)
         self._freeness_samples: list[tuple[float, float]] = []
         self._last_scale: float | None = None
+        self.num_starting = 0
+        """Scale-outs ordered whose instance has not been added yet."""
 
-    # -- membership ----------------------------------------------------------
+    # -- membership ------------------------------------------------------------
     def add_instance(self, status: InstanceStatus) -> None:
-        self.statuses[status.instance_id] = status
+        """A new (or restarted) instance. A new one fulfils an outstanding scale-out, and
+        the scaling window restarts: samples from before it joined describe another cluster."""
+        if status.instance_id not in self.statuses and self.num_starting > 0:
+            self.num_starting -= 1
+            self._freeness_samples.clear()
+        self._removed.discard(status.instance_id)
         self.sent.setdefault(status.instance_id, 0)
-        self._pending.setdefault(status.instance_id, [])
+        self.statuses[status.instance_id] = self._marked(status)
 
     def remove_instance(self, instance_id: str) -> None:
         self.statuses.pop(instance_id, None)
         self.sent.pop(instance_id, None)
-        self._pending.pop(instance_id, None)
+        self.pending.remove_instance(instance_id)
+        self._terminating.discard(instance_id)
+        self._removed.add(instance_id)
+
+    def mark_terminating(self, instance_id: str) -> None:
+        """Scale-in: no more dispatches there, and it is a migration source until empty,
+        even before its own reports say it is terminating."""
+        self._terminating.add(instance_id)
+        s = self.statuses.get(instance_id)
+        if s is not None:
+            self.statuses[instance_id] = self._marked(s)
 
     def update_status(self, status: InstanceStatus) -> None:
+        """Take a report. The first report of an unknown instance adds it, but a late
+        report of a removed one does not bring it back (``add_instance`` does)."""
+        if status.instance_id in self._removed:
+            return
         old = self.statuses.get(status.instance_id)
-        if old is not None and status.timestamp < old.timestamp:
+        if old is None:
+            self.add_instance(status)
+            return
+        if status.timestamp < old.timestamp:
             return  # a late report never rolls the view back
-        self.statuses[status.instance_id] = status
-        # A dispatched request stops being an estimate once the instance reports it,
-        # or once a report is late enough that it must have included it.
-        seen = {r.request_id for r in status.running} | {r.request_id for r in status.waiting}
-        grace = self.config.dispatch.pending_grace_s
-        pend = self._pending.get(status.instance_id, [])
-        self._pending[status.instance_id] = [
-            p for p in pend
-            if p.brief.request_id not in seen and status.timestamp < p.dispatched_at + grace]
+        self.statuses[status.instance_id] = self._marked(status)
+        self.pending.on_status(status, self.config.dispatch.pending_grace_s)
 
-    # -- scheduler role --------------------------------------------------------
+    def _marked(self, status: InstanceStatus) -> InstanceStatus:
+        if status.instance_id in self._terminating and not status.is_terminating:
+            return dataclasses.replace(status, is_terminating=True)
+        return status
+
+    # -- scheduler role ----------------------------------------------------------
     def view(self) -> list[InstanceStatus]:
-        """Statuses as dispatch should see them: with requests sent since each
-        report counted as running, so a burst between two reports spreads out
+        """Statuses as dispatch should see them: with requests sent since each report
+        counted as running (see ``pending``), so a burst between two reports spreads out
         instead of landing on one instance."""
-        out = []
-        for iid, s in self.statuses.items():
-            pend = self._pending.get(iid)
-            if pend:
-                s = dataclasses.replace(s, running=s.running + tuple(p.brief for p in pend))
-            out.append(s)
-        return out
+        return [self.pending.apply(s) for s in self.statuses.values()]
 
     def dispatch(self, req: DispatchRequest, now: float) -> str | None:
+        """The instance for ``req``, or None if no instance can take it now (all
+        unschedulable or terminating): the caller keeps it in its DispatchQueue."""
         cfg = self.config
         ctx = DispatchContext(now=now, freeness=cfg.freeness, staleness_s=cfg.dispatch.staleness_s,
                               sent=self.sent, rng=self._rng)
         iid = self.pipeline.pick(self.view(), ctx)
         if iid is None:
             return None
-        self.sent[iid] += 1
-        s = self.statuses[iid]
-        blocks = -(-req.num_prompt_tokens // s.block_size)
-        self._pending[iid].append(_Pending(now, RequestBrief(
-            req.request_id, req.priority, blocks, req.num_prompt_tokens, req.arrival_time, True)))
+        self.sent[iid] = self.sent.get(iid, 0) + 1
+        self.pending.add(iid, req, self.statuses[iid].block_size, now)
         return iid
 
-    # -- rescheduler role --------------------------------------------------------
+    # -- rescheduler role ----------------------------------------------------------
     def reschedule(self, now: float) -> list[MigrationOrder]:
+        """One migration round (empty when migration is disabled). Pending dispatches
+        count, so an instance that just took a burst is not also sent migrations."""
         cfg = self.config
         if not cfg.rescheduling.enabled:
             return []
-        return pair_migrations(list(self.statuses.values()), cfg.rescheduling, cfg.freeness)
+        return pair_migrations(self.view(), cfg.rescheduling, cfg.freeness)
 
     def record_freeness(self, now: float) -> float:
-        """Sample the average normal-priority freeness for auto-scaling."""
-        live = [s for s in self.statuses.values() if not s.is_terminating]
-        avg = sum(normal_freeness(s, self.config.freeness) for s in live) / max(1, len(live))
+        """Sample the average normal-priority freeness for auto-scaling (0.0 and no
+        sample when no instance is active)."""
+        avg = average_normal_freeness(list(self.statuses.values()), self.config.freeness)
+        if avg is None:
+            return 0.0
         self._freeness_samples.append((now, avg))
         # Two windows of history: enough to tell that a full window has been observed.
         horizon = now - 2 * self.config.scaling.window_s
-        while self._freeness_samples[0][0] < horizon:
+        while self._freeness_samples and self._freeness_samples[0][0] < horizon:
             self._freeness_samples.pop(0)
         return avg
 
     def scaling_decision(self, now: float) -> ScaleAction:
+        """Decide over the recorded window; an action restarts the window and the cooldown.
+        After ``out`` no further decision is made until the new instance is added (or the
+        driver calls ``on_scale_out_failed``). A scale-in victim is not marked here: the
+        driver marks it terminating (``mark_terminating`` or its llumlet's flag)."""
         act = scaling_decision(self._freeness_samples, list(self.statuses.values()),
-                               self.config.scaling, now, self._last_scale)
-        if act is not NO_ACTION and act.kind != "none":
+                               self.config.scaling, now, self._last_scale, self.num_starting)
+        if act.kind != "none":
             self._last_scale = now
             self._freeness_samples.clear()
+        if act.kind == "out":
+            self.num_starting += 1
         return act
+
+    def on_scale_out_failed(self) -> None:
+        """The instance a scale-out ordered will never come up."""
+        self.num_starting = max(0, self.num_starting - 1)

@@ -1,13 +1,20 @@
-"""Llumlet: the per-instance agent's logic, beside one engine (no I/O, no clock)."""
+"""Llumlet: the per-instance agent's logic beside one engine (no I/O, no clock).
+
+It adds to the engine's snapshot what only it knows (terminating, schedulable,
+which requests are migrating out), picks the requests to migrate, and tells
+the driver whether a source should keep migrating: the paper's source migrates
+request after request until it is no longer a source.
+"""
 from __future__ import annotations
 
 import dataclasses
 from typing import Protocol
 
-from llumnix.core.status import InstanceStatus
+from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.freeness import freeness
-from llumnix.policy.selection import select_requests
+from llumnix.policy.pairing import is_source
+from llumnix.policy.selection import movable_requests, select_requests
 
 
 class EngineLike(Protocol):
@@ -22,34 +29,44 @@ class Llumlet:
         self.rescheduling = rescheduling
         self.freeness_cfg = freeness_cfg
         self.is_terminating = False
+        """Set by scale-in: the fake request of infinite usage drains the instance."""
         self.is_schedulable = True
+        """Cleared when the instance is unhealthy: no dispatch, no migration into it."""
         self.migrating_out: set[str] = set()
 
     def report(self, now: float) -> InstanceStatus:
-        """The engine's snapshot plus what only the llumlet knows."""
+        """The engine's snapshot plus what only the llumlet knows, stamped ``now``."""
         s = self.engine.get_status()
-        running = tuple(dataclasses.replace(r, is_migrating=True) if r.request_id in self.migrating_out
-                        else r for r in s.running)
-        return dataclasses.replace(s, instance_id=self.instance_id, timestamp=now, running=running,
-                                   is_terminating=self.is_terminating, is_schedulable=self.is_schedulable,
-                                   num_migrating_out=len(self.migrating_out))
+        return dataclasses.replace(
+            s, instance_id=self.instance_id, timestamp=now,
+            running=self._flag_migrating(s.running), waiting=self._flag_migrating(s.waiting),
+            is_terminating=self.is_terminating, is_schedulable=self.is_schedulable,
+            num_migrating_out=len(self.migrating_out))
+
+    def _flag_migrating(self, briefs: tuple[RequestBrief, ...]) -> tuple[RequestBrief, ...]:
+        return tuple(dataclasses.replace(r, is_migrating=True) if r.request_id in self.migrating_out
+                     else r for r in briefs)
 
     def freeness(self, now: float) -> float:
         return freeness(self.report(now), self.freeness_cfg)
 
     def select_requests_to_migrate(self, now: float, max_n: int = 1) -> list[str]:
+        """Request ids to migrate next, by the configured selection policy, never one
+        already migrating."""
         return select_requests(self.report(now), self.rescheduling.selection, max_n,
                                exclude=self.migrating_out)
 
     def should_keep_migrating(self, now: float) -> bool:
-        """The paper: a source keeps migrating until it is no longer a source."""
+        """Still a source (terminating, or freeness below the out threshold) and still
+        holding a request it could give up."""
         s = self.report(now)
-        if self.is_terminating:
-            return bool(s.running or s.waiting)
-        return freeness(s, self.freeness_cfg) < self.rescheduling.out_threshold
+        if not movable_requests(s, self.migrating_out):
+            return False
+        return is_source(s, freeness(s, self.freeness_cfg), self.rescheduling)
 
     def on_migration_started(self, request_id: str) -> None:
         self.migrating_out.add(request_id)
 
     def on_migration_finished(self, request_id: str, committed: bool) -> None:
+        """Committed or aborted, the request is no longer migrating out of here."""
         self.migrating_out.discard(request_id)

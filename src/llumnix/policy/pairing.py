@@ -1,5 +1,17 @@
 """Migration pairing: sources below the out threshold, destinations above the in
-threshold; pair the lowest freeness with the highest, repeatedly."""
+threshold; pair the lowest freeness with the highest, repeatedly.
+
+    freeness:  -inf  0.5   2   |out  in|   40   90   700
+               src0  src1  src2          dst2 dst1 dst0
+    orders:    (src0, dst0), (src1, dst1), (src2, dst2)
+
+Terminating instances are always sources (their fake request makes F = -inf)
+and never destinations. Each instance takes part in at most one new order per
+round, and only while its in-flight migrations (``num_migrating_out`` /
+``num_migrating_in``) are under the cap. A source needs a request it could give
+up (one not already migrating). Unschedulable (unhealthy) instances that are not
+terminating take no part.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,24 +23,35 @@ from llumnix.policy.freeness import freeness
 
 @dataclass(frozen=True)
 class MigrationOrder:
+    """Move requests from ``src_instance_id`` to ``dst_instance_id``; the source's llumlet
+    picks them and keeps going while it is still a source."""
+
     src_instance_id: str
     dst_instance_id: str
+
+
+def is_source(status: InstanceStatus, f: float, cfg: ReschedulingConfig) -> bool:
+    return status.is_terminating or f < cfg.out_threshold
+
+
+def is_destination(status: InstanceStatus, f: float, cfg: ReschedulingConfig) -> bool:
+    return status.is_schedulable and not status.is_terminating and f > cfg.in_threshold
+
+
+def _has_movable(status: InstanceStatus) -> bool:
+    return any(not r.is_migrating for r in (*status.running, *status.waiting))
 
 
 def pair_migrations(statuses: list[InstanceStatus], cfg: ReschedulingConfig,
                     fcfg: FreenessConfig) -> list[MigrationOrder]:
     live = [s for s in statuses if s.is_schedulable or s.is_terminating]
     f = {s.instance_id: freeness(s, fcfg) for s in live}
-    # Terminating instances are always sources (their fake request is infinite).
-    srcs = sorted((s for s in live if (f[s.instance_id] < cfg.out_threshold or s.is_terminating)
-                   and s.num_migrating_out < cfg.max_out and (s.running or s.waiting)),
+    srcs = sorted((s for s in live if is_source(s, f[s.instance_id], cfg)
+                   and s.num_migrating_out < cfg.max_out and _has_movable(s)),
                   key=lambda s: (f[s.instance_id], s.instance_id))
-    dsts = sorted((s for s in live if f[s.instance_id] > cfg.in_threshold and not s.is_terminating
+    dsts = sorted((s for s in live if is_destination(s, f[s.instance_id], cfg)
                    and s.num_migrating_in < cfg.max_in),
                   key=lambda s: (-f[s.instance_id], s.instance_id))
-    orders: list[MigrationOrder] = []
-    for src, dst in zip(srcs, dsts, strict=False):
-        if src.instance_id == dst.instance_id:
-            break  # the sets only meet when thresholds allow it; never pair with itself
-        orders.append(MigrationOrder(src.instance_id, dst.instance_id))
-    return orders
+    # in_threshold >= out_threshold and terminating instances are never destinations,
+    # so the two lists are disjoint.
+    return [MigrationOrder(src.instance_id, dst.instance_id) for src, dst in zip(srcs, dsts, strict=False)]

@@ -3,12 +3,22 @@
 Filters narrow the candidates; scorers return one value in [0, 1] per candidate
 (higher is better); the framework clamps, weights and sums them; the picker
 chooses. Plugins are registered by name, so a policy is configuration.
+
+Candidates are sorted by instance id first, so ``max-score`` breaks ties by the
+lowest id and the RNG-driven pickers are reproducible for a given seed.
+
+Fallback when filters leave nothing: the ``fresh`` (staleness) filter steps
+aside if it would drop every remaining candidate, since serving on an old view
+beats refusing every request while reports are late. The other filters
+(schedulable, not-terminating) are hard: if they leave nothing, ``pick``
+returns None and the caller keeps the request queued.
 """
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import FreenessConfig, PolicyConfigError
@@ -34,14 +44,20 @@ SCORERS: dict[str, Scorer] = {}
 PICKERS: dict[str, Picker] = {}
 
 
-def register(table: dict, name: str) -> Callable:
-    def deco(fn: Callable) -> Callable:
+P = TypeVar("P", Filter, Scorer, Picker)
+
+
+def register(table: dict[str, P], name: str) -> Callable[[P], P]:
+    """Decorator registering a filter, scorer or picker under ``name`` (unique)."""
+    def deco(fn: P) -> P:
+        if name in table:
+            raise ValueError(f"plugin {name!r} is already registered")
         table[name] = fn
         return fn
     return deco
 
 
-def lookup(table: dict, kind: str, name: str) -> Callable:
+def lookup(table: dict[str, P], kind: str, name: str) -> P:
     if name not in table:
         raise PolicyConfigError(f"unknown {kind} {name!r} (known: {', '.join(sorted(table))})", kind)
     return table[name]
@@ -64,6 +80,8 @@ def lower_is_better(values: list[float]) -> list[float]:
 
 @dataclass(frozen=True)
 class Pipeline:
+    """One dispatch policy: filter names, (scorer name, weight) pairs and a picker name."""
+
     filters: tuple[str, ...] = ("schedulable", "not-terminating", "fresh")
     scorers: tuple[tuple[str, float], ...] = (("freeness", 1.0),)
     picker: str = "max-score"
@@ -78,14 +96,21 @@ class Pipeline:
         lookup(PICKERS, "picker", self.picker)
 
     def pick(self, statuses: list[InstanceStatus], ctx: DispatchContext) -> str | None:
+        """The chosen instance id, or None when no candidate survives the hard filters."""
         cands = self.candidates(statuses, ctx)
         if not cands:
             return None
+        return PICKERS[self.picker](cands, self.scores(cands, ctx), ctx).instance_id
+
+    def scores(self, cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
+        """Weighted sum of the clamped scorer outputs, one per candidate."""
         total = [0.0] * len(cands)
         for name, weight in self.scorers:
-            for i, v in enumerate(SCORERS[name](cands, ctx)):
+            values = SCORERS[name](cands, ctx)
+            assert len(values) == len(cands), f"scorer {name!r} returned {len(values)} scores"
+            for i, v in enumerate(values):
                 total[i] += weight * min(1.0, max(0.0, v))
-        return PICKERS[self.picker](cands, total, ctx).instance_id
+        return total
 
     def candidates(self, statuses: list[InstanceStatus], ctx: DispatchContext) -> list[InstanceStatus]:
         cands = sorted(statuses, key=lambda s: s.instance_id)

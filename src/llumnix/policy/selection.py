@@ -1,33 +1,55 @@
 """Which requests a migration source gives up.
 
-paper: lower priority first, then shorter sequences (cheapest to move, and the
-  pause they see is short), running and queued alike;
-SR / LR: shortest / longest running request; FCW: first-come waiting request.
-A high-priority request is never chosen while a normal one is available,
-and a request already migrating is never chosen again.
+paper (default): lower priority first, then shorter sequences (cheapest to move,
+  and the pause they see is short), running and queued alike;
+SR / LR: shortest / longest running request;
+FCW: first-come waiting (queued) request.
+
+Two rules hold for every policy: a request already migrating (flagged in the
+snapshot or passed in ``exclude``) is never chosen, and only requests of the
+lowest priority present among the movable ones are candidates, so a
+high-priority request is never chosen while a normal one is available
+(under SR/LR/FCW this can mean choosing nothing: e.g. SR on an instance whose
+only normal requests are queued).
 """
 from __future__ import annotations
 
-from llumnix.core.status import InstanceStatus, RequestBrief
-from llumnix.policy.config import PolicyConfigError
+from collections.abc import Callable, Collection
+from typing import Any
 
-SELECTIONS = ("paper", "SR", "LR", "FCW")
+from llumnix.core.status import InstanceStatus, RequestBrief
+from llumnix.policy.config import SELECTIONS, PolicyConfigError
+
+__all__ = ["SELECTIONS", "movable_requests", "select_requests"]
+
+# policy -> (which pool, sort key within the lowest priority)
+_POLICIES: dict[str, tuple[str, Callable[[RequestBrief], tuple[Any, ...]]]] = {
+    "paper": ("both", lambda r: (r.num_tokens, r.arrival_time, r.request_id)),
+    "SR": ("running", lambda r: (r.num_tokens, r.arrival_time, r.request_id)),
+    "LR": ("running", lambda r: (-r.num_tokens, r.arrival_time, r.request_id)),
+    "FCW": ("waiting", lambda r: (r.arrival_time, r.request_id)),
+}
+
+
+def movable_requests(status: InstanceStatus, exclude: Collection[str] = frozenset()) -> list[RequestBrief]:
+    """Running and queued requests not already migrating."""
+    return [r for r in (*status.running, *status.waiting)
+            if not r.is_migrating and r.request_id not in exclude]
 
 
 def select_requests(status: InstanceStatus, policy: str = "paper", max_n: int = 1,
-                    exclude: frozenset[str] | set[str] = frozenset()) -> list[str]:
-    running = [r for r in status.running if not r.is_migrating and r.request_id not in exclude]
-    waiting = [r for r in status.waiting if r.request_id not in exclude]
-    pool: list[RequestBrief]
-    if policy == "paper":
-        pool = sorted(running + waiting, key=lambda r: (r.priority, r.num_tokens, r.arrival_time))
-    elif policy == "SR":
-        pool = sorted(running, key=lambda r: (r.priority, r.num_tokens, r.arrival_time))
-    elif policy == "LR":
-        pool = sorted(running, key=lambda r: (r.priority, -r.num_tokens, r.arrival_time))
-    elif policy == "FCW":
-        pool = sorted(waiting, key=lambda r: (r.priority, r.arrival_time))
-    else:
+                    exclude: Collection[str] = frozenset()) -> list[str]:
+    """Up to ``max_n`` request ids to migrate out of ``status``, best first."""
+    if policy not in _POLICIES:
         raise PolicyConfigError(f"unknown selection policy {policy!r} (known: {', '.join(SELECTIONS)})",
                                 "rescheduling.selection")
-    return [r.request_id for r in pool[:max_n]]
+    movable = movable_requests(status, exclude)
+    if not movable:
+        return []
+    floor = min(r.priority for r in movable)
+    pool_name, key = _POLICIES[policy]
+    if pool_name != "both":
+        allowed = {r.request_id for r in (status.running if pool_name == "running" else status.waiting)}
+        movable = [r for r in movable if r.request_id in allowed]
+    pool = [r for r in movable if r.priority == floor]
+    return [r.request_id for r in sorted(pool, key=key)[:max_n]]

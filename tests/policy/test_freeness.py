@@ -1,0 +1,104 @@
+"""Virtual usage and freeness (Algorithm 1) over literal snapshots."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llumnix.policy import (
+    FreenessConfig,
+    average_normal_freeness,
+    freeness,
+    memory_load,
+    normal_freeness,
+    queue_aware_freeness,
+    virtual_usages,
+)
+from tests.policy.snapshots import NO_HEADROOM, inst, run, wait
+
+HIGH_1600 = FreenessConfig()  # high = 1600 tokens = 100 blocks of 16, normal = 0
+THREE_LEVELS = FreenessConfig(headroom_tokens={0: 0, 1: 160, 2: 320})  # 10 and 20 blocks
+
+
+@pytest.mark.parametrize("status,cfg,expected", [
+    # running: physical blocks only when there is no headroom
+    (inst("a", running=[run("r1", 10), run("r2", 20)]), NO_HEADROOM, [10, 20]),
+    # queued: the head of line counts its demand (40 tokens -> 3 blocks), the rest 0
+    (inst("a", running=[run("r1", 10)], waiting=[wait("q1", 40), wait("q2", 400)]), NO_HEADROOM,
+     [10, 3, 0]),
+    # the engine-reported head-of-line demand is what counts
+    (inst("a", waiting=[wait("q1", 40)], hol=7), NO_HEADROOM, [7]),
+    # a snapshot that leaves the demand 0 falls back to the head's tokens
+    (inst("a", waiting=[wait("q1", 40), wait("q2", 16)], hol=0), NO_HEADROOM, [3, 0]),
+    # high-priority headroom (100 blocks) shared among the 2 high requests; normal gets none
+    (inst("a", running=[run("h1", 4, prio=1), run("h2", 6, prio=1), run("n", 5)]), HIGH_1600,
+     [54, 56, 5]),
+    # a lone high request carries the whole headroom
+    (inst("a", running=[run("h", 4, prio=1)]), HIGH_1600, [104]),
+    # headroom is for running requests only: a queued high request is a plain HOL demand
+    (inst("a", waiting=[wait("h", 32, prio=1)]), HIGH_1600, [2]),
+    # more levels: each level's headroom shared among its own requests
+    (inst("a", running=[run("a", 1, prio=1), run("b", 1, prio=2), run("c", 1, prio=2)]), THREE_LEVELS,
+     [11, 11, 11]),
+    # headroom tokens round up to whole blocks (17 tokens -> 2 blocks)
+    (inst("a", running=[run("h", 1, prio=1)]), FreenessConfig(headroom_tokens={1: 17}), [3]),
+    # terminating: a fake request of infinite usage
+    (inst("a", running=[run("r1", 10)], term=True), NO_HEADROOM, [10, math.inf]),
+    (inst("a", term=True), NO_HEADROOM, [math.inf]),
+])
+def test_virtual_usage(status, cfg, expected):
+    assert virtual_usages(status, cfg) == expected
+
+
+@pytest.mark.parametrize("status,cfg,expected", [
+    (inst("idle", total=100), NO_HEADROOM, 100.0),                                  # B = 0 divides by 1
+    (inst("one", running=[run("r", 10)]), NO_HEADROOM, 90.0),                       # B = 1
+    (inst("a", running=[run("r1", 10), run("r2", 30)]), NO_HEADROOM, 30.0),         # (100 - 40) / 2
+    (inst("a", running=[run("r1", 50)], waiting=[wait("q", 800)]), NO_HEADROOM, 0.0),   # HOL demand 50
+    (inst("a", running=[run("r1", 60)], waiting=[wait("q", 1600)]), NO_HEADROOM, -60.0),  # overloaded
+    (inst("q", waiting=[wait("q", 1600), wait("q2", 16)]), NO_HEADROOM, 0.0),       # queue only: B = 0 -> 1
+    (inst("a", running=[run("r1", 10)], reserved=20), NO_HEADROOM, 70.0),           # incoming reservations
+    (inst("h", running=[run("h", 10, prio=1), run("n", 10)]), HIGH_1600, -10.0),    # (100 - 120) / 2
+    (inst("h", running=[run("h", 10, prio=1), run("n", 10)]), NO_HEADROOM, 40.0),
+    (inst("a", running=[run("r1", 10)], term=True), NO_HEADROOM, -math.inf),
+])
+def test_freeness(status, cfg, expected):
+    assert freeness(status, cfg) == expected
+
+
+def test_normal_freeness_keeps_headroom_but_not_the_fake_request():
+    s = inst("a", running=[run("h", 10, prio=1), run("n", 10)], term=True)
+    assert freeness(s, HIGH_1600) == -math.inf
+    assert normal_freeness(s, HIGH_1600) == -10.0
+
+
+@pytest.mark.parametrize("statuses,expected", [
+    ([inst("a"), inst("b", running=[run("r", 80)])], (100 + 20) / 2),
+    ([inst("a"), inst("b", term=True), inst("c", sched=False)], 100.0),  # only active instances count
+    ([inst("b", term=True)], None),
+    ([], None),
+])
+def test_average_normal_freeness(statuses, expected):
+    assert average_normal_freeness(statuses, NO_HEADROOM) == expected
+
+
+@pytest.mark.parametrize("status,expected", [
+    (inst("a"), 0.0),
+    (inst("a", running=[run("r", 30)]), 0.3),
+    # every queued request's demand counts, not only the head of line
+    (inst("a", running=[run("r", 30)], waiting=[wait("q1", 160), wait("q2", 161)]), (30 + 10 + 11) / 100),
+])
+def test_memory_load(status, expected):
+    assert memory_load(status) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("status,cfg,expected", [
+    (inst("idle"), NO_HEADROOM, 100.0),
+    # every queued request counts its demand and a batch slot: (100 - 30 - 10 - 20) / 3
+    (inst("a", running=[run("r", 30)], waiting=[wait("q1", 160), wait("q2", 320)]), NO_HEADROOM, 40 / 3),
+    (inst("h", running=[run("h", 10, prio=1)], waiting=[wait("q", 16)]), HIGH_1600, (100 - 110 - 1) / 2),
+    (inst("a", running=[run("r", 30)], reserved=10), NO_HEADROOM, 60.0),
+    (inst("a", running=[run("r", 30)], term=True), NO_HEADROOM, -math.inf),
+])
+def test_queue_aware_freeness(status, cfg, expected):
+    assert queue_aware_freeness(status, cfg) == pytest.approx(expected)

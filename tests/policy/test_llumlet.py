@@ -1,0 +1,73 @@
+"""Llumlet: report, selection excluding migrating requests, keep-migrating rule."""
+from __future__ import annotations
+
+import pytest
+
+from llumnix.core.sampling_params import SamplingParams
+from llumnix.policy import FreenessConfig, Llumlet, ReschedulingConfig
+from tests.engine.helpers import make_engine
+from tests.policy.snapshots import NO_HEADROOM, inst, run, wait
+
+
+class StaticEngine:
+    def __init__(self, status):
+        self.status = status
+
+    def get_status(self):
+        return self.status
+
+
+BUSY = inst("engine-id", ts=-1.0, running=[run("short", 2, 20), run("long", 90, 1400)],
+            waiting=[wait("q", 32)], hol=2)   # F = (100 - 92 - 2) / 2 = 3
+
+
+def llumlet(status=BUSY, out=5.0, **kw):
+    cfg = ReschedulingConfig(out_threshold=out, in_threshold=max(out, 5.0), **kw)
+    return Llumlet("i7", StaticEngine(status), cfg, NO_HEADROOM)
+
+
+def test_report_adds_what_only_the_llumlet_knows():
+    ll = llumlet()
+    ll.is_terminating = True
+    ll.on_migration_started("long")
+    ll.on_migration_started("q")
+    s = ll.report(now=12.5)
+    assert (s.instance_id, s.timestamp, s.is_terminating, s.num_migrating_out) == ("i7", 12.5, True, 2)
+    assert [r.is_migrating for r in s.running] == [False, True]
+    assert [r.is_migrating for r in s.waiting] == [True]
+
+
+def test_selection_skips_requests_already_migrating():
+    ll = llumlet()
+    assert ll.select_requests_to_migrate(0.0, 3) == ["short", "q", "long"]
+    ll.on_migration_started("short")
+    assert ll.select_requests_to_migrate(0.0, 3) == ["q", "long"]
+    ll.on_migration_finished("short", committed=False)  # aborted: it may be chosen again
+    assert ll.select_requests_to_migrate(0.0) == ["short"]
+
+
+@pytest.mark.parametrize("status,out,terminating,migrating,expected", [
+    (BUSY, 5.0, False, (), True),                          # F = 3 < 5: still a source
+    (BUSY, 3.0, False, (), False),                         # F = 3 is not below 3
+    (inst("e", running=[run("a", 1)]), 3.0, True, (), True),       # terminating: until empty
+    (inst("e", running=[run("a", 1)]), 3.0, True, ("a",), False),  # only a migrating request left
+    (inst("e"), 3.0, True, (), False),
+])
+def test_should_keep_migrating(status, out, terminating, migrating, expected):
+    ll = llumlet(status, out)
+    ll.is_terminating = terminating
+    for rid in migrating:
+        ll.on_migration_started(rid)
+    assert ll.should_keep_migrating(0.0) is expected
+
+
+def test_beside_a_real_engine():
+    eng = make_engine(num_blocks=16, block_size=4)
+    ll = Llumlet("i0", eng, ReschedulingConfig(), FreenessConfig())
+    for k, n in enumerate((8, 4, 12)):
+        eng.add_request(f"r{k}", list(range(1, n + 1)), SamplingParams(max_tokens=4))
+    eng.step()
+    s = ll.report(1.0)
+    assert s.timestamp == 1.0 and s.num_total_blocks == 16
+    assert ll.select_requests_to_migrate(1.0, 5) == ["r1", "r0", "r2"]  # shorter first
+    assert ll.freeness(1.0) == (16 - s.num_used_blocks) / s.num_running

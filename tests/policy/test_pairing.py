@@ -1,0 +1,75 @@
+"""Migration pairing: thresholds, lowest with highest, terminating sources, in-flight caps."""
+from __future__ import annotations
+
+import pytest
+
+from llumnix.policy import ReschedulingConfig, pair_migrations
+from tests.policy.snapshots import NO_HEADROOM, inst, run
+
+BUSY = [run(f"b{k}", 19) for k in range(5)]        # F = (100 - 95) / 5 = 1
+FULL = [run(f"f{k}", 24) for k in range(4)]        # F = (100 - 96) / 4 = 1
+TIGHT = [run(f"t{k}", 49) for k in range(2)]       # F = (100 - 98) / 2 = 1
+EDGE = [run(f"e{k}", 22) for k in range(4)]        # F = (100 - 88) / 4 = 3: neither side at 3/3
+MID = [run("m", 50)]                               # F = 50
+
+
+def pairs(statuses, **cfg):
+    return [(o.src_instance_id, o.dst_instance_id)
+            for o in pair_migrations(statuses, ReschedulingConfig(**cfg), NO_HEADROOM)]
+
+
+@pytest.mark.parametrize("statuses,cfg,expected", [
+    # lowest with highest, then next lowest with next highest; ties by id
+    ([inst("busy", running=BUSY), inst("full", running=FULL), inst("mid", running=MID), inst("empty")],
+     {}, [("busy", "empty"), ("full", "mid")]),
+    # the lowest freeness is paired first
+    ([inst("a", running=[run("x", 97)]), inst("b", running=TIGHT), inst("empty")], {}, [("b", "empty")]),
+    # more sources than destinations: the extra sources wait for the next round
+    ([inst("s1", running=BUSY), inst("s2", running=FULL), inst("d")], {}, [("s1", "d")]),
+    # nobody below the out threshold: no orders
+    ([inst("mid", running=MID), inst("empty")], {}, []),
+    # exactly at the threshold is neither a source nor a destination
+    ([inst("edge", running=EDGE), inst("empty")], {}, []),
+    ([inst("busy", running=BUSY), inst("edge", running=EDGE)], {}, []),
+    # a higher in threshold: F = 50 is no destination above 60, and F = 1 still a source
+    ([inst("busy", running=BUSY), inst("mid", running=MID)], {"in_threshold": 60}, []),
+    ([inst("busy", running=BUSY), inst("mid", running=MID)], {"in_threshold": 40}, [("busy", "mid")]),
+    # a raised out threshold makes mid a source too (the paper's 10 for M-M)
+    ([inst("mid", running=MID), inst("empty")], {"out_threshold": 60, "in_threshold": 60}, [("mid", "empty")]),
+])
+def test_pairing_thresholds_and_order(statuses, cfg, expected):
+    assert pairs(statuses, **cfg) == expected
+
+
+@pytest.mark.parametrize("statuses,cfg,expected", [
+    # at max_in the emptiest instance is skipped; the next one takes the source
+    ([inst("busy", running=BUSY), inst("capped", mig_in=1), inst("mid", running=MID)], {}, [("busy", "mid")]),
+    # at max_out the source sits this round out
+    ([inst("busy", running=BUSY, mig_out=1), inst("full", running=FULL), inst("empty")], {},
+     [("full", "empty")]),
+    # raising the caps lets instances with migrations in flight take part again
+    ([inst("busy", running=BUSY, mig_out=1), inst("capped", mig_in=1)], {"max_out": 2, "max_in": 2},
+     [("busy", "capped")]),
+    # a source whose every request is already migrating has nothing to give
+    ([inst("busy", running=[run(f"b{k}", 19, migrating=True) for k in range(5)]), inst("empty")], {}, []),
+])
+def test_pairing_respects_in_flight_caps(statuses, cfg, expected):
+    assert pairs(statuses, **cfg) == expected
+
+
+@pytest.mark.parametrize("statuses,expected", [
+    # terminating: always a source (F = -inf, paired first), even when nearly empty
+    ([inst("going", running=[run("r", 5)], term=True), inst("busy", running=BUSY), inst("stay"),
+      inst("mid", running=MID)], [("going", "stay"), ("busy", "mid")]),
+    # never a destination, however empty it looks
+    ([inst("busy", running=BUSY), inst("going", term=True)], []),
+    # an empty terminating instance has nothing to move
+    ([inst("going", term=True), inst("stay")], []),
+    # unhealthy (unschedulable) instances take no part
+    ([inst("busy", running=BUSY, sched=False), inst("empty")], []),
+    ([inst("busy", running=BUSY), inst("empty", sched=False)], []),
+    # a terminating instance drains even when marked unschedulable
+    ([inst("going", running=[run("r", 5)], term=True, sched=False), inst("stay")], [("going", "stay")]),
+])
+def test_terminating_and_unschedulable_instances(statuses, expected):
+    assert pairs(statuses) == expected

@@ -1,0 +1,51 @@
+"""Which requests a source gives up: paper rule, SR, LR, FCW; priorities; migrating ones skipped."""
+from __future__ import annotations
+
+import pytest
+
+from llumnix.policy import PolicyConfigError, select_requests
+from tests.policy.snapshots import inst, run, wait
+
+SRC = inst("s", running=[run("long", 30, 480, t=0.5), run("short", 2, 20, t=0.4), run("hi", 1, 10, prio=1),
+                         run("moving", 1, 5, migrating=True)],
+           waiting=[wait("q-late", 50, t=2.0), wait("q-early", 300, t=1.0), wait("q-hi", 5, prio=1)])
+
+
+@pytest.mark.parametrize("policy,expected", [
+    ("paper", ["short", "q-late", "q-early", "long"]),   # normal only, shorter first, running and queued
+    ("SR", ["short", "long"]),
+    ("LR", ["long", "short"]),
+    ("FCW", ["q-early", "q-late"]),
+])
+def test_selection_order(policy, expected):
+    assert select_requests(SRC, policy, max_n=10) == expected
+    assert select_requests(SRC, policy) == expected[:1]  # max_n = 1 by default
+
+
+@pytest.mark.parametrize("status,policy,exclude,expected", [
+    # high priority only once no normal request is left to move
+    (inst("s", running=[run("hi", 1, prio=1)]), "paper", (), ["hi"]),
+    (SRC, "paper", {"short", "q-late", "q-early", "long"}, ["q-hi", "hi"]),
+    # SR/LR look at running requests only; a normal queued one still shields the high ones
+    (inst("s", running=[run("hi", 1, prio=1)], waiting=[wait("q", 16)]), "SR", (), []),
+    (inst("s", running=[run("hi", 1, prio=1)], waiting=[wait("q", 16)]), "paper", (), ["q"]),
+    (inst("s", running=[run("n", 9)], waiting=[wait("q-hi", 16, prio=1)]), "FCW", (), []),
+    # three levels: the lowest present goes first
+    (inst("s", running=[run("p2", 1, prio=2), run("p1", 5, prio=1)]), "paper", (), ["p1"]),
+    # already migrating (flagged in the snapshot or tracked by the llumlet) is never chosen
+    (inst("s", running=[run("m", 1, migrating=True), run("r", 50)]), "SR", (), ["r"]),
+    (inst("s", waiting=[wait("m", 1, migrating=True), wait("q", 900)]), "FCW", (), ["q"]),
+    (inst("s", running=[run("a", 1), run("b", 2)]), "SR", {"a"}, ["b"]),
+    (inst("s", running=[run("a", 1, migrating=True)]), "paper", (), []),
+    # ties on length: earlier arrival, then id
+    (inst("s", running=[run("b", 2, t=1.0), run("a", 2, t=1.0), run("c", 2, t=0.0)]), "paper", (),
+     ["c", "a", "b"]),
+    (inst("s"), "paper", (), []),
+])
+def test_selection_rules(status, policy, exclude, expected):
+    assert select_requests(status, policy, max_n=10, exclude=exclude) == expected
+
+
+def test_unknown_selection_policy():
+    with pytest.raises(PolicyConfigError, match="unknown selection policy 'XL'"):
+        select_requests(SRC, "XL")
