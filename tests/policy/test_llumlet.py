@@ -5,6 +5,7 @@ import pytest
 
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.policy import FreenessConfig, Llumlet, ReschedulingConfig
+from llumnix.policy.llumlet import flag_status
 from tests.engine.helpers import make_engine
 from tests.policy.snapshots import NO_HEADROOM, inst, run, wait
 
@@ -13,8 +14,8 @@ class StaticEngine:
     def __init__(self, status):
         self.status = status
 
-    def get_status(self):
-        return self.status
+    def get_status(self, *, migrating=(), **fields):
+        return flag_status(self.status, migrating, **fields)
 
 
 BUSY = inst("engine-id", ts=-1.0, running=[run("short", 2, 20), run("long", 90, 1400)],
@@ -71,3 +72,17 @@ def test_beside_a_real_engine():
     assert s.timestamp == 1.0 and s.num_total_blocks == 16
     assert ll.select_requests_to_migrate(1.0, 5) == ["r1", "r0", "r2"]  # shorter first
     assert ll.freeness(1.0) == (16 - s.num_used_blocks) / s.num_running
+
+
+def test_engine_snapshot_equals_flagging_a_plain_snapshot():
+    """EngineCore flags migrating requests while it builds the snapshot; the result must
+    be what flagging its plain snapshot gives."""
+    eng = make_engine(num_blocks=32, block_size=4)
+    for k, n in enumerate((8, 4, 12, 30)):
+        eng.add_request(f"r{k}", list(range(1, n + 1)), SamplingParams(max_tokens=4))
+    eng.step()
+    fields = {"instance_id": "x", "timestamp": 3.0, "is_terminating": True, "num_migrating_out": 2}
+    fast = eng.get_status(migrating={"r1", "r3"}, **fields)
+    slow = flag_status(eng.get_status(), {"r1", "r3"}, **fields)
+    assert fast == slow
+    assert [r.is_migrating for r in fast.running + fast.waiting] == [False, True, False, True]

@@ -11,7 +11,7 @@ from typing import Protocol
 from llumnix.core.sampling_params import SamplingParams
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScheduledRequest:
     request_id: str
     token_ids: list[int]
@@ -83,9 +83,12 @@ class RequestMetrics:
         return (self.finish_time - self.first_token_time) / (self.num_output_tokens - 1)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RequestOutput:
-    """What a step produced for one request: the stream the gateway forwards."""
+    """What a step produced for one request: the stream the gateway forwards.
+
+    Per-step messages (this and ScheduledRequest) are slotted, not frozen: one is built
+    per request per step, and a frozen dataclass costs five times as much to build."""
 
     request_id: str
     new_token_ids: list[int]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Collection
+from typing import Any
 
 from llumnix.core.batch import Executor, ModelOutput, RequestMetrics, RequestOutput, SchedulerOutput
 from llumnix.core.clock import Clock, WallClock
@@ -114,15 +116,18 @@ class EngineCore(MigrationOpsMixin):
         now = self.clock.now()
         outputs: list[RequestOutput] = []
         logprobs = output.logprobs
-        for i, entry in enumerate(batch.scheduled):
-            req = self.requests.get(entry.request_id)
-            if req is None or req.status != RequestStatus.RUNNING:
+        requests = self.requests
+        running = RequestStatus.RUNNING
+        for i, (entry, token) in enumerate(zip(batch.scheduled, output.sampled_token_ids, strict=True)):
+            req = requests.get(entry.request_id)
+            if req is None or req.status != running:
                 continue  # aborted or paused while the step ran
-            token = output.sampled_token_ids[i]
-            req.num_computed_tokens = req.num_tokens
-            req.output_token_ids.append(token)
-            lp = None if logprobs is None else [logprobs[i]]
-            if lp is not None:
+            out_ids = req.output_token_ids
+            req.num_computed_tokens = len(req.prompt_token_ids) + len(out_ids)  # not the new token
+            out_ids.append(token)
+            lp = None
+            if logprobs is not None:
+                lp = [logprobs[i]]
                 req.output_logprobs.extend(lp)
             if req.first_token_time is None:
                 req.first_token_time = now
@@ -130,16 +135,12 @@ class EngineCore(MigrationOpsMixin):
                 req.preemption_loss += now - req.preempted_at
                 req.preempted_at = None
             status = self._check_stop(req, token)
-            finish = None
-            metrics = None
-            if status is not None:
-                finish = status.finish_reason
+            if status is None:
+                outputs.append(RequestOutput(req.request_id, [token], len(out_ids), None, lp, req.stop_reason, None))
+            else:
                 metrics = self._finish(req, status, now)
-            outputs.append(RequestOutput(
-                request_id=req.request_id, new_token_ids=[token],
-                num_output_tokens=req.num_output_tokens, finish_reason=finish,
-                new_logprobs=lp, stop_reason=req.stop_reason, metrics=metrics,
-            ))
+                outputs.append(RequestOutput(req.request_id, [token], len(out_ids), status.finish_reason,
+                                             lp, req.stop_reason, metrics))
         return outputs
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
@@ -180,8 +181,9 @@ class EngineCore(MigrationOpsMixin):
         except KeyError:
             raise UnknownRequestError(request_id) from None
 
-    def get_status(self) -> InstanceStatus:
-        return build_status(self)
+    def get_status(self, *, migrating: Collection[str] = (), **fields: Any) -> InstanceStatus:
+        """The status snapshot; see ``build_status`` for the arguments."""
+        return build_status(self, migrating=migrating, **fields)
 
     def snapshot_request(self, request_id: str) -> Request:
         """A detached copy of the request: the wire form migration sends."""

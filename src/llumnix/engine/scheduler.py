@@ -100,6 +100,24 @@ class LocalScheduler:
 
     def _grow_running(self) -> list[str]:
         """Give every running request a slot for its next token, preempting as needed."""
+        kv = self.kv
+        block_size = kv.block_size
+        growing: list[tuple[Request, int]] = []
+        total = 0
+        for req in self.running:
+            need = -(-req.num_tokens // block_size) - kv.num_blocks_of(req.request_id)
+            if need > 0:
+                growing.append((req, need))
+                total += need
+        if total <= kv.num_free_blocks:
+            # Common case: every request gets its block, so the order does not matter.
+            for req, need in growing:
+                kv.grow(req.request_id, need)
+            return []
+        return self._grow_with_preemption()
+
+    def _grow_with_preemption(self) -> list[str]:
+        """Serve requests in service order; when blocks run out, preempt from the back."""
         queue = sorted(self.running, key=service_key)
         kept: list[Request] = []
         preempted: list[str] = []
@@ -131,14 +149,10 @@ class LocalScheduler:
 
     def _entry(self, req: Request) -> ScheduledRequest:
         return ScheduledRequest(
-            request_id=req.request_id,
-            token_ids=req.new_token_ids(),
-            start_pos=req.num_computed_tokens,
+            req.request_id, req.new_token_ids(), req.num_computed_tokens,
             # The live table, not a copy: the batch is executed before the
             # scheduler runs again, and copying every table each step is the
             # simulator's hottest cost.
-            block_ids=self.kv.block_table(req.request_id),
-            sampling_params=req.sampling_params,
-            seed=req.seed,
-            output_index=req.num_output_tokens,
+            self.kv.block_table(req.request_id),
+            req.sampling_params, req.seed, len(req.output_token_ids),
         )

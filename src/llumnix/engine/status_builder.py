@@ -1,7 +1,8 @@
 """Build the InstanceStatus snapshot an engine reports after a step."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Any
 
 from llumnix.core.request import Request
 from llumnix.core.status import InstanceStatus, RequestBrief
@@ -10,33 +11,38 @@ if TYPE_CHECKING:
     from llumnix.engine.engine_core import EngineCore
 
 
-def _brief(engine: EngineCore, req: Request, *, running: bool, migrating: bool = False) -> RequestBrief:
-    return RequestBrief(
-        request_id=req.request_id, priority=req.priority,
-        num_blocks=engine.kv.num_blocks_of(req.request_id), num_tokens=req.num_tokens,
-        arrival_time=req.arrival_time, is_running=running, is_migrating=migrating,
-        num_output_tokens=req.num_output_tokens,
-    )
+def _briefs(engine: EngineCore, reqs: Iterable[Request], *, running: bool,
+            migrating: Collection[str] = (), all_migrating: bool = False) -> list[RequestBrief]:
+    blocks = engine.kv.num_blocks_of
+    return [RequestBrief(r.request_id, r.priority, blocks(r.request_id), r.num_tokens, r.arrival_time,
+                         running, all_migrating or r.request_id in migrating, len(r.output_token_ids))
+            for r in reqs]
 
 
-def build_status(engine: EngineCore) -> InstanceStatus:
+def build_status(engine: EngineCore, *, migrating: Collection[str] = (), **fields: Any) -> InstanceStatus:
+    """The engine's snapshot. ``migrating``: ids the caller knows are migrating out (a
+    paused request always is); ``fields`` set or override InstanceStatus fields the
+    engine does not know (the llumlet's terminating and schedulable flags, its id)."""
     sched, kv = engine.scheduler, engine.kv
-    running = [_brief(engine, r, running=True) for r in sched.running]
-    running += [_brief(engine, r, running=True, migrating=True) for r in sched.paused.values()]
+    running = _briefs(engine, sched.running, running=True, migrating=migrating)
+    if sched.paused:
+        running += _briefs(engine, sched.paused.values(), running=True, all_migrating=True)
     head = sched.head_of_line
-    return InstanceStatus(
-        instance_id=engine.instance_id,
-        timestamp=engine.clock.now(),
-        num_total_blocks=kv.num_total_blocks,
-        num_used_blocks=kv.num_used_blocks,
-        num_watermark_blocks=kv.num_watermark_blocks,
-        block_size=kv.block_size,
-        max_num_seqs=engine.config.scheduler.max_num_seqs,
-        running=tuple(running),
-        waiting=tuple(_brief(engine, r, running=False) for r in sched.waiting),
-        head_of_line_demand=0 if head is None else kv.num_blocks_for(head.num_tokens),
-        num_preemptions=sched.num_preemptions,
-        num_reserved_blocks=kv.num_reserved_blocks,
-        num_migrating_in=len(kv.reserved_ids()),
-        step_id=engine.step_id,
-    )
+    values: dict[str, Any] = {
+        "instance_id": engine.instance_id,
+        "timestamp": engine.clock.now(),
+        "num_total_blocks": kv.num_total_blocks,
+        "num_used_blocks": kv.num_used_blocks,
+        "num_watermark_blocks": kv.num_watermark_blocks,
+        "block_size": kv.block_size,
+        "max_num_seqs": engine.config.scheduler.max_num_seqs,
+        "running": tuple(running),
+        "waiting": tuple(_briefs(engine, sched.waiting, running=False, migrating=migrating)),
+        "head_of_line_demand": 0 if head is None else kv.num_blocks_for(head.num_tokens),
+        "num_preemptions": sched.num_preemptions,
+        "num_reserved_blocks": kv.num_reserved_blocks,
+        "num_migrating_in": len(kv.reserved_ids()),
+        "step_id": engine.step_id,
+    }
+    values.update(fields)
+    return InstanceStatus(**values)

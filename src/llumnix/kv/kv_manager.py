@@ -86,6 +86,12 @@ class KVManager:
         self._tables[request_id].extend(new)
         return new
 
+    def grow(self, request_id: str, num_blocks: int) -> list[int]:
+        """Add ``num_blocks`` blocks to a live table (the scheduler checked they exist)."""
+        new = self.pool.allocate(num_blocks)
+        self._tables[request_id].extend(new)
+        return new
+
     # -- migration reservations --------------------------------------------
     def can_reserve(self, num_blocks: int) -> bool:
         return self.pool.num_free - num_blocks >= self.num_watermark_blocks

@@ -48,8 +48,8 @@ def virtual_usages(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = 
     """V of every request on the instance: running, then queued, then the fake one
     (only when ``fake`` and the instance is terminating)."""
     per_priority = Counter(r.priority for r in status.running)
-    out = [r.num_blocks + headroom_blocks(cfg, r.priority, status.block_size) / per_priority[r.priority]
-           for r in status.running]
+    share = {p: headroom_blocks(cfg, p, status.block_size) / n for p, n in per_priority.items()}
+    out = [r.num_blocks + share[r.priority] for r in status.running]
     if status.waiting:
         out.append(float(head_of_line_demand(status)))
         out.extend(0.0 for _ in status.waiting[1:])

@@ -8,7 +8,8 @@ request after request until it is no longer a source.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from collections.abc import Collection
+from typing import Any, Protocol
 
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
@@ -17,8 +18,22 @@ from llumnix.policy.pairing import is_source
 from llumnix.policy.selection import movable_requests, select_requests
 
 
+def flag_status(status: InstanceStatus, migrating: Collection[str] = (), **fields: Any) -> InstanceStatus:
+    """A snapshot with ``migrating`` request ids flagged and ``fields`` set: what an
+    engine's ``get_status(migrating=..., **fields)`` returns, for engines (and test
+    fakes) that build their snapshot first. EngineCore builds it in one pass."""
+    def flag(briefs: tuple[RequestBrief, ...]) -> tuple[RequestBrief, ...]:
+        return tuple(dataclasses.replace(r, is_migrating=True) if r.request_id in migrating else r
+                     for r in briefs)
+
+    return dataclasses.replace(status, running=flag(status.running), waiting=flag(status.waiting),
+                               **fields)
+
+
 class EngineLike(Protocol):
-    def get_status(self) -> InstanceStatus: ...
+    def get_status(self, *, migrating: Collection[str] = (), **fields: Any) -> InstanceStatus:
+        """The engine's snapshot with ``migrating`` ids flagged and ``fields`` set."""
+        ...
 
 
 class Llumlet:
@@ -36,16 +51,10 @@ class Llumlet:
 
     def report(self, now: float) -> InstanceStatus:
         """The engine's snapshot plus what only the llumlet knows, stamped ``now``."""
-        s = self.engine.get_status()
-        return dataclasses.replace(
-            s, instance_id=self.instance_id, timestamp=now,
-            running=self._flag_migrating(s.running), waiting=self._flag_migrating(s.waiting),
+        return self.engine.get_status(
+            migrating=self.migrating_out, instance_id=self.instance_id, timestamp=now,
             is_terminating=self.is_terminating, is_schedulable=self.is_schedulable,
             num_migrating_out=len(self.migrating_out))
-
-    def _flag_migrating(self, briefs: tuple[RequestBrief, ...]) -> tuple[RequestBrief, ...]:
-        return tuple(dataclasses.replace(r, is_migrating=True) if r.request_id in self.migrating_out
-                     else r for r in briefs)
 
     def freeness(self, now: float) -> float:
         return freeness(self.report(now), self.freeness_cfg)
