@@ -74,7 +74,7 @@ class StandInPolicy:
     def on_migration_finished(self, src, request_id, committed):
         pass
 
-    def scale(self):
+    def scale(self, num_active):
         return "none", None
 
     def on_terminating(self, inst):

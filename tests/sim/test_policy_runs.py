@@ -58,3 +58,37 @@ traces:
         assert r["sim"]["events_per_s"] > 0 and "downtime" in r["migrations"]
     assert (out / "latency_vs_rate_s-s.png").stat().st_size > 0
     assert (out / "cdf_s-s.png").stat().st_size > 0
+
+
+def test_auto_scaling_adds_instances_under_load_and_drains_them_after():
+    cfg = ClusterConfig(num_instances=1, num_blocks=400, max_model_len=6000, instance_startup_s=5.0)
+    spec = SystemSpec("llumnix", "llumnix", True, {
+        "scaling": {"enabled": True, "scale_out_below": 10, "scale_in_above": 60, "window_s": 2.0,
+                    "cooldown_s": 4.0, "min_instances": 1, "max_instances": 4}})
+    trace = make_trace(TraceSpec("M-M", "M-M", num_requests=250), 1.5, 0)
+    policy = make_policy(spec, cfg)
+    decisions = []
+    scale = policy.scale
+    policy.scale = lambda n: (decisions.append((n, d := scale(n))), d)[1]
+    sim = Simulator(cfg, fit_a10_llama7b(), policy, trace)
+    out = sim.run()
+    assert out["num_finished"] + out["num_rejected"] == 250
+    outs = [n for n, (kind, _) in decisions if kind == "out"]
+    assert outs and max(outs) < 4  # never past max_instances, counting those still starting
+    counts = [n for _, n in sim.metrics.instance_timeline]  # draining instances count: they cost
+    assert max(counts) > 1 and 1 < out["instances"]["average"] < 4
+    assert any(b < a for a, b in zip(counts, counts[1:], strict=False))  # it also scaled in
+    for inst in sim.cluster.instances.values():
+        assert inst.engine.kv.num_free_blocks == inst.engine.kv.num_total_blocks
+
+
+def test_same_seed_same_metrics_with_the_real_policies():
+    def once():
+        spec = SystemSpec("llumnix", "llumnix", True, {"migrate_out_threshold": 3})
+        sim = Simulator(TINY, fit_a10_llama7b(), make_policy(spec, TINY),
+                        make_trace(TraceSpec("L-L", "L-L", num_requests=60), 0.5, 7))
+        out = sim.run()
+        out.pop("sim")
+        return json.dumps(out, sort_keys=True)
+
+    assert once() == once()

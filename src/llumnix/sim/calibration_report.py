@@ -17,7 +17,7 @@ from llumnix.core.sampling_params import SamplingParams
 from llumnix.engine import EngineCore
 from llumnix.migration.protocol import MigrationConfig
 from llumnix.sim import calibration as cal
-from llumnix.sim.events import EventKind
+from llumnix.sim.events import Event, EventKind
 from llumnix.sim.executor import SimExecutor
 from llumnix.sim.instance import SimInstance
 from llumnix.sim.latency import LatencyModel, fit_a10_llama7b
@@ -71,8 +71,12 @@ def measure_migration(model: LatencyModel, seq_len: int, *, max_stages: int = 3)
     loop.on(EventKind.MIGRATION_STAGE, lambda ev: ev.target.on_stage_done(clock.now()))
     loop.push_all(src.wake(0.0))
     loop.run(max_events=3)  # prefill, then two decode steps
+    def on_done(r: MigrationRun, now: float) -> list[Event]:
+        done.append(r)
+        return []
+
     run = MigrationRun(src, dst, "r0", MigrationConfig(max_stages=max_stages), model.migration, clock.now(),
-                       on_done=lambda r, now: (done.append(r), [])[1])
+                       on_done=on_done)
     loop.push_all(run.start(clock.now()))
     loop.run(stop=lambda: bool(done))
     report = run.protocol.report()
@@ -81,8 +85,8 @@ def measure_migration(model: LatencyModel, seq_len: int, *, max_stages: int = 3)
     return report.downtime, (copy_steps[0] if copy_steps else float("nan"))
 
 
-def calibration_report(model: LatencyModel | None = None) -> list[AnchorError]:
-    model = model or fit_a10_llama7b()
+def calibration_report(latency: LatencyModel | None = None) -> list[AnchorError]:
+    model: LatencyModel = latency or fit_a10_llama7b()
     rows: list[AnchorError] = []
     for i, n in enumerate(cal.SEQ_LENS):
         rows.append(AnchorError("prefill", n, cal.PREFILL_MS[i], 1e3 * model.prefill_time([n])))

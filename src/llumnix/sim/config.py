@@ -247,32 +247,36 @@ def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
         raise ConfigError("traces must be a non-empty list")
     n = _positive_int(doc, "num_requests", 10_000, "")
     traces = [_parse_trace(i, t, n, base) for i, t in enumerate(traces_doc)]
-    for label, items, key in (("include_traces", traces, lambda t: t.spec.name),
-                              ("include_systems", systems, lambda s: s.name)):
-        wanted = doc.get(label)
-        if wanted is None:
-            continue
-        if not isinstance(wanted, list):
-            raise ConfigError(f"{label} must be a list of names")
-        names = {key(x) for x in items}
-        for w in wanted:
-            if w not in names:
-                raise ConfigError(f"{label}: no {label.split('_')[1][:-1]} named {w!r}")
-        items[:] = [x for x in items if key(x) in wanted]
+    wanted_traces = _include(doc, "include_traces", [t.spec.name for t in traces])
+    wanted_systems = _include(doc, "include_systems", [s.name for s in systems])
+    traces = [t for t in traces if t.spec.name in wanted_traces]
+    systems = [s for s in systems if s.name in wanted_systems]
     names = {s.name for s in systems}
     for t in traces:
-        for s in t.system_overrides:
-            if s not in names and doc.get("include_systems") is None:
-                raise ConfigError(f"traces.{t.spec.name}.systems.{s}: no system named {s!r}")
+        for sname in t.system_overrides:
+            if sname not in names and doc.get("include_systems") is None:
+                raise ConfigError(f"traces.{t.spec.name}.systems.{sname}: no system named {sname!r}")
     cfg = ExperimentConfig(
         name=str(doc.get("name", "experiment")), latency_model=latency,
         seeds=_positive_int(doc, "seeds", 1, ""), jobs=_positive_int(doc, "jobs", 1, ""),
         plots=bool(doc.get("plots", True)), cluster=_parse_cluster(doc.get("cluster")),
         systems=tuple(systems), traces=tuple(traces))
     for t in cfg.traces:  # per-trace overrides must parse too
-        for s in cfg.systems:
-            cfg.system_for(s, t)
+        for system in cfg.systems:
+            cfg.system_for(system, t)
     return cfg
+
+
+def _include(doc: dict[str, Any], label: str, names: list[str]) -> set[str]:
+    wanted = doc.get(label)
+    if wanted is None:
+        return set(names)
+    if not isinstance(wanted, list):
+        raise ConfigError(f"{label} must be a list of names")
+    for w in wanted:
+        if w not in names:
+            raise ConfigError(f"{label}: no entry named {w!r} (known: {', '.join(names)})")
+    return set(wanted)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:

@@ -64,7 +64,8 @@ class MigrationCost:
 class LatencyModel(Protocol):
     """What the simulated executor asks of a latency model (seconds)."""
 
-    migration: MigrationCost
+    @property
+    def migration(self) -> MigrationCost: ...
 
     def prefill_time(self, seq_lens: Sequence[int]) -> float: ...
 

@@ -128,11 +128,15 @@ class PolicyBridge:
         return freeness(dst.llumlet.report(now), self.config.freeness) > self.config.rescheduling.in_threshold
 
     # -- scaling -------------------------------------------------------------------
-    def scale(self) -> tuple[str, str | None]:
-        """("out", None), ("in", victim id) or ("none", None)."""
+    def scale(self, num_active: int) -> tuple[str, str | None]:
+        """("out", None), ("in", victim id) or ("none", None). ``num_active``: instances
+        up or starting and not terminating; the scheduler only sees those up, so a
+        scale-out while others still start must not pass max_instances."""
         now = self._now()
         self.gs.record_freeness(now)
         act = self.gs.scaling_decision(now)
+        if act.kind == "out" and num_active >= self.config.scaling.max_instances:
+            return "none", None
         return act.kind, act.instance_id
 
     def on_terminating(self, inst: SimInstance) -> None:

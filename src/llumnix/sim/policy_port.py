@@ -50,7 +50,8 @@ class PolicyPort(Protocol):
     def keep_migrating(self, src: SimInstance, dst: SimInstance) -> bool:
         """After a migration: is the source still a source (and the destination still fit)?"""
 
-    def scale(self) -> tuple[str, str | None]:
-        """("out", None), ("in", instance to drain) or ("none", None)."""
+    def scale(self, num_active: int) -> tuple[str, str | None]:
+        """("out", None), ("in", instance to drain) or ("none", None); ``num_active``
+        counts instances up or starting, not terminating."""
 
     def on_terminating(self, inst: SimInstance) -> None: ...

@@ -153,8 +153,9 @@ def comparison_markdown(records: list[dict[str, Any]], ours: str = "llumnix", ba
         for metric, stat in (("prefill", "p99"), ("preemption_loss", "mean")):
             chain = (m[metric][stat], b[metric][stat], w[metric][stat])
             if not chain[0] <= chain[1] * 1.0001 + 1e-9 or not chain[1] <= chain[2] * 1.0001 + 1e-9:
+                gap = max(_ratio(chain[0], chain[1]), _ratio(chain[1], chain[2])) - 1
                 violations.append(f"{t} @ {rate:g}: {metric} {stat} {ours}/{base}/{worst} = "
-                                  + " / ".join(_fmt(x) for x in chain))
+                                  + " / ".join(_fmt(x) for x in chain) + f" (out of order by {100 * gap:.1f}%)")
     lines.append("")
     if violations:
         lines.append(f"Ordering {ours} <= {base} <= {worst} broken at:")

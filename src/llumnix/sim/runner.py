@@ -78,7 +78,7 @@ def _write(out: Path, cfg: ExperimentConfig, records: list[dict[str, Any]]) -> N
 
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, seeds: int | None = None,
                    show_progress: bool = True) -> list[dict[str, Any]]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -94,7 +94,11 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, seeds: int | None
         if cfg.jobs == 1:
             for r in runs:
                 task = bar.add_task(label(r), total=r.trace.num_requests)
-                records.append(run_one(r, lambda n, task=task: bar.advance(task, n)))
+
+                def advance(n: int, task: TaskID = task) -> None:
+                    bar.advance(task, n)
+
+                records.append(run_one(r, advance))
                 bar.remove_task(task)
                 bar.advance(overall)
                 _write(out, cfg, records)

@@ -266,7 +266,8 @@ class Simulator:
         self._scale_n += 1
         self._next_scaling = self._scale_n * self.policy.scaling_interval_s
         events = [Event(self._next_scaling, EventKind.SCALING)]
-        kind, victim = self.policy.scale()
+        active = sum(1 for i in self.cluster.instances.values() if not i.is_terminating)
+        kind, victim = self.policy.scale(active)
         if kind == "out":
             inst = self.cluster.new_instance(up=False)
             events.append(Event(now + self.config.instance_startup_s, EventKind.INSTANCE_UP, inst))
