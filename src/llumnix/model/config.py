@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llumnix.core.errors import ModelLoadError
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -69,6 +71,10 @@ class LlamaConfig:
         eos = c.get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
+        # transformers 5 keeps theta and the scaling kind in rope_parameters, 4.x at the top.
+        rope = {**(c.get("rope_scaling") or {}), **(c.get("rope_parameters") or {})}
+        if (rope.get("rope_type") or rope.get("type") or "default") != "default":
+            raise ModelLoadError(f"RoPE scaling {rope!r} is not supported (only plain RoPE)")
         return cls(
             vocab_size=int(c["vocab_size"]),
             hidden_size=hidden,
@@ -78,7 +84,7 @@ class LlamaConfig:
             num_kv_heads=int(c.get("num_key_value_heads") or heads),
             head_dim=int(c.get("head_dim") or hidden // heads),
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(c.get("rope_theta", 10000.0)),
+            rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
             max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             bos_token_id=_opt_int(c.get("bos_token_id")),
