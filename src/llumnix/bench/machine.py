@@ -6,7 +6,9 @@ import platform
 import resource
 
 
-def machine_info() -> dict[str, object]:
+def machine_info(with_torch: bool = True) -> dict[str, object]:
+    """CPU, cores, Python, platform, load average; torch version and threads unless
+    ``with_torch`` is False (the simulator never imports torch)."""
     cpu = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo") as f:
@@ -18,8 +20,10 @@ def machine_info() -> dict[str, object]:
         pass
     info: dict[str, object] = {
         "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-        "platform": platform.platform(),
+        "platform": platform.platform(), "load_avg_1m": round(os.getloadavg()[0], 2),
     }
+    if not with_torch:
+        return info
     try:
         import torch
 

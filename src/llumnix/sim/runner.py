@@ -70,7 +70,10 @@ def _write(out: Path, cfg: ExperimentConfig, records: list[dict[str, Any]]) -> N
     order = {(t.spec.name): i for i, t in enumerate(cfg.traces)}
     sysorder = {s.name: i for i, s in enumerate(cfg.systems)}
     clean.sort(key=lambda r: (order.get(r["trace"], 0), r["rate"], r["seed"], sysorder.get(r["system"], 0)))
-    doc = {"name": cfg.name, "latency_model": cfg.latency_model, "records": clean}
+    from llumnix.bench.machine import machine_info
+
+    doc = {"name": cfg.name, "latency_model": cfg.latency_model, "machine": machine_info(with_torch=False),
+           "records": clean}
     tmp = out / "metrics.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")
     os.replace(tmp, out / "metrics.json")
