@@ -174,3 +174,24 @@ def test_after_a_scale_out_nothing_more_until_the_new_instance_is_added():
     assert kinds == ["none", "out", "none", "none", "none", "out"] and gs.num_starting == 1
     gs.on_scale_out_failed()
     assert gs.num_starting == 0
+
+
+@pytest.mark.parametrize("policy", ["llumnix", "infaas++"])
+def test_cached_scores_follow_every_new_report(policy):
+    """Scores are cached per status object: a new report of the same instance (same id,
+    new numbers) must be scored afresh, and a dispatch must see its own pending request."""
+    gs = gs_with(policy, n=2)
+    gs.update_status(inst("i0", ts=1.0, running=[run("a", 90)]))   # i0 nearly full
+    gs.update_status(inst("i1", ts=1.0))
+    assert gs.dispatch(DispatchRequest("x", 16, 0, 1.0), 1.0) == "i1"
+    gs.update_status(inst("i0", ts=2.0))                            # i0 empties
+    gs.update_status(inst("i1", ts=2.0, running=[run("b", 90)]))    # i1 fills
+    assert gs.dispatch(DispatchRequest("y", 16, 0, 2.0), 2.0) == "i0"
+    # The pending request y now weighs on i0's view; a big one goes to i1 only if it is
+    # freer, so compare against a fresh scheduler that saw the same history without caches.
+    fresh = gs_with(policy, n=2)
+    for s in gs.statuses.values():
+        fresh.update_status(s)
+    fresh.pending = gs.pending
+    assert gs.dispatch(DispatchRequest("z", 16, 0, 2.0), 2.0) == fresh.pipeline.pick(
+        fresh.view(), DispatchContext(now=2.0, freeness=fresh.config.freeness, staleness_s=2.0))

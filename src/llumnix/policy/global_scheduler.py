@@ -39,6 +39,8 @@ class GlobalScheduler:
         self._last_scale: float | None = None
         self.num_starting = 0
         """Scale-outs ordered whose instance has not been added yet."""
+        self._memo: dict[str, tuple[InstanceStatus, dict[str, float]]] = {}
+        """Dispatch metrics per status object (see DispatchContext.metric)."""
 
     # -- membership ------------------------------------------------------------
     def add_instance(self, status: InstanceStatus) -> None:
@@ -53,6 +55,7 @@ class GlobalScheduler:
 
     def remove_instance(self, instance_id: str) -> None:
         self.statuses.pop(instance_id, None)
+        self._memo.pop(instance_id, None)
         self.sent.pop(instance_id, None)
         self.pending.remove_instance(instance_id)
         self._terminating.discard(instance_id)
@@ -97,7 +100,7 @@ class GlobalScheduler:
         unschedulable or terminating): the caller keeps it in its DispatchQueue."""
         cfg = self.config
         ctx = DispatchContext(now=now, freeness=cfg.freeness, staleness_s=cfg.dispatch.staleness_s,
-                              sent=self.sent, rng=self._rng)
+                              sent=self.sent, rng=self._rng, memo=self._memo)
         iid = self.pipeline.pick(self.view(), ctx)
         if iid is None:
             return None

@@ -33,6 +33,21 @@ class DispatchContext:
     staleness_s: float
     sent: dict[str, int] = field(default_factory=dict)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    memo: dict[str, tuple[InstanceStatus, dict[str, float]]] = field(default_factory=dict)
+    """Per instance id: the status object last seen and metrics computed from it. The
+    scheduler keeps one across dispatches, so an unchanged status is not re-scored."""
+
+    def metric(self, name: str, status: InstanceStatus, fn: Callable[[InstanceStatus], float]) -> float:
+        """``fn(status)``, computed once per status object (statuses are immutable)."""
+        entry = self.memo.get(status.instance_id)
+        if entry is not None and entry[0] is status:
+            v = entry[1].get(name)
+            if v is not None:
+                return v
+        else:
+            entry = self.memo[status.instance_id] = (status, {})
+        v = entry[1][name] = fn(status)
+        return v
 
 
 Filter = Callable[[InstanceStatus, DispatchContext], bool]
@@ -108,8 +123,8 @@ class Pipeline:
         for name, weight in self.scorers:
             values = SCORERS[name](cands, ctx)
             assert len(values) == len(cands), f"scorer {name!r} returned {len(values)} scores"
-            for i, v in enumerate(values):
-                total[i] += weight * min(1.0, max(0.0, v))
+            total = [t + weight * (0.0 if v < 0.0 else 1.0 if v > 1.0 else v)
+                     for t, v in zip(total, values, strict=True)]
         return total
 
     def candidates(self, statuses: list[InstanceStatus], ctx: DispatchContext) -> list[InstanceStatus]:

@@ -32,19 +32,22 @@ def fresh(s: InstanceStatus, ctx: DispatchContext) -> bool:
 @register(SCORERS, "freeness")
 def freeness_score(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
     """Llumnix: 1 for the freest candidate, 0 for the least free (min-max over candidates)."""
-    return higher_is_better([freeness(s, ctx.freeness) for s in cands])
+    cfg = ctx.freeness
+    return higher_is_better([ctx.metric("freeness", s, lambda s: freeness(s, cfg)) for s in cands])
 
 
 @register(SCORERS, "queue-aware-freeness")
 def queue_aware_freeness_score(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
     """Freeness with every queued request counted (``freeness.queue_aware_freeness``)."""
-    return higher_is_better([queue_aware_freeness(s, ctx.freeness) for s in cands])
+    cfg = ctx.freeness
+    return higher_is_better([ctx.metric("queue-aware-freeness", s, lambda s: queue_aware_freeness(s, cfg))
+                             for s in cands])
 
 
 @register(SCORERS, "memory-load")
 def memory_load_score(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
     """INFaaS++: 1 for the lowest memory load counting all queued demand."""
-    return lower_is_better([memory_load(s) for s in cands])
+    return lower_is_better([ctx.metric("memory-load", s, memory_load) for s in cands])
 
 
 @register(SCORERS, "fewest-sent")
