@@ -11,24 +11,41 @@ from llumnix.core.sampling_params import SamplingParams
 from llumnix.migration import MigrationConfig
 from llumnix.migration.destination import DestinationEndpoint
 from llumnix.migration.driver import migrate
+from llumnix.migration.gloo_transport import GlooSender
 from llumnix.migration.tcp_transport import KVSender, TransportError
+from llumnix.migration.transport import TransportOptions
 from llumnix.policy import FreenessConfig, Llumlet, ReschedulingConfig
 from tests.engine.helpers import make_engine, run_to_completion
 
 TOKEN = b"cluster-secret"
 
 
+# Steps here take milliseconds, so a bulk copy at nice 19 on a loaded machine could
+# let the request finish first; these tests check correctness, at normal priority
+# (tests/migration/test_processes.py runs the default, niced copies).
+OPTIONS = TransportOptions(bulk_nice=0)
+
+
+def open_sender(transport, endpoint, options=OPTIONS):
+    if transport == "gloo":
+        return GlooSender(lambda host, port, pair_id: endpoint.accept_gloo(host, port, pair_id), TOKEN,
+                          options=options)
+    return KVSender(endpoint.address, TOKEN, options)
+
+
 class Pair:
-    def __init__(self, num_blocks=64, dst_blocks=64, slow_s=0.002, dst_watermark=0.0):
+    def __init__(self, num_blocks=64, dst_blocks=64, slow_s=0.002, dst_watermark=0.0, transport="tcp",
+                 dst_slow_s=None):
         self.servers = []
+        self.step_s = {"src": slow_s, "dst": slow_s if dst_slow_s is None else dst_slow_s}
         for iid, nb, wm in (("src", num_blocks, 0.0), ("dst", dst_blocks, dst_watermark)):
             eng = make_engine(num_blocks=nb, instance_id=iid, watermark=wm)
             eng.clock = WallClock()
             ex = eng.executor
             orig = ex.execute
 
-            def slow(batch, orig=orig):
-                time.sleep(slow_s)  # a step takes time, so migrations overlap decoding
+            def slow(batch, orig=orig, iid=iid):
+                time.sleep(self.step_s[iid])  # a step takes time, so migrations overlap decoding
                 return orig(batch)
 
             ex.execute = slow
@@ -36,8 +53,8 @@ class Pair:
             srv.start()
             self.servers.append(srv)
         self.src, self.dst = self.servers
-        self.endpoint = DestinationEndpoint(self.dst, TOKEN, reservation_timeout_s=2.0)
-        self.sender = KVSender(self.endpoint.address, TOKEN)
+        self.endpoint = DestinationEndpoint(self.dst, TOKEN, reservation_timeout_s=2.0, options=OPTIONS)
+        self.sender = open_sender(transport, self.endpoint)
         self.tokens: dict[str, list[tuple[int, int]]] = {}
 
     def add(self, rid, prompt, params):
@@ -76,10 +93,11 @@ def reference(prompt, params):
 PROMPT = list(range(1, 30))
 
 
+@pytest.mark.parametrize("transport", ["tcp", "gloo"])
 @pytest.mark.parametrize("params", [SamplingParams(max_tokens=60),
                                     SamplingParams(max_tokens=60, temperature=0.7, seed=11)])
-def test_migrated_request_produces_the_same_tokens_exactly_once(params):
-    pair = Pair()
+def test_migrated_request_produces_the_same_tokens_exactly_once(params, transport):
+    pair = Pair(transport=transport)
     try:
         pair.add("x", PROMPT, params)
         time.sleep(0.03)
@@ -95,10 +113,11 @@ def test_migrated_request_produces_the_same_tokens_exactly_once(params):
         pair.close()
 
 
-def test_back_and_forth():
-    pair = Pair()
-    back_endpoint = DestinationEndpoint(pair.src, TOKEN)
-    back_sender = KVSender(back_endpoint.address, TOKEN)
+@pytest.mark.parametrize("transport", ["tcp", "gloo"])
+def test_back_and_forth(transport):
+    pair = Pair(transport=transport)
+    back_endpoint = DestinationEndpoint(pair.src, TOKEN, options=OPTIONS)
+    back_sender = open_sender(transport, back_endpoint)
     try:
         pair.add("x", PROMPT, SamplingParams(max_tokens=80))
         time.sleep(0.03)
@@ -237,6 +256,68 @@ def test_request_preempted_mid_migration_aborts_and_completes_on_the_source():
                       MigrationConfig(max_stages=4, last_stage_max_blocks=0))
         eng.blocks_since = orig
         assert not rep.committed
+        assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=60))
+        pair.check_drained()
+    finally:
+        pair.close()
+
+
+def test_install_does_not_wait_for_the_destination_step_and_downtime_counts_from_the_pause():
+    """The destination queues the request for its next boundary (an inbox) instead of
+    making the source wait out its current step; downtime runs from the source's
+    pausing boundary to that queueing, and the request then really resumes there."""
+    pair = Pair(slow_s=0.02, dst_slow_s=0.2)
+    try:
+        pair.dst.call(lambda: pair.dst.engine.add_request("busy", PROMPT, SamplingParams(max_tokens=100)))
+        pair.add("x", PROMPT, SamplingParams(max_tokens=80))
+        time.sleep(0.1)
+        rep = migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig())
+        assert rep.committed, rep.abort_reason
+        assert rep.downtime is not None and 0 < rep.downtime < 0.1  # a destination step takes 0.2 s
+        assert rep.end_time - rep.downtime >= rep.start_time
+        pair.step_s["dst"] = 0.002
+        assert pair.collect("x", timeout=60) == reference(PROMPT, SamplingParams(max_tokens=80))
+        assert pair.endpoint.installed_at["x"] >= rep.end_time - rep.downtime
+        pair.dst.call(lambda: pair.dst.engine.abort_request("busy"))
+        pair.check_drained()
+    finally:
+        pair.close()
+
+
+def test_receiver_refuses_blocks_not_reserved_for_the_request():
+    pair = Pair()
+    try:
+        pair.dst.call(lambda: pair.dst.engine.add_request("victim", PROMPT, SamplingParams(max_tokens=5)))
+        pair.collect("victim")
+        ids = pair.endpoint.try_reserve("x", 2)
+        assert ids is not None
+        other = next(b for b in range(64) if b not in ids)
+        bpb = pair.dst.engine.executor.bytes_per_block
+        assert not pair.sender.send_raw({"request_id": "x", "block_ids": [other]}, b"\x01" * bpb)
+        assert not pair.sender.send_raw({"request_id": "y", "block_ids": ids[:1]}, b"\x01" * bpb)
+        assert not pair.sender.send_raw({"request_id": "x", "block_ids": ids[:1]}, b"\x01" * 3)  # wrong size
+        assert pair.sender.send_raw({"request_id": "x", "block_ids": ids[:1]}, b"\x01" * bpb)
+        assert pair.endpoint.release("x") == 2
+        pair.check_drained()
+    finally:
+        pair.close()
+
+
+def test_last_stage_transport_failure_resumes_the_paused_request_on_the_source():
+    pair = Pair()
+    try:
+        orig = pair.sender.send
+
+        def drop_urgent(request_id, block_ids, src, *, urgent=False):
+            if urgent:  # the link drops while the request is paused
+                raise TransportError("link dropped in the last stage")
+            return orig(request_id, block_ids, src, urgent=urgent)
+
+        pair.sender.send = drop_urgent
+        pair.add("x", PROMPT, SamplingParams(max_tokens=60))
+        time.sleep(0.03)
+        rep = migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig())
+        assert not rep.committed and "last stage" in rep.abort_reason
         assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=60))
         pair.check_drained()
     finally:

@@ -1,10 +1,28 @@
 """`llumnix bench migration`: downtime of live migration against recompute and a
-blocking copy, by sequence length, between two instance processes (Ray actors)
-on this machine, with other requests decoding on both sides."""
+blocking copy, by sequence length and KV transport, between two instance
+processes (Ray actors) on this machine, with other requests decoding on both sides.
+
+Per length, one long request is prefilled once and then migrated back and forth
+(``repeats`` live migrations per transport, then one blocking copy), with a
+baseline window of ordinary decode steps before each migration. Measured per
+migration, all on the host's monotonic clock:
+
+* ``downtime_s``: the paper's downtime, from the pausing step boundary on the
+  source (right after the request's last step there) to the destination's
+  acknowledgement that it is queued to resume (schedulable);
+* ``resume_s``: from the same pause to the start of the first destination step
+  that runs it; ``token_gap_s``: to the end of that step (its first new token);
+* co-running slowdown: mean step time of the *other* requests on each side while
+  the migration copies (source: until the pause, same batch; destination: until
+  the install) over the mean step time in the window just before, and the same
+  ratio between two windows with no migration at all (``control``), which is the
+  noise of this shared machine.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -15,7 +33,10 @@ from llumnix.core.sampling_params import SamplingParams
 from llumnix.gateway.backend import GenerateRequest
 
 LENGTHS = (256, 512, 1024, 2048, 4096)
+TRANSPORTS = ("tcp", "gloo", "ray")
 CO_RUNNING = 4
+WINDOW_S = 2.5
+Log = list[tuple[float, float, int]]
 
 
 def _prompt(n: int, salt: int) -> list[int]:
@@ -27,53 +48,105 @@ def _req(rid: str, n: int, max_tokens: int, salt: int) -> GenerateRequest:
                            0, time.monotonic())
 
 
-def _wait_decoding(ray: Any, actor: Any, rid: str, min_tokens: int = 2, timeout: float = 300) -> None:
+def _wait_decoding(ray: Any, actor: Any, rid: str, min_tokens: int = 2, timeout: float = 600) -> None:
     deadline = time.time() + timeout
-    while ray.get(actor.num_output_tokens.remote(rid)) < min_tokens:
+    while True:
+        try:  # a long prefill on a loaded machine can hold the step boundary past a call's timeout
+            if ray.get(actor.num_output_tokens.remote(rid), timeout=120) >= min_tokens:
+                return
+        except (ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
+            pass
         if time.time() > deadline:
             raise TimeoutError(f"{rid} did not start decoding")
         time.sleep(0.05)
 
 
-def _mean_step(log: list[tuple[float, float, int]], lo: float, hi: float) -> float | None:
-    steps = [e - s for s, e, n in log if s >= lo and e <= hi and n > 0]
-    return statistics.mean(steps) if steps else None
-
-
-def _steps_overlapping(log: list[tuple[float, float, int]], lo: float, hi: float) -> float | None:
+def _mean_step(log: Log, lo: float, hi: float) -> float | None:
+    """Mean duration of the decode steps that overlap [lo, hi]."""
     steps = [e - s for s, e, n in log if e >= lo and s <= hi and n > 0]
     return statistics.mean(steps) if steps else None
 
 
-def run_length(ray: Any, src: Any, dst: Any, length: int, mode: str, salt: int) -> dict[str, Any]:
-    bg = [f"bg-{mode}-{length}-{side}-{i}" for side in ("s", "d") for i in range(CO_RUNNING)]
-    for i, rid in enumerate(bg):
-        actor = src if "-s-" in rid else dst
-        ray.get(actor.add_request.remote(_req(rid, 64, 6000, salt * 10 + i)))
-    target = f"t-{mode}-{length}"
-    ray.get(src.add_request.remote(_req(target, length - 16, 2000, salt)))
-    _wait_decoding(ray, src, target)
-    for rid in bg:
-        _wait_decoding(ray, src if "-s-" in rid else dst, rid)
-    time.sleep(1.0)  # a baseline window of ordinary decode steps on both sides
-    before = time.monotonic()
-    overrides = {"max_stages": 1} if mode == "blocking" else {}
-    rep = ray.get(src.migrate_request.remote(target, "dst", dst, overrides))
-    after = time.monotonic()
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else a / b
+
+
+def _resume(log: Log, paused_at: float) -> tuple[float, float] | None:
+    """(start, end) of the first step after the pause whose batch grew by one: the
+    migrated request's first step on the destination (the only arrival: the
+    benchmark adds nothing else meanwhile)."""
+    prev = None
+    for s, e, n in log:
+        if s < paused_at:
+            prev = n
+            continue
+        if prev is not None and n == prev + 1:
+            return s, e
+        prev = n
+    return None
+
+
+def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transport: str,
+                 mode: str) -> dict[str, Any]:
+    time.sleep(2 * WINDOW_S)  # two baseline windows of ordinary decode steps on both sides
+    # Niced copies yield to the engines, so on a loaded machine a long sequence may take
+    # longer than the serving default timeout to pre-copy; the benchmark allows a minute.
+    overrides: dict[str, Any] = {"timeout_s": 60.0, **({"max_stages": 1} if mode == "blocking" else {})}
+    rep = ray.get(src.migrate_request.remote(rid, dst_name, dst, overrides, transport), timeout=600)
+    if rep["committed"]:  # its first step on the destination must be in the step log
+        _wait_decoding(ray, dst, rid, ray.get(dst.num_output_tokens.remote(rid)) + 1, timeout=120)
     time.sleep(0.5)
     src_log, dst_log = ray.get(src.step_log.remote()), ray.get(dst.step_log.remote())
-    for rid in bg + [target]:
-        for actor in (src, dst):
-            ray.get(actor.abort.remote(rid))
-    base_src = _mean_step(src_log, before - 1.0, before)
-    base_dst = _mean_step(dst_log, before - 1.0, before)
-    during_src = _steps_overlapping(src_log, rep["start_time"], rep["end_time"])
-    during_dst = _steps_overlapping(dst_log, rep["start_time"], rep["end_time"])
-    return {"length": length, "mode": mode, "committed": rep["committed"], "abort_reason": rep["abort_reason"],
-            "downtime_s": rep["downtime"], "stages": rep["num_stages"], "blocks": rep["num_blocks"],
-            "bytes": rep["num_bytes"], "duration_s": rep["duration"], "wall_s": after - before,
-            "src_step_s": {"before": base_src, "during": during_src},
-            "dst_step_s": {"before": base_dst, "during": during_dst}}
+    start, end = rep["start_time"], rep["end_time"]
+    paused_at = end - rep["downtime"] if rep["committed"] else end
+    row: dict[str, Any] = {
+        "transport": transport, "mode": mode, "committed": rep["committed"],
+        "abort_reason": rep["abort_reason"], "downtime_s": rep["downtime"], "stages": rep["num_stages"],
+        "blocks": rep["num_blocks"], "bytes": rep["num_bytes"], "duration_s": rep["duration"],
+        # where the downtime went: seconds after the pause (same host: one monotonic clock)
+        "last_stage_s": {k: v - paused_at for k, v in rep.get("marks", {}).items()} if rep["committed"] else {}}
+    resumed = _resume(dst_log, paused_at) if rep["committed"] else None
+    row["resume_s"] = None if resumed is None else resumed[0] - paused_at
+    row["token_gap_s"] = None if resumed is None else resumed[1] - paused_at
+    row["src_step_before_s"] = _mean_step(src_log, start - WINDOW_S, start)
+    for side, log, hi in (("src", src_log, paused_at), ("dst", dst_log, end)):
+        before = _mean_step(log, start - WINDOW_S, start)
+        earlier = _mean_step(log, start - 2 * WINDOW_S, start - WINDOW_S)
+        # Only copies that overlap a step slow it: a live migration whose copy fits
+        # between boundaries has no "during" steps on that side.
+        during = _mean_step(log, start, hi) if hi - start > 0.01 else None
+        row[f"{side}_slowdown"] = _ratio(during, before)
+        row[f"{side}_control"] = _ratio(before, earlier)
+    return row
+
+
+def run_length(ray: Any, actors: dict[str, Any], length: int, transports: tuple[str, ...], repeats: int,
+               salt: int) -> list[dict[str, Any]]:
+    names = ("src", "dst")
+    bg = {n: [f"bg-{length}-{n}-{i}" for i in range(CO_RUNNING)] for n in names}
+    for k, (n, rids) in enumerate(bg.items()):
+        for i, rid in enumerate(rids):
+            ray.get(actors[n].add_request.remote(_req(rid, 64, 6000, salt * 10 + k * CO_RUNNING + i)))
+    target = f"t-{length}"
+    ray.get(actors["src"].add_request.remote(_req(target, length - 16, 3000, salt)))
+    _wait_decoding(ray, actors["src"], target)
+    for n, rids in bg.items():
+        for rid in rids:
+            _wait_decoding(ray, actors[n], rid)
+    rows, holder = [], "src"
+    plan = [(t, "live") for t in transports for _ in range(repeats)] + [("tcp", "blocking")]
+    for transport, mode in plan:
+        other = "dst" if holder == "src" else "src"
+        row = migrate_once(ray, actors[holder], actors[other], other, target, transport, mode)
+        row.update({"length": length, "from": holder})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if row["committed"]:
+            holder = other
+    for n in names:
+        for rid in bg[n] + [target]:
+            ray.get(actors[n].abort.remote(rid))
+    return rows
 
 
 def recompute_time(ray: Any, dst: Any, length: int, salt: int) -> float:
@@ -87,12 +160,26 @@ def recompute_time(ray: Any, dst: Any, length: int, salt: int) -> float:
     return max(e - s for s, e, _ in log[-3:])
 
 
+def _choices(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...], int]:
+    lengths = (256, 1024) if args.quick else LENGTHS
+    env = os.environ.get("LLUMNIX_BENCH_LENGTHS")
+    if env:
+        lengths = tuple(int(x) for x in env.split(","))
+    names = getattr(args, "transport", None) or os.environ.get("LLUMNIX_BENCH_TRANSPORTS") or ",".join(TRANSPORTS)
+    transports = tuple(t.strip() for t in str(names).split(",") if t.strip())
+    repeats = int(getattr(args, "repeats", None) or os.environ.get("LLUMNIX_BENCH_REPEATS") or 3)
+    return lengths, transports, repeats
+
+
 def main_migration_bench(args: argparse.Namespace) -> int:
     import ray
 
     from llumnix.cluster.actors import LLUMSCHED_NAME, InstanceActor, LlumSchedActor
+    from llumnix.migration.transports import check_transport
 
-    lengths = (256, 1024) if args.quick else LENGTHS
+    lengths, transports, repeats = _choices(args)
+    for t in transports:
+        check_transport(t)
     ray.init(num_cpus=2, include_dashboard=False, namespace="llumnix-bench", log_to_driver=False)
     token = b"bench-token"
     sched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(
@@ -100,23 +187,23 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     ray.get(sched.cluster_info.remote())  # instances push status to it; the handle keeps it alive
     engine = {"kv_cache_bytes": 512 * 2**20, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
               "device": args.device, "dtype": args.dtype}
-    src = InstanceActor.options(num_cpus=0).remote("src", args.model, engine, None, LLUMSCHED_NAME,
-                                                   args.threads or 1, token)
-    dst = InstanceActor.options(num_cpus=0).remote("dst", args.model, engine, None, LLUMSCHED_NAME,
-                                                   args.threads or 1, token)
-    ray.get([src.ready.remote(), dst.ready.remote()])
+    actors = {n: InstanceActor.options(num_cpus=0).remote(n, args.model, engine, None, LLUMSCHED_NAME,
+                                                          args.threads or 1, token, {"transport": "tcp"})
+              for n in ("src", "dst")}
+    ray.get([a.ready.remote() for a in actors.values()])
     rows, recompute = [], {}
     for k, n in enumerate(lengths):
-        for mode in ("live", "blocking"):
-            rows.append(run_length(ray, src, dst, n, mode, salt=k))
-            print(json.dumps(rows[-1]), flush=True)
-        recompute[n] = recompute_time(ray, dst, n, salt=k)
+        rows += run_length(ray, actors, n, transports, repeats, salt=k)
+        recompute[n] = recompute_time(ray, actors["dst"], n, salt=k)
     ray.shutdown()
-    result = summarize(rows, recompute, lengths)
-    result.update({"benchmark": "migration", "model": args.model, "transport": "tcp",
+    result = summarize(rows, recompute, lengths, transports)
+    result.update({"benchmark": "migration", "model": args.model, "transports": list(transports),
                    "machine": machine_info(), "settings": {
                        "co_running_per_instance": CO_RUNNING, "torch_threads_per_instance": args.threads or 1,
-                       "engine": engine, "processes": "two Ray actors (separate processes) on this machine"}})
+                       "live_repeats_per_transport": repeats, "baseline_window_s": WINDOW_S,
+                       "engine": engine, "processes": "two Ray actors (separate processes) on this machine",
+                       "note": "one long request per length, migrated back and forth; the blocking "
+                               "copy (tcp) and recompute are single runs"}})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "migration.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -125,36 +212,52 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def summarize(rows: list[dict[str, Any]], recompute: dict[int, float], lengths: tuple[int, ...]) -> dict[str, Any]:
-    by = {(r["length"], r["mode"]): r for r in rows}
+def _median(xs: list[float | None]) -> float | None:
+    v = [x for x in xs if x is not None]
+    return statistics.median(v) if v else None
+
+
+def summarize(rows: list[dict[str, Any]], recompute: dict[int, float], lengths: tuple[int, ...],
+              transports: tuple[str, ...]) -> dict[str, Any]:
     table = []
     for n in lengths:
-        live, blk = by[(n, "live")], by[(n, "blocking")]
-        src = live["src_step_s"]
-        dst = live["dst_step_s"]
-        table.append({
-            "length": n, "live_downtime_s": live["downtime_s"], "live_stages": live["stages"],
-            "blocking_downtime_s": blk["downtime_s"], "recompute_s": recompute[n],
-            "src_decode_step_s": src["before"], "src_step_during_migration_s": src["during"],
-            "dst_decode_step_s": dst["before"], "dst_step_during_migration_s": dst["during"],
-            "committed": live["committed"] and blk["committed"],
-        })
-    first, last = table[0], table[-1]
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return None if not a or not b else a / b
-
-    slow = [ratio(t[k + "_step_during_migration_s"], t[k + "_decode_step_s"])
-            for t in table for k in ("src", "dst")]
-    slow = [s for s in slow if s is not None]
-    return {"table": table, "rows": rows, "floors": {
-        "downtime_ratio_longest_over_shortest": ratio(last["live_downtime_s"], first["live_downtime_s"]),
-        "downtime_below_one_source_decode_step": all(
-            t["live_downtime_s"] is not None and t["src_decode_step_s"] is not None
-            and t["live_downtime_s"] < t["src_decode_step_s"] for t in table),
-        "recompute_over_live_at_longest": ratio(last["recompute_s"], last["live_downtime_s"]),
-        "max_co_running_slowdown": (max(slow) - 1.0) if slow else None,
-    }}
+        at = [r for r in rows if r["length"] == n]
+        blk = [r for r in at if r["mode"] == "blocking"]
+        entry: dict[str, Any] = {"length": n, "recompute_s": recompute[n],
+                                 "blocking_downtime_s": blk[0]["downtime_s"] if blk else None,
+                                 "src_decode_step_s": _median([r["src_step_before_s"] for r in at])}
+        for t in transports:
+            live = [r for r in at if r["mode"] == "live" and r["transport"] == t]
+            ok = [r for r in live if r["committed"]]
+            entry[t] = {
+                "committed": f"{len(ok)}/{len(live)}",
+                "downtime_s": _median([r["downtime_s"] for r in ok]),
+                "downtime_samples_s": [r["downtime_s"] for r in ok],
+                "resume_s": _median([r["resume_s"] for r in ok]),
+                "token_gap_s": _median([r["token_gap_s"] for r in ok]),
+                "stages": _median([r["stages"] for r in ok]),
+                "duration_s": _median([r["duration_s"] for r in ok]),
+                "slowdown_src": _median([r["src_slowdown"] for r in ok]),
+                "slowdown_dst": _median([r["dst_slowdown"] for r in ok]),
+            }
+        table.append(entry)
+    floors: dict[str, Any] = {}
+    for t in transports:
+        first, last = table[0][t], table[-1][t]
+        live = [r for r in rows if r["mode"] == "live" and r["transport"] == t and r["committed"]]
+        slow = [r[k] for r in live for k in ("src_slowdown", "dst_slowdown") if r[k] is not None]
+        ctrl = [r[k] for r in live for k in ("src_control", "dst_control") if r[k] is not None]
+        floors[t] = {
+            "downtime_ratio_longest_over_shortest": _ratio(last["downtime_s"], first["downtime_s"]),
+            "resume_ratio_longest_over_shortest": _ratio(last["resume_s"], first["resume_s"]),
+            "recompute_over_live_at_longest": _ratio(table[-1]["recompute_s"], last["downtime_s"]),
+            "co_running_slowdown_max": (max(slow) - 1.0) if slow else None,
+            "co_running_slowdown_median": (statistics.median(slow) - 1.0) if slow else None,
+            "control_no_migration_max": (max(ctrl) - 1.0) if ctrl else None,
+            "control_no_migration_median": (statistics.median(ctrl) - 1.0) if ctrl else None,
+            "all_committed": all(r["committed"] for r in rows if r["transport"] == t),
+        }
+    return {"table": table, "rows": rows, "floors": floors}
 
 
 def _plot(r: dict[str, Any], path: Path) -> None:
@@ -165,16 +268,20 @@ def _plot(r: dict[str, Any], path: Path) -> None:
 
     t = r["table"]
     xs = [row["length"] for row in t]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("live_downtime_s", "live migration"), ("blocking_downtime_s", "blocking copy"),
-                       ("recompute_s", "recompute")):
-        ax.plot(xs, [1000 * (row[key] or 0) for row in t], marker="o", label=label)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for name in r["transports"]:
+        ax.plot(xs, [1000 * (row[name]["downtime_s"] or 0) for row in t], marker="o",
+                label=f"live, {name} (median)")
+    ax.plot(xs, [1000 * (row["tcp"]["resume_s"] or 0) if "tcp" in row else 0 for row in t], marker=".",
+            linestyle=":", label="live tcp: pause -> first step on dst")
+    ax.plot(xs, [1000 * (row["blocking_downtime_s"] or 0) for row in t], marker="s", label="blocking copy (tcp)")
+    ax.plot(xs, [1000 * row["recompute_s"] for row in t], marker="^", label="recompute")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("downtime (ms)")
-    ax.set_title(f"migration downtime, {r['model']}, tcp")
-    ax.legend()
+    ax.set_title(f"migration downtime, {r['model']}, two processes, CPU")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -183,18 +290,23 @@ def _print(r: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="live migration vs recompute vs blocking copy (ms)")
-    for c in ("length", "live", "stages", "blocking", "recompute", "src step", "src step during",
-              "dst step", "dst step during"):
+    t = Table(title="live migration (median) vs blocking copy vs recompute (ms)")
+    cols = ["length"] + [f"{n} {k}" for n in r["transports"] for k in ("down", "resume", "slow s/d")]
+    for c in cols + ["blocking", "recompute", "src step"]:
         t.add_column(c, justify="right")
 
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{1000 * v:.1f}"
 
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * (v - 1):+.0f}%"
+
     for row in r["table"]:
-        t.add_row(str(row["length"]), ms(row["live_downtime_s"]), str(row["live_stages"]),
-                  ms(row["blocking_downtime_s"]), ms(row["recompute_s"]), ms(row["src_decode_step_s"]),
-                  ms(row["src_step_during_migration_s"]), ms(row["dst_decode_step_s"]),
-                  ms(row["dst_step_during_migration_s"]))
+        cells = [str(row["length"])]
+        for n in r["transports"]:
+            x = row[n]
+            cells += [ms(x["downtime_s"]), ms(x["resume_s"]), f"{pct(x['slowdown_src'])}/{pct(x['slowdown_dst'])}"]
+        cells += [ms(row["blocking_downtime_s"]), ms(row["recompute_s"]), ms(row["src_decode_step_s"])]
+        t.add_row(*cells)
     Console().print(t)
     Console().print(r["floors"])

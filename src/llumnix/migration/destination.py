@@ -1,30 +1,57 @@
-"""The destination side of migration for one instance: reservations, the KV
-receiver that writes incoming blocks at a step boundary, installs, and a
-watchdog that frees reservations a dead or stuck source never committed."""
+"""The destination side of migration for one instance: reservations, KV writes
+into reserved blocks (from any transport), installs through an inbox, and a
+watchdog that frees reservations a dead or stuck source never committed.
+
+A request's reservation moves through::
+
+    reserved ──write*──► claimed for install ──(next step boundary)──► running
+        │                                                    install failed: freed
+        └── released (abort, or the watchdog) ──► freed
+
+Writes land without waiting for a step boundary: reserved blocks belong to no
+running request, so the forward pass never touches them. A per-request guard
+keeps them from being freed or installed under a write in flight, and a claimed
+or released request takes no more writes, so a sender can never write into
+blocks that were handed to someone else.
+"""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from llumnix.core.errors import InvalidRequestError, UnknownRequestError
 from llumnix.core.request import Request
+from llumnix.migration.kv_io import block_views, is_viewable, scatter
 from llumnix.migration.tcp_transport import KVReceiver
+from llumnix.migration.transport import BulkWorker, TransportOptions
+
+log = logging.getLogger(__name__)
 
 
 class DestinationEndpoint:
     def __init__(self, server: Any, token: bytes, *, reservation_timeout_s: float = 30.0,
-                 host: str = "127.0.0.1", now: Callable[[], float] = time.monotonic) -> None:
+                 host: str = "127.0.0.1", now: Callable[[], float] = time.monotonic,
+                 options: TransportOptions | None = None) -> None:
         self.server = server
         self.instance_id: str = server.instance_id
+        self.options = options or TransportOptions()
         self._now = now
         self._timeout = reservation_timeout_s
+        self._token = token
+        self._host = host
         self._reserved_at: dict[str, float] = {}
-        self._lock = threading.Lock()
-        # Held while KV is written, and by release/install: blocks are never freed or
-        # handed to a running request under a write in flight.
-        self._kv_lock = threading.Lock()
-        self.receiver = KVReceiver(token, self._on_kv, host=host)
+        self._writing: dict[str, int] = {}
+        self._closed_to_writes: set[str] = set()  # claimed for install, or being released
+        self._cv = threading.Condition()
+        self.installed_at: dict[str, float] = {}
+        """request id -> when it joined this instance's batch (monotonic; recent ones)."""
+        self.failed_installs: dict[str, str] = {}
+        self.receiver = KVReceiver(token, self, host=host, options=self.options)
+        self._gloo: list[Any] = []
+        self._bulk: BulkWorker | None = None
         self._stop = threading.Event()
         threading.Thread(target=self._watchdog, daemon=True, name=f"reaper-{self.instance_id}").start()
 
@@ -35,48 +62,160 @@ class DestinationEndpoint:
     def close(self) -> None:
         self._stop.set()
         self.receiver.close()
+        for g in self._gloo:
+            g.close()
+        if self._bulk is not None:
+            self._bulk.close()
 
     # -- the Destination protocol --------------------------------------------------
     def try_reserve(self, request_id: str, num_blocks: int) -> list[int] | None:
         eng = self.server.engine
-        got = self.server.call(lambda: eng.try_reserve(request_id, num_blocks))
+        with self._cv:
+            if request_id in self._closed_to_writes:
+                return None
+        got: list[int] | None = self.server.call(lambda: eng.try_reserve(request_id, num_blocks))
         if got is not None:
-            with self._lock:
+            with self._cv:
                 self._reserved_at[request_id] = self._now()
         return got
 
     def release(self, request_id: str) -> int:
-        with self._lock:
+        eng = self.server.engine
+        with self._cv:
+            if not self._close_to_writes(request_id):
+                return 0  # being installed: no longer ours to free
             self._reserved_at.pop(request_id, None)
-        eng = self.server.engine
-        with self._kv_lock:
-            return self.server.call(lambda: eng.release_reservation(request_id))
+        try:
+            return int(self.server.call(lambda: eng.release_reservation(request_id)))
+        finally:
+            with self._cv:
+                self._closed_to_writes.discard(request_id)
 
-    def install(self, snapshot: Request) -> None:
+    def install(self, snapshot: Request) -> float:
+        """Check the request can resume here, claim its reservation and queue it for the
+        next step boundary (the inbox); returns when it was queued. From then on it is
+        schedulable: the next step takes it, and nothing can free its blocks."""
+        rid = snapshot.request_id
         eng = self.server.engine
-        with self._kv_lock:
-            self.server.call(lambda: eng.install_request(snapshot))
-        with self._lock:
-            self._reserved_at.pop(snapshot.request_id, None)
+        with self._cv:
+            if rid in eng.requests:
+                raise InvalidRequestError(f"request {rid} is already here")
+            if snapshot.num_computed_tokens > 0:
+                if not eng.kv.is_reserved(rid):
+                    raise UnknownRequestError(f"no reservation for {rid}")
+                need, have = eng.kv.num_blocks_for(snapshot.num_computed_tokens), eng.kv.num_blocks_of(rid)
+                if have < need:
+                    raise InvalidRequestError(f"{rid}: {have} blocks reserved, {need} needed")
+            if not self._close_to_writes(rid):
+                raise InvalidRequestError(f"{rid} is already being installed or released")
+            self._reserved_at.pop(rid, None)
+        fut = self.server.run_at_boundary(lambda: self._install_now(snapshot))
+        queued_at = self._now()
+        err = fut.exception() if fut.done() else None
+        if err is not None:  # the step thread is gone
+            with self._cv:
+                self._closed_to_writes.discard(rid)
+            raise err
+        return queued_at
 
-    # -- KV in ---------------------------------------------------------------------
-    def _on_kv(self, header: dict[str, Any], payload: memoryview) -> bool:
-        rid, ids = str(header["request_id"]), [int(b) for b in header["block_ids"]]
+    def _install_now(self, snapshot: Request) -> None:
+        eng, rid = self.server.engine, snapshot.request_id
+        try:
+            eng.install_request(snapshot)
+            self.installed_at[rid] = self._now()
+        except Exception as e:  # noqa: BLE001 - checked before the claim; never expected
+            log.error("install of %s failed at the boundary: %r; its reservation is freed", rid, e)
+            self.failed_installs[rid] = repr(e)
+            eng.release_reservation(rid)
+        finally:
+            with self._cv:
+                self._closed_to_writes.discard(rid)
+            while len(self.installed_at) > 1024:
+                self.installed_at.pop(next(iter(self.installed_at)))
+
+    def num_reservations(self) -> int:
+        with self._cv:
+            return len(self._reserved_at)
+
+    # -- KV in (the KVSink every transport writes through) ---------------------------
+    def begin_write(self, request_id: str, block_ids: list[int], nbytes: int) -> list[memoryview] | None:
         eng = self.server.engine
-        # Written without waiting for a step boundary: reserved blocks belong to no
-        # running request, so the forward pass never touches them; the lock keeps
-        # them reserved until the write is done. Only blocks reserved for this very
-        # request are accepted, so a sender cannot overwrite anyone else's KV.
-        with self._kv_lock:
-            if not eng.kv.is_reserved(rid) or not set(ids) <= set(eng.kv.block_table(rid)):
+        with self._cv:
+            if request_id in self._closed_to_writes or not eng.kv.is_reserved(request_id):
+                return None
+            if not set(block_ids) <= set(eng.kv.block_table(request_id)):
+                return None
+            if nbytes != len(block_ids) * eng.executor.bytes_per_block:
+                return None
+            self._writing[request_id] = self._writing.get(request_id, 0) + 1
+        views = block_views(eng.executor, block_ids)
+        return views if views is not None else [memoryview(bytearray(nbytes))]
+
+    def end_write(self, request_id: str, block_ids: list[int], pieces: list[memoryview], ok: bool) -> bool:
+        eng = self.server.engine
+        try:
+            if ok and not is_viewable(eng.executor):  # a scratch buffer: scatter it once
+                scatter(eng.executor, block_ids, pieces[0])
+            return ok
+        finally:
+            with self._cv:
+                self._writing[request_id] -= 1
+                if not self._writing[request_id]:
+                    del self._writing[request_id]
+                self._cv.notify_all()
+
+    def write(self, request_id: str, block_ids: list[int], data: memoryview | bytes, *,
+              urgent: bool = True) -> bool:
+        if not urgent:  # a pre-copy stage: scatter on the niced bulk thread
+            if self._bulk is None:
+                self._bulk = BulkWorker(self.options, f"kv-bulk-write-{self.instance_id}")
+            return self._bulk.run(lambda: self.write(request_id, block_ids, data))
+        eng = self.server.engine
+        with self._cv:
+            if request_id in self._closed_to_writes or not eng.kv.is_reserved(request_id) \
+                    or not set(block_ids) <= set(eng.kv.block_table(request_id)) \
+                    or len(data) != len(block_ids) * eng.executor.bytes_per_block:
                 return False
-            eng.executor.scatter_blocks(ids, payload)
+            self._writing[request_id] = self._writing.get(request_id, 0) + 1
+        try:
+            scatter(eng.executor, block_ids, data)
             return True
+        finally:
+            with self._cv:
+                self._writing[request_id] -= 1
+                if not self._writing[request_id]:
+                    del self._writing[request_id]
+                self._cv.notify_all()
+
+    def accept_gloo(self, store_host: str, store_port: int, pair_id: str) -> None:
+        """Join a source's two-rank gloo group and serve its KV writes."""
+        from llumnix.migration.gloo_transport import GlooReceiver
+
+        self._gloo = [g for g in self._gloo if g.is_alive]
+        self._gloo.append(GlooReceiver(store_host, store_port, pair_id, self, self._token, self.options,
+                                       local_host=self._host))
+
+    # -- internals ---------------------------------------------------------------------
+    def _close_to_writes(self, request_id: str) -> bool:
+        """Refuse further writes to ``request_id`` and wait out the ones in flight
+        (caller holds ``_cv``). False if someone else already closed it."""
+        if request_id in self._closed_to_writes:
+            return False
+        self._closed_to_writes.add(request_id)
+        deadline = time.monotonic() + self.options.timeout_s
+        while self._writing.get(request_id):
+            if not self._cv.wait(max(0.0, deadline - time.monotonic())):
+                break  # a receiver stuck past its own socket timeout: its peer is gone
+        return True
 
     def _watchdog(self) -> None:
         while not self._stop.wait(min(1.0, self._timeout / 4)):
             now = self._now()
-            with self._lock:
+            with self._cv:
                 stale = [r for r, t in self._reserved_at.items() if now - t > self._timeout]
             for rid in stale:
-                self.release(rid)
+                try:
+                    if self.release(rid):
+                        log.warning("freed the reservation of %s: its source never committed", rid)
+                except Exception:  # noqa: BLE001 - the instance is stopping
+                    log.debug("watchdog release failed", exc_info=True)

@@ -1,7 +1,16 @@
 """Drives one live migration: the source side of the protocol over a real
-transport. Every engine touch runs at a step boundary of the source
-(``src.call``) or the destination (its own ``Destination`` implementation);
-copies travel while the source keeps decoding.
+transport (any ``KVSender``). Every engine *change* runs at a step boundary of
+the source (``src.call``) or the destination (its own ``Destination``);
+pre-copy stages read full blocks straight from the cache while the source keeps
+decoding (full blocks are never rewritten; the post-stage check catches a
+request that was freed, preempted or finished meanwhile, and its copy is
+dropped), on the transport's low-priority bulk path. The last stage is gathered
+at the pausing boundary and sent on the urgent path.
+
+Downtime is measured from the pausing boundary (right after the request's last
+step on the source) to the destination's acknowledgement that the request is
+queued in its inbox, from where its next step boundary takes it: the paper's
+"schedulable on the destination".
 
 Invariant after any outcome: the request lives in exactly one place (the
 destination after COMMITTED, the source after ABORTED if the source is
@@ -17,7 +26,7 @@ from typing import Any, Protocol
 
 from llumnix.core.request import Request, RequestStatus
 from llumnix.migration.protocol import MigrationConfig, MigrationPhase, MigrationProtocol, MigrationReport
-from llumnix.migration.tcp_transport import KVSender
+from llumnix.migration.transport import KVSender, KVSource
 
 P = MigrationPhase
 
@@ -37,7 +46,10 @@ class Destination(Protocol):
 
     def release(self, request_id: str) -> int: ...
 
-    def install(self, snapshot: Request) -> None: ...
+    def install(self, snapshot: Request) -> Any:
+        """Queue the request to resume at the destination's next step boundary; raises
+        if it cannot resume there (then nothing changed on the destination)."""
+        ...
 
 
 def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
@@ -70,9 +82,8 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
                 if proto.begin_stage(blocks, now()) == P.RESERVE:
                     proto.on_reserved(dst.try_reserve(request_id, len(blocks)), now())
             elif proto.phase == P.COPY:
-                data = src.call(lambda: eng.executor.gather_blocks(proto.pending_blocks))
-                if not sender.send({"request_id": request_id, "block_ids": proto.stages[-1].dst_block_ids},
-                                   data):
+                if not sender.send(request_id, proto.stages[-1].dst_block_ids,
+                                   KVSource(eng.executor, proto.pending_blocks)):
                     proto.abort("the destination refused the KV", now())
                     continue
                 ok, unsent = src.call(lambda: (True, len(eng.blocks_since(request_id, 0)) -
@@ -81,6 +92,7 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
                 if proto.on_copied(now(), request_alive=ok, num_unsent_blocks=unsent) == P.PAUSE:
                     spare = dst.try_reserve(request_id, unsent + 1) or []
             elif proto.phase == P.PAUSE:
+                spare += _top_up(request_id, eng, src, dst, proto, len(spare), alive)
                 snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now)
                 paused = snapshot is not None
             elif proto.phase == P.COMMIT:
@@ -88,10 +100,35 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
     except Exception as e:  # noqa: BLE001 - any failure is an abort; the report says why
         proto.abort(f"{type(e).__name__}: {e}", now())
     finally:
-        if proto.phase == P.ABORTED:
-            _clean_up_abort(request_id, src, dst, paused)
+        if proto.phase == P.ABORTED:  # paused_at: a last stage that failed after pausing
+            _clean_up_abort(request_id, src, dst, paused or proto.paused_at is not None)
         src.llumlet.on_migration_finished(request_id, proto.phase == P.COMMITTED)
     return proto.report()
+
+
+def _top_up(request_id: str, eng: Any, src: SourceServer, dst: Destination, proto: MigrationProtocol,
+            num_spare: int, alive: Callable[[], bool], max_rounds: int = 3) -> list[int]:
+    """Reserve, before pausing, enough destination blocks for everything the last stage
+    will send: the request kept decoding while the spare blocks were being reserved (a
+    reservation waits for the destination's step boundary), and a reservation inside
+    the last stage would add that wait to the downtime. One block of margin covers the
+    one step that may still run before the pause."""
+    def unsent() -> int:
+        return int(src.call(lambda: len(eng.blocks_since(request_id, proto.num_blocks_sent)) if alive() else 0))
+
+    more: list[int] = []
+    growth, now_unsent = 0, unsent()
+    for _ in range(max_rounds):
+        need = now_unsent + 1 + growth - num_spare - len(more)
+        if need <= 0:
+            break
+        got = dst.try_reserve(request_id, need)
+        if got is None:
+            break  # the last stage will ask again, or abort
+        more += got
+        before, now_unsent = now_unsent, unsent()
+        growth = max(growth, now_unsent - before)  # blocks decoded during one reservation
+    return more
 
 
 def _last_stage(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
@@ -104,27 +141,35 @@ def _last_stage(request_id: str, src: SourceServer, dst: Destination, sender: KV
     snapshot (None if it ended before it could be paused)."""
     eng = src.engine
 
-    def at_boundary() -> tuple[list[int], Any, Request] | None:
+    def at_boundary() -> tuple[float, list[int], Any, Request] | None:
+        paused_at = now()  # the request's last step on the source has just ended
         if not alive():
             return None
         eng.pause_request(request_id)
         rest = eng.blocks_since(request_id, proto.num_blocks_sent)
-        return rest, eng.executor.gather_blocks(rest), eng.snapshot_request(request_id)
+        data = eng.executor.gather_blocks(rest) if rest else b""
+        return paused_at, rest, data, eng.snapshot_request(request_id)
 
     got = src.call(at_boundary)
-    if proto.on_paused(now(), request_alive=got is not None) != P.RESERVE or got is None:
+    if got is None:
+        proto.on_paused(now(), request_alive=False)
         return None
-    rest, data, snap = got
+    paused_at, rest, data, snap = got
+    assert isinstance(snap, Request)
+    proto.on_paused(paused_at, request_alive=True)
+    proto.marks["boundary_done"] = now()
     proto.begin_stage(rest, now())
-    ids = spare[:len(rest)]
-    if len(ids) < len(rest):
+    ids: list[int] | None = spare[:len(rest)]
+    if ids is not None and len(ids) < len(rest):
         more = dst.try_reserve(request_id, len(rest) - len(ids))
         ids = None if more is None else ids + more
     if proto.on_reserved(ids, now()) == P.COPY:
-        if rest and not sender.send({"request_id": request_id, "block_ids": ids}, data):
+        assert ids is not None
+        if rest and not sender.send(request_id, ids, KVSource(eng.executor, rest, data), urgent=True):
             proto.abort("the destination refused the KV", now())
         else:
             proto.on_copied(now(), request_alive=True, num_unsent_blocks=0)
+            proto.marks["last_copy_done"] = now()
     return snap
 
 
@@ -137,7 +182,9 @@ def _commit(request_id: str, src: SourceServer, dst: Destination, proto: Migrati
             snapshot: Request | None, now: Callable[[], float]) -> None:
     eng = src.engine
     if snapshot is not None:  # paused with its KV sent
-        dst.install(snapshot)  # raises -> abort -> resumed on the source
+        queued = dst.install(snapshot)  # raises -> abort -> resumed on the source
+        if isinstance(queued, float):
+            proto.marks["dst_queued"] = queued  # the destination's clock
         proto.on_committed(now())
         src.call(lambda: eng.remove_request(request_id))
         return

@@ -85,6 +85,8 @@ class MigrationReport:
     duration: float
     start_time: float = 0.0
     end_time: float = 0.0
+    marks: dict[str, float] = field(default_factory=dict)
+    """Instants the driver recorded (e.g. where the last stage's time went)."""
 
 
 class MigrationProtocol:
@@ -110,6 +112,7 @@ class MigrationProtocol:
         self.end_time: float | None = None
         self.abort_reason: str | None = None
         self._pending_blocks: list[int] = []
+        self.marks: dict[str, float] = {}
 
     # -- what the driver asks ---------------------------------------------
     @property
@@ -208,7 +211,7 @@ class MigrationProtocol:
             dst_instance_id=self.dst_instance_id, committed=self.phase == MigrationPhase.COMMITTED,
             abort_reason=self.abort_reason, num_stages=len(self.stages), num_blocks=blocks,
             num_bytes=blocks * self.bytes_per_block, downtime=downtime, duration=end - self.start_time,
-            start_time=self.start_time, end_time=end,
+            start_time=self.start_time, end_time=end, marks=dict(self.marks),
         )
 
     def check_invariants(self) -> None:

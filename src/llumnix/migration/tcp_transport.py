@@ -1,14 +1,21 @@
-"""KV transfer over TCP: length-prefixed frames read into preallocated buffers,
-each connection authenticated by an HMAC challenge over a per-cluster token so
-nothing else can write KV into an instance.
+"""KV transfer over TCP, each connection authenticated by an HMAC challenge over
+a per-cluster token so nothing else can write KV into an instance.
 
-Frame (after the handshake)::
+A sender holds two connections: *bulk* (pre-copy stages, sent by a niced,
+optionally paced thread; received by a niced thread) and *urgent* (the last
+stage, at normal priority on both ends). Payloads go from views of the source's
+cache straight into the socket and from the socket straight into the reserved
+blocks (``kv_io``), so a CPU cache is copied only by the kernel.
 
-    | header_len u32 | header JSON | payload (header["nbytes"] bytes) |   ->
-    <-  | 1 byte: 1 = written, 0 = refused |
+Handshake, then frames::
+
+    <- nonce (32 bytes)     -> HMAC(token, nonce)     <- 1     -> b"B" | b"U"
+    -> | header_len u32 | header JSON | payload (header["nbytes"] bytes) |
+    <- | 1 byte: 1 = written, 0 = refused |
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -16,15 +23,24 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Callable
 from typing import Any
+
+from llumnix.migration.kv_io import lower_thread_priority
+from llumnix.migration.transport import (
+    BulkWorker,
+    KVSink,
+    KVSource,
+    Pacer,
+    TransportError,
+    TransportOptions,
+    split,
+)
+
+__all__ = ["KVReceiver", "KVSender", "TCPSender", "TransportError"]
 
 _U32 = struct.Struct("!I")
 _NONCE = 32
-
-
-class TransportError(RuntimeError):
-    """The peer is gone, refused us, or spoke out of turn."""
+_BULK, _URGENT = b"B", b"U"
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
@@ -42,31 +58,43 @@ def _recv_bytes(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def _drain(sock: socket.socket, n: int) -> None:
+    scratch = memoryview(bytearray(min(n, 1 << 20) or 1))
+    while n > 0:
+        k = min(n, len(scratch))
+        _recv_exact(sock, scratch[:k])
+        n -= k
+
+
 def _mac(token: bytes, nonce: bytes) -> bytes:
     return hmac.new(token, nonce, hashlib.sha256).digest()
 
 
-# A receiver handler gets the header and the payload (valid only during the call)
-# and returns whether it wrote the blocks.
-Handler = Callable[[dict[str, Any], memoryview], bool]
-
-
 class KVReceiver:
-    """Listens on ``host:port`` (0 = any free port) and hands each frame to ``handler``."""
+    """Listens on ``host:port`` (0 = any free port) and writes each frame through ``sink``."""
 
-    def __init__(self, token: bytes, handler: Handler, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, token: bytes, sink: KVSink, host: str = "127.0.0.1", port: int = 0,
+                 options: TransportOptions | None = None) -> None:
         self._token = token
-        self._handler = handler
+        self._sink = sink
+        self._options = options or TransportOptions()
         self._sock = socket.create_server((host, port))
-        self.address = self._sock.getsockname()[:2]
-        self._buffer = bytearray(0)  # grown once, reused: no allocation per stage
-        self._lock = threading.Lock()
+        self.address: tuple[str, int] = self._sock.getsockname()[:2]
         self._closed = False
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True, name="kv-receiver").start()
 
     def close(self) -> None:
+        """Stop listening and drop every open connection (as a dying process would)."""
         self._closed = True
         self._sock.close()
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -74,50 +102,105 @@ class KVReceiver:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True, name="kv-conn").start()
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            try:
+        try:
+            with conn:
+                conn.settimeout(self._options.timeout_s)
                 nonce = os.urandom(_NONCE)
                 conn.sendall(nonce)
                 if not hmac.compare_digest(_recv_bytes(conn, 32), _mac(self._token, nonce)):
                     return  # not one of ours: drop without a word
                 conn.sendall(b"\x01")
+                if _recv_bytes(conn, 1) == _BULK:
+                    lower_thread_priority(self._options.bulk_nice)
+                conn.settimeout(None)  # idle between migrations; a dead peer closes the socket
                 while True:
                     (hlen,) = _U32.unpack(_recv_bytes(conn, 4))
+                    conn.settimeout(self._options.timeout_s)
                     header = json.loads(_recv_bytes(conn, hlen))
-                    n = int(header["nbytes"])
-                    with self._lock:
-                        if len(self._buffer) < n:
-                            self._buffer = bytearray(n)
-                        view = memoryview(self._buffer)[:n]
-                        _recv_exact(conn, view)
-                        ok = self._handler(header, view)
-                    conn.sendall(b"\x01" if ok else b"\x00")
-            except (TransportError, OSError, ValueError, KeyError):
-                return
+                    conn.sendall(b"\x01" if self._frame(conn, header) else b"\x00")
+                    conn.settimeout(None)
+        except (TransportError, OSError, ValueError, KeyError):
+            return
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
 
-
-class KVSender:
-    """One authenticated connection to a receiver; ``send`` blocks until acknowledged."""
-
-    def __init__(self, address: tuple[str, int], token: bytes, timeout: float = 30.0) -> None:
-        self._sock = socket.create_connection(address, timeout=timeout)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        nonce = _recv_bytes(self._sock, _NONCE)
-        self._sock.sendall(_mac(token, nonce))
-        if _recv_bytes(self._sock, 1) != b"\x01":
-            raise TransportError("the receiver refused the handshake")
-
-    def send(self, header: dict[str, Any], payload: bytes | memoryview) -> bool:
-        h = json.dumps({**header, "nbytes": len(payload)}).encode()
+    def _frame(self, conn: socket.socket, header: dict[str, Any]) -> bool:
+        rid, ids, n = str(header["request_id"]), [int(b) for b in header["block_ids"]], int(header["nbytes"])
+        pieces = self._sink.begin_write(rid, ids, n)
+        if pieces is None:
+            _drain(conn, n)
+            return False
+        ok = False
         try:
-            self._sock.sendall(_U32.pack(len(h)) + h)
-            self._sock.sendall(payload)
-            return _recv_bytes(self._sock, 1) == b"\x01"
+            for p in pieces:
+                _recv_exact(conn, p)
+            ok = True
+        finally:
+            ok = self._sink.end_write(rid, ids, pieces, ok)
+        return ok
+
+
+class TCPSender:
+    """Two authenticated connections to one receiver; ``send`` blocks until acknowledged."""
+
+    name = "tcp"
+
+    def __init__(self, address: tuple[str, int], token: bytes, options: TransportOptions | None = None) -> None:
+        self._options = options or TransportOptions()
+        self._urgent = self._connect(address, token, _URGENT)
+        self._bulk = self._connect(address, token, _BULK)
+        self._worker = BulkWorker(self._options, "kv-bulk-send")
+        self._lock = threading.Lock()
+
+    def _connect(self, address: tuple[str, int], token: bytes, kind: bytes) -> socket.socket:
+        try:
+            sock = socket.create_connection(address, timeout=self._options.timeout_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nonce = _recv_bytes(sock, _NONCE)
+            sock.sendall(_mac(token, nonce))
+            if _recv_bytes(sock, 1) != b"\x01":
+                raise TransportError("the receiver refused the handshake")
+            sock.sendall(kind)
+            return sock
+        except OSError as e:
+            raise TransportError(f"cannot connect to {address}: {e}") from e
+
+    def send(self, request_id: str, dst_block_ids: list[int], src: KVSource, *, urgent: bool = False) -> bool:
+        header = {"request_id": request_id, "block_ids": dst_block_ids}
+        with self._lock:
+            if urgent:
+                return self._send(self._urgent, header, src.views(), None)
+            pacer = Pacer(self._options.bulk_rate_bytes_per_s)
+            return self._worker.run(lambda: self._send(
+                self._bulk, header, split(src.views(), self._options.chunk_bytes), pacer))
+
+    def send_raw(self, header: dict[str, Any], payload: bytes | memoryview) -> bool:
+        """One frame of arbitrary bytes on the urgent connection (tests of the receiver's checks)."""
+        with self._lock:
+            return self._send(self._urgent, header, [memoryview(payload)], None)
+
+    def _send(self, sock: socket.socket, header: dict[str, Any], views: list[memoryview], pacer: Pacer | None) -> bool:
+        h = json.dumps({**header, "nbytes": sum(len(v) for v in views)}).encode()
+        try:
+            sock.sendall(_U32.pack(len(h)) + h)
+            for v in views:
+                sock.sendall(v)
+                if pacer is not None:
+                    pacer.sent(len(v))
+            return _recv_bytes(sock, 1) == b"\x01"
         except OSError as e:
             raise TransportError(f"KV send failed: {e}") from e
 
     def close(self) -> None:
-        self._sock.close()
+        self._worker.close()
+        for s in (self._urgent, self._bulk):
+            s.close()
+
+
+KVSender = TCPSender  # the name the first version exported

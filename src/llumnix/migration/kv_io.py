@@ -1,0 +1,107 @@
+"""Reading and writing a request's KV blocks for migration with as few copies as
+the executor allows, and running copy threads at low OS priority.
+
+With a CPU cache tensor laid out ``[layers, 2, blocks, block, kv_heads, head_dim]``
+a block list is, byte for byte, what ``gather_blocks`` would produce if read as
+(layer, k/v) rows of block runs::
+
+    row (l, kv):  | b3 b4 b5 | b9 |      consecutive ids merge into one run
+    stream:       row(0,K) row(0,V) row(1,K) ... row(L-1,V)
+
+so a sender can hand the socket views of the cache itself, and a receiver can
+``recv_into`` the reserved blocks directly: no gather, no scatter, no buffer.
+Other executors (a GPU cache, the test fakes) fall back to one gather / one scatter.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Nice the calling thread (Linux: a thread is a schedulable task), so copies
+    yield the cores to the engines' compute threads. Unprivileged processes can
+    never raise it back: call it only on threads dedicated to bulk copies."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), nice))
+    except OSError:  # not permitted here: copies run at normal priority
+        log.debug("could not lower the copy thread's priority", exc_info=True)
+
+
+def _cpu_cache(executor: Any) -> Any | None:
+    """The executor's KV cache as a flat uint8 numpy array, if it is a contiguous CPU tensor."""
+    cache = getattr(executor, "kv_cache", None)
+    if cache is None or not hasattr(cache, "is_contiguous"):
+        return None
+    if cache.device.type != "cpu" or not cache.is_contiguous() or cache.dim() != 6:
+        return None
+    import torch
+
+    return cache.view(-1).view(torch.uint8).numpy()
+
+
+def _runs(block_ids: list[int]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for b in block_ids:
+        if runs and runs[-1][1] == b:
+            runs[-1] = (runs[-1][0], b + 1)
+        else:
+            runs.append((b, b + 1))
+    return runs
+
+
+def block_views(executor: Any, block_ids: list[int]) -> list[memoryview] | None:
+    """Views of the cache holding ``block_ids`` in gather order, or None if the
+    executor's cache cannot be viewed (then use gather/scatter)."""
+    flat = _cpu_cache(executor)
+    if flat is None:
+        return None
+    cache = executor.kv_cache
+    num_rows, num_blocks = cache.shape[0] * cache.shape[1], cache.shape[2]
+    row_block = len(flat) // (num_rows * num_blocks)  # bytes of one block in one row
+    mv = memoryview(flat).cast("B")
+    runs = _runs(block_ids)
+    views = []
+    for r in range(num_rows):
+        base = r * num_blocks * row_block
+        for lo, hi in runs:
+            views.append(mv[base + lo * row_block: base + hi * row_block])
+    return views
+
+
+def gather(executor: Any, block_ids: list[int]) -> memoryview:
+    """The blocks as one contiguous buffer (one copy)."""
+    data = executor.gather_blocks(block_ids)
+    return data if isinstance(data, memoryview) else memoryview(data)
+
+
+def is_viewable(executor: Any) -> bool:
+    return _cpu_cache(executor) is not None
+
+
+def scatter(executor: Any, block_ids: list[int], data: memoryview | bytes | bytearray) -> None:
+    """Write a gathered buffer into ``block_ids`` (one copy, even from a read-only buffer)."""
+    if not block_ids:
+        return
+    if is_viewable(executor) and hasattr(executor, "scatter_blocks_tensor"):
+        import torch
+
+        cache = executor.kv_cache
+        if len(data) != len(block_ids) * executor.bytes_per_block:
+            raise ValueError(f"KV buffer has {len(data)} bytes, {len(block_ids) * executor.bytes_per_block} expected")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a read-only buffer is only read here
+            raw = torch.frombuffer(data, dtype=torch.uint8)
+        shape = list(cache.shape)
+        shape[2] = len(block_ids)
+        executor.scatter_blocks_tensor(block_ids, raw.view(cache.dtype).view(shape))
+        return
+    executor.scatter_blocks(block_ids, data)

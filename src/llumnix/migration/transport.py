@@ -1,0 +1,153 @@
+"""The KV transport interface every backend (tcp, gloo, ray) implements.
+
+The source hands a sender the blocks to move (``KVSource``) and the
+destination's block ids; the sender returns once the destination has written
+them (True) or refused them (False), and raises ``TransportError`` when the
+peer is gone. Pre-copy stages are *bulk*: they overlap decoding, so they run
+on a low-priority thread and may be paced. The last stage is *urgent*: the
+request is paused, so it goes at once, at normal priority.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from llumnix.migration.kv_io import block_views, gather, lower_thread_priority
+
+T = TypeVar("T")
+TRANSPORTS = ("tcp", "gloo", "ray")
+
+
+class TransportError(RuntimeError):
+    """The peer is gone, refused us, or spoke out of turn."""
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    bulk_nice: int = 19
+    """OS nice value of the threads that copy pre-copy stages (0 = normal priority)."""
+    bulk_rate_bytes_per_s: float | None = None
+    """Pace pre-copy stages to at most this many bytes per second (None: as fast as allowed)."""
+    timeout_s: float = 30.0
+    """Any single send, receive or acknowledgement waits at most this long."""
+    chunk_bytes: int = 1 << 20
+    """Bulk copies go out in pieces of about this size (the pacing unit)."""
+
+
+@dataclass
+class KVSource:
+    """Blocks to send from the source's cache; ``data`` if already gathered."""
+
+    executor: Any
+    block_ids: list[int]
+    data: memoryview | bytes | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) if self.data is not None else len(self.block_ids) * self.executor.bytes_per_block
+
+    def views(self) -> list[memoryview]:
+        """Pieces in gather order: views of the cache itself where possible."""
+        if self.data is not None:
+            return [memoryview(self.data)]
+        return block_views(self.executor, self.block_ids) or [gather(self.executor, self.block_ids)]
+
+    def contiguous(self) -> memoryview:
+        return memoryview(self.data) if self.data is not None else gather(self.executor, self.block_ids)
+
+
+class KVSender(Protocol):
+    name: str
+
+    def send(self, request_id: str, dst_block_ids: list[int], src: KVSource, *, urgent: bool = False) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class BulkWorker:
+    """One long-lived low-priority thread that runs bulk copies; callers wait with a timeout."""
+
+    def __init__(self, options: TransportOptions, name: str) -> None:
+        self._options = options
+        self._jobs: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        threading.Thread(target=self._run, daemon=True, name=name).start()
+
+    def run(self, fn: Callable[[], T]) -> T:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._cv:
+            if self._closed:
+                raise TransportError("transport closed")
+            self._jobs.append((fn, fut))
+            self._cv.notify()
+        try:
+            return fut.result(self._options.timeout_s * 4)
+        except concurrent.futures.TimeoutError as e:
+            raise TransportError("bulk copy timed out") from e
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def _run(self) -> None:
+        lower_thread_priority(self._options.bulk_nice)
+        while True:
+            with self._cv:
+                while not self._jobs and not self._closed:
+                    self._cv.wait()
+                if not self._jobs:
+                    return
+                fn, fut = self._jobs.pop(0)
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                    fut.set_exception(e)
+
+
+class Pacer:
+    """Sleeps so that bytes go out at no more than ``rate`` per second."""
+
+    def __init__(self, rate: float | None) -> None:
+        self._rate = rate
+        self._start = time.monotonic()
+        self._sent = 0
+
+    def sent(self, n: int) -> None:
+        if not self._rate:
+            return
+        self._sent += n
+        ahead = self._sent / self._rate - (time.monotonic() - self._start)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def split(views: list[memoryview], chunk: int) -> list[memoryview]:
+    """The same bytes as pieces of at most ``chunk`` bytes (for pacing)."""
+    out: list[memoryview] = []
+    for v in views:
+        out.extend(v[i:i + chunk] for i in range(0, len(v), chunk))
+    return out
+
+
+class KVSink(Protocol):
+    """The destination side every receiver writes through (``DestinationEndpoint``)."""
+
+    def begin_write(self, request_id: str, block_ids: list[int], nbytes: int) -> list[memoryview] | None:
+        """Writable pieces (in gather order) for the payload, or None: refused.
+        Only blocks reserved for this very request are ever handed out."""
+        ...
+
+    def end_write(self, request_id: str, block_ids: list[int], pieces: list[memoryview], ok: bool) -> bool:
+        """The payload is in ``pieces`` (if ``ok``); finish the write and release the request's guard."""
+        ...
+
+    def write(self, request_id: str, block_ids: list[int], data: memoryview | bytes) -> bool:
+        """A whole payload already in memory (gloo, ray): validate and scatter it."""
+        ...
