@@ -53,6 +53,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from llumnix.bench.migration_bench import main_migration_bench
 
         return main_migration_bench(args)
+    if args.what == "serve":
+        from llumnix.bench.serve_bench import main_serve_bench
+
+        return main_serve_bench(args)
     raise LlumnixError(f"unknown benchmark {args.what!r}")
 
 
@@ -93,12 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_cmd_simulate)
 
     b = sub.add_parser("bench", help="run a committed benchmark")
-    b.add_argument("what", choices=["engine", "migration"])
+    b.add_argument("what", choices=["engine", "migration", "serve"])
     _add_model_args(b)
     b.add_argument("--out", default="benchmarks/results", help="directory for the JSON result")
     b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
     b.add_argument("--no-reference", action="store_true",
                    help="skip the Hugging Face transformers reference")
+    mb = b.add_argument_group("bench migration")
+    mb.add_argument("--transport", default=None,
+                    help="comma-separated KV transports to measure: tcp,gloo,ray (default: all)")
+    mb.add_argument("--repeats", type=int, default=None, help="live migrations per transport and length")
+    from llumnix.bench.serve_bench import add_serve_bench_args
+
+    add_serve_bench_args(b)
     b.set_defaults(func=_cmd_bench)
     return parser
 

@@ -206,6 +206,151 @@ def test_llumsched_is_restarted_by_ray_and_relearns_the_instances(server, cluste
     assert ray.get(cluster.llumsched.cluster_info.remote())["num_dispatched"] == before + 1
 
 
+def test_official_openai_client_completions_and_chat_streaming_and_not(server, cluster):
+    openai = pytest.importorskip("openai")
+    url, _ = server
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    (model,) = [m.id for m in client.models.list().data]
+    kw = {"model": model, "max_tokens": 10, "temperature": 0, "extra_body": {"ignore_eos": True}}
+
+    c = client.completions.create(prompt="Hello there", **kw)
+    assert c.object == "text_completion" and c.choices[0].finish_reason == "length"
+    assert c.usage.completion_tokens == 10 and c.usage.prompt_tokens == len("Hello there")
+    streamed = list(client.completions.create(prompt="Hello there", stream=True,
+                                              stream_options={"include_usage": True}, **kw))
+    assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == c.choices[0].text
+    assert streamed[-1].usage.completion_tokens == 10
+
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    chat = client.chat.completions.create(messages=msgs, **kw)
+    assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
+    assert chat.usage.completion_tokens == 10
+    chunks = list(client.chat.completions.create(messages=msgs, stream=True, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == chat.choices[0].message.content
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+
+    with pytest.raises(openai.BadRequestError) as e:  # our error body parses as OpenAI's
+        client.completions.create(model=model, prompt="x", max_tokens=0)
+    assert e.value.status_code == 400 and "max_tokens" in e.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-nope", messages=msgs)
+    statuses = ray.get([a.check_invariants.remote() for a in cluster.instances.values()])
+    assert all(s["num_used_blocks"] == 0 for s in statuses)
+
+
+def test_logprobs_in_completions_and_chat(server):
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    body = {"model": name, "prompt": "log", "max_tokens": 6, "ignore_eos": True, "temperature": 0}
+    r = httpx.post(f"{url}/v1/completions", json={**body, "logprobs": 0}, timeout=60).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == 6
+    assert "".join(lp["tokens"]) == r["choices"][0]["text"] and all(x <= 0 for x in lp["token_logprobs"])
+    assert lp["text_offset"][0] == 0
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["logprobs"] is None
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "logprobs": 0, "stream": True},
+                      timeout=60) as s:
+        chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
+    streamed = [x for c in chunks for ch in c["choices"] if ch["logprobs"] for x in ch["logprobs"]["token_logprobs"]]
+    assert streamed == pytest.approx(lp["token_logprobs"])
+    chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "ignore_eos": True,
+        "logprobs": True}).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == 5 and all(c["logprob"] <= 0 and isinstance(c["token"], str) for c in content)
+
+
+def test_client_disconnect_after_a_migration_frees_the_blocks_where_the_request_went(server, cluster):
+    """The request is live-migrated mid-stream (through the instance's migrate_request),
+    then the client hangs up: the abort must find it on its new instance, and no block
+    stays allocated anywhere."""
+    from tests.cluster.helpers import wait_idle, where_is
+
+    url, backend = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    report, n_after = None, 0
+    with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
+                      json={"model": name, "prompt": "migrate me", "max_tokens": 450, "ignore_eos": True,
+                            "stream": True}) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            if report is None:
+                rid = json.loads(line[6:])["id"]
+                src = where_is(cluster.instances, rid)
+                if src is None:
+                    continue
+                dst = next(i for i in cluster.instances if i != src)
+                report = ray.get(cluster.instances[src].migrate_request.remote(rid, dst, cluster.instances[dst]),
+                                 timeout=60)
+                assert report["committed"], report
+                assert where_is(cluster.instances, rid) == dst
+                continue
+            n_after += 1
+            if n_after == 3:
+                break  # streamed from the new instance; now hang up
+    assert backend.instances  # the gateway is still serving
+    counts = wait_idle(cluster.instances)
+    assert all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()), counts
+
+
+BAD_INPUTS = [  # (endpoint, body, status, param); chat bodies get "messages" unless they set it
+    ("completions", b"{not json", 400, None),
+    ("completions", b"[1, 2]", 400, None),
+    ("completions", {"model": "nope", "prompt": "x"}, 404, "model"),
+    ("chat/completions", {"model": "nope"}, 404, "model"),
+    ("completions", {"model": None, "prompt": "x"}, 400, "model"),
+    ("completions", {"model": 12, "prompt": "x"}, 400, "model"),
+    ("completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("completions", {"prompt": "x", "max_tokens": -5}, 400, "max_tokens"),
+    ("chat/completions", {"max_tokens": 0}, 400, "max_tokens"),
+    ("completions", {"prompt": "hi" * 600}, 400, "prompt"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi" * 600}]}, 400, "prompt"),
+    ("completions", {"prompt": [1, 2, 100000]}, 400, "prompt"),
+    ("completions", {"prompt": ""}, 400, "prompt"),
+    ("completions", {"prompt": "x", "temperature": 5}, 400, "temperature"),
+    ("completions", {"prompt": "x", "temperature": -0.1}, 400, "temperature"),
+    ("completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
+    ("completions", {"prompt": "x", "top_p": 1.5}, 400, "top_p"),
+    ("completions", {"prompt": "x", "top_k": -7}, 400, "top_k"),
+    ("completions", {"prompt": "x", "logprobs": 99}, 400, "logprobs"),
+    ("completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("completions", {"prompt": "x", "max_tokens": "ten"}, 400, "max_tokens"),
+    ("completions", {"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ("completions", {"prompt": 7}, 400, "prompt"),
+    ("completions", {"prompt": "x", "stop": 5}, 400, "stop"),
+    ("completions", {"prompt": "x", "logprobs": "many"}, 400, "logprobs"),
+    ("completions", {"prompt": "x", "priority": "urgent"}, 400, "priority"),
+    ("chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("chat/completions", {"messages": []}, 400, "messages"),
+    ("chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages"),
+    ("completions", {"prompt": "x", "n": 2}, 400, "n"),
+    ("chat/completions", {"n": 3}, 400, "n"),
+]
+
+
+@pytest.mark.parametrize("endpoint,body,status,param", BAD_INPUTS)
+def test_bad_input_gets_an_openai_error_and_reaches_no_instance(server, cluster, endpoint, body, status,
+                                                                param):
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    before = ray.get(cluster.llumsched.cluster_info.remote())["num_dispatched"]
+    if isinstance(body, bytes):
+        r = httpx.post(f"{url}/v1/{endpoint}", content=body, headers={"content-type": "application/json"})
+    else:
+        full = {"model": name, **({"messages": [{"role": "user", "content": "hi"}]}
+                                  if endpoint.startswith("chat") else {}), **body}
+        r = httpx.post(f"{url}/v1/{endpoint}", json=full, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"] and err["type"]
+    if param is not None:
+        assert err["param"] == param, err
+    assert ray.get(cluster.llumsched.cluster_info.remote())["num_dispatched"] == before
+
+
 def test_drain_migrates_running_requests_and_streams_survive(server, cluster):
     """Runs last: it leaves instance-1 terminating."""
     url, _ = server

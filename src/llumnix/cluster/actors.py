@@ -2,6 +2,7 @@
 cluster meta store). Thin adapters over the plain objects that hold the logic."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -30,6 +31,8 @@ class InstanceActor:
         from llumnix.llm import LLM
         from llumnix.migration import MigrationConfig
         from llumnix.migration.destination import DestinationEndpoint
+        from llumnix.migration.transport import TransportOptions
+        from llumnix.migration.transports import check_transport
 
         torch.set_num_threads(threads)
         cfg = SchedulingConfig.from_dict(scheduling)
@@ -40,11 +43,16 @@ class InstanceActor:
         self.server = InstanceServer(self.llm.engine, self.llumlet, on_status=self._push)
         self.server.start()
         self._token = token
-        self.migration_config = MigrationConfig(**(migration or {}))
+        mig = dict(migration or {})
+        self.transport = check_transport(mig.pop("transport", "tcp"))
+        self.transport_options = TransportOptions(**mig.pop("transport_options", {}))
+        self.migration_config = MigrationConfig(**mig)
         self.endpoint = DestinationEndpoint(self.server, token,
-                                            reservation_timeout_s=2 * self.migration_config.timeout_s)
-        self._senders: dict[tuple[str, int], Any] = {}
+                                            reservation_timeout_s=2 * self.migration_config.timeout_s,
+                                            options=self.transport_options)
+        self._senders: dict[tuple[str, str], Any] = {}
         self._migrating = threading.Lock()
+        self._closed = False  # set by close_if_idle: a stopping instance takes no new work
 
     def _push(self, status: InstanceStatus) -> None:
         # Fire and forget: the newest wins. The handle rides along so a restarted
@@ -63,8 +71,61 @@ class InstanceActor:
 
     def add_request(self, req: GenerateRequest) -> None:
         e = self.llm.engine
-        self.server.call(lambda: e.add_request(req.request_id, req.prompt_token_ids, req.params,
-                                               priority=req.priority))
+
+        def add() -> None:
+            self._check_open()
+            e.add_request(req.request_id, req.prompt_token_ids, req.params, priority=req.priority)
+
+        self.server.call(add)
+
+    def resume_request(self, req: GenerateRequest, output_token_ids: list[int]) -> None:
+        """Take over a request whose instance died: queue it with the outputs already
+        streamed, to be recomputed (one prefill over prompt + outputs) and continued. With
+        the request's seed, the next token is the one the dead instance would have drawn."""
+        from llumnix.core.request import Request
+
+        e = self.llm.engine
+        if not output_token_ids:
+            self.add_request(req)
+            return
+
+        def install() -> None:
+            self._check_open()
+            e.install_request(Request(
+                request_id=req.request_id, prompt_token_ids=list(req.prompt_token_ids),
+                sampling_params=req.params, arrival_time=e.clock.now(), priority=req.priority,
+                seed=req.params.seed if req.params.seed is not None else 0,
+                eos_token_id=e.eos_token_id, output_token_ids=list(output_token_ids)))
+
+        self.server.call(install)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"instance {self.llm.engine.instance_id} is stopping")
+
+    def close_if_idle(self) -> bool:
+        """At a step boundary: if no request is here, take no more (scale-in stops it next)."""
+        e = self.llm.engine
+
+        def close() -> bool:
+            if e.requests or e.kv.num_used_blocks:
+                return False
+            self._closed = True
+            return True
+
+        return bool(self.server.call(close))
+
+    def check_invariants(self) -> dict[str, int]:
+        """Block accounting, checked at a step boundary; returns the counts for tests."""
+        e = self.llm.engine
+
+        def check() -> dict[str, int]:
+            e.check_invariants()
+            return {"num_requests": len(e.requests), "num_used_blocks": e.kv.num_used_blocks,
+                    "num_free_blocks": e.kv.num_free_blocks, "num_total_blocks": e.kv.num_total_blocks}
+
+        counts: dict[str, int] = self.server.call(check)
+        return counts
 
     def abort(self, request_id: str) -> bool:
         return bool(self.server.call(lambda: self.llm.engine.abort_request(request_id)))
@@ -92,8 +153,14 @@ class InstanceActor:
     def mig_release(self, request_id: str) -> int:
         return self.endpoint.release(request_id)
 
-    def mig_install(self, snapshot: Any) -> None:
-        self.endpoint.install(snapshot)
+    def mig_install(self, snapshot: Any) -> float:
+        return self.endpoint.install(snapshot)
+
+    def mig_accept_gloo(self, host: str, port: int, pair_id: str) -> None:
+        self.endpoint.accept_gloo(host, port, pair_id)
+
+    def mig_write_kv(self, request_id: str, block_ids: list[int], refs: list[Any], urgent: bool = True) -> bool:
+        return self.endpoint.write(request_id, block_ids, memoryview(ray.get(refs[0], timeout=30)), urgent=urgent)
 
     def set_terminating(self, terminating: bool) -> None:
         self.server.call(lambda: setattr(self.llumlet, "is_terminating", terminating))
@@ -107,32 +174,40 @@ class InstanceActor:
                                 if request_id in e.requests else -1)
 
     # -- migration: source side ----------------------------------------------------
+    def _sender(self, dst_instance_id: str, dst: Any, transport: str | None = None) -> Any:
+        from llumnix.migration.transports import connect
+
+        key = (transport or self.transport, dst_instance_id)
+        if key not in self._senders:
+            self._senders[key] = connect(key[0], dst, self._token, self.transport_options)
+        return self._senders[key]
+
+    def _drop_if_broken(self, rep: Any, dst_instance_id: str, transport: str | None = None) -> None:
+        if not rep.committed and (rep.abort_reason or "").startswith("TransportError"):
+            with contextlib.suppress(Exception):  # the channel broke: reconnect next time
+                self._senders.pop((transport or self.transport, dst_instance_id)).close()
+
     def migrate_request(self, request_id: str, dst_instance_id: str, dst: Any,
-                        overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+                        overrides: dict[str, Any] | None = None, transport: str | None = None) -> dict[str, Any]:
         """Migrate one named request (benchmarks, admin); returns its report."""
         from llumnix.migration.driver import migrate
-        from llumnix.migration.tcp_transport import KVSender
 
         cfg = dataclasses.replace(self.migration_config, **(overrides or {}))
-        addr = tuple(ray.get(dst.kv_address.remote()))
-        sender = self._senders.get(addr) or self._senders.setdefault(addr, KVSender(addr, self._token))
         with self._migrating:
+            sender = self._sender(dst_instance_id, dst, transport)
             rep = migrate(request_id, self.server, _RemoteDestination(dst_instance_id, dst), sender, cfg)
+            self._drop_if_broken(rep, dst_instance_id, transport)
         return dataclasses.asdict(rep)
 
     def migrate_out(self, dst_instance_id: str, dst: Any, max_migrations: int = 16) -> list[dict[str, Any]]:
         """Migrate requests to ``dst`` one at a time while this instance is still a
         source (the paper's rule); returns the reports."""
         from llumnix.migration.driver import migrate
-        from llumnix.migration.tcp_transport import KVSender
 
         if not self._migrating.acquire(blocking=False):
             return []  # one migration out at a time
         try:
-            addr = tuple(ray.get(dst.kv_address.remote()))
-            sender = self._senders.get(addr)
-            if sender is None:
-                sender = self._senders[addr] = KVSender(addr, self._token)
+            sender = self._sender(dst_instance_id, dst)
             remote = _RemoteDestination(dst_instance_id, dst)
             reports = []
             for _ in range(max_migrations):
@@ -141,11 +216,15 @@ class InstanceActor:
                     break
                 rep = migrate(picked[0], self.server, remote, sender, self.migration_config)
                 reports.append(dataclasses.asdict(rep))
+                self._drop_if_broken(rep, dst_instance_id)
                 if not rep.committed or not self.server.call(
                         lambda: self.llumlet.should_keep_migrating(time.time())):
                     break
             return reports
         except Exception as e:  # noqa: BLE001 - a failed round is reported, never fatal
+            for old in self._senders.values():
+                with contextlib.suppress(Exception):
+                    old.close()
             self._senders.clear()
             return [{"committed": False, "abort_reason": f"{type(e).__name__}: {e}"}]
         finally:
@@ -165,14 +244,15 @@ class _RemoteDestination:
     def release(self, request_id: str) -> int:
         return ray.get(self._actor.mig_release.remote(request_id), timeout=30)
 
-    def install(self, snapshot: Any) -> None:
-        ray.get(self._actor.mig_install.remote(snapshot), timeout=30)
+    def install(self, snapshot: Any) -> float:
+        return float(ray.get(self._actor.mig_install.remote(snapshot), timeout=30))
 
 
 @ray.remote(max_concurrency=8)
 class LlumSchedActor:
     def __init__(self, scheduling: dict[str, Any] | None, cms_url: str | None = None, seed: int = 0,
-                 reschedule_interval_s: float = 0.5) -> None:
+                 reschedule_interval_s: float = 0.5, instance_spec: dict[str, Any] | None = None,
+                 name: str = LLUMSCHED_NAME) -> None:
         from llumnix.cluster.meta_store import make_meta_store
 
         cfg = SchedulingConfig.from_dict(scheduling)
@@ -185,14 +265,43 @@ class LlumSchedActor:
         self.migrations: list[dict[str, Any]] = []
         self._interval = reschedule_interval_s
         self.health_timeout_s = 2.0
+        self._name = name
+        self._spec = instance_spec
+        """How to start an instance (model, engine, token...): scale-out needs it."""
+        self._removed: set[str] = set()  # dead or stopped: a late push must not revive them
+        self._scaling_in: dict[str, float] = {}  # victim -> when it was marked terminating
+        self.scaling_events: list[dict[str, Any]] = []
         threading.Thread(target=self._reschedule_loop, daemon=True, name="rescheduler").start()
 
     def register(self, status: InstanceStatus, handle: Any = None) -> None:
         with self._lock:
+            self._removed.discard(status.instance_id)
             self.gs.add_instance(status)
             self.store.put_status(status)
             if handle is not None:
                 self.handles[status.instance_id] = handle
+
+    def remove_instance(self, instance_id: str, reason: str = "dead") -> bool:
+        """Forget an instance (dead, or stopped by scale-in): no dispatch, no migration."""
+        with self._lock:
+            known = instance_id in self.handles or instance_id in self.gs.statuses
+            self._removed.add(instance_id)
+            self.gs.remove_instance(instance_id)
+            self.handles.pop(instance_id, None)
+            self._in_flight.pop(instance_id, None)
+            self._scaling_in.pop(instance_id, None)
+            with contextlib.suppress(Exception):  # the meta store is a view; the next run rewrites it
+                self.store.remove(instance_id)
+        if known:
+            log.warning("instance %s removed (%s)", instance_id, reason)
+        return known
+
+    def members(self) -> dict[str, dict[str, Any]]:
+        """Every live instance with its actor handle, for gateways to poll the new ones."""
+        with self._lock:
+            return {iid: {"handle": h, "is_terminating": bool(
+                self.gs.statuses[iid].is_terminating if iid in self.gs.statuses else False)}
+                for iid, h in self.handles.items()}
 
     def drain(self, instance_id: str) -> dict[str, Any]:
         """Mark an instance terminating: its fake request of infinite usage makes it a
@@ -200,12 +309,15 @@ class LlumSchedActor:
         handle = self.handles.get(instance_id)
         if handle is None:
             raise KeyError(f"no instance {instance_id!r}")
-        ray.get(handle.set_terminating.remote(True))
+        ray.get(handle.set_terminating.remote(True), timeout=10)
+        with self._lock:
+            self.gs.mark_terminating(instance_id)
         return {"instance_id": instance_id, "draining": True}
 
     def _health_check(self) -> None:
         """Pull, as a fallback to the pushes: an instance silent for too long is asked
-        directly; if it does not answer in time it is marked unschedulable."""
+        directly; if it does not answer in time it is marked unschedulable, and if its
+        actor is gone it is removed."""
         now = time.time()
         with self._lock:
             silent = [(iid, self.handles.get(iid)) for iid, s in self.gs.statuses.items()
@@ -215,6 +327,9 @@ class LlumSchedActor:
             if handle is not None:
                 try:
                     ok = bool(ray.get(handle.health.remote(), timeout=self.health_timeout_s))
+                except ray.exceptions.RayActorError:
+                    self.remove_instance(iid, "its actor died")
+                    continue
                 except Exception:  # noqa: BLE001 - no answer is the answer
                     ok = False
             with self._lock:
@@ -227,20 +342,105 @@ class LlumSchedActor:
         last_health = 0.0
         while True:
             time.sleep(self._interval)
-            if time.time() - last_health > self.health_timeout_s:
-                last_health = time.time()
-                self._health_check()
+            try:
+                if time.time() - last_health > self.health_timeout_s:
+                    last_health = time.time()
+                    self._health_check()
+                self._reschedule_round()
+                if self.gs.config.scaling.enabled:
+                    self._autoscale()
+            except Exception:  # noqa: BLE001 - one bad round must not end rescheduling
+                log.exception("rescheduling round failed")
+
+    def _reschedule_round(self) -> None:
+        with self._lock:
+            self._reap_finished()
+            orders = self.gs.reschedule(time.time())
+            for o in orders:
+                if o.src_instance_id in self._in_flight or o.dst_instance_id not in self.handles:
+                    continue
+                src = self.handles.get(o.src_instance_id)
+                if src is None:
+                    continue
+                self._in_flight[o.src_instance_id] = src.migrate_out.remote(
+                    o.dst_instance_id, self.handles[o.dst_instance_id])
+
+    # -- auto-scaling ----------------------------------------------------------------
+    def _autoscale(self) -> None:
+        """Sample the average freeness, act on the pure decision, and stop drained
+        victims. Scale-out starts an instance actor that migration then fills; scale-in
+        marks the victim terminating, so ordinary migration drains it, and stops it
+        only once it is empty."""
+        now = time.time()
+        num_running = 0
+        with self._lock:
+            self.gs.record_freeness(now)
+            act = self.gs.scaling_decision(now)
+            if act.kind == "in" and act.instance_id in self.handles:
+                self.gs.mark_terminating(act.instance_id)
+                self._scaling_in[act.instance_id] = now
+                num_running = self.gs.statuses[act.instance_id].num_running
+        if act.kind != "none":
+            self.scaling_events.append({"time": now, "kind": act.kind, "instance_id": act.instance_id,
+                                        "reason": act.reason, "num_running": num_running})
+            log.warning("auto-scaling: %s %s (%s)", act.kind, act.instance_id or "", act.reason)
+        if act.kind == "out":
+            threading.Thread(target=self._start_instance, daemon=True, name="scale-out").start()
+        elif act.kind == "in" and act.instance_id in self.handles:
+            with contextlib.suppress(Exception):  # its next report carries the flag anyway
+                ray.get(self.handles[act.instance_id].set_terminating.remote(True), timeout=10)
+        self._stop_drained()
+
+    def _stop_drained(self) -> None:
+        with self._lock:
+            ready = [(iid, self.handles.get(iid)) for iid, t in self._scaling_in.items()
+                     if iid not in self._in_flight and time.time() - t > 1.0
+                     and (s := self.gs.statuses.get(iid)) is not None
+                     and not s.num_running and not s.num_waiting and not s.num_migrating_out]
+        for iid, handle in ready:
+            try:
+                # The instance itself decides at a step boundary, so nothing that
+                # arrived since its last report is lost; it refuses new work from then on.
+                if handle is None or not ray.get(handle.close_if_idle.remote(), timeout=10):
+                    continue
+            except ray.exceptions.RayActorError:
+                pass  # already gone: nothing to stop
+            self.remove_instance(iid, "scaled in")
+            self.scaling_events.append({"time": time.time(), "kind": "stopped", "instance_id": iid})
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    ray.get(handle.shutdown.remote(), timeout=10)
+                ray.kill(handle)
+
+    def _start_instance(self) -> None:
+        spec = self._spec
+        if spec is None:
+            log.warning("auto-scaling: no instance spec; cannot scale out")
+            self.gs.on_scale_out_failed()
+            return
+        with self._lock:
+            used = [int(i.rsplit("-", 1)[1]) for i in (*self.handles, *self._removed)
+                    if i.rsplit("-", 1)[-1].isdigit()]
+            iid = f"instance-{max(used, default=-1) + 1}"
+            self._removed.discard(iid)
+        handle = None
+        try:
+            # Detached, so it outlives a restart of this actor (its owner).
+            handle = InstanceActor.options(name=f"{self._name}-{iid}", lifetime="detached",
+                                           num_cpus=0).remote(
+                iid, spec["model"], dict(spec["engine"]), spec["scheduling"], self._name,
+                spec["threads"], spec["token"], dict(spec["migration"]))
+            ray.get(handle.ready.remote(), timeout=float(spec.get("start_timeout_s", 300)))
+            status = ray.get(handle.status.remote(), timeout=30)
+            self.register(status, handle)
+            self.scaling_events.append({"time": time.time(), "kind": "started", "instance_id": iid})
+        except Exception as e:  # noqa: BLE001 - the scheduler may try again after its cooldown
+            log.warning("auto-scaling: starting %s failed: %s", iid, e)
             with self._lock:
-                self._reap_finished()
-                orders = self.gs.reschedule(time.time())
-                for o in orders:
-                    if o.src_instance_id in self._in_flight or o.dst_instance_id not in self.handles:
-                        continue
-                    src = self.handles.get(o.src_instance_id)
-                    if src is None:
-                        continue
-                    self._in_flight[o.src_instance_id] = src.migrate_out.remote(
-                        o.dst_instance_id, self.handles[o.dst_instance_id])
+                self.gs.on_scale_out_failed()
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(handle)
 
     def _reap_finished(self) -> None:
         done = [k for k, ref in self._in_flight.items() if ray.wait([ref], timeout=0)[0]]
@@ -252,6 +452,8 @@ class LlumSchedActor:
 
     def update_status(self, status: InstanceStatus, handle: Any = None) -> None:
         with self._lock:
+            if status.instance_id in self._removed:
+                return  # a late push of a dead or stopped instance
             if status.instance_id not in self.gs.statuses:
                 if handle is None:
                     return
@@ -278,11 +480,20 @@ class LlumSchedActor:
                                    "aborted": len(self.migrations) - len(committed),
                                    "in_flight": sorted(self._in_flight),
                                    "downtime_s": [m["downtime"] for m in committed][-20:],
-                                   "all_downtimes_s": [m["downtime"] for m in committed]},
+                                   "all_downtimes_s": [m["downtime"] for m in committed],
+                                   "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id",
+                                                                     "dst_instance_id", "committed",
+                                                                     "abort_reason", "end_time")}
+                                              for m in self.migrations[-50:]]},
+                    "scaling": {"enabled": self.gs.config.scaling.enabled,
+                                "num_starting": self.gs.num_starting,
+                                "draining": sorted(self._scaling_in),
+                                "events": self.scaling_events[-50:]},
                     "instances": [{"instance_id": s.instance_id, "freeness": freeness(s, fcfg),
                                    "num_running": s.num_running, "num_waiting": s.num_waiting,
                                    "num_used_blocks": s.num_used_blocks,
                                    "num_total_blocks": s.num_total_blocks,
                                    "is_terminating": s.is_terminating,
+                                   "is_schedulable": s.is_schedulable,
                                    "age_s": time.time() - s.timestamp}
                                   for s in self.gs.statuses.values()]}

@@ -1,15 +1,23 @@
 """The gateway's view of a Ray cluster: dispatch through LlumSched, collect every
-request's outputs from whichever instance produces them, in order."""
+request's outputs from whichever instance produces them, in order.
+
+Fault tolerance lives here, where the streams are: when an instance dies, each
+request it held is resumed on a healthy instance from its prompt plus the tokens
+already released to the client (a recompute), so the client's stream goes on
+without a gap or a repeat. Every remote call has a timeout.
+"""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import AsyncIterator
+import random
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from llumnix.core.batch import RequestOutput
-from llumnix.core.errors import LlumnixError, RequestTooLongError
+from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestTooLongError
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.gateway.backend import GenerateRequest, TokenizerLike
 from llumnix.policy import DispatchRequest
@@ -21,20 +29,36 @@ class _Stream:
     """One request's outputs, released strictly in token order: a late output from a
     previous instance and an early one from the next cannot swap or repeat."""
 
-    def __init__(self) -> None:
+    def __init__(self, request: GenerateRequest) -> None:
+        self.request = request
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.next_index = 1  # num_output_tokens of the next output to release
         self.held: dict[int, RequestOutput] = {}
+        self.token_ids: list[int] = []
+        """Every token released so far: what a resumed request continues from."""
         self.instance_id: str | None = None
+        self.is_finished = False
+        self.is_recovering = False
+        self.num_resumes = 0
 
     def offer(self, out: RequestOutput) -> None:
-        if out.num_output_tokens < self.next_index:
+        if out.num_output_tokens < self.next_index or self.is_finished:
             return  # a duplicate
         self.held[out.num_output_tokens] = out
         while self.next_index in self.held:
             o = self.held.pop(self.next_index)
             self.queue.put_nowait(o)
+            self.token_ids.extend(o.new_token_ids)
             self.next_index += len(o.new_token_ids)
+            if o.is_finished:
+                self.is_finished = True
+                self.held.clear()
+                return
+
+
+def _actor_key(actor: Any) -> str:
+    key = getattr(actor, "_actor_id", None)
+    return key.hex() if key is not None else str(id(actor))
 
 
 class ClusterBackend:
@@ -49,41 +73,195 @@ class ClusterBackend:
         self._block_size = int(info["block_size"])
         self.tokenizer = tokenizer
         self._streams: dict[str, _Stream] = {}
-        self._pollers: list[asyncio.Task] = []
+        self._pollers: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._dead: set[str] = set()  # actor ids of instances found dead: never polled again
+        self._dead_ids: set[str] = set()
+        self._terminating: set[str] = set()
         self.dispatch_timeout_s = 1.0
+        self.call_timeout_s = 10.0
+        """Most seconds any call to an instance may take before it counts as failed."""
+        self.poll_timeout_s = 10.0
+        """An instance whose output poll does not answer twice in a row is treated as dead."""
+        self.membership_interval_s = 0.5
+        self.max_resumes = 3
         self.num_fallback_dispatches = 0
+        self.num_resumed = 0
+        self.num_failed_instances = 0
 
+    # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         for iid, actor in self.instances.items():
-            self._pollers.append(asyncio.create_task(self._poll(iid, actor), name=f"poll-{iid}"))
+            self._start_poller(iid, actor)
+        self._spawn(self._sync_membership_loop())
 
     async def stop(self) -> None:
-        for t in self._pollers:
+        tasks = [*self._pollers.values(), *self._tasks]
+        for t in tasks:
             t.cancel()
-        for t in self._pollers:
-            with contextlib.suppress(asyncio.CancelledError):
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _start_poller(self, iid: str, actor: Any) -> None:
+        self._pollers[iid] = asyncio.create_task(self._poll(iid, actor), name=f"poll-{iid}")
+
+    async def _sync_membership_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.membership_interval_s)
+            await self.refresh_members()
+
+    async def refresh_members(self) -> None:
+        """Learn instances that auto-scaling started (and which are terminating) from
+        LlumSched; a restarting LlumSched leaves the known set as it is."""
+        try:
+            members = await asyncio.wait_for(self.llumsched.members.remote(), 2.0)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - LlumSched down or restarting: keep what we know
+            return
+        for iid, m in members.items():
+            handle = m["handle"]
+            if iid not in self.instances and _actor_key(handle) not in self._dead:
+                log.info("gateway: new instance %s", iid)
+                self.instances[iid] = handle
+                self._dead_ids.discard(iid)
+                self._start_poller(iid, handle)
+        self._terminating = {iid for iid, m in members.items() if m["is_terminating"]}
+
+    # -- outputs ----------------------------------------------------------------------
     async def _poll(self, iid: str, actor: Any) -> None:
+        misses = 0
         while True:
             try:
-                outs = await actor.get_outputs.remote(0.5)
+                outs = await asyncio.wait_for(actor.get_outputs.remote(0.5), self.poll_timeout_s)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - the instance died: fail its requests
-                self._fail_instance(iid, e)
-                await asyncio.sleep(1.0)
+            except TimeoutError:
+                misses += 1
+                if misses < 2:
+                    continue
+                err: BaseException = TimeoutError(f"no output poll answered in {2 * self.poll_timeout_s:.0f} s")
+            except Exception as e:  # noqa: BLE001 - the actor died, or its engine loop did
+                if type(e).__name__ == "ActorUnavailableError" and misses < 2:
+                    misses += 1  # Ray says "temporarily": one more try before giving up on it
+                    await asyncio.sleep(0.5)
+                    continue
+                err = e
+            else:
+                misses = 0
+                for out in outs:
+                    self._route(iid, out)
                 continue
-            for out in outs:
-                stream = self._streams.get(out.request_id)
-                if stream is not None:
-                    stream.offer(out)
+            await self._on_instance_failed(iid, actor, err)
+            return
 
-    def _fail_instance(self, iid: str, err: BaseException) -> None:
-        for stream in self._streams.values():
-            if stream.instance_id == iid:
-                stream.queue.put_nowait(LlumnixError(f"instance {iid} failed: {err}"))
+    def _route(self, iid: str, out: RequestOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        if not stream.is_recovering:
+            stream.instance_id = iid  # where it lives now (it may have migrated here)
+        stream.offer(out)
 
+    async def _on_instance_failed(self, iid: str, actor: Any, err: BaseException) -> None:
+        if self.instances.get(iid) is not actor:
+            return
+        import ray
+
+        log.warning("gateway: instance %s failed (%s: %s); resuming its requests elsewhere",
+                    iid, type(err).__name__, err)
+        self.num_failed_instances += 1
+        del self.instances[iid]
+        self._pollers.pop(iid, None)
+        self._dead.add(_actor_key(actor))
+        self._dead_ids.add(iid)
+        with contextlib.suppress(Exception):  # a wedged one must not produce duplicates later
+            ray.kill(actor)  # type: ignore[arg-type]
+        with contextlib.suppress(Exception):  # LlumSched down: its own health check finds out
+            await asyncio.wait_for(self.llumsched.remove_instance.remote(iid, f"gateway: {err}"), 2.0)
+        for stream in list(self._streams.values()):
+            if stream.instance_id == iid and not stream.is_finished:
+                self._spawn(self._recover(stream, iid, err))
+
+    async def _recover(self, stream: _Stream, lost_iid: str, err: BaseException,
+                       exclude: set[str] | None = None) -> None:
+        """Resume ``stream``'s request on a healthy instance, from its prompt plus the
+        tokens already released; if none can take it, end the stream with an error."""
+        if stream.instance_id != lost_iid or stream.is_recovering or stream.is_finished:
+            return
+        rid = stream.request.request_id
+        stream.is_recovering = True
+        try:
+            where = await self._locate(rid, exclude={lost_iid, *(exclude or ())})
+            if where is not None:  # it had migrated away just before
+                stream.instance_id = where
+                return
+            if stream.num_resumes >= self.max_resumes:
+                raise LlumnixError(f"instance {lost_iid} failed ({err}) and the request was already "
+                                   f"resumed {stream.num_resumes} times")
+            stream.num_resumes += 1
+            stream.held.clear()  # whatever the lost instance left unreleased is recomputed
+            tokens = list(stream.token_ids)
+            last: BaseException | None = None
+            for iid in await self._targets(stream.request, exclude={lost_iid, *(exclude or ())}):
+                actor = self.instances.get(iid)
+                if actor is None:
+                    continue
+                stream.instance_id = iid
+                try:
+                    await asyncio.wait_for(actor.resume_request.remote(stream.request, tokens),
+                                           self.call_timeout_s)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - try the next instance
+                    last = e
+                    continue
+                if tokens:
+                    self.num_resumed += 1
+                    log.warning("gateway: request %s resumed on %s after %d tokens", rid, iid, len(tokens))
+                if rid not in self._streams:  # the client left meanwhile
+                    await self.abort(rid)
+                return
+            raise LlumnixError(f"instance {lost_iid} failed ({err}) and no other instance could take "
+                               f"the request" + (f": {last}" if last else ""))
+        except LlumnixError as e:
+            stream.queue.put_nowait(e)
+        finally:
+            stream.is_recovering = False
+
+    async def _locate(self, request_id: str, exclude: set[str]) -> str | None:
+        """The live instance that holds ``request_id``, if any."""
+        ids = [i for i in self.instances if i not in exclude]
+
+        async def has(iid: str) -> bool:
+            try:
+                n = await asyncio.wait_for(self.instances[iid].num_output_tokens.remote(request_id), 2.0)
+            except Exception:  # noqa: BLE001 - an unreachable instance does not hold it for us
+                return False
+            return int(n) >= 0
+
+        found = await asyncio.gather(*(has(i) for i in ids))
+        return next((i for i, ok in zip(ids, found, strict=True) if ok), None)
+
+    async def _targets(self, request: GenerateRequest, exclude: set[str]) -> list[str]:
+        """Where to resume: LlumSched's choice first, then every other live instance
+        (terminating ones last: better a draining instance than an error)."""
+        live = [i for i in sorted(self.instances) if i not in exclude]
+        first = None
+        with contextlib.suppress(Exception):
+            first = await asyncio.wait_for(self.llumsched.dispatch.remote(DispatchRequest(
+                request.request_id, len(request.prompt_token_ids), request.priority,
+                request.arrival_time)), timeout=self.dispatch_timeout_s)
+        rest = sorted(live, key=lambda i: (i in self._terminating, i))
+        return ([first] if first in live else []) + [i for i in rest if i != first]
+
+    # -- requests ---------------------------------------------------------------------
     def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         if num_prompt_tokens + 1 > self.max_model_len:
             raise RequestTooLongError(f"the prompt has {num_prompt_tokens} tokens; this model's context is "
@@ -95,16 +273,27 @@ class ClusterBackend:
                                       f"holds {self._usable_blocks * self._block_size}", "max_tokens")
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        stream = self._streams[request.request_id] = _Stream()
+        if request.params.seed is None:
+            # A seed chosen here makes a resumed request draw what the lost one would have.
+            request = dataclasses.replace(request, params=dataclasses.replace(
+                request.params, seed=random.getrandbits(63)))
+        stream = self._streams[request.request_id] = _Stream(request)
         try:
             iid = await self._dispatch(request)
             if iid is None:
                 raise LlumnixError("no instance is available to serve the request")
+            if iid not in self.instances:
+                await self.refresh_members()  # just started by auto-scaling
             stream.instance_id = iid
             try:
-                await self.instances[iid].add_request.remote(request)
-            except Exception as e:  # noqa: BLE001 - surfaced to the client as one clear error
-                raise LlumnixError(f"instance {iid} could not take the request: {e}") from e
+                actor = self.instances[iid]
+                await asyncio.wait_for(actor.add_request.remote(request), self.call_timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except InvalidRequestError:
+                raise
+            except Exception as e:  # noqa: BLE001 - dead or stopping: another instance takes it
+                await self._recover(stream, iid, e, exclude={iid})
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -119,11 +308,14 @@ class ClusterBackend:
         """LlumSched decides; if it does not answer within a second (dead or
         restarting), the gateway falls back to its own round-robin so serving goes on."""
         try:
-            return await asyncio.wait_for(self.llumsched.dispatch.remote(DispatchRequest(
+            iid: str | None = await asyncio.wait_for(self.llumsched.dispatch.remote(DispatchRequest(
                 request.request_id, len(request.prompt_token_ids), request.priority,
                 request.arrival_time)), timeout=self.dispatch_timeout_s)
+            if iid is None or iid not in self._dead_ids:
+                return iid
+            raise LookupError(f"LlumSched chose {iid}, which this gateway found dead")
         except Exception as e:  # noqa: BLE001 - any LlumSched failure means: use the fallback
-            ids = sorted(self.instances)
+            ids = [i for i in sorted(self.instances) if i not in self._terminating] or sorted(self.instances)
             if not ids:
                 return None
             self.num_fallback_dispatches += 1
@@ -132,17 +324,25 @@ class ClusterBackend:
             return ids[self.num_fallback_dispatches % len(ids)]
 
     async def abort(self, request_id: str) -> None:
+        """Abort wherever the request is: where it was last seen first, then everywhere
+        (it may have just migrated, or be mid-migration)."""
         stream = self._streams.get(request_id)
         iid = stream.instance_id if stream else None
-        targets = [self.instances[iid]] if iid in self.instances else list(self.instances.values())
-        for actor in targets:
-            with contextlib.suppress(Exception):
-                if await actor.abort.remote(request_id):
+        order = sorted(self.instances, key=lambda i: i != iid)
+        for i in order:
+            actor = self.instances.get(i)
+            if actor is None:
+                continue
+            try:
+                if await asyncio.wait_for(actor.abort.remote(request_id), 5.0):
                     return
+            except Exception:  # noqa: BLE001 - an unreachable instance frees nothing anyway
+                continue
 
+    # -- admin ------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:
         states = {}
-        for iid, actor in self.instances.items():
+        for iid, actor in list(self.instances.items()):
             try:
                 states[iid] = bool(await asyncio.wait_for(actor.health.remote(), 2.0))
             except Exception:  # noqa: BLE001 - an unreachable instance is unhealthy
@@ -150,11 +350,14 @@ class ClusterBackend:
         return {"status": "ok" if any(states.values()) else "unavailable", "instances": states}
 
     async def cluster_info(self) -> dict[str, Any]:
-        return await self.llumsched.cluster_info.remote()
+        info = dict(await asyncio.wait_for(self.llumsched.cluster_info.remote(), 5.0))
+        info["gateway"] = {"num_fallback_dispatches": self.num_fallback_dispatches,
+                           "num_resumed": self.num_resumed,
+                           "num_failed_instances": self.num_failed_instances,
+                           "instances": sorted(self.instances)}
+        return info
 
     async def drain_instance(self, instance_id: str) -> dict[str, Any]:
         if instance_id not in self.instances:
-            from llumnix.core.errors import InvalidRequestError
-
             raise InvalidRequestError(f"no instance {instance_id!r}", "instance_id")
-        return await self.llumsched.drain.remote(instance_id)
+        return await asyncio.wait_for(self.llumsched.drain.remote(instance_id), 15.0)

@@ -36,6 +36,8 @@ class ClusterConfig:
     """MigrationConfig fields (max_stages, last_stage_max_blocks, timeout_s)."""
     reschedule_interval_s: float = 0.5
     """Seconds between LlumSched's migration rounds."""
+    llumsched_name: str = LLUMSCHED_NAME
+    """Name of the LlumSched actor in the namespace (instances find it by this name)."""
 
 
 @dataclass
@@ -45,10 +47,15 @@ class Cluster:
     info: dict[str, Any]
 
     def shutdown(self) -> None:
-        for a in self.instances.values():
+        actors = dict(self.instances)
+        with contextlib.suppress(Exception):  # instances started by auto-scaling
+            members = ray.get(self.llumsched.members.remote(), timeout=5)
+            actors.update({iid: m["handle"] for iid, m in members.items()})
+        for a in actors.values():
             with contextlib.suppress(Exception):  # shutting down anyway
                 ray.get(a.shutdown.remote(), timeout=10)
-            ray.kill(a)
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(a)
         ray.kill(self.llumsched)
 
 
@@ -70,18 +77,22 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     dispatch.setdefault("pending_grace_s", 1.0)  # Ray delivery is not instant
     sched_cfg["dispatch"] = dispatch
     # Ray restarts LlumSched if it dies; instances re-register through their next status push.
-    llumsched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0, max_restarts=-1,
-                                       max_task_retries=0).remote(
-        sched_cfg, cfg.cms, reschedule_interval_s=cfg.reschedule_interval_s)
     token = secrets.token_bytes(32)  # authenticates KV transfers inside this cluster
-    ray.get(llumsched.cluster_info.remote())
+    # What LlumSched needs to start more instances (auto-scaling scale-out).
+    spec = {"model": cfg.model, "engine": dict(cfg.engine), "scheduling": sched_cfg,
+            "threads": cfg.threads_per_instance, "token": token, "migration": dict(cfg.migration)}
+    llumsched = LlumSchedActor.options(name=cfg.llumsched_name, num_cpus=0, max_restarts=-1,
+                                       max_task_retries=0).remote(
+        sched_cfg, cfg.cms, reschedule_interval_s=cfg.reschedule_interval_s, instance_spec=spec,
+        name=cfg.llumsched_name)
+    ray.get(llumsched.cluster_info.remote(), timeout=60)
     instances = {}
     for i in range(cfg.instances):
         iid = f"instance-{i}"
         instances[iid] = InstanceActor.options(num_cpus=0).remote(
-            iid, cfg.model, dict(cfg.engine), sched_cfg, LLUMSCHED_NAME, cfg.threads_per_instance,
+            iid, cfg.model, dict(cfg.engine), sched_cfg, cfg.llumsched_name, cfg.threads_per_instance,
             token, dict(cfg.migration))
-    infos = ray.get([a.ready.remote() for a in instances.values()])
-    statuses = ray.get([a.status.remote() for a in instances.values()])
-    ray.get([llumsched.register.remote(s, instances[s.instance_id]) for s in statuses])
+    infos = ray.get([a.ready.remote() for a in instances.values()], timeout=600)
+    statuses = ray.get([a.status.remote() for a in instances.values()], timeout=60)
+    ray.get([llumsched.register.remote(s, instances[s.instance_id]) for s in statuses], timeout=60)
     return Cluster(llumsched, instances, infos[0])

@@ -24,6 +24,20 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="continuous rescheduling by live migration (default on)")
     p.add_argument("--migrate-out-threshold", type=float, default=None,
                    help="instances with freeness below this migrate requests out (default 3)")
+    p.add_argument("--scaling", default=None, metavar="MIN:MAX",
+                   help="auto-scaling between MIN and MAX instances (default off)")
+    p.add_argument("--scale-out-below", type=float, default=None,
+                   help="add an instance when the average freeness over the window is below this (default 10)")
+    p.add_argument("--scale-in-above", type=float, default=None,
+                   help="drain and stop an instance when the average freeness is above this (default 60)")
+    p.add_argument("--scaling-window", type=float, default=None, metavar="S",
+                   help="seconds of freeness samples a scaling decision averages (default 10)")
+    p.add_argument("--scaling-cooldown", type=float, default=None, metavar="S",
+                   help="quiet seconds after a scaling action (default 30)")
+    p.add_argument("--reschedule-interval", type=float, default=None, metavar="S",
+                   help="seconds between LlumSched's migration (and scaling) rounds (default 0.5)")
+    p.add_argument("--transport", default=None,
+                   help="KV transport for live migration: tcp (default), gloo or ray")
     p.add_argument("--cms", default=None, help="cluster meta store: memory (default) or redis://HOST:PORT")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
     p.add_argument("--kv-cache-mib", type=int, default=None, help="KV cache per instance (default 512)")
@@ -62,6 +76,33 @@ def build_config(args: argparse.Namespace) -> Any:
         resched["in_threshold"] = max(args.migrate_out_threshold, resched.get("in_threshold", 0))
     if resched:
         scheduling["rescheduling"] = resched
+    scaling = dict(scheduling.get("scaling") or {})
+    if args.scaling is not None:
+        try:
+            lo, hi = (int(x) for x in args.scaling.split(":"))
+        except ValueError:
+            raise LlumnixError(f"--scaling must be MIN:MAX (two integers), not {args.scaling!r}") from None
+        scaling.update(enabled=True, min_instances=lo, max_instances=hi)
+        if args.instances is None and "instances" not in base:
+            base["instances"] = lo
+    for key, val in (("scale_out_below", args.scale_out_below), ("scale_in_above", args.scale_in_above),
+                     ("window_s", args.scaling_window), ("cooldown_s", args.scaling_cooldown)):
+        if val is not None:
+            scaling[key] = val
+    if scaling:
+        scheduling["scaling"] = scaling
+    if args.transport is not None:
+        from llumnix.migration.transports import check_transport
+
+        try:
+            check_transport(args.transport)
+        except ValueError as e:
+            raise LlumnixError(f"--transport: {e}") from None
+        base["migration"] = {**(base.get("migration") or {}), "transport": args.transport}
+    if args.reschedule_interval is not None:
+        if args.reschedule_interval <= 0:
+            raise LlumnixError("--reschedule-interval must be > 0")
+        base["reschedule_interval_s"] = args.reschedule_interval
     if args.dispatch is not None:
         scheduling["dispatch"] = {**(scheduling.get("dispatch") or {}), "policy": args.dispatch}
     for key, val in (("model", args.model), ("instances", args.instances), ("cms", args.cms),
@@ -73,7 +114,11 @@ def build_config(args: argparse.Namespace) -> Any:
     base["engine"], base["scheduling"] = engine, scheduling
     from llumnix.policy import SchedulingConfig
 
-    SchedulingConfig.from_dict(scheduling)  # fail fast on a bad policy name or field
+    sched = SchedulingConfig.from_dict(scheduling)  # fail fast on a bad policy name or field
+    if sched.scaling.enabled and not (sched.scaling.min_instances <= int(base.get("instances", 2))
+                                      <= sched.scaling.max_instances):
+        raise LlumnixError(f"--instances {base.get('instances', 2)} is outside --scaling "
+                           f"{sched.scaling.min_instances}:{sched.scaling.max_instances}")
     return ClusterConfig(**base)
 
 

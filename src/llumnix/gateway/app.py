@@ -34,6 +34,33 @@ def error_response(status: int, message: str, *, type_: str = "invalid_request_e
     return JSONResponse(body, status_code=status)
 
 
+class _Auth:
+    """Bearer-key check as a plain ASGI middleware: Starlette's ``BaseHTTPMiddleware``
+    (``@app.middleware``) re-wraps every request and stream and costs about a millisecond
+    per request, which is most of the 5 ms the gateway may add."""
+
+    def __init__(self, app: Any, api_key: str | None, admin_requires_key: bool) -> None:
+        self.app = app
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.admin_requires_key = admin_requires_key
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            admin = path.startswith("/admin/")
+            rejection = None
+            if admin and self.admin_requires_key and self.expected is None:
+                rejection = error_response(403, "admin endpoints need --api-key when not on loopback",
+                                           type_="permission_error")
+            elif (self.expected is not None and (admin or path.startswith("/v1/"))
+                  and dict(scope["headers"]).get(b"authorization", b"") != self.expected):
+                rejection = error_response(401, "missing or wrong API key", type_="authentication_error")
+            if rejection is not None:
+                await rejection(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_key: bool = False,
               default_max_tokens: int = 256) -> FastAPI:
     app = FastAPI(title="Llumnix", version="0.1.0")
@@ -54,17 +81,18 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         metrics.rejected.labels(model_name=backend.model_name, status="400").inc()
         return error_response(400, str(exc), param=exc.param)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):  # type: ignore[no-untyped-def]
-        path = request.url.path
-        guarded = path.startswith("/v1/") or path.startswith("/admin/")
-        if path.startswith("/admin/") and admin_requires_key and api_key is None:
-            return error_response(403, "admin endpoints need --api-key when not on loopback",
-                                  type_="permission_error")
-        if (guarded and api_key is not None
-                and request.headers.get("authorization", "") != f"Bearer {api_key}"):
-            return error_response(401, "missing or wrong API key", type_="authentication_error")
-        return await call_next(request)
+    @app.exception_handler(LlumnixError)
+    async def _unavailable(_: Request, exc: LlumnixError) -> JSONResponse:
+        return error_response(503, str(exc), type_="server_error")
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        # A dead or restarting actor behind an admin call: one clear line, no traceback.
+        log.warning("request failed: %s: %s", type(exc).__name__, exc)
+        return error_response(503 if isinstance(exc, TimeoutError) else 500,
+                              f"{type(exc).__name__}: {exc}", type_="server_error")
+
+    app.add_middleware(_Auth, api_key=api_key, admin_requires_key=admin_requires_key)
 
     def _check_model(name: str) -> JSONResponse | None:
         if name != backend.model_name:
@@ -139,13 +167,15 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                                      media_type="text/event-stream")
         return await _complete(gen, chat=chat, prefix=prefix)
 
-    async def _run(gen: GenerateRequest) -> AsyncIterator[tuple[str, str | None, int]]:
-        """Yield (new text, finish reason, output tokens) and keep the metrics."""
+    async def _run(gen: GenerateRequest) -> AsyncIterator[tuple[str, str | None, int, list[tuple[int, float]]]]:
+        """Yield (new text, finish reason, output tokens, (token, logprob) of the new tokens
+        when logprobs were asked for) and keep the metrics."""
         det = IncrementalDetokenizer(backend.tokenizer, gen.params.stop)
         metrics.in_flight.labels(model_name=backend.model_name).inc()
         first = last = None
         finished = False
         n_out = 0
+        want_lp = gen.params.logprobs is not None
         try:
             async for out in backend.generate(gen):
                 now = time.monotonic()
@@ -155,17 +185,18 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                 last = now
                 n_out = out.num_output_tokens
                 text = det.add(out.new_token_ids, final=out.is_finished)
+                lps = list(zip(out.new_token_ids, out.new_logprobs or (), strict=False)) if want_lp else []
                 reason = out.finish_reason
                 if det.stopped and reason is None:
                     reason = "stop"  # the stop string completed before the engine saw it
                 if reason is not None:
                     finished = True
-                    yield text, reason, n_out
+                    yield text, reason, n_out, lps
                     metrics.requests.labels(model_name=backend.model_name,
                                             finished_reason=reason).inc()
                     break
-                if text:
-                    yield text, None, n_out
+                if text or lps:
+                    yield text, None, n_out, lps
         finally:
             metrics.in_flight.labels(model_name=backend.model_name).dec()
             if not finished:
@@ -179,25 +210,53 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                     if n_out > 1:
                         m(metrics.tpot).observe((last - first) / (n_out - 1))
 
+    def want_logprobs(gen: GenerateRequest) -> bool:
+        return gen.params.logprobs is not None
+
+    def _token_text(token_id: int) -> str:
+        return backend.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _completion_logprobs(lps: list[tuple[int, float]], offset: int) -> dict[str, Any]:
+        """The legacy completions shape. Only the sampled token's logprob is known (the
+        sampler computes no alternatives), so ``top_logprobs`` is null."""
+        tokens = [_token_text(t) for t, _ in lps]
+        offsets, pos = [], offset
+        for tok in tokens:
+            offsets.append(pos)
+            pos += len(tok)
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp in lps], "top_logprobs": None,
+                "text_offset": offsets}
+
+    def _chat_logprobs(lps: list[tuple[int, float]]) -> dict[str, Any]:
+        content = []
+        for t, lp in lps:
+            tok = _token_text(t)
+            content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
+        return {"content": content}
+
     def _usage(gen: GenerateRequest, n_out: int) -> dict[str, int]:
         n_in = len(gen.prompt_token_ids)
         return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
 
     async def _complete(gen: GenerateRequest, *, chat: bool, prefix: str) -> Response:
         pieces, reason, n_out = [prefix], None, 0
+        lps: list[tuple[int, float]] = []
         try:
-            async for text, last_reason, last_n in _run(gen):
+            async for text, last_reason, last_n, new_lps in _run(gen):
                 pieces.append(text)
+                lps += new_lps
                 reason, n_out = last_reason, last_n
         except LlumnixError as e:
             return error_response(503, f"the request failed: {e}", type_="server_error")
         text = "".join(pieces)
         if chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "logprobs": _chat_logprobs(lps) if want_logprobs(gen) else None,
                                       "finish_reason": reason}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": text, "finish_reason": reason,
+                      "logprobs": _completion_logprobs(lps, len(prefix)) if want_logprobs(gen) else None}
             obj = "text_completion"
         return JSONResponse({"id": gen.request_id, "object": obj, "created": now_s(),
                              "model": backend.model_name, "choices": [choice],
@@ -207,14 +266,17 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = now_s()
 
-        def chunk(text: str, reason: str | None, first: bool = False) -> str:
+        def chunk(text: str, reason: str | None, first: bool = False,
+                  lps: list[tuple[int, float]] | None = None) -> str:
             if chat:
                 delta: dict[str, str] = {"role": "assistant"} if first else {}
                 if text:
                     delta["content"] = text
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason}
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason,
+                                          "logprobs": _chat_logprobs(lps) if lps else None}
             else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+                choice = {"index": 0, "text": text, "finish_reason": reason,
+                          "logprobs": _completion_logprobs(lps, 0) if lps else None}
             return "data: " + json.dumps({"id": gen.request_id, "object": obj, "created": created,
                                           "model": backend.model_name, "choices": [choice]}) + "\n\n"
 
@@ -222,9 +284,9 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             yield chunk(prefix, None, first=True)
         n_out = 0
         try:
-            async for text, reason, last_n in _run(gen):
+            async for text, reason, last_n, lps in _run(gen):
                 n_out = last_n
-                yield chunk(text, reason)
+                yield chunk(text, reason, lps=lps)
         except LlumnixError as e:
             err = {"error": {"message": f"the request failed: {e}", "type": "server_error"}}
             yield "data: " + json.dumps(err) + "\n\n"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -51,7 +51,7 @@ class _SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     n: int = 1
     stream: bool = False
-    logprobs: Any = None
+    logprobs: int | None = None
     ignore_eos: bool = False
     priority: str | int | None = None
     user: str | None = None

@@ -1,0 +1,117 @@
+"""A real gateway (uvicorn in a thread) over a real cluster, and an SSE client, for the
+cluster tests."""
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+@contextlib.contextmanager
+def serve_cluster(cluster: Any, model_dir: Any, **app_kw: Any) -> Iterator[tuple[str, Any]]:
+    """The OpenAI gateway for ``cluster`` on a free loopback port: yields (url, backend)."""
+    import uvicorn
+
+    from llumnix.cluster.backend import ClusterBackend
+    from llumnix.gateway.app import build_app
+    from llumnix.model import Tokenizer
+
+    tok = Tokenizer.from_dir(model_dir, None, 256)
+    backend = ClusterBackend(cluster.llumsched, cluster.instances, cluster.info, tok)
+    app = build_app(backend, **app_kw)
+
+    @app.on_event("startup")
+    async def _start() -> None:
+        await backend.start()
+
+    @app.on_event("shutdown")
+    async def _stop() -> None:
+        await backend.stop()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", backend
+    finally:
+        srv.should_exit = True
+        th.join(10)
+
+
+@dataclass
+class StreamResult:
+    request_id: str = ""
+    text: str = ""
+    num_chunks: int = 0
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    errors: list[str] = field(default_factory=list)
+    done: bool = False
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                            progress: StreamResult | None = None) -> StreamResult:
+    """POST a streamed completion; fills ``progress`` as chunks arrive (so a test can
+    act mid-stream) and returns it."""
+    res = progress or StreamResult()
+    async with client.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                res.done = True
+                break
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                res.errors.append(chunk["error"]["message"])
+                continue
+            res.request_id = chunk["id"]
+            if chunk.get("usage"):
+                res.completion_tokens = chunk["usage"]["completion_tokens"]
+            for c in chunk["choices"]:
+                res.text += c["text"]
+                res.num_chunks += 1
+                res.finish_reason = c["finish_reason"] or res.finish_reason
+    return res
+
+
+def wait_idle(instances: dict[str, Any], timeout: float = 30.0) -> dict[str, dict[str, int]]:
+    """Wait until every instance holds no request and no block; returns each one's
+    ``check_invariants`` counts (the block accounting checked on the instance)."""
+    import ray
+
+    deadline = time.time() + timeout
+    counts: dict[str, dict[str, int]] = {}
+    while time.time() < deadline:
+        counts = dict(zip(instances, ray.get([a.check_invariants.remote() for a in instances.values()],
+                                             timeout=30), strict=True))
+        if all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()):
+            break
+        time.sleep(0.1)
+    return counts
+
+
+def where_is(instances: dict[str, Any], request_id: str) -> str | None:
+    import ray
+
+    for iid, a in instances.items():
+        try:
+            if ray.get(a.num_output_tokens.remote(request_id), timeout=5) >= 0:
+                return iid
+        except Exception:  # noqa: BLE001 - a dead instance holds nothing
+            continue
+    return None
