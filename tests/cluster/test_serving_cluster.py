@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 
 import httpx
 import pytest
+
+from tests.cluster.helpers import serve_cluster
 
 ray = pytest.importorskip("ray")
 
@@ -28,32 +28,8 @@ def cluster(tiny_model_dir, redis_url):
 
 @pytest.fixture(scope="module")
 def server(cluster, tiny_model_dir):
-    import uvicorn
-
-    from llumnix.cluster.backend import ClusterBackend
-    from llumnix.gateway.app import build_app
-    from llumnix.model import Tokenizer
-
-    tok = Tokenizer.from_dir(tiny_model_dir, None, 256)
-    backend = ClusterBackend(cluster.llumsched, cluster.instances, cluster.info, tok)
-    app = build_app(backend)
-
-    @app.on_event("startup")
-    async def _start() -> None:
-        await backend.start()
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.time() + 30
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", backend
-    srv.should_exit = True
-    th.join(10)
+    with serve_cluster(cluster, tiny_model_dir) as (url, backend):
+        yield url, backend
 
 
 def test_completions_over_http_through_the_cluster(server):
