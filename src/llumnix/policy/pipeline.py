@@ -15,6 +15,7 @@ returns None and the caller keeps the request queued.
 """
 from __future__ import annotations
 
+import operator
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from typing import TypeVar
 
 from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import FreenessConfig, PolicyConfigError
+
+_by_id = operator.attrgetter("instance_id")
 
 
 @dataclass
@@ -128,7 +131,7 @@ class Pipeline:
         return total
 
     def candidates(self, statuses: list[InstanceStatus], ctx: DispatchContext) -> list[InstanceStatus]:
-        cands = sorted(statuses, key=lambda s: s.instance_id)
+        cands = sorted(statuses, key=_by_id)
         for name in self.filters:
             kept = [s for s in cands if FILTERS[name](s, ctx)]
             # A staleness filter that would leave nothing is ignored: serving on an old

@@ -33,15 +33,22 @@ def fresh(s: InstanceStatus, ctx: DispatchContext) -> bool:
 def freeness_score(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
     """Llumnix: 1 for the freest candidate, 0 for the least free (min-max over candidates)."""
     cfg = ctx.freeness
-    return higher_is_better([ctx.metric("freeness", s, lambda s: freeness(s, cfg)) for s in cands])
+
+    def metric(s: InstanceStatus) -> float:
+        return freeness(s, cfg)
+
+    return higher_is_better([ctx.metric("freeness", s, metric) for s in cands])
 
 
 @register(SCORERS, "queue-aware-freeness")
 def queue_aware_freeness_score(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
     """Freeness with every queued request counted (``freeness.queue_aware_freeness``)."""
     cfg = ctx.freeness
-    return higher_is_better([ctx.metric("queue-aware-freeness", s, lambda s: queue_aware_freeness(s, cfg))
-                             for s in cands])
+
+    def metric(s: InstanceStatus) -> float:
+        return queue_aware_freeness(s, cfg)
+
+    return higher_is_better([ctx.metric("queue-aware-freeness", s, metric) for s in cands])
 
 
 @register(SCORERS, "memory-load")
