@@ -336,7 +336,7 @@ class LlumSchedActor:
                 s = self.gs.statuses.get(iid)
                 if s is not None and s.is_schedulable != ok:
                     log.warning("instance %s is %s", iid, "healthy again" if ok else "unresponsive")
-                    self.gs.statuses[iid] = dataclasses.replace(s, is_schedulable=ok)
+                    self.gs.set_schedulable(iid, ok)
 
     def _reschedule_loop(self) -> None:
         last_health = 0.0

@@ -10,6 +10,7 @@ from collections.abc import MutableMapping
 from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import SchedulingConfig
 from llumnix.policy.dispatch import make_pipeline
+from llumnix.policy.dispatch_index import FALLBACK, DispatchIndex
 from llumnix.policy.dispatch_queue import DispatchQueue, DispatchRequest
 from llumnix.policy.freeness import average_normal_freeness
 from llumnix.policy.pairing import MigrationOrder, pair_migrations
@@ -21,8 +22,11 @@ __all__ = ["DispatchQueue", "DispatchRequest", "GlobalScheduler"]
 
 
 class GlobalScheduler:
-    """Latest status per instance in ``statuses``, a ``MutableMapping`` keyed by instance
-    id: a dict by default, or any store with that interface (a Redis-backed meta store)."""
+    """The latest status per instance in ``statuses`` (a dict by default, or any
+    ``MutableMapping`` the caller provides, such as a shared store; written only through
+    the methods below) and, per instance, the view dispatch sees: the status with the requests sent
+    since it counted (``pending``). Views change only when a report arrives or a request
+    is dispatched, so they are kept up to date here rather than rebuilt per dispatch."""
 
     def __init__(self, config: SchedulingConfig | None = None, seed: int = 0,
                  store: MutableMapping[str, InstanceStatus] | None = None) -> None:
@@ -32,6 +36,7 @@ class GlobalScheduler:
         self.sent: dict[str, int] = {}
         """Requests dispatched to each instance so far: round-robin's state."""
         self.pending = PendingDispatches()
+        self._views: dict[str, InstanceStatus] = {}
         self._terminating: set[str] = set()
         self._removed: set[str] = set()
         self._rng = random.Random(seed)
@@ -39,8 +44,11 @@ class GlobalScheduler:
         self._last_scale: float | None = None
         self.num_starting = 0
         """Scale-outs ordered whose instance has not been added yet."""
-        self._memo: dict[str, tuple[InstanceStatus, dict[str, float]]] = {}
-        """Dispatch metrics per status object (see DispatchContext.metric)."""
+        self._ctx = DispatchContext(now=0.0, freeness=self.config.freeness,
+                                    staleness_s=self.config.dispatch.staleness_s,
+                                    sent=self.sent, rng=self._rng)
+        """One context for every dispatch: its memo keeps metrics per status object."""
+        self._index = DispatchIndex(self.pipeline) if DispatchIndex.supports(self.pipeline) else None
 
     # -- membership ------------------------------------------------------------
     def add_instance(self, status: InstanceStatus) -> None:
@@ -51,11 +59,14 @@ class GlobalScheduler:
             self._freeness_samples.clear()
         self._removed.discard(status.instance_id)
         self.sent.setdefault(status.instance_id, 0)
-        self.statuses[status.instance_id] = self._marked(status)
+        self._set(self._marked(status))
 
     def remove_instance(self, instance_id: str) -> None:
         self.statuses.pop(instance_id, None)
-        self._memo.pop(instance_id, None)
+        self._views.pop(instance_id, None)
+        self._ctx.memo.pop(instance_id, None)
+        if self._index is not None:
+            self._index.remove(instance_id)
         self.sent.pop(instance_id, None)
         self.pending.remove_instance(instance_id)
         self._terminating.discard(instance_id)
@@ -67,7 +78,13 @@ class GlobalScheduler:
         self._terminating.add(instance_id)
         s = self.statuses.get(instance_id)
         if s is not None:
-            self.statuses[instance_id] = self._marked(s)
+            self._set(self._marked(s))
+
+    def set_schedulable(self, instance_id: str, ok: bool) -> None:
+        """The health check's verdict on a silent instance (until its next report)."""
+        s = self.statuses.get(instance_id)
+        if s is not None and s.is_schedulable != ok:
+            self._set(dataclasses.replace(s, is_schedulable=ok))
 
     def update_status(self, status: InstanceStatus) -> None:
         """Take a report. The first report of an unknown instance adds it, but a late
@@ -80,8 +97,17 @@ class GlobalScheduler:
             return
         if status.timestamp < old.timestamp:
             return  # a late report never rolls the view back
-        self.statuses[status.instance_id] = self._marked(status)
         self.pending.on_status(status, self.config.dispatch.pending_grace_s)
+        self._set(self._marked(status))
+
+    def _set(self, status: InstanceStatus) -> None:
+        self.statuses[status.instance_id] = status
+        self._refresh(status.instance_id)
+
+    def _refresh(self, instance_id: str) -> None:
+        view = self._views[instance_id] = self.pending.apply(self.statuses[instance_id])
+        if self._index is not None:
+            self._index.update(view, self._ctx)
 
     def _marked(self, status: InstanceStatus) -> InstanceStatus:
         if status.instance_id in self._terminating and not status.is_terminating:
@@ -93,19 +119,21 @@ class GlobalScheduler:
         """Statuses as dispatch should see them: with requests sent since each report
         counted as running (see ``pending``), so a burst between two reports spreads out
         instead of landing on one instance."""
-        return [self.pending.apply(s) for s in self.statuses.values()]
+        return list(self._views.values())
 
     def dispatch(self, req: DispatchRequest, now: float) -> str | None:
         """The instance for ``req``, or None if no instance can take it now (all
         unschedulable or terminating): the caller keeps it in its DispatchQueue."""
-        cfg = self.config
-        ctx = DispatchContext(now=now, freeness=cfg.freeness, staleness_s=cfg.dispatch.staleness_s,
-                              sent=self.sent, rng=self._rng, memo=self._memo)
-        iid = self.pipeline.pick(self.view(), ctx)
+        ctx = self._ctx
+        ctx.now = now
+        iid = FALLBACK if self._index is None else self._index.pick(self._views, ctx)
+        if iid == FALLBACK:
+            iid = self.pipeline.pick(self.view(), ctx)
         if iid is None:
             return None
         self.sent[iid] = self.sent.get(iid, 0) + 1
         self.pending.add(iid, req, self.statuses[iid].block_size, now)
+        self._refresh(iid)
         return iid
 
     # -- rescheduler role ----------------------------------------------------------

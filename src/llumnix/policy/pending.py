@@ -29,9 +29,6 @@ class _Pending:
 class PendingDispatches:
     def __init__(self) -> None:
         self._by_instance: dict[str, list[_Pending]] = {}
-        self._applied: dict[str, tuple[InstanceStatus, int, InstanceStatus]] = {}
-        """Per instance: (status, number of pending requests, the view built from them),
-        so a dispatch rebuilds only the view of the instance it changed."""
 
     def add(self, instance_id: str, req: DispatchRequest, block_size: int, now: float) -> None:
         blocks = -(-req.num_prompt_tokens // block_size)
@@ -51,7 +48,6 @@ class PendingDispatches:
 
     def remove_instance(self, instance_id: str) -> None:
         self._by_instance.pop(instance_id, None)
-        self._applied.pop(instance_id, None)
 
     def num_pending(self, instance_id: str) -> int:
         return len(self._by_instance.get(instance_id, ()))
@@ -61,11 +57,6 @@ class PendingDispatches:
         pend = self._by_instance.get(status.instance_id)
         if not pend:
             return status
-        cached = self._applied.get(status.instance_id)
-        if cached is not None and cached[0] is status and cached[1] == len(pend):
-            return cached[2]  # pending lists only grow between reports, so the count identifies it
         briefs = tuple(p.brief for p in pend)
-        view = dataclasses.replace(status, running=status.running + briefs,
+        return dataclasses.replace(status, running=status.running + briefs,
                                    num_used_blocks=status.num_used_blocks + sum(b.num_blocks for b in briefs))
-        self._applied[status.instance_id] = (status, len(pend), view)
-        return view

@@ -57,9 +57,33 @@ Filter = Callable[[InstanceStatus, DispatchContext], bool]
 Scorer = Callable[[list[InstanceStatus], DispatchContext], list[float]]
 Picker = Callable[[list[InstanceStatus], list[float], DispatchContext], InstanceStatus]
 
+
+@dataclass(frozen=True)
+class KeyMetric:
+    """A scorer's raw per-instance number before min-max normalisation. Registering one
+    (``register_key``) also registers its scorer, and lets ``DispatchIndex`` pick by it
+    without scoring every candidate."""
+
+    name: str
+    fn: Callable[[InstanceStatus, DispatchContext], float]
+    higher_is_better: bool
+    per_status: bool
+    """A function of the status alone: computed once per status object (``ctx.metric``)."""
+
+    def value(self, s: InstanceStatus, ctx: DispatchContext) -> float:
+        if self.per_status:
+            return ctx.metric(self.name, s, lambda st: self.fn(st, ctx))
+        return self.fn(s, ctx)
+
+    def score(self, cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
+        values = [self.value(s, ctx) for s in cands]
+        return higher_is_better(values) if self.higher_is_better else lower_is_better(values)
+
+
 FILTERS: dict[str, Filter] = {}
 SCORERS: dict[str, Scorer] = {}
 PICKERS: dict[str, Picker] = {}
+KEYS: dict[str, KeyMetric] = {}
 
 
 P = TypeVar("P", Filter, Scorer, Picker)
@@ -71,6 +95,19 @@ def register(table: dict[str, P], name: str) -> Callable[[P], P]:
         if name in table:
             raise ValueError(f"plugin {name!r} is already registered")
         table[name] = fn
+        return fn
+    return deco
+
+
+def register_key(name: str, *, higher_is_better: bool, per_status: bool = True
+                 ) -> Callable[[Callable[[InstanceStatus, DispatchContext], float]],
+                               Callable[[InstanceStatus, DispatchContext], float]]:
+    """Decorator registering a key metric ``fn(status, ctx)`` and the scorer made from it."""
+    def deco(fn: Callable[[InstanceStatus, DispatchContext], float]
+             ) -> Callable[[InstanceStatus, DispatchContext], float]:
+        key = KeyMetric(name, fn, higher_is_better, per_status)
+        register(SCORERS, name)(key.score)
+        KEYS[name] = key
         return fn
     return deco
 

@@ -8,9 +8,8 @@ from llumnix.policy.pipeline import (
     PICKERS,
     SCORERS,
     DispatchContext,
-    higher_is_better,
-    lower_is_better,
     register,
+    register_key,
 )
 
 
@@ -29,50 +28,40 @@ def fresh(s: InstanceStatus, ctx: DispatchContext) -> bool:
     return ctx.now - s.timestamp <= ctx.staleness_s
 
 
-@register(SCORERS, "freeness")
-def freeness_score(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
-    """Llumnix: 1 for the freest candidate, 0 for the least free (min-max over candidates)."""
-    cfg = ctx.freeness
-
-    def metric(s: InstanceStatus) -> float:
-        return freeness(s, cfg)
-
-    return higher_is_better([ctx.metric("freeness", s, metric) for s in cands])
+@register_key("freeness", higher_is_better=True)
+def freeness_key(s: InstanceStatus, ctx: DispatchContext) -> float:
+    """Llumnix: the freest candidate scores 1, the least free 0 (min-max over candidates)."""
+    return freeness(s, ctx.freeness)
 
 
-@register(SCORERS, "queue-aware-freeness")
-def queue_aware_freeness_score(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
+@register_key("queue-aware-freeness", higher_is_better=True)
+def queue_aware_freeness_key(s: InstanceStatus, ctx: DispatchContext) -> float:
     """Freeness with every queued request counted (``freeness.queue_aware_freeness``)."""
-    cfg = ctx.freeness
-
-    def metric(s: InstanceStatus) -> float:
-        return queue_aware_freeness(s, cfg)
-
-    return higher_is_better([ctx.metric("queue-aware-freeness", s, metric) for s in cands])
+    return queue_aware_freeness(s, ctx.freeness)
 
 
-@register(SCORERS, "memory-load")
-def memory_load_score(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
-    """INFaaS++: 1 for the lowest memory load counting all queued demand."""
-    return lower_is_better([ctx.metric("memory-load", s, memory_load) for s in cands])
+@register_key("memory-load", higher_is_better=False)
+def memory_load_key(s: InstanceStatus, ctx: DispatchContext) -> float:
+    """INFaaS++: the lowest memory load counting all queued demand scores 1."""
+    return memory_load(s)
 
 
-@register(SCORERS, "fewest-sent")
-def fewest_sent(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
-    """Round-robin: 1 for the instance sent the fewest requests so far (``ctx.sent``)."""
-    return lower_is_better([float(ctx.sent.get(s.instance_id, 0)) for s in cands])
+@register_key("fewest-sent", higher_is_better=False, per_status=False)
+def fewest_sent_key(s: InstanceStatus, ctx: DispatchContext) -> float:
+    """Round-robin: the instance sent the fewest requests so far (``ctx.sent``) scores 1."""
+    return float(ctx.sent.get(s.instance_id, 0))
 
 
-@register(SCORERS, "fewest-requests")
-def fewest_requests(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
+@register_key("fewest-requests", higher_is_better=False)
+def fewest_requests_key(s: InstanceStatus, ctx: DispatchContext) -> float:
     """Least-requests: running plus queued (plus pending, in the scheduler's view)."""
-    return lower_is_better([float(s.num_running + s.num_waiting) for s in cands])
+    return float(s.num_running + s.num_waiting)
 
 
-@register(SCORERS, "queue-depth")
-def queue_depth(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
-    """llm-d's queue scorer: 1 for the shortest queue, 0 for the longest."""
-    return lower_is_better([float(s.num_waiting) for s in cands])
+@register_key("queue-depth", higher_is_better=False)
+def queue_depth_key(s: InstanceStatus, ctx: DispatchContext) -> float:
+    """llm-d's queue scorer: the shortest queue scores 1, the longest 0."""
+    return float(s.num_waiting)
 
 
 @register(SCORERS, "kv-utilization")
