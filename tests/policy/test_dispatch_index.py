@@ -35,8 +35,9 @@ def _random_status(rng: random.Random, i: int, now: float) -> object:
 
 
 @pytest.mark.parametrize(("policy", "params"), INDEXED)
-def test_incremental_pick_equals_the_full_pipeline(policy, params):
-    rng = random.Random(hash((policy, tuple(params.items()))) % 1000)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_incremental_pick_equals_the_full_pipeline(policy, params, seed):
+    rng = random.Random(seed)  # fixed: str hashes are salted per process
     fast, full = _pair(policy, params, staleness=2.0)
     now, decisions = 10.0, 0
     for i in range(6):
@@ -63,7 +64,8 @@ def test_incremental_pick_equals_the_full_pipeline(policy, params):
             assert a == b, f"step {k}: index picked {a}, pipeline {b}"
             decisions += a is not None
         now += rng.choice((0.001, 0.01, 0.5))
-    assert decisions > 100  # the comparison covered real decisions, not only refusals
+    # the comparison covered real decisions, not only refusals (these seeds give 113-419)
+    assert decisions > 100
     assert fast.view() == full.view()
 
 
