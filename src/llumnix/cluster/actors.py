@@ -70,6 +70,8 @@ class InstanceActor:
                 "vocab_size": self.llm.loaded.config.vocab_size}
 
     def add_request(self, req: GenerateRequest) -> None:
+        if req.admit_by is not None and time.time() > req.admit_by:
+            raise TimeoutError(f"request {req.request_id} was forwarded after its gateway stopped waiting")
         e = self.llm.engine
 
         def add() -> None:
@@ -467,6 +469,19 @@ class LlumSchedActor:
             iid = self.gs.dispatch(req, time.time())
             self.num_dispatched += iid is not None
             return iid
+
+    def submit(self, request: GenerateRequest) -> tuple[str, list[Any]] | None:
+        """Dispatch and forward in one hop, so a gateway waits for one call instead of two:
+        the chosen instance id and ``[ref]``, the ObjectRef of that instance's
+        ``add_request`` (in a list, so Ray hands over the reference, not its value), which
+        the gateway checks off its critical path. ``[]`` when the instance's handle is
+        unknown here (the gateway adds the request itself); None when nothing can take it."""
+        iid = self.dispatch(DispatchRequest(request.request_id, len(request.prompt_token_ids),
+                                            request.priority, request.arrival_time))
+        if iid is None:
+            return None
+        handle = self.handles.get(iid)
+        return iid, ([] if handle is None else [handle.add_request.remote(request)])
 
     def cluster_info(self) -> dict[str, Any]:
         from llumnix.policy import freeness

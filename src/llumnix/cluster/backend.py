@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -54,6 +55,15 @@ class _Stream:
                 self.is_finished = True
                 self.held.clear()
                 return
+
+
+_PRESENT = object()
+"""``_submit``: the request is already on the instance; nothing to add."""
+
+
+def request_id_live(streams: dict[str, _Stream], stream: _Stream) -> bool:
+    """The stream is still the one registered for its request (the client is there)."""
+    return streams.get(stream.request.request_id) is stream
 
 
 def _actor_key(actor: Any) -> str:
@@ -279,21 +289,16 @@ class ClusterBackend:
                 request.params, seed=random.getrandbits(63)))
         stream = self._streams[request.request_id] = _Stream(request)
         try:
-            iid = await self._dispatch(request)
+            iid, added = await self._submit(request)
             if iid is None:
                 raise LlumnixError("no instance is available to serve the request")
             if iid not in self.instances:
                 await self.refresh_members()  # just started by auto-scaling
             stream.instance_id = iid
-            try:
-                actor = self.instances[iid]
-                await asyncio.wait_for(actor.add_request.remote(request), self.call_timeout_s)
-            except asyncio.CancelledError:
-                raise
-            except InvalidRequestError:
-                raise
-            except Exception as e:  # noqa: BLE001 - dead or stopping: another instance takes it
-                await self._recover(stream, iid, e, exclude={iid})
+            if added is None:
+                await self._add(stream, iid)
+            elif added is not _PRESENT:
+                self._spawn(self._confirm_added(stream, iid, added))
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -304,24 +309,57 @@ class ClusterBackend:
         finally:
             self._streams.pop(request.request_id, None)
 
-    async def _dispatch(self, request: GenerateRequest) -> str | None:
-        """LlumSched decides; if it does not answer within a second (dead or
-        restarting), the gateway falls back to its own round-robin so serving goes on."""
+    async def _add(self, stream: _Stream, iid: str) -> None:
+        """Send the request to ``iid`` ourselves (when LlumSched did not forward it)."""
         try:
-            iid: str | None = await asyncio.wait_for(self.llumsched.dispatch.remote(DispatchRequest(
-                request.request_id, len(request.prompt_token_ids), request.priority,
-                request.arrival_time)), timeout=self.dispatch_timeout_s)
-            if iid is None or iid not in self._dead_ids:
-                return iid
-            raise LookupError(f"LlumSched chose {iid}, which this gateway found dead")
+            await asyncio.wait_for(self.instances[iid].add_request.remote(stream.request), self.call_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except InvalidRequestError:
+            raise
+        except Exception as e:  # noqa: BLE001 - dead or stopping: another instance takes it
+            await self._recover(stream, iid, e, exclude={iid})
+
+    async def _confirm_added(self, stream: _Stream, iid: str, added: Any) -> None:
+        """Wait, off the request's critical path, for the add that LlumSched forwarded; a
+        failed one is handled as if the gateway had sent it."""
+        try:
+            await asyncio.wait_for(added, self.call_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except InvalidRequestError as e:
+            stream.queue.put_nowait(e)
+        except Exception as e:  # noqa: BLE001 - dead, stopping, or LlumSched died holding the ref
+            if request_id_live(self._streams, stream):
+                await self._recover(stream, iid, e, exclude={iid})
+
+    async def _submit(self, request: GenerateRequest) -> tuple[str | None, Any]:
+        """LlumSched dispatches and forwards (one call): the instance id and the forwarded
+        add's ObjectRef. If it does not answer within a second (dead or restarting) the
+        gateway places the request itself (ref None): where a forward got through before
+        ``admit_by`` it stays (``_PRESENT``), else by the gateway's own round-robin."""
+        rid = request.request_id
+        admit_by = time.time() + self.dispatch_timeout_s / 2
+        try:
+            sub = await asyncio.wait_for(self.llumsched.submit.remote(
+                dataclasses.replace(request, admit_by=admit_by)), timeout=self.dispatch_timeout_s)
+            if sub is None:
+                return None, None
+            iid, refs = sub
+            if iid in self._dead_ids:
+                raise LookupError(f"LlumSched chose {iid}, which this gateway found dead")
+            return iid, (refs[0] if refs else None)
         except Exception as e:  # noqa: BLE001 - any LlumSched failure means: use the fallback
+            log.warning("LlumSched unavailable (%s); the gateway places %s itself", type(e).__name__, rid)
+            await asyncio.sleep(max(0.0, admit_by - time.time()))
+            where = await self._locate(rid, exclude=set())  # a forward that made it in time
+            if where is not None:
+                return where, _PRESENT
             ids = [i for i in sorted(self.instances) if i not in self._terminating] or sorted(self.instances)
             if not ids:
-                return None
+                return None, None
             self.num_fallback_dispatches += 1
-            log.warning("LlumSched unavailable (%s); dispatching %s by round-robin",
-                        type(e).__name__, request.request_id)
-            return ids[self.num_fallback_dispatches % len(ids)]
+            return ids[self.num_fallback_dispatches % len(ids)], None
 
     async def abort(self, request_id: str) -> None:
         """Abort wherever the request is: where it was last seen first, then everywhere

@@ -246,6 +246,8 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                 pieces.append(text)
                 lps += new_lps
                 reason, n_out = last_reason, last_n
+        except InvalidRequestError as e:
+            return error_response(400, str(e))
         except LlumnixError as e:
             return error_response(503, f"the request failed: {e}", type_="server_error")
         text = "".join(pieces)

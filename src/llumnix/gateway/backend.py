@@ -17,6 +17,10 @@ class GenerateRequest:
     params: SamplingParams
     priority: int
     arrival_time: float
+    admit_by: float | None = None
+    """Wall-clock time after which an instance refuses this request when LlumSched
+    forwards it: a gateway that stopped waiting for LlumSched by then places the request
+    itself, so a late forward must not start a second copy."""
 
 
 class TokenizerLike(Protocol):
