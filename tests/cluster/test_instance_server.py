@@ -60,3 +60,24 @@ def test_a_dead_step_thread_is_reported_not_waited_on():
         srv.get_outputs(0.1)
     with pytest.raises(RuntimeError, match="not running"):
         srv.call(lambda: None)
+
+
+def test_each_client_reads_only_its_own_outputs():
+    """Two gateways on one instance: outputs go to the outbox of the request's client."""
+    srv, _ = _server()
+    try:
+        for rid, client in (("a0", "gw-a"), ("a1", "gw-a"), ("b0", "gw-b")):
+            srv.call(lambda rid=rid, client=client: srv.engine.add_request(
+                rid, [1, 2, 3], SamplingParams(max_tokens=5), client=client))
+        got: dict[str, dict[str, int]] = {"gw-a": {}, "gw-b": {}}
+        deadline = time.time() + 10
+        while sum(len(v) for v in got.values()) < 3 or any(
+                n < 5 for v in got.values() for n in v.values()):
+            assert time.time() < deadline, got
+            for client, seen in got.items():
+                for o in srv.get_outputs(0.05, client):
+                    seen[o.request_id] = seen.get(o.request_id, 0) + len(o.new_token_ids)
+        assert got == {"gw-a": {"a0": 5, "a1": 5}, "gw-b": {"b0": 5}}
+        assert srv.get_outputs(0.01) == []  # nothing went to the untagged outbox
+    finally:
+        srv.stop()

@@ -113,6 +113,27 @@ def test_migrated_request_produces_the_same_tokens_exactly_once(params, transpor
         pair.close()
 
 
+def test_the_client_tag_travels_with_the_request():
+    """After migration the destination's outputs go to the same gateway's outbox."""
+    pair = Pair()
+    try:
+        pair.src.call(lambda: pair.src.engine.add_request("x", PROMPT, SamplingParams(max_tokens=40),
+                                                          client="gw-1"))
+        time.sleep(0.03)
+        assert migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig()).committed
+        done, n = False, 0
+        deadline = time.time() + 20
+        while not done:
+            assert time.time() < deadline
+            assert pair.dst.get_outputs(0.0) == []  # untagged outbox: never this request's
+            for o in pair.dst.get_outputs(0.02, "gw-1"):
+                n, done = o.num_output_tokens, o.is_finished
+        assert n == 40
+        pair.check_drained()
+    finally:
+        pair.close()
+
+
 @pytest.mark.parametrize("transport", ["tcp", "gloo"])
 def test_back_and_forth(transport):
     pair = Pair(transport=transport)

@@ -76,7 +76,8 @@ class InstanceActor:
 
         def add() -> None:
             self._check_open()
-            e.add_request(req.request_id, req.prompt_token_ids, req.params, priority=req.priority)
+            e.add_request(req.request_id, req.prompt_token_ids, req.params, priority=req.priority,
+                          client=req.client)
 
         self.server.call(add)
 
@@ -97,7 +98,7 @@ class InstanceActor:
                 request_id=req.request_id, prompt_token_ids=list(req.prompt_token_ids),
                 sampling_params=req.params, arrival_time=e.clock.now(), priority=req.priority,
                 seed=req.params.seed if req.params.seed is not None else 0,
-                eos_token_id=e.eos_token_id, output_token_ids=list(output_token_ids)))
+                eos_token_id=e.eos_token_id, output_token_ids=list(output_token_ids), client=req.client))
 
         self.server.call(install)
 
@@ -132,8 +133,8 @@ class InstanceActor:
     def abort(self, request_id: str) -> bool:
         return bool(self.server.call(lambda: self.llm.engine.abort_request(request_id)))
 
-    def get_outputs(self, timeout: float = 0.5) -> list[RequestOutput]:
-        return self.server.get_outputs(timeout)
+    def get_outputs(self, timeout: float = 0.5, client: str = "") -> list[RequestOutput]:
+        return self.server.get_outputs(timeout, client)
 
     def status(self) -> InstanceStatus:
         return self.server.status()

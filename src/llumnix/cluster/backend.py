@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import random
 import time
+import uuid
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -88,6 +89,9 @@ class ClusterBackend:
         self._dead: set[str] = set()  # actor ids of instances found dead: never polled again
         self._dead_ids: set[str] = set()
         self._terminating: set[str] = set()
+        self.client_id = uuid.uuid4().hex
+        """This gateway's tag on its requests: instances keep one outbox per tag, so
+        gateways sharing a cluster never read each other's outputs."""
         self.dispatch_timeout_s = 1.0
         self.call_timeout_s = 10.0
         """Most seconds any call to an instance may take before it counts as failed."""
@@ -149,7 +153,7 @@ class ClusterBackend:
         misses = 0
         while True:
             try:
-                outs = await asyncio.wait_for(actor.get_outputs.remote(0.5), self.poll_timeout_s)
+                outs = await asyncio.wait_for(actor.get_outputs.remote(0.5, self.client_id), self.poll_timeout_s)
             except asyncio.CancelledError:
                 raise
             except TimeoutError:
@@ -287,6 +291,7 @@ class ClusterBackend:
             # A seed chosen here makes a resumed request draw what the lost one would have.
             request = dataclasses.replace(request, params=dataclasses.replace(
                 request.params, seed=random.getrandbits(63)))
+        request = dataclasses.replace(request, client=self.client_id)
         stream = self._streams[request.request_id] = _Stream(request)
         try:
             iid, added = await self._submit(request)

@@ -1,5 +1,5 @@
 """One serving instance: an engine stepping in its own thread, its llumlet, and an
-outbox of token outputs for the gateway. Transport-agnostic: the Ray actor in
+outbox of token outputs per consumer (each gateway reads only its own requests'). Transport-agnostic: the Ray actor in
 ``actors.py`` wraps it, tests drive it directly.
 
 Everything that touches the engine runs on the step thread, between two steps
@@ -34,7 +34,9 @@ class InstanceServer:
         self._on_status = on_status
         self._status_interval = status_interval_s
         self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
-        self._outbox: list[RequestOutput] = []
+        self._outboxes: dict[str, list[RequestOutput]] = {}
+        """Outputs not yet read, by the request's ``client`` tag."""
+        self._last_read: dict[str, float] = {}
         self._outbox_cv = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"engine-{self.instance_id}", daemon=True)
@@ -69,13 +71,20 @@ class InstanceServer:
     def call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
         return self.run_at_boundary(fn).result(timeout)
 
-    def get_outputs(self, timeout: float = 0.5) -> list[RequestOutput]:
-        """Outputs produced since the last call; waits up to ``timeout`` for some.
-        Raises once the step thread has died, so nobody waits on it forever."""
+    def get_outputs(self, timeout: float = 0.5, client: str = "") -> list[RequestOutput]:
+        """Outputs of ``client``'s requests produced since its last call; waits up to
+        ``timeout`` for some. Raises once the step thread has died, so nobody waits on
+        it forever."""
+        now = time.monotonic()
+        deadline = now + timeout
         with self._outbox_cv:
-            if not self._outbox and self.is_alive:
-                self._outbox_cv.wait(timeout)
-            out, self._outbox = self._outbox, []
+            self._last_read[client] = now
+            while not self._outboxes.get(client) and self.is_alive:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._outbox_cv.wait(left):
+                    break
+            out = self._outboxes.pop(client, [])
+            self._forget_idle_clients(now)
         if not out and not self.is_alive:
             raise RuntimeError(f"instance {self.instance_id} stopped: {self.error!r}")
         return out
@@ -133,8 +142,23 @@ class InstanceServer:
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
         with self._outbox_cv:
-            self._outbox.extend(outputs)
+            boxes = self._outboxes
+            for out in outputs:
+                box = boxes.get(out.client)
+                if box is None:
+                    box = boxes[out.client] = []
+                box.append(out)
             self._outbox_cv.notify_all()
+
+    _IDLE_CLIENT_S = 120.0
+
+    def _forget_idle_clients(self, now: float) -> None:
+        """Drop the outbox of a consumer that has read nothing for two minutes (a gateway
+        that went away), so its unread outputs do not pile up. Caller holds the lock."""
+        idle = [c for c, t in self._last_read.items() if now - t > self._IDLE_CLIENT_S]
+        for c in idle:
+            del self._last_read[c]
+            self._outboxes.pop(c, None)
 
     def _maybe_report(self, force: bool) -> None:
         if self._on_status is None:

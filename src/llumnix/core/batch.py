@@ -98,6 +98,8 @@ class RequestOutput:
     stop_reason: int | str | None = None
     metrics: RequestMetrics | None = None
     """Set on the output that finishes the request."""
+    client: str = ""
+    """The request's consumer tag (``Request.client``): which outbox it goes to."""
 
     @property
     def is_finished(self) -> bool:

@@ -69,6 +69,10 @@ class Request:
     preemption_loss: float = 0.0
     """Seconds from each preemption until the recompute finished, summed."""
     preempted_at: float | None = None
+    client: str = ""
+    """Opaque tag of the consumer of this request's outputs (a gateway's id): outputs
+    carry it, so each gateway reads only its own; it travels with the request when it
+    migrates."""
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -54,6 +54,7 @@ class EngineCore(MigrationOpsMixin):
         *,
         priority: int = Priority.NORMAL,
         arrival_time: float | None = None,
+        client: str = "",
     ) -> Request:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
@@ -67,6 +68,7 @@ class EngineCore(MigrationOpsMixin):
             priority=int(priority),
             seed=self._rng.getrandbits(63) if seed is None else seed,
             eos_token_id=self.eos_token_id,
+            client=client,
         )
         self.requests[request_id] = req
         self.scheduler.enqueue(req)
@@ -136,11 +138,12 @@ class EngineCore(MigrationOpsMixin):
                 req.preempted_at = None
             status = self._check_stop(req, token)
             if status is None:
-                outputs.append(RequestOutput(req.request_id, [token], len(out_ids), None, lp, req.stop_reason, None))
+                outputs.append(RequestOutput(req.request_id, [token], len(out_ids), None, lp, req.stop_reason,
+                                             None, req.client))
             else:
                 metrics = self._finish(req, status, now)
                 outputs.append(RequestOutput(req.request_id, [token], len(out_ids), status.finish_reason,
-                                             lp, req.stop_reason, metrics))
+                                             lp, req.stop_reason, metrics, req.client))
         return outputs
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:

@@ -18,6 +18,8 @@ class GenerateRequest:
     priority: int
     arrival_time: float
     admit_by: float | None = None
+    client: str = ""
+    """The gateway whose outbox gets this request's outputs (``Request.client``)."""
     """Wall-clock time after which an instance refuses this request when LlumSched
     forwards it: a gateway that stopped waiting for LlumSched by then places the request
     itself, so a late forward must not start a second copy."""
