@@ -318,9 +318,9 @@ def measure_dispatch(sizes: tuple[int, ...] = (64, 1024), policies: tuple[str, .
 def measure_overhead(model: str, num_requests: int, max_tokens: int, engine: dict[str, Any]) -> dict[str, Any]:
     """P50 latency of one short request sent straight to an instance actor (Ray call +
     output poll) and through the HTTP gateway (tokenize, dispatch by LlumSched, stream),
-    one request at a time on an otherwise idle 1-instance cluster, in alternating blocks so
-    that drift in a shared machine's speed hits both paths alike; the added latency is
-    also given per block (its median is the figure least moved by that drift)."""
+    one request at a time on an otherwise idle 1-instance cluster, in back-to-back pairs
+    (alternating which goes first) so that drift in a shared machine's speed hits both
+    paths alike; the median of the pairs' differences is the figure least moved by it."""
     import httpx
     import ray
 
@@ -352,32 +352,29 @@ def measure_overhead(model: str, num_requests: int, max_tokens: int, engine: dic
 
         direct: list[float] = []
         via: list[float] = []
-        added: list[float] = []  # per block: P50 through the gateway - P50 direct
-        num_blocks = 10
-        per_block = max(1, num_requests // num_blocks)
-        for block in range(num_blocks):
-            # Alternating blocks, so drift in a shared machine's speed hits both paths
-            # alike. The gateway's pollers drain the instance's outbox, so the direct
-            # caller runs while no gateway is up, and collects its own request's output.
-            d_block: list[float] = []
-            for i in range(per_block + (3 if block == 0 else 0)):
-                t = call_direct(block * 1000 + i)
-                if block or i >= 3:
-                    d_block.append(t)
-            v_block: list[float] = []
-            with _gateway(cluster, tok) as url, httpx.Client(timeout=60) as c:
-                name = c.get(f"{url}/v1/models").json()["data"][0]["id"]
-                body = {"model": name, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-                        "temperature": 0}
-                for i in range(per_block + 2):
-                    t0 = time.perf_counter()
-                    c.post(f"{url}/v1/completions", json=body).raise_for_status()
-                    if i >= 2:  # the first requests of a fresh gateway warm its connections
-                        v_block.append(time.perf_counter() - t0)
-            direct += d_block
-            via += v_block
-            added.append(statistics.median(v_block) - statistics.median(d_block))
-            time.sleep(1.0)  # a poll the stopped gateway left in flight would take direct outputs
+        paired: list[float] = []  # per request pair: gateway - direct, taken back to back
+        # One gateway stays up; direct calls read the untagged outbox, which the
+        # gateway (it reads only its own tag) never touches. Each pair runs back to back
+        # in alternating order, so drift in a shared machine's speed hits both paths alike.
+        with _gateway(cluster, tok) as url, httpx.Client(timeout=60) as c:
+            name = c.get(f"{url}/v1/models").json()["data"][0]["id"]
+            body = {"model": name, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                    "temperature": 0}
+
+            def call_gateway() -> float:
+                t0 = time.perf_counter()
+                c.post(f"{url}/v1/completions", json=body).raise_for_status()
+                return time.perf_counter() - t0
+
+            for i in range(-5, num_requests):  # the first pairs warm connections and caches
+                if i % 2:
+                    g, d = call_gateway(), call_direct(i)
+                else:
+                    d, g = call_direct(i), call_gateway()
+                if i >= 0:
+                    direct.append(d)
+                    via.append(g)
+                    paired.append(g - d)
     finally:
         cluster.shutdown()
     d, v = _stats(direct), _stats(via)
@@ -385,8 +382,7 @@ def measure_overhead(model: str, num_requests: int, max_tokens: int, engine: dic
             "direct_p50_ms": 1000 * (d["p50"] or 0), "gateway_p50_ms": 1000 * (v["p50"] or 0),
             "direct_mean_ms": 1000 * (d["mean"] or 0), "gateway_mean_ms": 1000 * (v["mean"] or 0),
             "added_p50_ms": 1000 * ((v["p50"] or 0) - (d["p50"] or 0)),
-            "added_p50_ms_per_block": [round(1000 * a, 3) for a in added],
-            "added_p50_ms_median_of_blocks": 1000 * statistics.median(added)}
+            "added_ms_median_of_pairs": 1000 * statistics.median(paired)}
 
 
 class _gateway:  # noqa: N801 - a context manager used like a function
@@ -465,7 +461,7 @@ def main_serve_bench(args: argparse.Namespace) -> int:
         res = measure_overhead(args.model, 20 if args.quick else 100, 1, engine)
         print(f"overhead: direct P50 {res['direct_p50_ms']:.2f} ms, through gateway P50 "
               f"{res['gateway_p50_ms']:.2f} ms, added P50 {res['added_p50_ms']:.2f} ms "
-              f"(median over blocks {res['added_p50_ms_median_of_blocks']:.2f} ms)")
+              f"(median of paired differences {res['added_ms_median_of_pairs']:.2f} ms)")
         update_results(path, "overhead", Path(args.model).name or args.model, res)
         print(f"wrote {path}")
         return 0
