@@ -43,3 +43,12 @@ def tiny_model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-cluster-model")
     save_tiny_llama(d)
     return d
+
+
+@pytest.fixture(scope="module")
+def server(cluster, tiny_model_dir):
+    """The OpenAI gateway over the module's ``cluster``: (url, backend)."""
+    from tests.cluster.helpers import serve_cluster
+
+    with serve_cluster(cluster, tiny_model_dir) as (url, backend):
+        yield url, backend

@@ -15,6 +15,24 @@ import httpx
 
 
 @contextlib.contextmanager
+def running_cluster(model_dir: Any, tag: str, **cfg: Any) -> Iterator[Any]:
+    """A cluster of the tiny model (tiny engine: 4-token blocks, 8 sequences) in its own
+    Ray namespace, shut down with its Ray session at the end."""
+    import ray
+
+    from llumnix.cluster.launcher import ClusterConfig, start_cluster
+
+    engine = {"block_size": 4, "max_num_seqs": 8, **cfg.pop("engine", {})}
+    c = start_cluster(ClusterConfig(model=str(model_dir), engine=engine, namespace=f"{tag}-{time.time_ns()}",
+                                    reschedule_interval_s=0.05, **cfg))
+    try:
+        yield c
+    finally:
+        c.shutdown()
+        ray.shutdown()
+
+
+@contextlib.contextmanager
 def serve_cluster(cluster: Any, model_dir: Any, **app_kw: Any) -> Iterator[tuple[str, Any]]:
     """The OpenAI gateway for ``cluster`` on a free loopback port: yields (url, backend)."""
     import uvicorn

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster.helpers import serve_cluster, stream_completion, wait_idle
+from tests.cluster.helpers import running_cluster, stream_completion, wait_idle
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -22,27 +22,15 @@ PROMPTS = [f"scaling request number {i}" for i in range(4)]
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
-    from llumnix.cluster.launcher import ClusterConfig, start_cluster
-
     # Idle freeness is 600 (blocks); six 300-token requests on one instance bring it
     # under 120 (scale out), one request per instance keeps it above 350 (scale in).
     scheduling = {"scaling": {"enabled": True, "min_instances": 1, "max_instances": 2,
                               "scale_out_below": 120, "scale_in_above": 350,
                               "window_s": 0.5, "cooldown_s": COOLDOWN_S},
                   "rescheduling": {"out_threshold": 120, "in_threshold": 120}}
-    cfg = ClusterConfig(model=str(tiny_model_dir), instances=1, scheduling=scheduling,
-                        engine={"num_blocks": 600, "block_size": 4, "max_num_seqs": 8},
-                        namespace=f"scale-{time.time_ns()}", reschedule_interval_s=0.05)
-    c = start_cluster(cfg)
-    yield c
-    c.shutdown()
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def server(cluster, tiny_model_dir):
-    with serve_cluster(cluster, tiny_model_dir) as (url, backend):
-        yield url, backend
+    with running_cluster(tiny_model_dir, "scale", instances=1, scheduling=scheduling,
+                         engine={"num_blocks": 600}) as c:
+        yield c
 
 
 def _body(name: str, prompt: str, n: int = N_TOKENS) -> dict:

@@ -12,7 +12,13 @@ import time
 import httpx
 import pytest
 
-from tests.cluster.helpers import StreamResult, serve_cluster, stream_completion, wait_idle, where_is
+from tests.cluster.helpers import (
+    StreamResult,
+    running_cluster,
+    stream_completion,
+    wait_idle,
+    where_is,
+)
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a 3-instance cluster of its own: about 25-60 s on 2 cores
@@ -23,22 +29,10 @@ PROMPTS = ["The first request", "A second one, longer than the first", "third", 
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
-    from llumnix.cluster.launcher import ClusterConfig, start_cluster
-
-    cfg = ClusterConfig(model=str(tiny_model_dir), instances=3,
-                        engine={"num_blocks": 600, "block_size": 4, "max_num_seqs": 8},
-                        namespace=f"ft-{time.time_ns()}", reschedule_interval_s=0.05,
-                        migration={"timeout_s": 2.0})  # dead sources' reservations freed in 4 s
-    c = start_cluster(cfg)
-    yield c
-    c.shutdown()
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def server(cluster, tiny_model_dir):
-    with serve_cluster(cluster, tiny_model_dir) as (url, backend):
-        yield url, backend
+    # migration timeout 2 s: dead sources' reservations are freed in 4 s
+    with running_cluster(tiny_model_dir, "ft", instances=3, engine={"num_blocks": 600},
+                         migration={"timeout_s": 2.0}) as c:
+        yield c
 
 
 def _body(prompt: str, n: int = N_TOKENS) -> dict:

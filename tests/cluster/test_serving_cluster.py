@@ -8,28 +8,15 @@ import time
 import httpx
 import pytest
 
-from tests.cluster.helpers import serve_cluster
+from tests.cluster.helpers import running_cluster, serve_cluster
 
 ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, redis_url):
-    from llumnix.cluster.launcher import ClusterConfig, start_cluster
-
-    cfg = ClusterConfig(model=str(tiny_model_dir), instances=2, cms=redis_url,
-                        engine={"num_blocks": 512, "block_size": 4, "max_num_seqs": 8},
-                        namespace=f"test-{time.time_ns()}", reschedule_interval_s=0.05)
-    c = start_cluster(cfg)
-    yield c
-    c.shutdown()
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def server(cluster, tiny_model_dir):
-    with serve_cluster(cluster, tiny_model_dir) as (url, backend):
-        yield url, backend
+    with running_cluster(tiny_model_dir, "test", instances=2, cms=redis_url, engine={"num_blocks": 512}) as c:
+        yield c
 
 
 def test_completions_over_http_through_the_cluster(server):
