@@ -85,7 +85,7 @@ def test_scale_out_then_scale_in_with_real_instances_loses_no_request(server, cl
     assert len(info["instances"]) == 2 and len(backend.instances) == 2
     for p, r in streams_a:
         assert not r.errors and r.completion_tokens == N_TOKENS and r.text == ref[p], r
-    num_moves_a = len(info["migrations"]["recent"])
+    num_moves_a = info["migrations"]["committed"] + info["migrations"]["aborted"]
 
     async def phase_b():
         """One long request per instance: the average freeness is high, so one of them
@@ -121,12 +121,15 @@ def test_scale_out_then_scale_in_with_real_instances_loses_no_request(server, cl
     assert any(dst == new_iid for _, dst in moves), moves  # migration filled the new instance
     print("committed migrations (src, dst):", moves)
     in_event = next(e for e in events if e["kind"] == "in")
-    drained = [m for m in info["migrations"]["recent"][num_moves_a:]
-               if m["committed"] and m["src_instance_id"] == victim]
+    # "recent" keeps the last 50 migrations: those since phase A are its tail
+    num_moves_b = info["migrations"]["committed"] + info["migrations"]["aborted"] - num_moves_a
+    since_a = info["migrations"]["recent"][-num_moves_b:] if num_moves_b > 0 else []
+    drained = [m for m in since_a if m["committed"] and m["src_instance_id"] == victim]
     if before_cooldown_end > 1.0:  # phase B was running when the cooldown ended
         assert in_event["num_running"] == 1, events
     if in_event["num_running"] > 0:  # it was serving when chosen: drained by migration, not dropped
-        assert drained, info["migrations"]["recent"]
+        assert drained, [(m["src_instance_id"], m["dst_instance_id"], m["committed"], m["abort_reason"])
+                         for m in since_a]
     print(f"victim {victim} had {in_event['num_running']} running request(s); {len(drained)} migrated out")
     counts = wait_idle(backend.instances)
     assert len(counts) == 1 and all(c["num_used_blocks"] == 0 for c in counts.values()), counts

@@ -30,7 +30,7 @@ PROMPTS = ["The first request", "A second one, longer than the first", "third", 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
     # migration timeout 2 s: dead sources' reservations are freed in 4 s
-    with running_cluster(tiny_model_dir, "ft", instances=3, engine={"num_blocks": 600},
+    with running_cluster(tiny_model_dir, "ft", instances=4, engine={"num_blocks": 600},
                          migration={"timeout_s": 2.0}) as c:
         yield c
 
@@ -98,7 +98,7 @@ def test_instance_killed_mid_stream_resumes_on_a_survivor_with_the_same_greedy_t
         assert r.text == reference[p]  # one continuous stream: no gap, no repeat
     assert backend.num_resumed >= 1 and killed not in backend.instances
     counts = wait_idle(backend.instances)
-    assert len(counts) == 2 and all(c["num_used_blocks"] == 0 for c in counts.values()), counts
+    assert len(counts) == 3 and all(c["num_used_blocks"] == 0 for c in counts.values()), counts
     deadline = time.time() + 10
     while time.time() < deadline:  # LlumSched forgets it (told by the gateway, or its health check)
         info = httpx.get(f"{url}/admin/cluster").json()
@@ -130,14 +130,14 @@ def test_llumsched_killed_mid_run_streams_survive_fallback_then_recovery(server,
     assert during.status_code == 200 and served_in < 5
     deadline = time.time() + 30
     info: dict = {}
-    while time.time() < deadline:  # restarted by Ray; re-learns the two survivors from their pushes
+    while time.time() < deadline:  # restarted by Ray; re-learns the three survivors from their pushes
         with_info = httpx.get(f"{url}/admin/cluster")
         if with_info.status_code == 200:
             info = with_info.json()
-            if len(info["instances"]) == 2:
+            if len(info["instances"]) == 3:
                 break
         time.sleep(0.2)
-    assert len(info["instances"]) == 2, info
+    assert len(info["instances"]) == 3, info
     r = httpx.post(f"{url}/v1/completions", json={**_body("after", 4), "model": model_name}, timeout=30)
     assert r.status_code == 200
     after = httpx.get(f"{url}/admin/cluster").json()
@@ -145,6 +145,48 @@ def test_llumsched_killed_mid_run_streams_survive_fallback_then_recovery(server,
     assert backend.num_fallback_dispatches >= fallbacks0  # fallback used only while it was down
     counts = wait_idle(backend.instances)
     assert all(c["num_used_blocks"] == 0 for c in counts.values()), counts
+
+
+def test_llumsched_restarted_mid_scale_in_still_stops_the_victim_once_empty(server, cluster, reference,
+                                                                            model_name):
+    """Scale-in marked an instance (stop once empty) and LlumSched died: the restarted
+    LlumSched learns from the instance that it is being scaled in, lets migration drain
+    it and stops it; the stream that was on it completes whole."""
+    url, backend = server
+    num_before = len(backend.instances)
+
+    async def main():
+        async with httpx.AsyncClient(timeout=120) as c:
+            pr = StreamResult()
+            task = asyncio.create_task(stream_completion(c, url, {**_body(PROMPTS[1]), "model": model_name}, pr))
+            while pr.num_chunks < 5 and not pr.done:
+                await asyncio.sleep(0.005)
+            victim = await asyncio.to_thread(where_is, dict(backend.instances), pr.request_id)
+            ray.kill(cluster.llumsched, no_restart=False)  # what it knew of the scale-in is lost
+            await asyncio.to_thread(ray.get, backend.instances[victim].set_terminating.remote(True, True),
+                                    timeout=10)
+            return await asyncio.wait_for(task, 120), victim
+
+    res, victim = asyncio.run(main())
+    assert victim is not None
+    assert not res.errors and res.completion_tokens == N_TOKENS and res.text == reference[PROMPTS[1]]
+    deadline = time.time() + 40
+    info: dict = {}
+    while time.time() < deadline:
+        r = httpx.get(f"{url}/admin/cluster")
+        if r.status_code == 200:
+            info = r.json()
+            if any(e["kind"] == "stopped" and e["instance_id"] == victim for e in info["scaling"]["events"]):
+                break
+        time.sleep(0.2)
+    assert any(e["kind"] == "stopped" and e["instance_id"] == victim for e in info["scaling"]["events"]), info
+    assert victim not in {i["instance_id"] for i in info["instances"]}
+    deadline = time.time() + 10
+    while victim in backend.instances and time.time() < deadline:  # the gateway sees it gone
+        time.sleep(0.1)
+    assert victim not in backend.instances
+    counts = wait_idle(backend.instances)
+    assert len(counts) == num_before - 1 and all(c["num_used_blocks"] == 0 for c in counts.values()), counts
 
 
 def test_migration_whose_source_dies_aborts_cleanly_and_its_requests_resume(server, cluster, reference,

@@ -53,6 +53,9 @@ class InstanceActor:
         self._senders: dict[tuple[str, str], Any] = {}
         self._migrating = threading.Lock()
         self._closed = False  # set by close_if_idle: a stopping instance takes no new work
+        self.stop_when_empty = False
+        """Marked terminating by scale-in (not by an admin drain): to be stopped once empty.
+        Kept here, so a restarted LlumSched learns it again from the instance."""
 
     def _push(self, status: InstanceStatus) -> None:
         # Fire and forget: the newest wins. The handle rides along so a restarted
@@ -165,8 +168,12 @@ class InstanceActor:
     def mig_write_kv(self, request_id: str, block_ids: list[int], refs: list[Any], urgent: bool = True) -> bool:
         return self.endpoint.write(request_id, block_ids, memoryview(ray.get(refs[0], timeout=30)), urgent=urgent)
 
-    def set_terminating(self, terminating: bool) -> None:
+    def set_terminating(self, terminating: bool, stop_when_empty: bool = False) -> None:
+        self.stop_when_empty = terminating and stop_when_empty
         self.server.call(lambda: setattr(self.llumlet, "is_terminating", terminating))
+
+    def is_scaling_in(self) -> bool:
+        return self.stop_when_empty
 
     def step_log(self) -> list[tuple[float, float, int]]:
         return list(self.server.step_log)
@@ -273,6 +280,7 @@ class LlumSchedActor:
         """How to start an instance (model, engine, token...): scale-out needs it."""
         self._removed: set[str] = set()  # dead or stopped: a late push must not revive them
         self._scaling_in: dict[str, float] = {}  # victim -> when it was marked terminating
+        self._relearn: set[str] = set()  # terminating instances first heard of after a restart
         self.scaling_events: list[dict[str, Any]] = []
         threading.Thread(target=self._reschedule_loop, daemon=True, name="rescheduler").start()
 
@@ -352,6 +360,8 @@ class LlumSchedActor:
                 self._reschedule_round()
                 if self.gs.config.scaling.enabled:
                     self._autoscale()
+                elif self._scaling_in or self._relearn:
+                    self._stop_drained()
             except Exception:  # noqa: BLE001 - one bad round must not end rescheduling
                 log.exception("rescheduling round failed")
 
@@ -391,10 +401,31 @@ class LlumSchedActor:
             threading.Thread(target=self._start_instance, daemon=True, name="scale-out").start()
         elif act.kind == "in" and act.instance_id in self.handles:
             with contextlib.suppress(Exception):  # its next report carries the flag anyway
-                ray.get(self.handles[act.instance_id].set_terminating.remote(True), timeout=10)
+                ray.get(self.handles[act.instance_id].set_terminating.remote(True, True), timeout=10)
         self._stop_drained()
 
+    def _relearn_victims(self) -> None:
+        """After a restart: a terminating instance that scale-in marked is still to be
+        stopped once empty (the instance remembers; an admin drain is left running)."""
+        with self._lock:
+            ask = [(iid, self.handles.get(iid)) for iid in self._relearn]
+            self._relearn.clear()
+        for iid, handle in ask:
+            try:
+                victim = handle is not None and bool(ray.get(handle.is_scaling_in.remote(), timeout=2))
+            except Exception:  # noqa: BLE001 - not answering: asked again after its next push
+                with self._lock:
+                    self._relearn.add(iid)
+                continue
+            if victim:
+                with self._lock:
+                    if iid in self.handles:
+                        self._scaling_in.setdefault(iid, time.time())
+                log.warning("instance %s is still being scaled in; stopped once empty", iid)
+
     def _stop_drained(self) -> None:
+        if self._relearn:
+            self._relearn_victims()
         with self._lock:
             ready = [(iid, self.handles.get(iid)) for iid, t in self._scaling_in.items()
                      if iid not in self._in_flight and time.time() - t > 1.0
@@ -462,6 +493,8 @@ class LlumSchedActor:
                     return
                 self.gs.add_instance(status)  # first push after a restart of this actor
                 self.handles[status.instance_id] = handle
+                if status.is_terminating:  # a scale-in victim, or an admin drain? asked next round
+                    self._relearn.add(status.instance_id)
             self.gs.update_status(status)
             self.store.put_status(status)
 
