@@ -80,7 +80,7 @@ class InstanceActor:
         def add() -> None:
             self._check_open()
             e.add_request(req.request_id, req.prompt_token_ids, req.params, priority=req.priority,
-                          client=req.client)
+                          client=req.client, epoch=req.epoch)
 
         self.server.call(add)
 
@@ -101,7 +101,8 @@ class InstanceActor:
                 request_id=req.request_id, prompt_token_ids=list(req.prompt_token_ids),
                 sampling_params=req.params, arrival_time=e.clock.now(), priority=req.priority,
                 seed=req.params.seed if req.params.seed is not None else 0,
-                eos_token_id=e.eos_token_id, output_token_ids=list(output_token_ids), client=req.client))
+                eos_token_id=e.eos_token_id, output_token_ids=list(output_token_ids), client=req.client,
+                epoch=req.epoch))
 
         self.server.call(install)
 

@@ -102,6 +102,9 @@ class ClusterBackend:
         self.num_fallback_dispatches = 0
         self.num_resumed = 0
         self.num_failed_instances = 0
+        self.num_reaped = 0
+        """Request copies stopped because no stream wanted their outputs (see ``_route``)."""
+        self._reaping: set[str] = set()
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -177,7 +180,12 @@ class ClusterBackend:
 
     def _route(self, iid: str, out: RequestOutput) -> None:
         stream = self._streams.get(out.request_id)
-        if stream is None:
+        if stream is None or out.epoch < stream.request.epoch:
+            # Nobody waits for it (the client left, or the stream ended in an error), or
+            # it is a copy fenced off by a resume: stop it rather than let it run on.
+            if not out.is_finished and out.request_id not in self._reaping:
+                self._reaping.add(out.request_id)
+                self._spawn(self._reap(iid, out.request_id))
             return
         if not stream.is_recovering:
             stream.instance_id = iid  # where it lives now (it may have migrated here)
@@ -221,6 +229,8 @@ class ClusterBackend:
                                    f"resumed {stream.num_resumes} times")
             stream.num_resumes += 1
             stream.held.clear()  # whatever the lost instance left unreleased is recomputed
+            # A new epoch: outputs of the old one now come only from a copy that should not exist.
+            stream.request = dataclasses.replace(stream.request, epoch=stream.request.epoch + 1)
             tokens = list(stream.token_ids)
             last: BaseException | None = None
             for iid in await self._targets(stream.request, exclude={lost_iid, *(exclude or ())}):
@@ -365,6 +375,17 @@ class ClusterBackend:
                 return None, None
             self.num_fallback_dispatches += 1
             return ids[self.num_fallback_dispatches % len(ids)], None
+
+    async def _reap(self, iid: str, request_id: str) -> None:
+        actor = self.instances.get(iid)
+        try:
+            if actor is not None and await asyncio.wait_for(actor.abort.remote(request_id), 5.0):
+                self.num_reaped += 1
+                log.warning("gateway: stopped an orphaned or fenced-off copy of %s on %s", request_id, iid)
+        except Exception:  # noqa: BLE001 - unreachable: nothing to stop there
+            pass
+        finally:
+            self._reaping.discard(request_id)
 
     async def abort(self, request_id: str) -> None:
         """Abort wherever the request is: where it was last seen first, then everywhere

@@ -100,6 +100,8 @@ class RequestOutput:
     """Set on the output that finishes the request."""
     client: str = ""
     """The request's consumer tag (``Request.client``): which outbox it goes to."""
+    epoch: int = 0
+    """The request's fencing token (``Request.epoch``)."""
 
     @property
     def is_finished(self) -> bool:

@@ -73,6 +73,11 @@ class Request:
     """Opaque tag of the consumer of this request's outputs (a gateway's id): outputs
     carry it, so each gateway reads only its own; it travels with the request when it
     migrates."""
+    epoch: int = 0
+    """Fencing token, bumped by the gateway each time it resumes the request after an
+    instance failure; outputs carry it. An output of an older epoch comes from a copy
+    that must not exist (say a migration that committed as its source died), and the
+    gateway stops that copy."""
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -55,6 +55,7 @@ class EngineCore(MigrationOpsMixin):
         priority: int = Priority.NORMAL,
         arrival_time: float | None = None,
         client: str = "",
+        epoch: int = 0,
     ) -> Request:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
@@ -69,6 +70,7 @@ class EngineCore(MigrationOpsMixin):
             seed=self._rng.getrandbits(63) if seed is None else seed,
             eos_token_id=self.eos_token_id,
             client=client,
+            epoch=epoch,
         )
         self.requests[request_id] = req
         self.scheduler.enqueue(req)
@@ -139,11 +141,11 @@ class EngineCore(MigrationOpsMixin):
             status = self._check_stop(req, token)
             if status is None:
                 outputs.append(RequestOutput(req.request_id, [token], len(out_ids), None, lp, req.stop_reason,
-                                             None, req.client))
+                                             None, req.client, req.epoch))
             else:
                 metrics = self._finish(req, status, now)
                 outputs.append(RequestOutput(req.request_id, [token], len(out_ids), status.finish_reason,
-                                             lp, req.stop_reason, metrics, req.client))
+                                             lp, req.stop_reason, metrics, req.client, req.epoch))
         return outputs
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:

@@ -1,0 +1,86 @@
+"""ClusterBackend's output routing without Ray: streams take their own outputs, and a
+copy nobody should be running (fenced off by a resume, or orphaned) is stopped."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("ray")  # the backend module imports it
+
+from llumnix.cluster.backend import ClusterBackend, _Stream  # noqa: E402
+from llumnix.core.batch import RequestOutput  # noqa: E402
+from llumnix.core.sampling_params import SamplingParams  # noqa: E402
+from llumnix.gateway.backend import GenerateRequest  # noqa: E402
+
+
+class _Remote:
+    def __init__(self, fn):
+        self._fn = fn
+
+    def remote(self, *args):
+        async def call():
+            return self._fn(*args)
+        return call()
+
+
+class FakeInstance:
+    def __init__(self, holds: set[str]) -> None:
+        self.holds = holds
+        self.aborted: list[str] = []
+        self.abort = _Remote(self._abort)
+
+    def _abort(self, rid: str) -> bool:
+        self.aborted.append(rid)
+        found = rid in self.holds
+        self.holds.discard(rid)
+        return found
+
+
+INFO = {"model": "m", "max_model_len": 64, "vocab_size": 100, "num_blocks": 16, "watermark": 0.0,
+        "block_size": 4}
+
+
+def _backend(instances):
+    return ClusterBackend(None, instances, INFO, tokenizer=None)
+
+
+def _out(rid, n, epoch=0, finished=False):
+    return RequestOutput(rid, [n], n, "length" if finished else None, client="gw", epoch=epoch)
+
+
+def test_outputs_of_a_fenced_off_copy_are_dropped_and_the_copy_is_stopped():
+    async def main():
+        a, b = FakeInstance({"r"}), FakeInstance({"r"})
+        be = _backend({"a": a, "b": b})
+        req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
+        stream = be._streams["r"] = _Stream(req)
+        be._route("a", _out("r", 1))
+        # "a" failed; the gateway resumed the request on "b" (a new epoch), but a migration
+        # from "a" had committed a copy elsewhere just before: its epoch-0 outputs arrive late
+        stream.request = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw",
+                                         epoch=1)
+        stream.instance_id = "b"
+        be._route("b", _out("r", 2, epoch=1))
+        be._route("a", _out("r", 2, epoch=0))
+        be._route("a", _out("r", 3, epoch=0))  # one stop is asked for, not one per output
+        await asyncio.gather(*be._tasks)
+        got = [stream.queue.get_nowait().num_output_tokens for _ in range(stream.queue.qsize())]
+        return got, a, b, be
+
+    got, a, b, be = asyncio.run(main())
+    assert got == [1, 2]  # the stale copy's token 2 was not released, nor its token 3
+    assert a.aborted == ["r"] and b.aborted == [] and be.num_reaped == 1
+
+
+def test_outputs_nobody_waits_for_stop_their_request():
+    async def main():
+        a = FakeInstance({"gone", "done"})
+        be = _backend({"a": a})
+        be._route("a", _out("gone", 5))  # its client left (its stream is gone)
+        be._route("a", _out("done", 8, finished=True))  # finished: nothing to stop
+        await asyncio.gather(*be._tasks)
+        return a, be
+
+    a, be = asyncio.run(main())
+    assert a.aborted == ["gone"] and be.num_reaped == 1
