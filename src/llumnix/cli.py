@@ -38,6 +38,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return main_serve(args)
 
 
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    from llumnix.cluster.serve import main_gateway
+
+    return main_gateway(args)
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from llumnix.sim.runner import main_simulate
 
@@ -57,7 +63,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from llumnix.bench.serve_bench import main_serve_bench
 
         return main_serve_bench(args)
+    if args.what == "fidelity":
+        from llumnix.bench.fidelity import main_fidelity
+
+        return main_fidelity(args)
     raise LlumnixError(f"unknown benchmark {args.what!r}")
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from llumnix.bench.profile import main_profile
+
+    return main_profile(args)
 
 
 def _set_threads(n: int | None) -> None:
@@ -89,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_args(s)
     s.set_defaults(func=_cmd_serve)
 
+    gw = sub.add_parser("gateway", help="one more OpenAI gateway in front of a running `llumnix serve` cluster")
+    from llumnix.cluster.serve import add_gateway_args
+
+    add_gateway_args(gw)
+    gw.set_defaults(func=_cmd_gateway)
+
     sim = sub.add_parser("simulate", help="run a discrete-event cluster simulation from a YAML config")
     sim.add_argument("config", help="experiment YAML, e.g. benchmarks/sim/figure11.yaml")
     sim.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field")
@@ -96,8 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", default=None, help="output directory")
     sim.set_defaults(func=_cmd_simulate)
 
+    pr = sub.add_parser("profile", help="measure the real engine and write a latency profile for simulate")
+    _add_model_args(pr)
+    pr.add_argument("--out", default="benchmarks/fidelity/profile-smollm2-cpu.json", help="profile JSON to write")
+    pr.add_argument("--neighbor", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure while a second engine process decodes (two instances share the cores)")
+    pr.add_argument("--nice", type=int, default=15,
+                    help="niceness to measure at (Ray starts instance actors at nice 15)")
+    pr.add_argument("--quick", action="store_true", help="a tiny grid (smoke test)")
+    pr.set_defaults(func=_cmd_profile)
+
     b = sub.add_parser("bench", help="run a committed benchmark")
-    b.add_argument("what", choices=["engine", "migration", "serve"])
+    b.add_argument("what", choices=["engine", "migration", "serve", "fidelity"])
     _add_model_args(b)
     b.add_argument("--out", default="benchmarks/results", help="directory for the JSON result")
     b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
@@ -110,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     from llumnix.bench.serve_bench import add_serve_bench_args
 
     add_serve_bench_args(b)
+    fb = b.add_argument_group("bench fidelity")
+    fb.add_argument("--profile", default="benchmarks/fidelity/profile-smollm2-cpu.json",
+                    help="latency profile the simulator runs with (llumnix profile writes it)")
+    fb.add_argument("--loads", default=None, help="comma-separated load names to run (default: all)")
+    fb.add_argument("--systems", default=None, help="comma-separated systems to run (default: all)")
+    fb.add_argument("--sim-only", action="store_true",
+                    help="re-simulate against the real runs already in fidelity.json")
     b.set_defaults(func=_cmd_bench)
     return parser
 

@@ -76,6 +76,48 @@ def test_two_gateways_on_one_cluster_each_get_all_of_their_own_tokens(server, cl
         assert asyncio.run(main()) == [16] * 8
 
 
+def test_llumnix_gateway_joins_a_running_cluster_and_leaves_it_running(server, cluster):
+    """`llumnix gateway` (its own process) attaches to the cluster by its Ray address and
+    namespace, serves through the same LlumSched, and stopping it stops nothing else."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    ctx = ray.get_runtime_context()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "gateway", "--ray-address", ctx.gcs_address,
+                             "--namespace", ctx.namespace, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 240  # a loaded 2-core machine: import, Ray connect, tokenizer
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.time() < deadline, "the gateway did not answer /health in 240 s"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        before = httpx.get(f"{server[0]}/admin/cluster").json()["num_dispatched"]
+        r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "joined", "max_tokens": 9,
+                                                      "ignore_eos": True}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 9
+        assert httpx.get(f"{server[0]}/admin/cluster").json()["num_dispatched"] == before + 1  # same LlumSched
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    r = httpx.post(f"{server[0]}/v1/completions", json={"model": name, "prompt": "still here", "max_tokens": 4,
+                                                        "ignore_eos": True}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
 def test_bad_request_never_reaches_an_instance(server):
     url, _ = server
     r = httpx.post(f"{url}/v1/completions", json={"model": "x", "prompt": "hi"})

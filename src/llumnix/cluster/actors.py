@@ -308,6 +308,11 @@ class LlumSchedActor:
             log.warning("instance %s removed (%s)", instance_id, reason)
         return known
 
+    def model_source(self) -> str | None:
+        """The model the instances load ('smollm2', a path): where a gateway that joins
+        later finds the tokenizer."""
+        return None if self._spec is None else str(self._spec["model"])
+
     def members(self) -> dict[str, dict[str, Any]]:
         """Every live instance with its actor handle, for gateways to poll the new ones."""
         with self._lock:

@@ -45,8 +45,13 @@ class Cluster:
     llumsched: Any
     instances: dict[str, Any]
     info: dict[str, Any]
+    owned: bool = True
+    """Started by this process (``start_cluster``); an attached one (``attach_cluster``)
+    is left running by ``shutdown``."""
 
     def shutdown(self) -> None:
+        if not self.owned:
+            return
         actors = dict(self.instances)
         with contextlib.suppress(Exception):  # instances started by auto-scaling
             members = ray.get(self.llumsched.members.remote(), timeout=5)
@@ -96,3 +101,45 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     statuses = ray.get([a.status.remote() for a in instances.values()], timeout=60)
     ray.get([llumsched.register.remote(s, instances[s.instance_id]) for s in statuses], timeout=60)
     return Cluster(llumsched, instances, infos[0])
+
+
+def attach_cluster(ray_address: str, namespace: str = "llumnix", llumsched_name: str = LLUMSCHED_NAME,
+                   timeout_s: float = 30.0) -> Cluster:
+    """A running cluster (its LlumSched and instances), for one more gateway in front of
+    it: nothing is started, and ``shutdown`` leaves it running."""
+    from llumnix.core.errors import LlumnixError
+
+    if not ray.is_initialized():
+        _check_reachable(ray_address)
+        try:
+            ray.init(address=ray_address, namespace=namespace, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise LlumnixError(f"cannot reach a Ray cluster at {ray_address!r}: {e}") from None
+    try:
+        llumsched = ray.get_actor(llumsched_name)
+    except ValueError:
+        raise LlumnixError(f"no LlumSched actor {llumsched_name!r} in Ray namespace {namespace!r} "
+                           f"at {ray_address!r}: is `llumnix serve` running there?") from None
+    members = ray.get(llumsched.members.remote(), timeout=timeout_s)
+    if not members:
+        raise LlumnixError("the cluster has no instance yet")
+    instances = {iid: m["handle"] for iid, m in members.items()}
+    info = ray.get(next(iter(instances.values())).ready.remote(), timeout=timeout_s)
+    info["model_source"] = ray.get(llumsched.model_source.remote(), timeout=timeout_s)
+    return Cluster(llumsched, instances, info, owned=False)
+
+
+def _check_reachable(ray_address: str, timeout_s: float = 3.0) -> None:
+    """Fail in seconds, with one line, where ``ray.init`` would retry for minutes."""
+    import socket
+
+    from llumnix.core.errors import LlumnixError
+
+    addr = ray_address.removeprefix("ray://")
+    if addr == "auto" or ":" not in addr:
+        return
+    host, _, port = addr.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as e:
+        raise LlumnixError(f"cannot reach a Ray cluster at {ray_address!r}: {e}") from None

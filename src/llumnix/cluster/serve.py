@@ -15,8 +15,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file with ClusterConfig fields (flags override it)")
     p.add_argument("--model", default=None, help="'smollm2' (default), a .gguf file or an HF directory")
     p.add_argument("--instances", type=int, default=None, help="instance actors (default 2)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
     p.add_argument("--dispatch", default=None, help="llumnix | infaas++ | round-robin | random | "
                    "least-requests | power-of-two | llm-d")
@@ -43,7 +43,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-mib", type=int, default=None, help="KV cache per instance (default 512)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="batch size limit per instance")
     p.add_argument("--device", default=None, help="cpu or cuda")
-    p.add_argument("--threads-per-instance", type=int, default=None)
+    p.add_argument("--threads-per-instance", type=int, default=None,
+                   help="torch threads of each instance (default 1)")
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -132,17 +133,51 @@ def is_loopback(host: str) -> bool:
 
 
 def main_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from llumnix.cluster.backend import ClusterBackend
     from llumnix.cluster.launcher import start_cluster
-    from llumnix.gateway.app import build_app
-    from llumnix.model import load_model
+    from llumnix.model import load_tokenizer
 
     cfg = build_config(args)
     print(f"llumnix serve: starting {cfg.instances} instance(s) of {cfg.model} on Ray ...", flush=True)
     cluster = start_cluster(cfg)
-    tokenizer = load_model(cfg.model).tokenizer  # tokenization happens at the gateway
+    try:
+        tokenizer = load_tokenizer(cfg.model)  # tokenization happens at the gateway
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return _run_gateway("llumnix serve", cluster, tokenizer, args)
+
+
+def add_gateway_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ray-address", required=True,
+                   help="the Ray cluster `llumnix serve` runs on ('auto': the one on this machine)")
+    p.add_argument("--namespace", default="llumnix", help="its Ray namespace (default llumnix)")
+    p.add_argument("--model", default=None,
+                   help="where to load the tokenizer from (default: the model the instances load)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8001, help="port to listen on (default 8001)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
+
+
+def main_gateway(args: argparse.Namespace) -> int:
+    """One more OpenAI gateway in front of a running cluster: it dispatches through the
+    same LlumSched and reads only its own requests' outputs from the instances."""
+    from llumnix.cluster.launcher import attach_cluster
+    from llumnix.model import load_tokenizer
+
+    cluster = attach_cluster(args.ray_address, args.namespace)
+    model = args.model or cluster.info.get("model_source")
+    if model is None:
+        raise LlumnixError("the cluster does not say which model it runs; pass --model")
+    tokenizer = load_tokenizer(model)
+    return _run_gateway("llumnix gateway", cluster, tokenizer, args)
+
+
+def _run_gateway(title: str, cluster: Any, tokenizer: Any, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from llumnix.cluster.backend import ClusterBackend
+    from llumnix.gateway.app import build_app
+
     backend = ClusterBackend(cluster.llumsched, cluster.instances, cluster.info, tokenizer)
     app = build_app(backend, api_key=args.api_key, admin_requires_key=not is_loopback(args.host))
 
@@ -154,7 +189,7 @@ def main_serve(args: argparse.Namespace) -> int:
     async def _stop() -> None:
         await backend.stop()
 
-    print(f"llumnix serve: http://{args.host}:{args.port}/v1  (model '{backend.model_name}')\n"
+    print(f"{title}: http://{args.host}:{args.port}/v1  (model '{backend.model_name}')\n"
           f"  try: curl http://{args.host}:{args.port}/v1/chat/completions -H 'Content-Type: application/json' "
           f"-d '{{\"model\": \"{backend.model_name}\", \"messages\": [{{\"role\": \"user\", \"content\": "
           f"\"What is the capital of France?\"}}], \"max_tokens\": 30}}'", flush=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,29 @@ def load_model(spec: str = "smollm2", device: str = "cpu", dtype: str | torch.dt
         raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face directory")
     _release_free_heap()
     return LoadedModel(name=name, path=path, config=config, model=model, tokenizer=tokenizer)
+
+
+def load_tokenizer(spec: str = "smollm2") -> Tokenizer:
+    """The model's tokenizer alone, without its weights (what a gateway needs)."""
+    path = resolve_model_path(spec)
+    if path.is_dir():
+        try:
+            raw = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"{path}: cannot read config.json: {e}") from e
+        config = LlamaConfig.from_hf(raw)
+        return Tokenizer.from_dir(path, config.bos_token_id, config.eos_token_id)
+    if path.suffix == ".gguf":
+        from gguf import GGUFReader
+
+        from llumnix.model.gguf_loader import read_fields
+
+        try:
+            reader = GGUFReader(str(path))
+        except Exception as e:  # noqa: BLE001 - report any parse failure as a load error
+            raise ModelLoadError(f"{path} is not a readable GGUF file: {e}") from e
+        return Tokenizer.from_gguf(reader, read_fields(reader))
+    raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face directory")
 
 
 def _release_free_heap() -> None:
