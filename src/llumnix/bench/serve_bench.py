@@ -16,6 +16,7 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -318,9 +319,9 @@ def measure_dispatch(sizes: tuple[int, ...] = (64, 1024), policies: tuple[str, .
 def measure_overhead(model: str, num_requests: int, max_tokens: int, engine: dict[str, Any]) -> dict[str, Any]:
     """P50 latency of one short request sent straight to an instance actor (Ray call +
     output poll) and through the HTTP gateway (tokenize, dispatch by LlumSched, stream),
-    one request at a time on an otherwise idle 1-instance cluster, in back-to-back pairs
-    (alternating which goes first) so that drift in a shared machine's speed hits both
-    paths alike; the median of the pairs' differences is the figure least moved by it."""
+    one request at a time on an otherwise idle 1-instance cluster, in back-to-back rounds
+    (rotating which goes first) so that drift in a shared machine's speed hits every path
+    alike; the median of the rounds' differences is the figure least moved by it."""
     import httpx
     import ray
 
@@ -332,9 +333,9 @@ def measure_overhead(model: str, num_requests: int, max_tokens: int, engine: dic
                                           namespace=f"overhead-{time.time_ns()}"))
     try:
         (actor,) = cluster.instances.values()
-        from llumnix.model import load_model
+        from llumnix.model import load_tokenizer
 
-        tok = load_model(model).tokenizer
+        tok = load_tokenizer(model)
         prompt = "What is the capital of France?"
         ids = tok.encode(prompt)
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -350,39 +351,91 @@ def measure_overhead(model: str, num_requests: int, max_tokens: int, engine: dic
                 done = any(o.is_finished for o in ray.get(actor.get_outputs.remote(0.5), timeout=60))
             return time.perf_counter() - t0
 
-        direct: list[float] = []
-        via: list[float] = []
-        paired: list[float] = []  # per request pair: gateway - direct, taken back to back
-        # One gateway stays up; direct calls read the untagged outbox, which the
-        # gateway (it reads only its own tag) never touches. Each pair runs back to back
-        # in alternating order, so drift in a shared machine's speed hits both paths alike.
-        with _gateway(cluster, tok) as url, httpx.Client(timeout=60) as c:
-            name = c.get(f"{url}/v1/models").json()["data"][0]["id"]
+        # Two gateways stay up: one in its own process (`llumnix gateway`, as deployed)
+        # and one in this process beside the client (sharing its interpreter). Direct
+        # calls read the untagged outbox, which gateways (each reads its own tag) never
+        # touch. Each round runs the three back to back in rotating order, so drift in a
+        # shared machine's speed hits all paths alike; per round, gateway - direct.
+        times: dict[str, list[float]] = {"direct": [], "gateway": [], "gateway_in_process": []}
+        added: dict[str, list[float]] = {"gateway": [], "gateway_in_process": []}
+        with _gateway_process() as url_own, _gateway(cluster, tok) as url_in, httpx.Client(timeout=60) as c:
+            name = c.get(f"{url_own}/v1/models").json()["data"][0]["id"]
             body = {"model": name, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
                     "temperature": 0}
 
-            def call_gateway() -> float:
-                t0 = time.perf_counter()
-                c.post(f"{url}/v1/completions", json=body).raise_for_status()
-                return time.perf_counter() - t0
+            def via(url: str) -> Callable[[int], float]:
+                def call(i: int) -> float:
+                    t0 = time.perf_counter()
+                    c.post(f"{url}/v1/completions", json=body).raise_for_status()
+                    return time.perf_counter() - t0
+                return call
 
-            for i in range(-5, num_requests):  # the first pairs warm connections and caches
-                if i % 2:
-                    g, d = call_gateway(), call_direct(i)
-                else:
-                    d, g = call_direct(i), call_gateway()
+            paths = {"direct": call_direct, "gateway": via(url_own), "gateway_in_process": via(url_in)}
+            order = list(paths)
+            for i in range(-5, num_requests):  # the first rounds warm connections and caches
+                k = i % len(order)
+                took = {p: paths[p](i) for p in order[k:] + order[:k]}
                 if i >= 0:
-                    direct.append(d)
-                    via.append(g)
-                    paired.append(g - d)
+                    for p, t in took.items():
+                        times[p].append(t)
+                    for p in added:
+                        added[p].append(took[p] - took["direct"])
     finally:
         cluster.shutdown()
-    d, v = _stats(direct), _stats(via)
-    return {"model": model, "max_tokens": max_tokens, "num_requests": num_requests,
-            "direct_p50_ms": 1000 * (d["p50"] or 0), "gateway_p50_ms": 1000 * (v["p50"] or 0),
-            "direct_mean_ms": 1000 * (d["mean"] or 0), "gateway_mean_ms": 1000 * (v["mean"] or 0),
-            "added_p50_ms": 1000 * ((v["p50"] or 0) - (d["p50"] or 0)),
-            "added_ms_median_of_pairs": 1000 * statistics.median(paired)}
+    res: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "num_requests": num_requests,
+                           "gateway_process": "llumnix gateway (its own process), as deployed"}
+    st = {p: _stats(v) for p, v in times.items()}
+    for p in times:
+        res[f"{p}_p50_ms"] = 1000 * (st[p]["p50"] or 0)
+        res[f"{p}_mean_ms"] = 1000 * (st[p]["mean"] or 0)
+    for p in added:
+        suffix = "" if p == "gateway" else "_in_process"
+        res[f"added_p50_ms{suffix}"] = res[f"{p}_p50_ms"] - res["direct_p50_ms"]
+        res[f"added_ms_median_of_rounds{suffix}"] = 1000 * statistics.median(added[p])
+    return res
+
+
+class _gateway_process:  # noqa: N801 - a context manager used like a function
+    """`llumnix gateway` in its own process, attached to this process's Ray cluster."""
+
+    def __enter__(self) -> str:
+        import os
+        import socket
+        import subprocess
+        import sys
+
+        import httpx
+        import ray
+
+        ctx = ray.get_runtime_context()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llumnix.cli", "gateway", "--ray-address", ctx.gcs_address,
+             "--namespace", ctx.namespace, "--port", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 300
+        while True:
+            if self.proc.poll() is not None:
+                raise LlumnixError(f"overhead: `llumnix gateway` exited with {self.proc.returncode}")
+            if time.time() > deadline:
+                self.__exit__()
+                raise LlumnixError("overhead: `llumnix gateway` did not start in 300 s")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except Exception:  # noqa: BLE001 - a wedged gateway is killed
+            self.proc.kill()
 
 
 class _gateway:  # noqa: N801 - a context manager used like a function
@@ -459,9 +512,10 @@ def main_serve_bench(args: argparse.Namespace) -> int:
     if args.measure == "overhead":
         engine = {"kv_cache_bytes": 64 * 2**20, "device": args.device, "dtype": args.dtype}
         res = measure_overhead(args.model, 20 if args.quick else 100, 1, engine)
-        print(f"overhead: direct P50 {res['direct_p50_ms']:.2f} ms, through gateway P50 "
-              f"{res['gateway_p50_ms']:.2f} ms, added P50 {res['added_p50_ms']:.2f} ms "
-              f"(median of paired differences {res['added_ms_median_of_pairs']:.2f} ms)")
+        print(f"overhead: direct P50 {res['direct_p50_ms']:.2f} ms, through `llumnix gateway` P50 "
+              f"{res['gateway_p50_ms']:.2f} ms: added P50 {res['added_p50_ms']:.2f} ms (median per round "
+              f"{res['added_ms_median_of_rounds']:.2f} ms); a gateway in the client's process adds "
+              f"{res['added_p50_ms_in_process']:.2f} ms ({res['added_ms_median_of_rounds_in_process']:.2f} ms)")
         update_results(path, "overhead", Path(args.model).name or args.model, res)
         print(f"wrote {path}")
         return 0
