@@ -1,0 +1,668 @@
+"""`llumnix bench fidelity`: one seeded trace on the real cluster and in the simulator.
+
+For each load (light; near saturation, where migrations and preemptions happen) and
+each system (infaas++ dispatch without migration, llumnix dispatch with migration),
+the same requests (arrival times, prompt token ids, output lengths) are served by:
+
+* the real cluster: 2 instance actors on Ray, LlumSched, the OpenAI gateway (as
+  ``llumnix serve`` starts them), driven over HTTP with streamed completions;
+* the simulator, with the profile ``llumnix profile`` measured and the same cluster
+  settings (blocks, block size, batch limits, thresholds, status and rescheduling
+  intervals), and one scheduling config dict for both.
+
+The simulator's clock starts at the engine; a request's real TTFT also holds the
+serving path (HTTP, LlumSched's dispatch, the Ray hops in and out, the SSE chunk).
+That cost is measured on the idle cluster before each run (probes whose engine step
+is found in the instance's step log) and added to the simulated TTFT and end-to-end
+latency. Per metric the report gives sim, real and (sim - real) / real.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llumnix.core.errors import LlumnixError
+
+MEAN_GOAL = 0.10
+"""Largest relative error of a mean (TTFT, decode per token, end-to-end)."""
+P99_GOAL = 0.25
+"""Largest relative error of a P99."""
+MEAN_METRICS = ("ttft_mean", "decode_mean", "e2e_mean")
+P99_METRICS = ("ttft_p99", "decode_p99")
+METRICS = ("ttft_mean", "ttft_p99", "decode_mean", "decode_p99", "e2e_mean", "e2e_p99",
+           "num_migrations", "num_preemptions")
+RANK_METRICS = ("ttft_mean", "ttft_p99", "decode_mean", "e2e_mean")
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    rate: float
+    """Requests per second (Poisson)."""
+    num_requests: int
+
+
+@dataclass(frozen=True)
+class FidelitySetup:
+    """The cluster both sides run and the trace they serve."""
+
+    model: str = "smollm2"
+    num_instances: int = 2
+    num_blocks: int = 48
+    """KV blocks per instance: small, so the heavy load fills them (migrations, preemptions)."""
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    watermark: float = 0.01
+    status_interval_s: float = 0.05
+    """The instances' periodic status push (cluster/instance.py)."""
+    reschedule_interval_s: float = 0.5
+    """LlumSched's migration rounds."""
+    migrate_out_threshold: float = 3.0
+    threads_per_instance: int = 1
+    prompt_tokens: tuple[int, int] = (16, 96)
+    """Prompt lengths, uniform in [lo, hi]."""
+    output_tokens: tuple[int, int] = (8, 48)
+    """Output lengths, uniform in [lo, hi] (EOS ignored)."""
+    seed: int = 0
+    loads: tuple[Load, ...] = (Load("light", 0.25, 30), Load("medium", 0.5, 50), Load("heavy", 0.65, 65))
+    systems: tuple[str, ...] = ("infaas++", "llumnix")
+
+    def scheduling(self, system: str) -> dict[str, Any]:
+        """The SchedulingConfig dict of a system, the same on both sides."""
+        return {"dispatch": {"policy": system},
+                "rescheduling": {"enabled": system == "llumnix", "out_threshold": self.migrate_out_threshold,
+                                 "in_threshold": self.migrate_out_threshold}}
+
+
+# -- the trace ----------------------------------------------------------------------------
+def make_trace(setup: FidelitySetup, load: Load) -> Any:
+    from llumnix.sim.workloads import Trace
+
+    rng = np.random.default_rng([setup.seed, int(load.rate * 1000), load.num_requests])
+    gaps = rng.exponential(1.0 / load.rate, load.num_requests)
+    gaps[0] = 0.5
+    prompts = rng.integers(setup.prompt_tokens[0], setup.prompt_tokens[1] + 1, load.num_requests)
+    outputs = rng.integers(setup.output_tokens[0], setup.output_tokens[1] + 1, load.num_requests)
+    return Trace(load.name, load.rate, setup.seed, np.cumsum(gaps), prompts, outputs,
+                 np.zeros(load.num_requests, dtype=np.int64))
+
+
+def prompt_ids(i: int, n: int, vocab: int) -> list[int]:
+    """Prompt ``i`` of ``n`` token ids: ordinary vocabulary, no two alike."""
+    lo = min(100, vocab // 4)
+    return [lo + (j * 7919 + (i + 1) * 104729) % max(1, vocab - lo) for j in range(n)]
+
+
+# -- the simulator side --------------------------------------------------------------------
+def scaled(model: Any, factor: float) -> Any:
+    """A profile's step latencies times ``factor`` (CPU contention measured elsewhere)."""
+    import dataclasses
+
+    if factor == 1.0:
+        return model
+    return dataclasses.replace(model, prefill_s=tuple(factor * t for t in model.prefill_s),
+                               decode_s=tuple(tuple(factor * t for t in row) for row in model.decode_s))
+
+
+class _Recorder:
+    """A latency model that remembers every step it priced: (requests in the step, seconds)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.migration = inner.migration
+        self.steps: list[tuple[int, float]] = []
+
+    def prefill_time(self, seq_lens: Any) -> float:
+        t = float(self.inner.prefill_time(seq_lens))
+        self.steps.append((len(seq_lens), t))
+        return t
+
+    def decode_time(self, batch_size: int, num_context_tokens: int) -> float:
+        t = float(self.inner.decode_time(batch_size, num_context_tokens))
+        self.steps.append((batch_size, t))
+        return t
+
+
+def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: float = 1.0) -> dict[str, Any]:
+    from llumnix.migration.protocol import MigrationConfig
+    from llumnix.policy import SchedulingConfig
+    from llumnix.sim.cluster import ClusterConfig
+    from llumnix.sim.latency import get_latency_model
+    from llumnix.sim.policy_bridge import PolicyBridge
+    from llumnix.sim.simulator import Simulator
+
+    every = max(1, round(setup.reschedule_interval_s / setup.status_interval_s))
+    cfg = ClusterConfig(num_instances=setup.num_instances, num_blocks=setup.num_blocks,
+                        block_size=setup.block_size, max_num_seqs=setup.max_num_seqs,
+                        max_num_batched_tokens=setup.max_num_batched_tokens, max_model_len=8192,
+                        watermark=setup.watermark, status_interval_s=setup.status_interval_s,
+                        reschedule_every=every, migration=MigrationConfig())
+    sched = setup.scheduling(system)
+    sched["dispatch"]["pending_grace_s"] = 0.0  # a simulated add is seen at once
+    policy = PolicyBridge(SchedulingConfig.from_dict(sched), seed=setup.seed,
+                          scaling_interval_s=setup.status_interval_s)
+    latency = _Recorder(scaled(get_latency_model(profile), scale))
+    sim = Simulator(cfg, latency, policy, trace)
+    summary = sim.run()
+    arr = sim.metrics.request_arrays()
+    by: dict[int, list[float]] = {}
+    for n, t in latency.steps:
+        by.setdefault(n, []).append(t)
+    steps = {"num_steps": len(latency.steps), "busy_s": sum(t for _, t in latency.steps),
+             "mean_s_by_batch": {str(n): statistics.fmean(v) for n, v in sorted(by.items())},
+             "count_by_batch": {str(n): len(v) for n, v in sorted(by.items())}}
+    return {"ttft": arr["prefill"].tolist(), "decode": arr["decode"].tolist(), "e2e": arr["e2e"].tolist(),
+            "scale": scale, "steps": steps,
+            "num_migrations": int(summary["migrations"]["num_committed"]),
+            "num_migrations_aborted": int(summary["migrations"]["num_aborted"]),
+            "num_preemptions": int(summary["num_preemptions"])}
+
+
+# -- the real side -------------------------------------------------------------------------
+@dataclass
+class _Rec:
+    sent: float = 0.0
+    request_id: str | None = None
+    ttft: float | None = None
+    e2e: float | None = None
+    num_output_tokens: int = 0
+    error: str | None = None
+
+
+async def _one(client: Any, url: str, body: dict[str, Any]) -> _Rec:
+    t0 = time.monotonic()
+    rec = _Rec(sent=t0)
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                rec.error = f"HTTP {r.status_code}"
+                return rec
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    rec.error = str(chunk["error"])[:200]
+                rec.request_id = chunk.get("id", rec.request_id)
+                if chunk.get("usage"):
+                    rec.num_output_tokens = int(chunk["usage"]["completion_tokens"])
+                if chunk.get("choices") and rec.ttft is None:
+                    rec.ttft = time.monotonic() - t0
+        rec.e2e = time.monotonic() - t0
+    except Exception as e:  # noqa: BLE001 - counted as this request's error
+        rec.error = f"{type(e).__name__}: {e}"[:200]
+    return rec
+
+
+async def _drive(url: str, model: str, trace: Any, vocab: int) -> list[_Rec]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        t0 = time.monotonic()
+
+        async def fire(i: int) -> _Rec:
+            await asyncio.sleep(max(0.0, float(trace.arrival_times[i]) - (time.monotonic() - t0)))
+            body = {"model": model, "prompt": prompt_ids(i, int(trace.prompt_lens[i]), vocab),
+                    "max_tokens": int(trace.output_lens[i]), "ignore_eos": True, "temperature": 0,
+                    "stream": True, "stream_options": {"include_usage": True}}
+            return await _one(client, url, body)
+
+        return list(await asyncio.gather(*(fire(i) for i in range(len(trace)))))
+
+
+def _probe_overhead(url: str, model: str, instances: dict[str, Any], vocab: int, n: int = 6) -> dict[str, Any]:
+    """Serving-path latency of single requests on the idle cluster: client TTFT minus the
+    duration of the engine step that produced the token (found in the step log)."""
+    import httpx
+    import ray
+
+    added: list[float] = []
+    with httpx.Client(timeout=120) as c:
+        for k in range(n + 1):
+            body = {"model": model, "prompt": prompt_ids(10_000 + k, 32, vocab), "max_tokens": 1,
+                    "ignore_eos": True, "temperature": 0}
+            t0 = time.monotonic()
+            c.post(f"{url}/v1/completions", json=body).raise_for_status()
+            total = time.monotonic() - t0
+            steps = [s for log in ray.get([a.step_log.remote() for a in instances.values()], timeout=30)
+                     for s in log if s[0] >= t0 and s[1] <= t0 + total]
+            if k and steps:  # the first warms the path up
+                start, end, _ = min(steps)
+                added.append(total - (end - start))
+            time.sleep(0.2)
+    if not added:
+        raise LlumnixError("fidelity: no probe request was found in the instances' step logs")
+    return {"samples_s": added, "median_s": statistics.median(added)}
+
+
+def _probe_steps(url: str, model: str, instances: dict[str, Any], vocab: int,
+                 per_instance: tuple[int, ...] = (1, 2, 4), max_tokens: int = 12) -> dict[str, Any]:
+    """Decode step times of the live cluster before the trace: for each n, n requests per
+    instance at once (the dispatcher spreads them), and the median duration of the steps
+    that produced n tokens. The simulator can scale its profile by the ratio to what the
+    profile predicts for the same steps: contention measured without the trace."""
+    import httpx
+    import ray
+
+    out: dict[str, Any] = {}
+    with httpx.Client(timeout=300) as c:
+        from concurrent.futures import ThreadPoolExecutor
+
+        for n in per_instance:
+            k = n * len(instances)
+            t0 = time.monotonic()
+            bodies = [{"model": model, "prompt": prompt_ids(20_000 + 100 * n + i, 32, vocab),
+                       "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0} for i in range(k)]
+            with ThreadPoolExecutor(k) as pool:
+                list(pool.map(lambda b: c.post(f"{url}/v1/completions", json=b).raise_for_status(), bodies))
+            t1 = time.monotonic()
+            logs = ray.get([a.step_log.remote() for a in instances.values()], timeout=30)
+            window = [[(round(s - t0, 4), round(e - t0, 4), m) for s, e, m in log if s >= t0 and e <= t1]
+                      for log in logs]
+            steps = [e - s for log in window for s, e, m in log if m == n]
+            # Each decode step of n requests holds n * (32 + i) context tokens at output i.
+            out[str(n)] = {"median_s": statistics.median(steps) if steps else None, "num_steps": len(steps),
+                           "context_tokens": n * (32 + max_tokens // 2), "wall_s": t1 - t0,
+                           "log": window}
+            time.sleep(0.2)
+    return out
+
+
+def contention_scale(probe: dict[str, Any], model: Any) -> float | None:
+    """Geometric mean over the probe's points of measured / profiled decode step time."""
+    ratios = [p["median_s"] / model.decode_time(int(n), int(p["context_tokens"]))
+              for n, p in probe.items() if p.get("median_s")]
+    if not ratios:
+        return None
+    return float(np.exp(np.mean(np.log(ratios))))
+
+
+class _Gateway:
+    """The OpenAI gateway over ``cluster`` in a thread (as `llumnix serve` runs it), with a
+    backend that keeps each request's engine-side timing (the metrics on its last output)."""
+
+    def __init__(self, cluster: Any, tokenizer: Any) -> None:
+        from llumnix.cluster.backend import ClusterBackend
+
+        engine_metrics: dict[str, Any] = {}
+
+        class TracingBackend(ClusterBackend):
+            async def generate(self, request: Any) -> Any:
+                async for out in super().generate(request):
+                    if out.metrics is not None:
+                        engine_metrics[request.request_id] = out.metrics
+                    yield out
+
+        self.engine_metrics = engine_metrics
+        self.backend = TracingBackend(cluster.llumsched, cluster.instances, cluster.info, tokenizer)
+
+    def __enter__(self) -> str:
+        import socket
+        import threading
+
+        import uvicorn
+
+        from llumnix.gateway.app import build_app
+
+        app = build_app(self.backend)
+        app.router.on_startup.append(self.backend.start)
+        app.router.on_shutdown.append(self.backend.stop)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started and time.time() < deadline:
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def ttft_breakdown(recs: list[_Rec], engine_metrics: dict[str, Any]) -> dict[str, Any]:
+    """Where real TTFT goes, per request (monotonic clock, shared by client and engines):
+    send -> added to an engine (dispatch path) -> first scheduled (queue) -> first token
+    (prefill step) -> first chunk at the client (hand-off and stream)."""
+    parts: dict[str, list[float]] = {"dispatch_s": [], "queue_s": [], "prefill_s": [], "delivery_s": [],
+                                     "index": []}
+    for i, r in enumerate(recs):
+        m = engine_metrics.get(r.request_id or "")
+        if m is None or r.ttft is None or m.first_scheduled_time is None or m.first_token_time is None:
+            continue
+        parts["index"].append(i)
+        parts["dispatch_s"].append(m.arrival_time - r.sent)
+        parts["queue_s"].append(m.first_scheduled_time - m.arrival_time)
+        parts["prefill_s"].append(m.first_token_time - m.first_scheduled_time)
+        parts["delivery_s"].append(r.sent + r.ttft - m.first_token_time)
+    return {k: {"mean": statistics.fmean(v), "p99": _pct(v, 99), "values": v} if v else None
+            for k, v in parts.items()}
+
+
+def prefill_scale(real: dict[str, Any], trace: Any, model: Any) -> float | None:
+    """How much slower the run's prefill steps were than the profile's, like for like: the
+    median over requests of the measured first-prefill step (engine timing) over the
+    profile's prefill of that prompt. Only prefill steps, whose cost the load does not
+    change (a decode step's does: a slower machine holds more requests per batch)."""
+    b = real.get("ttft_breakdown") or {}
+    if not b.get("prefill_s"):
+        return None
+    values = b["prefill_s"]["values"]
+    index = (b.get("index") or {}).get("values") or list(range(len(values)))
+    if len(index) != len(values):
+        return None
+    ratios = [v / model.prefill_time([int(trace.prompt_lens[i])]) for i, v in zip(index, values, strict=True)]
+    return float(statistics.median(ratios))
+
+
+def run_real(setup: FidelitySetup, system: str, trace: Any) -> dict[str, Any]:
+    import ray
+
+    from llumnix.cluster.launcher import ClusterConfig, start_cluster
+    from llumnix.model import load_model
+
+    engine = {"num_blocks": setup.num_blocks, "block_size": setup.block_size,
+              "max_num_seqs": setup.max_num_seqs, "max_num_batched_tokens": setup.max_num_batched_tokens}
+    cfg = ClusterConfig(model=setup.model, instances=setup.num_instances, engine=engine,
+                        scheduling=setup.scheduling(system), threads_per_instance=setup.threads_per_instance,
+                        reschedule_interval_s=setup.reschedule_interval_s,
+                        namespace=f"fidelity-{time.time_ns()}")
+    loaded = load_model(setup.model)
+    vocab = loaded.config.vocab_size
+    cluster = start_cluster(cfg)
+    try:
+        gateway = _Gateway(cluster, loaded.tokenizer)
+        with gateway as url:
+            import httpx
+
+            model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+            overhead = _probe_overhead(url, model, cluster.instances, vocab)
+            probe = _probe_steps(url, model, cluster.instances, vocab)
+            base = [s.num_preemptions for s in ray.get([a.status.remote() for a in cluster.instances.values()])]
+            t0 = time.monotonic()
+            recs = asyncio.run(_drive(url, model, trace, vocab))
+            duration = time.monotonic() - t0
+            info = ray.get(cluster.llumsched.cluster_info.remote(), timeout=30)
+            statuses = ray.get([a.status.remote() for a in cluster.instances.values()], timeout=30)
+            logs = ray.get([a.step_log.remote() for a in cluster.instances.values()], timeout=30)
+            gw = httpx.get(f"{url}/admin/cluster", timeout=30).json().get("gateway", {})
+    finally:
+        cluster.shutdown()
+    ok = [r for r in recs if r.error is None and r.ttft is not None and r.e2e is not None]
+    decode = [(r.e2e - r.ttft) / (r.num_output_tokens - 1) for r in ok
+              if r.e2e is not None and r.ttft is not None and r.num_output_tokens > 1]
+    return {"ttft": [r.ttft for r in ok], "decode": decode, "e2e": [r.e2e for r in ok],
+            "num_errors": len(recs) - len(ok), "errors": sorted({r.error for r in recs if r.error})[:3],
+            "num_migrations": int(info["migrations"]["committed"]),
+            "num_migrations_aborted": int(info["migrations"]["aborted"]),
+            "num_preemptions": int(sum(s.num_preemptions for s in statuses) - sum(base)),
+            "serving_overhead": overhead, "step_probe": probe, "duration_s": duration, "gateway": gw,
+            "ttft_breakdown": ttft_breakdown(recs, gateway.engine_metrics),
+            "loadavg_after": list(os.getloadavg()),
+            "steps": step_stats([[s for s in log if s[0] >= t0] for log in logs]),
+            "step_logs": [[(round(s - t0, 4), round(e - t0, 4), n) for s, e, n in log if s >= t0] for log in logs],
+            "arrival_s": [float(trace.arrival_times[i]) for i, r in enumerate(recs) if any(r is o for o in ok)]}
+
+
+def step_stats(logs: list[list[tuple[float, float, int]]]) -> dict[str, Any]:
+    """Per instance step logs -> mean real step time by the number of requests the step
+    produced tokens for, and the time between back-to-back steps (the serving loop's own
+    work: status reports, output hand-off, commands; gaps over 50 ms are idle time)."""
+    by: dict[int, list[float]] = {}
+    gaps: list[float] = []
+    busy = 0.0
+    for log in logs:
+        for (_, e0, _), (s1, _, _) in zip(log, log[1:], strict=False):
+            if s1 - e0 < 0.05:
+                gaps.append(s1 - e0)
+        for start, end, n in log:
+            by.setdefault(n, []).append(end - start)
+            busy += end - start
+    return {"num_steps": sum(len(v) for v in by.values()), "busy_s": busy,
+            "mean_gap_s": statistics.fmean(gaps) if gaps else None,
+            "mean_s_by_batch": {str(n): statistics.fmean(v) for n, v in sorted(by.items())},
+            "count_by_batch": {str(n): len(v) for n, v in sorted(by.items())}}
+
+
+# -- comparison ---------------------------------------------------------------------------
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else float("nan")
+
+
+def metrics_of(samples: dict[str, Any], offset_s: float = 0.0) -> dict[str, float]:
+    """The compared metrics of one side; ``offset_s`` is added to TTFT and end-to-end."""
+    ttft = [t + offset_s for t in samples["ttft"]]
+    e2e = [t + offset_s for t in samples["e2e"]]
+    dec = list(samples["decode"])
+    return {"ttft_mean": float(np.mean(ttft)) if ttft else float("nan"), "ttft_p99": _pct(ttft, 99),
+            "decode_mean": float(np.mean(dec)) if dec else float("nan"), "decode_p99": _pct(dec, 99),
+            "e2e_mean": float(np.mean(e2e)) if e2e else float("nan"), "e2e_p99": _pct(e2e, 99),
+            "num_migrations": float(samples["num_migrations"]),
+            "num_preemptions": float(samples["num_preemptions"])}
+
+
+def rel_error(sim: float, real: float) -> float | None:
+    if real == 0:
+        return 0.0 if sim == 0 else None
+    return (sim - real) / real
+
+
+def compare(sim: dict[str, float], real: dict[str, float]) -> dict[str, dict[str, float | None]]:
+    return {m: {"sim": sim[m], "real": real[m], "rel_error": rel_error(sim[m], real[m])} for m in METRICS}
+
+
+def pool_real(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several real runs of one point as one sample: latencies pooled, counts averaged."""
+    return {"ttft": [x for r in runs for x in r["ttft"]], "decode": [x for r in runs for x in r["decode"]],
+            "e2e": [x for r in runs for x in r["e2e"]],
+            "num_migrations": statistics.fmean(r["num_migrations"] for r in runs),
+            "num_preemptions": statistics.fmean(r["num_preemptions"] for r in runs)}
+
+
+def evaluate(table: dict[str, dict[str, dict[str, dict[str, float | None]]]],
+             loads: list[str], systems: list[str]) -> dict[str, Any]:
+    """Goals over a table {load: {system: compare(...)}}: every mean within MEAN_GOAL,
+    every P99 within P99_GOAL, and per load and metric the same order of systems."""
+    misses = []
+    for load in loads:
+        for system in systems:
+            row = table.get(load, {}).get(system)
+            if row is None:
+                continue
+            for m in (*MEAN_METRICS, *P99_METRICS):
+                err = row[m]["rel_error"]
+                goal = MEAN_GOAL if m in MEAN_METRICS else P99_GOAL
+                if err is None or abs(err) > goal:
+                    misses.append({"load": load, "system": system, "metric": m, "rel_error": err, "goal": goal})
+    ranking = {}
+    for load in loads:
+        rows = table.get(load, {})
+        if not all(s in rows for s in systems) or len(systems) < 2:
+            continue
+        for m in RANK_METRICS:
+            real = sorted(systems, key=lambda s: float(rows[s][m]["real"] or 0.0))
+            sim = sorted(systems, key=lambda s: float(rows[s][m]["sim"] or 0.0))
+            ranking[f"{load}/{m}"] = {"real": real, "sim": sim, "same": real == sim}
+    return {"mean_goal": MEAN_GOAL, "p99_goal": P99_GOAL, "misses": misses,
+            "accuracy_met": not misses, "ranking": ranking,
+            "ranking_met": all(r["same"] for k, r in ranking.items() if k.endswith("/e2e_mean"))}
+
+
+def build_report(runs: dict[str, dict[str, Any]], setup: FidelitySetup, sim_key: str = "sim") -> dict[str, Any]:
+    """``runs``: {"load/system": {"real_runs": [...], sim_key: {...}}} -> the comparison."""
+    table: dict[str, dict[str, Any]] = {}
+    for key, run in runs.items():
+        load, system = key.split("/", 1)
+        if not run.get("real_runs") or not run.get(sim_key):
+            continue
+        # A simulation at one real run's speed is compared with that run only.
+        real = [run["real_runs"][i] for i in run[sim_key].get("real_runs", range(len(run["real_runs"])))]
+        offset = statistics.median(r["serving_overhead"]["median_s"] for r in real)
+        table.setdefault(load, {})[system] = compare(metrics_of(run[sim_key], offset), metrics_of(pool_real(real)))
+    loads = [ld.name for ld in setup.loads if ld.name in table]
+    return {"table": table, "goals": evaluate(table, loads, list(setup.systems))}
+
+
+# -- output -------------------------------------------------------------------------------
+def format_table(report: dict[str, Any]) -> str:
+    lines = [f"{'load':<6} {'system':<9} {'metric':<16} {'sim':>9} {'real':>9} {'error':>8}"]
+    for load, rows in report["table"].items():
+        for system, row in rows.items():
+            for m in METRICS:
+                c = row[m]
+                err = "-" if c["rel_error"] is None else f"{100 * c['rel_error']:+.1f}%"
+                scale = 1.0 if m.startswith("num_") else 1000.0
+                unit = "" if m.startswith("num_") else " ms"
+                lines.append(f"{load:<6} {system:<9} {m + unit:<16} {scale * c['sim']:>9.1f} "
+                             f"{scale * c['real']:>9.1f} {err:>8}")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, dict[str, Any]], png: Path, order: list[str], sim_key: str = "sim_in_run") -> None:
+    """CDFs of TTFT and end-to-end latency, real (solid) against simulated (dashed), per load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = {k.split("/")[0] for k in runs}
+    loads = [ld for ld in order if ld in present]
+    fig, axes = plt.subplots(len(loads), 2, figsize=(10, 3.6 * len(loads)), squeeze=False)
+    colors = {"infaas++": "#4c72b0", "llumnix": "#dd8452"}
+    for row, load in enumerate(loads):
+        for col, metric in enumerate(("ttft", "e2e")):
+            ax = axes[row][col]
+            for key, run in sorted(runs.items()):
+                sim_run = run.get(sim_key) or run.get("sim")
+                if not key.startswith(load + "/") or not run.get("real_runs") or not sim_run:
+                    continue
+                system = key.split("/", 1)[1]
+                reals = [run["real_runs"][i] for i in sim_run.get("real_runs", range(len(run["real_runs"])))]
+                offset = statistics.median(r["serving_overhead"]["median_s"] for r in reals)
+                real = np.sort(pool_real(reals)[metric])
+                sim = np.sort(np.asarray(sim_run[metric]) + offset)
+                c = colors.get(system)
+                ax.plot(real, np.linspace(0, 1, len(real)), color=c, label=f"{system} real")
+                ax.plot(sim, np.linspace(0, 1, len(sim)), color=c, ls="--", label=f"{system} sim")
+            ax.set_xlabel(f"{'TTFT' if metric == 'ttft' else 'end-to-end latency'} (s)")
+            ax.set_ylabel("CDF")
+            ax.set_title(f"{load} load: {'TTFT' if metric == 'ttft' else 'end-to-end'}", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle("llumnix bench fidelity: real 2-instance cluster (solid) vs simulator (dashed),\n"
+                 "the profile scaled to each run's prefill speed; each real run against its own simulation",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+@dataclass
+class _Doc:
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def main_fidelity(args: argparse.Namespace) -> int:
+    from llumnix.bench.machine import machine_info
+
+    setup = FidelitySetup(model=args.model)
+    profile = args.profile
+    if not Path(profile).is_file():
+        raise LlumnixError(f"profile {profile!r} not found: run `llumnix profile --out {profile}` first")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "fidelity.json"
+    doc = _Doc(json.loads(path.read_text()).get("runs", {}) if path.exists() else {})
+    loads = [ld for ld in setup.loads if not args.loads or ld.name in args.loads.split(",")]
+    systems = [s for s in setup.systems if not args.systems or s in args.systems.split(",")]
+    from llumnix.sim.latency import get_latency_model
+
+    model = get_latency_model(profile)
+    try:
+        for load in loads:
+            trace = make_trace(setup, load)
+            for system in systems:
+                key = f"{load.name}/{system}"
+                run = doc.runs.setdefault(key, {"real_runs": []})
+                if not args.sim_only:
+                    print(f"fidelity {key}: real cluster, {len(trace)} requests at {load.rate} req/s ...",
+                          flush=True)
+                    run["real_runs"].append(run_real(setup, system, trace))
+                run["sim"] = run_sim(setup, system, trace, profile)
+                # Each real run against a simulation at its own machine speed: scaled by
+                # the step probe taken right before it, or by its own prefill steps.
+                probe = {i: f for i, r in enumerate(run["real_runs"])
+                         if r.get("step_probe") and (f := contention_scale(r["step_probe"], model))}
+                prefill = {i: f for i, r in enumerate(run["real_runs"]) if (f := prefill_scale(r, trace, model))}
+                for key, scales in (("sim_scaled", probe), ("sim_in_run", prefill)):
+                    if scales:
+                        sims = [run_sim(setup, system, trace, profile, scale=f) for f in scales.values()]
+                        run[key] = {**pool_real(sims), "scales": list(scales.values()),
+                                    "real_runs": list(scales)}
+                _write(path, doc, setup, profile, machine_info)
+    finally:
+        if not args.sim_only:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+    reports = _write(path, doc, setup, profile, machine_info)
+    plot(doc.runs, out / "fidelity.png", [ld.name for ld in setup.loads])
+    for name, report in reports.items():
+        print(f"-- simulator with {name}")
+        print(format_table(report))
+        g = report["goals"]
+        accuracy = "met" if g["accuracy_met"] else f"missed ({len(g['misses'])})"
+        print(f"means within {100 * MEAN_GOAL:.0f}% and P99 within {100 * P99_GOAL:.0f}%: "
+              f"{accuracy}; ranking by mean end-to-end: "
+              f"{'same' if g['ranking_met'] else 'differs'}")
+    print(f"wrote {path} and {out / 'fidelity.png'}")
+    return 0
+
+
+SIM_VARIANTS = {"profile": "sim", "profile x step probe": "sim_scaled", "profile x in-run prefill speed": "sim_in_run"}
+"""Report name -> the run's simulation: the profile as measured; scaled by the
+contention the live cluster's step probe showed right before the trace (both
+predictions); scaled by the run's own prefill step durations (``prefill_scale``: the
+machine's speed during the run, taken from prefill steps only, leaving decode,
+queueing, batching and migration to be predicted)."""
+
+
+def noise_floor(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The real system against itself: each later run of a point against its first run
+    (same trace, same settings), as (later - first) / first per metric."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, run in runs.items():
+        real = run.get("real_runs") or []
+        if len(real) < 2:
+            continue
+        load, system = key.split("/", 1)
+        first = metrics_of(real[0])
+        out.setdefault(load, {})[system] = [
+            {m: rel_error(later[m], first[m]) for m in METRICS} for later in map(metrics_of, real[1:])]
+    return out
+
+
+def _write(path: Path, doc: _Doc, setup: FidelitySetup, profile: str, machine_info: Any) -> dict[str, Any]:
+    reports = {name: build_report(doc.runs, setup, key) for name, key in SIM_VARIANTS.items()}
+    data = {"setup": asdict(setup), "profile": profile, "reports": reports, "noise_floor": noise_floor(doc.runs),
+            "runs": doc.runs,
+            "machine": machine_info(with_torch=False)}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+    return reports
