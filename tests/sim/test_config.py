@@ -26,6 +26,7 @@ def _cfg(**changes):
     ({"cluster": {"num_instance": 4}}, "cluster.num_instance"),
     ({"cluster": {"num_instances": 0}}, "num_instances"),
     ({"seeds": 0}, "seeds"),
+    ({"traces": [{"name": "M-M", "kind": "M-M", "rates": [1.0], "seeds": 0}]}, "traces.M-M.seeds"),
     ({"latency_model": "no-such-model"}, "latency_model"),
     ({"bogus": 1}, "bogus"),
 ])
@@ -62,3 +63,14 @@ def test_per_trace_system_overrides():
                traces=[{"name": "M-M", "kind": "M-M", "rates": [1], "systems": {"ll": {"migration": False}}}])
     s = cfg.system_for(cfg.systems[0], cfg.traces[0])
     assert cfg.systems[0].enable_migration and not s.enable_migration
+
+
+def test_a_trace_can_have_its_own_number_of_seeds():
+    from llumnix.sim.runner import plan
+
+    cfg = _cfg(seeds=2, traces=[{"name": "M-M", "kind": "M-M", "rates": [1.0], "seeds": 4},
+                                {"name": "S-S", "kind": "S-S", "rates": [1.0]}])
+    runs = plan(cfg)
+    assert sorted(r.seed for r in runs if r.trace.name == "M-M") == [0, 1, 2, 3]
+    assert sorted(r.seed for r in runs if r.trace.name == "S-S") == [0, 1]
+    assert sorted({r.seed for r in plan(cfg, seeds=1)}) == [0]  # --seeds overrides every trace

@@ -54,3 +54,15 @@ def test_profile_model_loads_and_interpolates(tmp_path):
         load_profile(bad)
     with pytest.raises(ProfileError, match="not found"):
         load_profile(tmp_path / "nope.json")
+
+
+def test_profile_can_give_the_last_stage_its_own_fixed_cost(tmp_path):
+    doc = json.loads((Path(__file__).parent / "data" / "tiny_profile.json").read_text())
+    doc["migration"]["last_stage_overhead_s"] = 0.0005
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(doc))
+    mig = get_latency_model(str(p)).migration
+    copy = 10 * 65536 / 1e9
+    assert mig.stage_time(10, is_last=False, num_request_blocks=100) == pytest.approx(0.002 + copy)
+    assert mig.stage_time(10, is_last=True, num_request_blocks=100) == pytest.approx(
+        0.0005 + copy + 0.004 + 100 * 1e-5)

@@ -14,12 +14,15 @@ YAML layout (every key optional except ``systems`` and ``traces``)::
     systems:
       round-robin: {dispatch: round-robin}
       llumnix: {dispatch: llumnix, migration: true, migrate_out_threshold: 3}
+      no-prio: {dispatch: llumnix, migration: true, priorities: false}  # all sent as normal
     traces:
       - {name: M-M, kind: M-M, rates: [7.4, 7.6, 7.8],
          systems: {llumnix: {migrate_out_threshold: 10}}}   # per-trace system overrides
       - {name: ShareGPT, kind: sharegpt, path: data/sharegpt.json, rates: [7.5]}
+      - {name: S-S, kind: S-S, rates: [36], seeds: 6}   # this trace: seeds 0..5
     include_traces: [M-M]           # optional filters
     include_systems: [llumnix]
+    x-rule: &rule {enabled: true}   # keys starting with x- are ignored: anchors for reuse
 
 ``--set a.b.c=value`` overrides any key (value parsed as YAML; list items by index,
 traces also by name: ``--set traces.M-M.rates=[7.6]``).
@@ -56,6 +59,10 @@ class SystemSpec:
     """Run rescheduling rounds (live migration)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Further policy settings (thresholds, selection policy...), passed to the policy configs."""
+    priorities: bool = True
+    """Honour request priorities. False: every request is sent (dispatched, queued, run)
+    as normal priority, the paper's "Llumnix without priorities"; metrics still split
+    requests by the class the trace gave them."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,9 @@ class TraceRun:
     spec: TraceSpec
     rates: tuple[float, ...]
     system_overrides: dict[str, dict[str, Any]]
+    seeds: int | None = None
+    """Seeds 0..n-1 for this trace (None: the config's ``seeds``); a noisy trace can
+    get more than the rest."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +135,7 @@ def _list_index(node: list[Any], part: str, key: str) -> int:
 
 # -- parsing -----------------------------------------------------------------------
 def _system_dict(s: SystemSpec) -> dict[str, Any]:
-    return {"dispatch": s.dispatch, "migration": s.enable_migration, **s.options}
+    return {"dispatch": s.dispatch, "migration": s.enable_migration, "priorities": s.priorities, **s.options}
 
 
 def parse_system(name: str, d: Any, where: str = "systems") -> SystemSpec:
@@ -138,9 +148,12 @@ def parse_system(name: str, d: Any, where: str = "systems") -> SystemSpec:
     migration = d.pop("migration", False)
     if not isinstance(migration, bool):
         raise ConfigError(f"{where}.{name}.migration must be true or false")
+    priorities = d.pop("priorities", True)
+    if not isinstance(priorities, bool):
+        raise ConfigError(f"{where}.{name}.priorities must be true or false")
     from llumnix.sim.policy_bridge import validate_system
 
-    spec = SystemSpec(name, dispatch, migration, d)
+    spec = SystemSpec(name, dispatch, migration, d, priorities)
     validate_system(spec, f"{where}.{name}")
     return spec
 
@@ -209,7 +222,7 @@ def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
     overrides = d.get("systems") or {}
     if not isinstance(overrides, dict):
         raise ConfigError(f"{where}.systems must map system names to settings")
-    known = {"name", "kind", "rates", "path", "cv", "num_requests", "high_priority_fraction", "systems"}
+    known = {"name", "kind", "rates", "path", "cv", "num_requests", "high_priority_fraction", "systems", "seeds"}
     for k in d:
         if k not in known:
             raise ConfigError(f"{where}.{k} is not a trace setting")
@@ -220,7 +233,8 @@ def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
                          high_priority_fraction=float(d.get("high_priority_fraction", 0.0)))
     except TraceError as e:
         raise ConfigError(f"{where}: {e}") from None
-    return TraceRun(spec, tuple(float(r) for r in rates), {k: dict(v) for k, v in overrides.items()})
+    seeds = _positive_int(d, "seeds", 1, f"{where}.") if "seeds" in d else None
+    return TraceRun(spec, tuple(float(r) for r in rates), {k: dict(v) for k, v in overrides.items()}, seeds)
 
 
 def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
@@ -229,7 +243,7 @@ def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
     known = {"name", "latency_model", "seeds", "num_requests", "jobs", "plots", "cluster", "systems",
              "traces", "include_traces", "include_systems"}
     for k in doc:
-        if k not in known:
+        if k not in known and not str(k).startswith("x-"):  # x-*: YAML anchors to share settings
             raise ConfigError(f"{k} is not a config key (known: {', '.join(sorted(known))})")
     latency = str(doc.get("latency_model", "a10-llama7b"))
     if latency not in PRESETS:

@@ -37,6 +37,10 @@ class MigrationCost:
     """Bytes per second of a fused copy (the stage's blocks in one contiguous buffer)."""
     stage_overhead_s: float = 0.001
     """Fixed cost of one stage: the reservation round trip and the copy launch."""
+    last_stage_overhead_s: float | None = None
+    """Fixed cost of the last stage, if it differs (None: ``stage_overhead_s``). A real
+    last stage runs at one step boundary into blocks reserved ahead, so it skips the
+    reservation round trip and the boundary waits a pre-copy stage pays."""
     commit_knots_blocks: tuple[float, ...] = (0.0,)
     """Request sizes (blocks) at which the commit cost is known; linear in between, flat outside."""
     commit_knots_s: tuple[float, ...] = (0.0,)
@@ -55,7 +59,10 @@ class MigrationCost:
 
     def stage_time(self, num_blocks: int, *, is_last: bool, num_request_blocks: int,
                    blocking: bool = False) -> float:
-        t = self.stage_overhead_s + self.copy_time(num_blocks, blocking=blocking)
+        fixed = self.stage_overhead_s
+        if is_last and self.last_stage_overhead_s is not None:
+            fixed = self.last_stage_overhead_s
+        t = fixed + self.copy_time(num_blocks, blocking=blocking)
         if is_last:
             t += self.commit_time(num_request_blocks)
         return t

@@ -2,7 +2,9 @@
 
 Prefill latency is TTFT from the gateway arrival (queueing included); decode latency
 is the mean time per output token after the first; preemption loss is the time from
-each preemption until the recompute finished, summed per request.
+each preemption until the recompute finished, summed per request. Requests are also
+summarized per priority class (``by_priority``): the class the trace gave them, even
+when the system under test ignores priorities.
 """
 from __future__ import annotations
 
@@ -12,7 +14,11 @@ from typing import Any
 import numpy as np
 
 from llumnix.core.batch import RequestMetrics
+from llumnix.core.request import Priority
 from llumnix.migration.protocol import MigrationReport
+
+PRIORITY_NAMES = {int(p): p.name.lower() for p in Priority}
+"""Class label in ``by_priority``: high, normal (other levels by number)."""
 
 
 def summarize(values: list[float] | np.ndarray) -> dict[str, float]:
@@ -26,13 +32,16 @@ def summarize(values: list[float] | np.ndarray) -> dict[str, float]:
 @dataclass
 class MetricsCollector:
     requests: list[RequestMetrics] = field(default_factory=list)
+    classes: list[int] = field(default_factory=list)
+    """Per finished request, its priority class in the trace (parallel to ``requests``)."""
     migrations: list[MigrationReport] = field(default_factory=list)
     num_rejected: int = 0
     instance_timeline: list[tuple[float, int]] = field(default_factory=list)
     """(time, number of instances up or starting) at every change."""
 
-    def on_finished(self, m: RequestMetrics) -> None:
+    def on_finished(self, m: RequestMetrics, priority_class: int | None = None) -> None:
         self.requests.append(m)
+        self.classes.append(m.priority if priority_class is None else priority_class)
 
     def on_migration(self, report: MigrationReport) -> None:
         self.migrations.append(report)
@@ -57,8 +66,11 @@ class MetricsCollector:
             total += n * (min(t1, end) - t0)
         return total / (end - start)
 
-    def request_arrays(self) -> dict[str, np.ndarray]:
+    def request_arrays(self, priority_class: int | None = None) -> dict[str, np.ndarray]:
+        """Per-request metric arrays, of every request or of one priority class."""
         rs = self.requests
+        if priority_class is not None:
+            rs = [r for r, c in zip(rs, self.classes, strict=True) if c == priority_class]
         return {
             "prefill": np.array([r.ttft for r in rs if r.ttft is not None]),
             "decode": np.array([d for r in rs if (d := r.decode_per_token) is not None]),
@@ -82,6 +94,13 @@ class MetricsCollector:
             "downtime": summarize(downtimes),
         }
 
+    def _class_summary(self, priority_class: int) -> dict[str, Any]:
+        arr = self.request_arrays(priority_class)
+        out: dict[str, Any] = {"num_finished": int(arr["e2e"].size)}
+        for key in ("prefill", "decode", "e2e"):
+            out[key] = summarize(arr[key])
+        return out
+
     def summary(self, end: float) -> dict[str, Any]:
         arr = self.request_arrays()
         out: dict[str, Any] = {"num_finished": len(self.requests), "num_rejected": self.num_rejected}
@@ -89,6 +108,8 @@ class MetricsCollector:
             out[key] = summarize(arr[key])
         out["num_preemptions"] = int(arr["num_preemptions"].sum())
         out["num_preempted_requests"] = int((arr["num_preemptions"] > 0).sum())
+        out["by_priority"] = {PRIORITY_NAMES.get(c, str(c)): self._class_summary(c)
+                              for c in sorted(set(self.classes), reverse=True)}
         out["migrations"] = self.migration_summary()
         out["instances"] = {"average": self.average_instances(end),
                             "max": max((n for _, n in self.instance_timeline), default=0)}

@@ -20,6 +20,7 @@ Schema ``llumnix-sim-profile/1`` (JSON; seconds, tokens, bytes)::
       "migration": {
         "bandwidth_bytes_per_s": 1.2e9,         # fused copy between instances
         "stage_overhead_s": 0.002,              # per stage: reservation round trip + launch
+        "last_stage_overhead_s": 0.001,         # the last stage's, if different (optional)
         "commit_s": 0.004,                      # last stage: install + free (optional, default 0)
         "commit_per_block_s": 0.0,              # ... plus this per block of the request (optional)
         "blocking_bandwidth_bytes_per_s": null, # unfused copy of a one-stage migration (optional)
@@ -100,6 +101,8 @@ def profile_from_dict(d: dict[str, Any]) -> TableLatencyModel:
         cost = MigrationCost(
             bytes_per_block=bpb, bandwidth=float(mig["bandwidth_bytes_per_s"]),
             stage_overhead_s=float(mig.get("stage_overhead_s", 0.0)),
+            last_stage_overhead_s=(None if mig.get("last_stage_overhead_s") is None
+                                   else float(mig["last_stage_overhead_s"])),
             commit_knots_blocks=knots, commit_knots_s=(commit, commit + per_block * knots[1]),
             blocking_bandwidth=(None if mig.get("blocking_bandwidth_bytes_per_s") is None
                                 else float(mig["blocking_bandwidth_bytes_per_s"])),

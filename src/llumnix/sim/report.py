@@ -164,3 +164,117 @@ def comparison_markdown(records: list[dict[str, Any]], ours: str = "llumnix", ba
         lines.append(f"Ordering {ours} <= {base} <= {worst} holds at every rate, on P99 prefill and on "
                      "mean preemption loss.")
     return "\n".join(lines) + "\n"
+
+
+# -- priorities and auto-scaling (Figures 13-15) --------------------------------------------
+def _seed_mean(records: list[dict[str, Any]], get: Any) -> float:
+    """Mean over seeds of ``get(record)`` (nan where a record lacks the value)."""
+    vals = []
+    for r in records:
+        try:
+            vals.append(float(get(r)))
+        except (KeyError, TypeError):
+            vals.append(float("nan"))
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, float, str], list[dict[str, Any]]]:
+    groups: dict[tuple[str, float, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[(r["trace"], r["rate"], r["system"])].append(r)
+    return groups
+
+
+def priority_markdown(records: list[dict[str, Any]], ours: str = "llumnix", base: str = "llumnix-no-prio") -> str:
+    """Per trace: high- and normal-priority latencies of ``ours`` and ``base`` (seeds
+    averaged), and the speedups base/ours (> 1: ours is faster)."""
+    g = _groups(records)
+    lines = ["| trace | rate | class | system | prefill mean | prefill P99 | decode mean | e2e mean | e2e P99 |",
+             "|" + "---|" * 9]
+    ratios = ["| trace | high prefill mean | high prefill P99 | high decode mean | high e2e mean "
+              "| normal prefill mean | normal decode mean | normal e2e mean |", "|" + "---|" * 8]
+    for trace, rate in dict.fromkeys((k[0], k[1]) for k in g):
+        if (trace, rate, ours) not in g or (trace, rate, base) not in g:
+            continue
+        val: dict[tuple[str, str, str, str], float] = {}
+        for cls in ("high", "normal"):
+            for system in (ours, base):
+                rs = g[(trace, rate, system)]
+                for metric in ("prefill", "decode", "e2e"):
+                    for stat in ("mean", "p99"):
+                        val[(cls, system, metric, stat)] = _seed_mean(
+                            rs, lambda r, c=cls, m=metric, s=stat: r["by_priority"][c][m][s])
+                lines.append(f"| {trace} | {rate:g} | {cls} | {system} | {_fmt(val[(cls, system, 'prefill', 'mean')])} "
+                             f"| {_fmt(val[(cls, system, 'prefill', 'p99')])} "
+                             f"| {_fmt(val[(cls, system, 'decode', 'mean')])} "
+                             f"| {_fmt(val[(cls, system, 'e2e', 'mean')])} | {_fmt(val[(cls, system, 'e2e', 'p99')])} |")
+
+        def speedup(cls: str, metric: str, stat: str = "mean",
+                    val: dict[tuple[str, str, str, str], float] = val) -> str:
+            return f"{_ratio(val[(cls, base, metric, stat)], val[(cls, ours, metric, stat)]):.2f}x"
+
+        ratios.append(f"| {trace} | {speedup('high', 'prefill')} | {speedup('high', 'prefill', 'p99')} "
+                      f"| {speedup('high', 'decode')} | {speedup('high', 'e2e')} | {speedup('normal', 'prefill')} "
+                      f"| {speedup('normal', 'decode')} | {speedup('normal', 'e2e')} |")
+    return "\n".join(lines) + "\n\nSpeedup " + f"{base}/{ours} (> 1: {ours} faster):\n\n" + "\n".join(ratios) + "\n"
+
+
+def scaling_rows(records: list[dict[str, Any]]) -> dict[tuple[str, float, str], dict[str, float]]:
+    """(trace, rate, system) -> seeds-averaged average instances and prefill."""
+    out = {}
+    for key, rs in _groups(records).items():
+        out[key] = {"instances": _seed_mean(rs, lambda r: r["instances"]["average"]),
+                    "max_instances": _seed_mean(rs, lambda r: r["instances"]["max"]),
+                    "prefill_mean": _seed_mean(rs, lambda r: r["prefill"]["mean"]),
+                    "prefill_p99": _seed_mean(rs, lambda r: r["prefill"]["p99"]),
+                    "decode_mean": _seed_mean(rs, lambda r: r["decode"]["mean"]),
+                    "e2e_mean": _seed_mean(rs, lambda r: r["e2e"]["mean"]),
+                    "migrations": _seed_mean(rs, lambda r: r["migrations"]["num_committed"])}
+    return out
+
+
+def scaling_markdown(records: list[dict[str, Any]], ours: str = "llumnix", base: str = "infaas++") -> str:
+    """Same scaling rule, both systems: average instances (time-weighted), the cost
+    ``instances(base) / instances(ours) - 1``, and prefill latency."""
+    rows = scaling_rows(records)
+    lines = [f"| trace | rate | avg instances {base} | avg instances {ours} | cost {base}/{ours} - 1 "
+             f"| P99 prefill {base} | P99 prefill {ours} | mean prefill {base} | mean prefill {ours} "
+             f"| migrations {ours} |", "|" + "---|" * 10]
+    for trace, rate in dict.fromkeys((k[0], k[1]) for k in rows):
+        b, o = rows.get((trace, rate, base)), rows.get((trace, rate, ours))
+        if b is None or o is None:
+            continue
+        cost = _ratio(b["instances"], o["instances"]) - 1
+        lines.append(f"| {trace} | {rate:g} | {b['instances']:.2f} | {o['instances']:.2f} | {100 * cost:+.1f}% "
+                     f"| {_fmt(b['prefill_p99'])} | {_fmt(o['prefill_p99'])} | {_fmt(b['prefill_mean'])} "
+                     f"| {_fmt(o['prefill_mean'])} | {o['migrations']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_cost_markdown(records: list[dict[str, Any]], ours: str = "llumnix", base: str = "infaas++") -> str:
+    """Threshold sweep: systems named ``<system>[x,y]``. Every point, then each ``base``
+    point against the cheapest ``ours`` point whose P99 prefill is no worse."""
+    rows = scaling_rows(records)
+    pts: dict[str, list[tuple[str, dict[str, float]]]] = {ours: [], base: []}
+    for (_, _, system), m in rows.items():
+        family, _, rule = system.partition("[")
+        if family in pts:
+            pts[family].append((f"[{rule}", m))
+    lines = ["| system | rule [x, y] | avg instances | max instances | P99 prefill | mean prefill | migrations |",
+             "|" + "---|" * 7]
+    for family in (base, ours):
+        for rule, m in pts[family]:
+            lines.append(f"| {family} | {rule} | {m['instances']:.2f} | {m['max_instances']:.0f} "
+                         f"| {_fmt(m['prefill_p99'])} | {_fmt(m['prefill_mean'])} | {m['migrations']:.0f} |")
+    lines += ["", f"| {base} rule | its instances | its P99 prefill | cheapest {ours} rule with P99 prefill <= it "
+              f"| {ours} instances | {ours} P99 prefill | cost {base}/{ours} - 1 |", "|" + "---|" * 7]
+    for rule, b in pts[base]:
+        ok = [(r, m) for r, m in pts[ours] if m["prefill_p99"] <= b["prefill_p99"]]
+        if not ok:
+            lines.append(f"| {rule} | {b['instances']:.2f} | {_fmt(b['prefill_p99'])} | none | - | - | - |")
+            continue
+        r, m = min(ok, key=lambda rm: rm[1]["instances"])
+        cost = _ratio(b["instances"], m["instances"]) - 1
+        lines.append(f"| {rule} | {b['instances']:.2f} | {_fmt(b['prefill_p99'])} | {r} | {m['instances']:.2f} "
+                     f"| {_fmt(m['prefill_p99'])} | {100 * cost:+.1f}% |")
+    return "\n".join(lines) + "\n"

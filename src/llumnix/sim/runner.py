@@ -42,7 +42,8 @@ def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dic
 
     trace = make_trace(spec.trace, spec.rate, spec.seed)
     sim = Simulator(spec.cluster, get_latency_model(spec.latency_model),
-                    make_policy(spec.system, spec.cluster, seed=spec.seed), trace, progress=progress)
+                    make_policy(spec.system, spec.cluster, seed=spec.seed), trace, progress=progress,
+                    priorities=spec.system.priorities)
     summary = sim.run()
     record: dict[str, Any] = {"system": spec.system.name, "trace": spec.trace.name, "rate": spec.rate,
                               "seed": spec.seed, "num_requests": len(trace),
@@ -58,7 +59,7 @@ def plan(cfg: ExperimentConfig, seeds: int | None = None) -> list[RunSpec]:
     for t in cfg.traces:
         top = max(t.rates)
         for rate in t.rates:
-            for seed in range(seeds or cfg.seeds):
+            for seed in range(seeds or t.seeds or cfg.seeds):
                 for s in cfg.systems:
                     runs.append(RunSpec(cfg.system_for(s, t), t.spec, rate, seed, cfg.cluster,
                                         cfg.latency_model, keep_samples=(rate == top and seed == 0)))
@@ -79,14 +80,35 @@ def _write(out: Path, cfg: ExperimentConfig, records: list[dict[str, Any]]) -> N
     os.replace(tmp, out / "metrics.json")
 
 
+def _key(system: str, trace: str, rate: float, seed: int) -> tuple[str, str, float, int]:
+    return system, trace, float(rate), int(seed)
+
+
+def done_records(out: Path, runs: list[RunSpec]) -> list[dict[str, Any]]:
+    """Records already in ``out/metrics.json`` for runs of this plan (``--resume``)."""
+    path = out / "metrics.json"
+    if not path.is_file():
+        return []
+    try:
+        old = json.loads(path.read_text())["records"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--resume: {path} is not a metrics file ({e})") from None
+    wanted = {_key(r.system.name, r.trace.name, r.rate, r.seed) for r in runs}
+    return [r for r in old if _key(r["system"], r["trace"], r["rate"], r["seed"]) in wanted]
+
+
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, seeds: int | None = None,
-                   show_progress: bool = True) -> list[dict[str, Any]]:
+                   show_progress: bool = True, resume: bool = False) -> list[dict[str, Any]]:
+    """Every run of the plan; with ``resume``, runs whose records are already in the
+    output's metrics.json are kept, not rerun (same config and seed, same numbers)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = plan(cfg, seeds)
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = done_records(out, runs) if resume else []
+    have = {_key(r["system"], r["trace"], r["rate"], r["seed"]) for r in records}
+    runs = [r for r in runs if _key(r.system.name, r.trace.name, r.rate, r.seed) not in have]
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not show_progress, transient=False) as bar:
         overall = bar.add_task(f"{cfg.name}: runs", total=len(runs))
@@ -120,14 +142,15 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, seeds: int | None
     return records
 
 
-def main_simulate(config_path: str, overrides: list[str], seeds: int | None, out_dir: str | None) -> int:
-    """`llumnix simulate CONFIG.yaml [--set k=v ...] [--seeds N] [--out DIR]`."""
+def main_simulate(config_path: str, overrides: list[str], seeds: int | None, out_dir: str | None,
+                  resume: bool = False) -> int:
+    """`llumnix simulate CONFIG.yaml [--set k=v ...] [--seeds N] [--out DIR] [--resume]`."""
     if seeds is not None and seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
     cfg = load_config(config_path, overrides)
     out = Path(out_dir) if out_dir else Path(config_path).parent / "results" / cfg.name
     start = time.perf_counter()
-    records = run_experiment(cfg, out, seeds, show_progress=sys.stderr.isatty())
+    records = run_experiment(cfg, out, seeds, show_progress=sys.stderr.isatty(), resume=resume)
     wall = time.perf_counter() - start
     from llumnix.sim.report import summary_table
 

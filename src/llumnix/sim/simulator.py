@@ -16,8 +16,8 @@ next one would overwrite it unread.
 """
 from __future__ import annotations
 
+import heapq
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -39,8 +39,10 @@ _INF = float("inf")
 
 class Simulator:
     def __init__(self, config: ClusterConfig, latency: LatencyModel, policy: PolicyPort, trace: Trace,
-                 *, progress: Callable[[int], None] | None = None) -> None:
+                 *, progress: Callable[[int], None] | None = None, priorities: bool = True) -> None:
         self.config = config
+        self.priorities = priorities
+        """False: every request is sent as normal priority (metrics keep the trace's class)."""
         self.latency = latency
         self.policy = policy
         self.trace = trace
@@ -50,7 +52,9 @@ class Simulator:
         self.metrics = MetricsCollector()
         policy.bind(self.clock)
         self.cluster = Cluster(config, latency, self.clock, make_llumlet=policy.make_llumlet)
-        self.gateway: deque[int] = deque()
+        self.gateway: list[tuple[int, float, int]] = []
+        """Requests no instance could take yet: a heap in dispatch order (higher priority
+        first, FCFS within a priority) of (-priority, arrival time, trace index)."""
         self.num_done = 0
         self.wall_s = 0.0
         self._round = 0
@@ -116,18 +120,24 @@ class Simulator:
         else:
             self._next_arrival = _INF
         if self.gateway:
-            self.gateway.append(i)  # FCFS at the gateway
+            self._queue(i)  # behind the queue's higher-priority and earlier requests
             return events + self._drain_gateway()
         return events + self._dispatch(i)
+
+    def _priority(self, i: int) -> int:
+        return int(self.trace.priorities[i]) if self.priorities else 0
+
+    def _queue(self, i: int) -> None:
+        heapq.heappush(self.gateway, (-self._priority(i), float(self.trace.arrival_times[i]), i))
 
     def _dispatch(self, i: int) -> list[Event]:
         """Send request ``i`` to an instance, or queue it at the gateway if none is schedulable."""
         trace = self.trace
-        priority = int(trace.priorities[i])
+        priority = self._priority(i)
         num_prompt = int(trace.prompt_lens[i])
         iid = self.policy.dispatch(f"req-{i}", num_prompt, float(trace.arrival_times[i]), priority)
         if iid is None:
-            self.gateway.append(i)
+            self._queue(i)
             return []
         inst = self.cluster.instances[iid]
         try:
@@ -148,11 +158,10 @@ class Simulator:
     def _drain_gateway(self) -> list[Event]:
         events: list[Event] = []
         while self.gateway:
-            i = self.gateway.popleft()
+            i = heapq.heappop(self.gateway)[2]
             before = len(self.gateway)
             out = self._dispatch(i)
-            if len(self.gateway) > before:  # still nothing schedulable: back to the head
-                self.gateway.rotate(1)
+            if len(self.gateway) > before:  # still nothing schedulable: it is back at the head
                 break
             events += out
         return events
@@ -164,7 +173,7 @@ class Simulator:
         finished = 0
         for out in outputs:
             if out.metrics is not None:
-                self.metrics.on_finished(out.metrics)
+                self.metrics.on_finished(out.metrics, self._trace_class(out.request_id))
                 finished += 1
         if finished:
             self._count_done(finished)
@@ -175,6 +184,10 @@ class Simulator:
         if inst.is_terminating and not inst.engine.requests and not inst.migrations_in:
             events += self._retire(inst)
         return events
+
+    def _trace_class(self, request_id: str) -> int:
+        """The priority the trace gave ``req-<i>``, whatever the system ran it at."""
+        return int(self.trace.priorities[int(request_id.rpartition("-")[2])])
 
     def _count_done(self, n: int) -> None:
         self.num_done += n
@@ -290,9 +303,15 @@ class Simulator:
         return self._drain_gateway()
 
     def _retire(self, inst: SimInstance) -> list[Event]:
-        for run in list(inst.migrations_out.values()):
-            run.abort("source instance retired", self.clock.now())
-        self.policy.remove_instance(inst)
+        if inst.instance_id not in self.cluster.instances:
+            return []  # already retired: an abort below re-enters through _on_migration_done
         self.cluster.remove(inst.instance_id)
+        events: list[Event] = []
+        # A run whose request finished here has not noticed yet (its stage is in flight).
+        # Its abort frees the destination's reservation and may wake the destination:
+        # keep those events, or the destination's next step would never end.
+        for run in list(inst.migrations_out.values()):
+            events += run.abort("source instance retired", self.clock.now())
+        self.policy.remove_instance(inst)
         self.metrics.on_instances(self.clock.now(), self.cluster.num_live)
-        return []
+        return events
