@@ -47,7 +47,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from llumnix.sim.runner import main_simulate
 
-    return main_simulate(args.config, args.set or [], args.seeds, args.out)
+    return main_simulate(args.config, args.set or [], args.seeds, args.out, args.resume)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field")
     sim.add_argument("--seeds", type=int, default=None, help="seeds per point")
     sim.add_argument("--out", default=None, help="output directory")
+    sim.add_argument("--resume", action="store_true",
+                     help="keep the runs already in the output's metrics.json; run only the missing ones")
     sim.set_defaults(func=_cmd_simulate)
 
     pr = sub.add_parser("profile", help="measure the real engine and write a latency profile for simulate")

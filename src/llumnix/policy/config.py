@@ -74,6 +74,7 @@ class FreenessConfig:
 DISPATCH_POLICIES = ("llumnix", "infaas++", "round-robin", "least-requests", "random", "power-of-two",
                      "llm-d", "custom")
 SELECTIONS = ("paper", "SR", "LR", "FCW")
+DEFRAGS = ("paper", "hol")
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,9 @@ class ReschedulingConfig:
     """Concurrent migrations into one instance."""
     selection: str = "paper"
     """Which request a source gives up: paper (lower priority, then shorter) | SR | LR | FCW."""
+    defrag: str = "paper"
+    """paper (Algorithm 1) | hol: also move a blocked head-of-line request to an instance with
+    room for it, and give it up first (``policy/defrag.py``; not in the paper)."""
 
     def __post_init__(self) -> None:
         if self.in_threshold < self.out_threshold:
@@ -121,6 +125,9 @@ class ReschedulingConfig:
         for name in ("max_out", "max_in"):
             if getattr(self, name) < 1:
                 raise bad_value(f"rescheduling.{name}", "must be >= 1")
+        if self.defrag not in DEFRAGS:
+            raise PolicyConfigError(f"unknown defrag policy {self.defrag!r} (known: {', '.join(DEFRAGS)})",
+                                    "rescheduling.defrag")
         if self.selection not in SELECTIONS:
             raise PolicyConfigError(f"unknown selection policy {self.selection!r} "
                                     f"(known: {', '.join(SELECTIONS)})", "rescheduling.selection")

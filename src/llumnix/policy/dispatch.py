@@ -30,6 +30,10 @@ differ only in that INFaaS++ never migrates. Beyond dispatch, only Llumnix migra
 ``llumnix`` with ``params: {queued: all}`` scores ``queue_aware_freeness``: every
 queued request counts its demand and a batch slot, as the open-source Llumnix's
 dispatch load does; the default ``head`` is Algorithm 1 exactly.
+
+``llumnix`` with ``params: {shield: true}`` (not the paper's, off by default) picks with
+``decode-shield``: a long prompt goes, among the near-freest instances, to the one where
+its prefill stalls the fewest young decoding requests (``policy/decode_shield.py``).
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ from llumnix.policy.pipeline import Pipeline
 
 _TIE = ("tie_break",)
 POLICY_PARAMS: dict[str, tuple[str, ...]] = {
-    "llumnix": ("queued", *_TIE),
+    "llumnix": ("queued", "shield", *_TIE),
     "infaas++": ("metric", *_TIE),
     "round-robin": _TIE,
     "least-requests": _TIE,
@@ -83,7 +87,10 @@ def make_pipeline(name: str, params: dict[str, Any] | None = None) -> Pipeline:
         if queued not in ("head", "all"):
             raise bad_value("dispatch.params.queued", f"must be 'head' or 'all', got {queued!r}")
         scorer = "freeness" if queued == "head" else "queue-aware-freeness"
-        return Pipeline(scorers=((scorer, 1.0),), picker=_picker(p))
+        shield = p.get("shield", False)
+        if not isinstance(shield, bool):
+            raise bad_value("dispatch.params.shield", f"must be true or false, got {shield!r}")
+        return Pipeline(scorers=((scorer, 1.0),), picker="decode-shield" if shield else _picker(p))
     if name == "infaas++":
         metric = p.get("metric", "memory-load")
         if metric not in ("memory-load", "freeness"):

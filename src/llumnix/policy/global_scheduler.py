@@ -126,6 +126,7 @@ class GlobalScheduler:
         unschedulable or terminating): the caller keeps it in its DispatchQueue."""
         ctx = self._ctx
         ctx.now = now
+        ctx.num_prompt_tokens = req.num_prompt_tokens
         iid = FALLBACK if self._index is None else self._index.pick(self._views, ctx)
         if iid == FALLBACK:
             iid = self.pipeline.pick(self.view(), ctx)

@@ -63,7 +63,7 @@ class Llumlet:
         """Request ids to migrate next, by the configured selection policy, never one
         already migrating."""
         return select_requests(self.report(now), self.rescheduling.selection, max_n,
-                               exclude=self.migrating_out)
+                               exclude=self.migrating_out, hol_first=self.rescheduling.defrag == "hol")
 
     def should_keep_migrating(self, now: float) -> bool:
         """Still a source (terminating, or freeness below the out threshold) and still

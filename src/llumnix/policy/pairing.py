@@ -11,6 +11,10 @@ round, and only while its in-flight migrations (``num_migrating_out`` /
 ``num_migrating_in``) are under the cap. A source needs a request it could give
 up (one not already migrating). Unschedulable (unhealthy) instances that are not
 terminating take no part.
+
+With ``defrag: hol`` (not the paper's; ``policy/defrag.py``) blocked instances are first
+paired with a destination that has room for their head-of-line request, and the paper's
+pairing runs over the rest.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 
 from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
+from llumnix.policy.defrag import plan_hol_moves
 from llumnix.policy.freeness import freeness
 
 
@@ -45,6 +50,16 @@ def _has_movable(status: InstanceStatus) -> bool:
 def pair_migrations(statuses: list[InstanceStatus], cfg: ReschedulingConfig,
                     fcfg: FreenessConfig) -> list[MigrationOrder]:
     live = [s for s in statuses if s.is_schedulable or s.is_terminating]
+    if cfg.defrag == "hol":
+        moves = plan_hol_moves(live, cfg)
+        used = {iid for pair in moves for iid in pair}
+        rest = [s for s in live if s.instance_id not in used]
+        return [MigrationOrder(a, b) for a, b in moves] + _paper_pairs(rest, cfg, fcfg)
+    return _paper_pairs(live, cfg, fcfg)
+
+
+def _paper_pairs(live: list[InstanceStatus], cfg: ReschedulingConfig,
+                 fcfg: FreenessConfig) -> list[MigrationOrder]:
     f = {s.instance_id: freeness(s, fcfg) for s in live}
     srcs = sorted((s for s in live if is_source(s, f[s.instance_id], cfg)
                    and s.num_migrating_out < cfg.max_out and _has_movable(s)),

@@ -39,6 +39,9 @@ class DispatchContext:
     memo: dict[str, tuple[InstanceStatus, dict[str, float]]] = field(default_factory=dict)
     """Per instance id: the status object last seen and metrics computed from it. The
     scheduler keeps one across dispatches, so an unchanged status is not re-scored."""
+    num_prompt_tokens: int | None = None
+    """Prompt length of the request being dispatched (None when the caller does not say);
+    read by request-aware plugins such as the ``decode-shield`` picker."""
 
     def metric(self, name: str, status: InstanceStatus, fn: Callable[[InstanceStatus], float]) -> float:
         """``fn(status)``, computed once per status object (statuses are immutable)."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from llumnix.core.status import InstanceStatus
+from llumnix.policy.decode_shield import shield_pick
 from llumnix.policy.freeness import freeness, memory_load, queue_aware_freeness
 from llumnix.policy.pipeline import (
     FILTERS,
@@ -93,3 +94,10 @@ def power_of_two(cands: list[InstanceStatus], scores: list[float], ctx: Dispatch
         return cands[0]
     i, j = ctx.rng.sample(range(len(cands)), 2)
     return cands[i] if scores[i] >= scores[j] else cands[j]
+
+
+@register(PICKERS, "decode-shield")
+def decode_shield(cands: list[InstanceStatus], scores: list[float], ctx: DispatchContext) -> InstanceStatus:
+    """Not the paper's: a long prompt goes where its prefill stalls the fewest young
+    decoding requests, among the near-best scores (``policy/decode_shield.py``)."""
+    return shield_pick(cands, scores, ctx.num_prompt_tokens)

@@ -11,6 +11,10 @@ lowest priority present among the movable ones are candidates, so a
 high-priority request is never chosen while a normal one is available
 (under SR/LR/FCW this can mean choosing nothing: e.g. SR on an instance whose
 only normal requests are queued).
+
+``hol_first`` (``rescheduling.defrag: hol``, not the paper's): on a blocked instance
+the head-of-line queued request goes first, whatever its priority or length, since
+moving it is what unblocks the queue (``policy/defrag.py``).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from typing import Any
 
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import SELECTIONS, PolicyConfigError
+from llumnix.policy.defrag import is_blocked
 
 __all__ = ["SELECTIONS", "movable_requests", "select_requests"]
 
@@ -38,8 +43,13 @@ def movable_requests(status: InstanceStatus, exclude: Collection[str] = frozense
 
 
 def select_requests(status: InstanceStatus, policy: str = "paper", max_n: int = 1,
-                    exclude: Collection[str] = frozenset()) -> list[str]:
+                    exclude: Collection[str] = frozenset(), hol_first: bool = False) -> list[str]:
     """Up to ``max_n`` request ids to migrate out of ``status``, best first."""
+    if hol_first and is_blocked(status):
+        hol = status.waiting[0]
+        if not hol.is_migrating and hol.request_id not in exclude:
+            rest = select_requests(status, policy, max_n - 1, (*exclude, hol.request_id)) if max_n > 1 else []
+            return [hol.request_id, *rest]
     if policy not in _POLICIES:
         raise PolicyConfigError(f"unknown selection policy {policy!r} (known: {', '.join(SELECTIONS)})",
                                 "rescheduling.selection")

@@ -1,0 +1,120 @@
+"""Tables and bar plots for benchmarks/sim/beyond.md from the peers and improvement results.
+
+    .venv/bin/python benchmarks/sim/beyond_tables.py > /tmp/tables.md
+
+prints the markdown tables and rewrites results/peers/peers_bars.png and
+results/improvement/improvement_bars.png.
+"""
+import json
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+R = Path(__file__).resolve().parent / "results"
+TRACES = ["ShareGPT", "BurstGPT", "S-S", "M-M", "L-L", "S-L", "L-S"]
+METRICS = [("prefill", "p99", "P99 prefill (s)"), ("decode", "p99", "P99 decode (s/token)"),
+           ("prefill", "mean", "mean prefill (s)"), ("preemption_loss", "mean", "preemption loss (mean s)")]
+
+
+def load(name):
+    p = R / name / "metrics.json"
+    return json.loads(p.read_text())["records"] if p.exists() else []
+
+
+def val(r, m, s):
+    return r[m][s]
+
+
+def fmt(x):
+    return f"{x:.3g}" if abs(x) >= 0.001 or x == 0 else f"{x:.2e}"
+
+
+imp = load("improvement")
+peers = load("peers")
+# llumnix seed 0 from the improvement run joins the peers table (same config and seed)
+peer_recs = peers + [r for r in imp if r["system"] == "llumnix" and r["seed"] == 0]
+PEER_SYS = ["llumnix", "power-of-two", "least-requests", "llm-d"]
+
+out = []
+out.append("### Peers at each trace's top rate (seed 0)\n")
+for m, s, label in METRICS:
+    out.append(f"\n{label}\n\n| trace | rate | " + " | ".join(PEER_SYS) + " |")
+    out.append("|---|---|" + "---|" * len(PEER_SYS))
+    for t in TRACES:
+        rs = {r["system"]: r for r in peer_recs if r["trace"] == t}
+        if not rs:
+            continue
+        rate = next(iter(rs.values()))["rate"]
+        cells = []
+        base = rs.get("llumnix")
+        for sname in PEER_SYS:
+            r = rs.get(sname)
+            if r is None:
+                cells.append("-")
+                continue
+            v = val(r, m, s)
+            ratio = ""
+            if base is not None and sname != "llumnix" and val(base, m, s) > 0:
+                ratio = f" ({v / val(base, m, s):.2f}x)"
+            cells.append(fmt(v) + ratio)
+        out.append(f"| {t} | {rate:g} | " + " | ".join(cells) + " |")
+
+IMP_SYS = ["llumnix", "llumnix-shield"]
+out.append("\n### Improvement: llumnix vs llumnix-shield at each trace's top rate, seeds 0-2 (M-M: 0-5)\n")
+for m, s, label in METRICS:
+    rlabel = "ratio of the means" if m == "preemption_loss" else "mean of per-seed ratios"
+    out.append(f"\n{label}: mean over seeds (per seed)\n\n| trace | rate | llumnix | llumnix-shield | shield / llumnix ({rlabel}) | seeds won |")
+    out.append("|---|---|---|---|---|---|")
+    for t in TRACES:
+        by = {}
+        for r in imp:
+            if r["trace"] == t:
+                by.setdefault(r["system"], {})[r["seed"]] = r
+        if len(by) < 2:
+            continue
+        seeds = sorted(set(by["llumnix"]) & set(by["llumnix-shield"]))
+        a = [val(by["llumnix"][k], m, s) for k in seeds]
+        b = [val(by["llumnix-shield"][k], m, s) for k in seeds]
+        ratios = [y / x for x, y in zip(a, b, strict=True) if x > 0]
+        if m == "preemption_loss":  # near-zero baselines make per-seed ratios meaningless
+            ratios = [np.mean(b) / np.mean(a)] if np.mean(a) > 0 else []
+        won = sum(y < x for x, y in zip(a, b, strict=True))
+        tie = sum(y == x for x, y in zip(a, b, strict=True))
+        rate = by["llumnix"][seeds[0]]["rate"]
+        rtxt = f"{np.mean(ratios):.3f}" if ratios else "-"
+        out.append(f"| {t} | {rate:g} | {fmt(np.mean(a))} ({', '.join(fmt(x) for x in a)}) | "
+                   f"{fmt(np.mean(b))} ({', '.join(fmt(x) for x in b)}) | {rtxt} | {won}/{len(seeds)}"
+                   + (f" ({tie} tied)" if tie else "") + " |")
+print("\n".join(out))
+
+
+def bars(recs, systems, path, title):
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    for ax, (m, s, label) in zip(axes, METRICS, strict=True):
+        x = np.arange(len(TRACES))
+        w = 0.8 / len(systems)
+        for i, sname in enumerate(systems):
+            means, errs = [], []
+            for t in TRACES:
+                vs = [val(r, m, s) for r in recs if r["trace"] == t and r["system"] == sname]
+                means.append(np.mean(vs) if vs else np.nan)
+                errs.append((np.max(vs) - np.min(vs)) / 2 if len(vs) > 1 else 0)
+            ax.bar(x + i * w - 0.4 + w / 2, means, w, yerr=errs, label=sname, capsize=2)
+        ax.set_xticks(x, TRACES, rotation=30)
+        ax.set_yscale("log")
+        ax.set_title(label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if peer_recs:
+    bars(peer_recs, PEER_SYS, R / "peers" / "peers_bars.png", "Peers vs Llumnix, top rate of each trace, seed 0 (log scale)")
+if imp:
+    bars(imp, IMP_SYS, R / "improvement" / "improvement_bars.png",
+         "Llumnix vs Llumnix + decode shield, top rate, mean of seeds 0-2 (bars: half range) (log scale)")

@@ -1,0 +1,75 @@
+"""Decode shield (``llumnix`` dispatch option ``shield: true``; not in the paper): send a
+long prompt where its prefill hurts the fewest young decoding requests.
+
+Without chunked prefill a step is a prefill batch or a decode batch, so a new
+prompt's prefill stalls every running request on its instance for the whole
+prefill. The stall costs a request ``prefill_time / (its output tokens - 1)`` of
+decode latency per token: negligible for a long answer, large for a short one.
+The P99 decode latency of every Figure 11 trace is made of such requests (short
+answers, never preempted, hit by another request's long prefill). Output lengths
+are unknown at dispatch, but they are heavy-tailed, so a request that has
+produced ``k`` tokens is short with a probability that falls like ``1/k``:
+
+    harm(instance) = sum over running requests with k < YOUNG_TOKENS of 1 / max(k, 1)
+
+The picker keeps Llumnix's freeness as the first concern: eligible are the
+candidates whose (min-max normalised) freeness score is within ``SLACK`` of the
+best and where the prompt fits now (free blocks beyond the queue's demand and the
+watermark), so it never waits for memory the freest instance has; among them it
+picks the lowest harm, then the highest score, then the lowest id.
+
+The shield adapts to load: when the candidates together have less than
+``MIN_FREE_FRACTION`` of their blocks free (a loaded cluster, where memory and
+preemptions, not stalls, decide the tail), or for a prompt shorter than
+``MIN_PROMPT_TOKENS`` (a prefill no longer than about two decode steps), it picks
+exactly as ``max-score`` does. The constants were set on a few single-seed runs
+(``benchmarks/sim/beyond.md``), not tuned per trace.
+"""
+from __future__ import annotations
+
+from llumnix.core.status import InstanceStatus
+
+MIN_PROMPT_TOKENS = 512
+"""Prompts at least this long get the shield (prefill about 110 ms on the A10 model)."""
+SLACK = 0.5
+"""Candidates within this much of the best normalised freeness score are eligible."""
+YOUNG_TOKENS = 64
+"""Requests with fewer output tokens than this count as young (possibly short)."""
+MIN_FREE_FRACTION = 0.2
+"""The shield is on only while the candidates have at least this fraction of their blocks free."""
+
+
+def _blocks(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+def fits_now(status: InstanceStatus, num_prompt_tokens: int) -> bool:
+    """The prompt can be admitted at the next step: its blocks fit beside the queue's."""
+    demand = _blocks(num_prompt_tokens, status.block_size)
+    demand += sum(_blocks(r.num_tokens, status.block_size) for r in status.waiting)
+    return status.num_free_blocks - status.num_watermark_blocks >= demand
+
+
+def is_loaded(cands: list[InstanceStatus]) -> bool:
+    """Too little free memory across the candidates to trade any of its balance for stalls."""
+    free = sum(s.num_free_blocks for s in cands)
+    return free < MIN_FREE_FRACTION * sum(s.num_total_blocks for s in cands)
+
+
+def stall_harm(status: InstanceStatus) -> float:
+    """Expected per-token damage a prefill here does, in units of one stall (see above)."""
+    return sum(1.0 / max(r.num_output_tokens, 1) for r in status.running
+               if r.num_output_tokens < YOUNG_TOKENS)
+
+
+def shield_pick(cands: list[InstanceStatus], scores: list[float], num_prompt_tokens: int | None,
+                ) -> InstanceStatus:
+    """The candidate to dispatch to (``cands`` sorted by id, ``scores`` in [0, 1] or summed)."""
+    best = max(scores)
+    if num_prompt_tokens is None or num_prompt_tokens < MIN_PROMPT_TOKENS or is_loaded(cands):
+        return next(s for s, v in zip(cands, scores, strict=True) if v == best)
+    eligible = [(stall_harm(s), -v, k) for k, (s, v) in enumerate(zip(cands, scores, strict=True))
+                if v >= best - SLACK and fits_now(s, num_prompt_tokens)]
+    if not eligible:
+        return next(s for s, v in zip(cands, scores, strict=True) if v == best)
+    return cands[min(eligible)[2]]
