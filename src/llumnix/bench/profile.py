@@ -396,10 +396,14 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
     # ask the source (at its boundary) what is left. The last stage is done at one
     # boundary with blocks reserved ahead, so its downtime is the measured one.
     overhead = max(0.0, fixed) + reserve + wait
+    # The last stage's fixed cost: the measured downtime less the copy of the block or
+    # so it sends (the request grows by at most a block between the stages' checks).
+    downtime = statistics.median(downtimes)
+    last = max(0.0, downtime - llm.executor.bytes_per_block / bandwidth)
     return {
-        "bandwidth_bytes_per_s": bandwidth, "stage_overhead_s": overhead,
+        "bandwidth_bytes_per_s": bandwidth, "stage_overhead_s": overhead, "last_stage_overhead_s": last,
         "commit_s": 0.0, "decode_slowdown": 1.0,
-        "measured": {"downtime_s": downtimes, "downtime_median_s": statistics.median(downtimes),
+        "measured": {"downtime_s": downtimes, "downtime_median_s": downtime,
                      "num_stages": stages, "send_fixed_s": fixed, "reserve_round_trip_s": reserve,
                      "step_boundary_wait_s": wait, "num_sends": len(sender.sends),
                      "transport": "tcp"},
