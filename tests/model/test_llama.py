@@ -114,3 +114,21 @@ def test_bf16_runs(tiny_llama_dir, dtype):
     eng = real_engine(lo)
     eng.add_request("r", PROMPTS[1], SamplingParams(max_tokens=5))
     assert len(drain(eng)["r"]) == 5
+
+
+def test_a_panelled_output_head_gives_the_same_logits_and_embeddings(tiny_llama_dir, monkeypatch):
+    """On CPU a wide output projection is kept in column panels; with 64-column panels
+    the tiny model's 257-token vocabulary spans five, the last one padded."""
+    from llumnix.model import llama, load_model
+
+    plain = load_model(str(tiny_llama_dir[0])).model
+    assert plain._panels is None  # 257 columns: below the real panel width
+    monkeypatch.setattr(llama, "HEAD_PANEL", 64)
+    panelled = load_model(str(tiny_llama_dir[0])).model
+    assert panelled._panels is not None and tuple(panelled._panels.shape) == (5, 64, 64)
+    ids = torch.tensor([0, 5, 63, 64, 200, 256])
+    torch.testing.assert_close(panelled.embed_tokens(ids), plain.embed_tokens(ids), atol=0, rtol=0)
+    torch.testing.assert_close(panelled.lm_head, plain.lm_head, atol=0, rtol=0)
+    h = torch.randn(3, plain.config.hidden_size)
+    torch.testing.assert_close(panelled.logits(h), plain.logits(h), atol=1e-5, rtol=1e-5)
+    assert panelled.logits(h).shape == (3, 257)

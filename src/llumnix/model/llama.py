@@ -48,6 +48,25 @@ class ForwardBatch:
     fresh_causal: bool  # one request prefilled from position 0: attend over fresh K/V
 
 
+HEAD_PANEL = 4096
+"""Columns per panel of the CPU output projection. A few rows times the whole
+[576, 49152] SmolLM2 head as one matmul takes a slow BLAS path; panel by panel, each
+panel contiguous, it is 1.4x-1.8x faster for 4-8 rows (8 rows: 42.8 -> 23.7 ms, single
+thread) and 1 ms slower for one row (7.0 -> 8.1 ms). benchmarks/head_panels.py measures
+it (results/head_panels.json)."""
+
+
+def _to_panels(w: torch.Tensor) -> torch.Tensor:
+    """[hidden, vocab] -> contiguous [n, hidden, HEAD_PANEL], the last panel zero-padded."""
+    hidden, vocab = w.shape
+    n = -(-vocab // HEAD_PANEL)
+    panels = w.new_zeros(n, hidden, HEAD_PANEL)
+    for i in range(n):
+        cols = w[:, i * HEAD_PANEL:(i + 1) * HEAD_PANEL]
+        panels[i, :, :cols.shape[1]] = cols
+    return panels
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -57,9 +76,14 @@ class LlamaModel:
     def __init__(self, config: LlamaConfig, lm_head: torch.Tensor, layers: list[LayerWeights],
                  norm: torch.Tensor, embed: torch.Tensor | None = None) -> None:
         """``lm_head`` is [hidden, vocab]. Tied embeddings (``embed`` None) read
-        their rows as columns of the same tensor: one copy, not two."""
+        their rows as columns of the same tensor: one copy, not two. On CPU the
+        output projection is kept in column panels (``HEAD_PANEL``)."""
         self.config = config
-        self.lm_head = lm_head
+        self._head: torch.Tensor | None = lm_head
+        self._panels: torch.Tensor | None = None  # [n, hidden, HEAD_PANEL] on CPU
+        if lm_head.device.type == "cpu" and lm_head.shape[1] > HEAD_PANEL:
+            self._panels = _to_panels(lm_head)
+            self._head = None
         self.embed = embed
         self.layers = layers
         self.norm = norm
@@ -73,11 +97,20 @@ class LlamaModel:
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.device
+        return self.norm.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.dtype
+        return self.norm.dtype
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        """The output projection as one [hidden, vocab] matrix (a copy when panelled)."""
+        if self._head is not None:
+            return self._head
+        assert self._panels is not None
+        n, hidden, width = self._panels.shape
+        return self._panels.permute(1, 0, 2).reshape(hidden, n * width)[:, :self.config.vocab_size]
 
     @property
     def is_tied(self) -> bool:
@@ -85,8 +118,19 @@ class LlamaModel:
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         if self.embed is None:
-            return self.lm_head.index_select(1, ids).t()
+            if self._panels is not None:
+                return self._panels[ids // HEAD_PANEL, :, ids % HEAD_PANEL]
+            assert self._head is not None
+            return self._head.index_select(1, ids).t()
         return F.embedding(ids, self.embed)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """``h`` [B, hidden] -> [B, vocab]."""
+        if self._panels is None:
+            assert self._head is not None
+            return h @ self._head
+        out = torch.cat([h @ panel for panel in self._panels], dim=1)
+        return out[:, :self.config.vocab_size]
 
     def forward(self, fb: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
         """Logits of each request's last token, [B, vocab]. ``kv_cache`` is
@@ -111,7 +155,7 @@ class LlamaModel:
             gate, up = (x @ lw.w_gate_up).chunk(2, dim=-1)
             h = h + (F.silu(gate) * up) @ lw.w_down
         h = F.rms_norm(h[fb.last_idx], (cfg.hidden_size,), self.norm, eps)
-        return (h @ self.lm_head).float()
+        return self.logits(h).float()
 
     def _attention(self, fb: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
