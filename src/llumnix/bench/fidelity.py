@@ -74,7 +74,12 @@ class FidelitySetup:
     output_tokens: tuple[int, int] = (8, 48)
     """Output lengths, uniform in [lo, hi] (EOS ignored)."""
     seed: int = 0
-    loads: tuple[Load, ...] = (Load("light", 0.25, 30), Load("medium", 0.5, 50), Load("heavy", 0.65, 65))
+    loads: tuple[Load, ...] = (Load("light", 0.25, 30), Load("medium", 0.5, 50), Load("heavy", 0.65, 65),
+                               Load("saturated", 1.8, 90))
+    """Fixed rates. light/medium/heavy were sized on a loaded machine (heavy then ran at
+    ~90% utilisation); on a quiet one heavy neither migrates nor preempts, and
+    ``saturated`` (about 90% of a quiet machine's capacity for this trace) is the
+    near-saturation point."""
     systems: tuple[str, ...] = ("infaas++", "llumnix")
 
     def scheduling(self, system: str) -> dict[str, Any]:
