@@ -18,13 +18,13 @@ class GenerateRequest:
     priority: int
     arrival_time: float
     admit_by: float | None = None
+    """Wall-clock time after which an instance refuses this request when LlumSched
+    forwards it: a gateway that stopped waiting for LlumSched by then places the request
+    itself, so a late forward must not start a second copy."""
     client: str = ""
     """The gateway whose outbox gets this request's outputs (``Request.client``)."""
     epoch: int = 0
     """How many times the gateway has resumed it after an instance failure (``Request.epoch``)."""
-    """Wall-clock time after which an instance refuses this request when LlumSched
-    forwards it: a gateway that stopped waiting for LlumSched by then places the request
-    itself, so a late forward must not start a second copy."""
 
 
 class TokenizerLike(Protocol):
