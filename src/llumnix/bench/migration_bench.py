@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from llumnix.bench.machine import machine_info
+from llumnix.core.errors import LlumnixError
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.gateway.backend import GenerateRequest
 
@@ -180,6 +181,12 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     lengths, transports, repeats = _choices(args)
     for t in transports:
         check_transport(t)
+    bulk_rate = getattr(args, "bulk_rate", None)
+    if bulk_rate is not None and bulk_rate <= 0:
+        raise LlumnixError(f"--bulk-rate must be > 0 MB/s, got {bulk_rate:g}")
+    mig: dict[str, Any] = {"transport": "tcp"}
+    if bulk_rate:
+        mig["transport_options"] = {"bulk_rate_bytes_per_s": bulk_rate * 1e6}
     ray.init(num_cpus=2, include_dashboard=False, namespace="llumnix-bench", log_to_driver=False)
     token = b"bench-token"
     sched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(
@@ -188,7 +195,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     engine = {"kv_cache_bytes": 512 * 2**20, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
               "device": args.device, "dtype": args.dtype}
     actors = {n: InstanceActor.options(num_cpus=0).remote(n, args.model, engine, None, LLUMSCHED_NAME,
-                                                          args.threads or 1, token, {"transport": "tcp"})
+                                                          args.threads or 1, token, mig)
               for n in ("src", "dst")}
     ray.get([a.ready.remote() for a in actors.values()])
     rows, recompute = [], {}
@@ -201,6 +208,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
                    "machine": machine_info(), "settings": {
                        "co_running_per_instance": CO_RUNNING, "torch_threads_per_instance": args.threads or 1,
                        "live_repeats_per_transport": repeats, "baseline_window_s": WINDOW_S,
+                       "bulk_rate_mb_per_s": bulk_rate,
                        "engine": engine, "processes": "two Ray actors (separate processes) on this machine",
                        "note": "one long request per length, migrated back and forth; the blocking "
                                "copy (tcp) and recompute are single runs"}})
