@@ -84,3 +84,36 @@ def test_outputs_nobody_waits_for_stop_their_request():
 
     a, be = asyncio.run(main())
     assert a.aborted == ["gone"] and be.num_reaped == 1
+
+
+class PollOnce:
+    """An instance whose output poll the test answers by hand."""
+
+    def __init__(self) -> None:
+        self.polls: list[asyncio.Future] = []
+        self.get_outputs = self
+
+    def remote(self, *args):
+        fut = asyncio.get_running_loop().create_future()
+        self.polls.append(fut)
+        return fut
+
+
+def test_stop_ends_a_poller_whose_cancel_raced_with_its_poll_answer():
+    """Python 3.11's wait_for returns the inner result instead of raising when the cancel
+    and the answer land in the same loop turn; the poller then polls again. stop() must
+    still end it (CI hung 30 s in the gateway's shutdown on this)."""
+    async def main():
+        inst = PollOnce()
+        be = _backend({"a": inst})
+        be.membership_interval_s = 3600
+        be.llumsched = None
+        be._start_poller("a", inst)
+        while not inst.polls:
+            await asyncio.sleep(0)
+        inst.polls[0].set_result([])  # the answer and the cancel in the same turn
+        await asyncio.wait_for(be.stop(timeout_s=5), 5)
+        return be._pollers["a"]
+
+    poller = asyncio.run(main())
+    assert poller.done()

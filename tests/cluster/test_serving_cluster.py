@@ -80,6 +80,7 @@ def test_llumnix_gateway_joins_a_running_cluster_and_leaves_it_running(server, c
     """`llumnix gateway` (its own process) attaches to the cluster by its Ray address and
     namespace, serves through the same LlumSched, and stopping it stops nothing else."""
     import os
+    import signal
     import socket
     import subprocess
     import sys
@@ -112,7 +113,13 @@ def test_llumnix_gateway_joins_a_running_cluster_and_leaves_it_running(server, c
         assert httpx.get(f"{server[0]}/admin/cluster").json()["num_dispatched"] == before + 1  # same LlumSched
     finally:
         proc.terminate()
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # the gateway dumps every thread's stack
+            time.sleep(2)
+            proc.kill()
+            pytest.fail("the gateway did not stop within 30 s of SIGTERM:\n" + proc.communicate()[0][-20000:])
     r = httpx.post(f"{server[0]}/v1/completions", json={"model": name, "prompt": "still here", "max_tokens": 4,
                                                         "ignore_eos": True}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4

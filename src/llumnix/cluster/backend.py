@@ -105,6 +105,7 @@ class ClusterBackend:
         self.num_reaped = 0
         """Request copies stopped because no stream wanted their outputs (see ``_route``)."""
         self._reaping: set[str] = set()
+        self._stopping = False
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -112,13 +113,23 @@ class ClusterBackend:
             self._start_poller(iid, actor)
         self._spawn(self._sync_membership_loop())
 
-    async def stop(self) -> None:
-        tasks = [*self._pollers.values(), *self._tasks]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Cancel the pollers and background tasks and wait for them. A cancel can be
+        lost: Python 3.11's ``asyncio.wait_for`` returns the result instead of raising
+        when its inner call completes in the same loop turn as the cancel (every poll
+        completes twice a second), so the loops also check ``_stopping`` and a task still
+        running is cancelled again. Once ``timeout_s`` is up the rest is left behind."""
+        self._stopping = True
+        pending = {*self._pollers.values(), *self._tasks}
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while pending:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning("gateway: %d background task(s) did not stop", len(pending))
+                return
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=min(0.5, left))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)
@@ -126,10 +137,12 @@ class ClusterBackend:
         task.add_done_callback(self._tasks.discard)
 
     def _start_poller(self, iid: str, actor: Any) -> None:
+        if self._stopping:
+            return
         self._pollers[iid] = asyncio.create_task(self._poll(iid, actor), name=f"poll-{iid}")
 
     async def _sync_membership_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.membership_interval_s)
             await self.refresh_members()
 
@@ -154,7 +167,7 @@ class ClusterBackend:
     # -- outputs ----------------------------------------------------------------------
     async def _poll(self, iid: str, actor: Any) -> None:
         misses = 0
-        while True:
+        while not self._stopping:
             try:
                 outs = await asyncio.wait_for(actor.get_outputs.remote(0.5, self.client_id), self.poll_timeout_s)
             except asyncio.CancelledError:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import ipaddress
 import signal
 from typing import Any
@@ -194,6 +195,7 @@ def _run_gateway(title: str, cluster: Any, tokenizer: Any, args: argparse.Namesp
           f"-d '{{\"model\": \"{backend.model_name}\", \"messages\": [{{\"role\": \"user\", \"content\": "
           f"\"What is the capital of France?\"}}], \"max_tokens\": 30}}'", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
