@@ -66,3 +66,20 @@ def test_profile_can_give_the_last_stage_its_own_fixed_cost(tmp_path):
     assert mig.stage_time(10, is_last=False, num_request_blocks=100) == pytest.approx(0.002 + copy)
     assert mig.stage_time(10, is_last=True, num_request_blocks=100) == pytest.approx(
         0.0005 + copy + 0.004 + 100 * 1e-5)
+
+
+def test_profile_extrapolation_never_goes_down(tmp_path):
+    """Rows monotone at the knots can cross past the last context knot: batch 1's row
+    grows faster with context than batch 2's. The CI run that found this extrapolated
+    a 64-sequence step at 10,000 tokens to -1.49 s."""
+    doc = json.loads((Path(__file__).parent / "data" / "tiny_profile.json").read_text())
+    doc["decode"] = {"batch_sizes": [1, 2], "context_tokens": [0, 100], "latency_s": [[1.0, 2.0], [1.1, 2.0]]}
+    doc["prefill"] = {"num_tokens": [16, 64], "latency_s": [0.02, 0.01]}  # a dip: noise, or hand-written
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(doc))
+    m = load_profile(p)
+    # Inside the grid it is the table.
+    assert m.decode_time(2, 50) == pytest.approx(1.55)
+    # Past it, more of anything never takes less time.
+    assert m.decode_time(64, 10_000) >= m.decode_time(2, 10_000) >= m.decode_time(1, 10_000) > m.decode_time(1, 100)
+    assert m.prefill_time([4000]) == pytest.approx(0.01)

@@ -179,11 +179,13 @@ def get_latency_model(name_or_path: str) -> LatencyModel:
 
 def interp_clamped(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     """Piecewise-linear through the knots, extrapolated linearly past the last one
-    (latency keeps growing), clamped to the first value below the first."""
-    if x <= xs[0]:
+    along the last segment but never downward (latency does not shrink with load),
+    clamped to the first value below the first."""
+    if x <= xs[0] or len(xs) == 1:
         return ys[0]
     i = bisect.bisect_left(xs, x)
     if i >= len(xs):
-        i = len(xs) - 1
+        x0, x1, y0, y1 = xs[-2], xs[-1], ys[-2], ys[-1]
+        return y1 + max(0.0, y1 - y0) * (x - x1) / (x1 - x0)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)

@@ -29,7 +29,8 @@ Schema ``llumnix-sim-profile/1`` (JSON; seconds, tokens, bytes)::
     }
 
 Between knots latency is linear (bilinear on the decode grid); past the last knot
-it is extrapolated linearly, below the first it is the first value. A prefill batch
+it is extrapolated linearly along the last segment, never downward; below the first
+it is the first value. A prefill batch
 of several sequences is looked up by its total tokens.
 """
 from __future__ import annotations
@@ -64,6 +65,10 @@ class TableLatencyModel:
 
     def decode_time(self, batch_size: int, num_context_tokens: int) -> float:
         rows = [interp_clamped(self.decode_context, row, num_context_tokens) for row in self.decode_s]
+        # Rows monotone at the knots can cross past the last context knot (a small batch's
+        # row may grow faster with context); more sequences never take less time.
+        for i in range(1, len(rows)):
+            rows[i] = max(rows[i], rows[i - 1])
         return interp_clamped(self.decode_batch, rows, batch_size)
 
 
