@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,38 +33,14 @@ def running_cluster(model_dir: Any, tag: str, **cfg: Any) -> Iterator[Any]:
 @contextlib.contextmanager
 def serve_cluster(cluster: Any, model_dir: Any, **app_kw: Any) -> Iterator[tuple[str, Any]]:
     """The OpenAI gateway for ``cluster`` on a free loopback port: yields (url, backend)."""
-    import uvicorn
-
     from llumnix.cluster.backend import ClusterBackend
-    from llumnix.gateway.app import build_app
+    from llumnix.gateway.inprocess import InProcessGateway
     from llumnix.model import Tokenizer
 
     tok = Tokenizer.from_dir(model_dir, None, 256)
     backend = ClusterBackend(cluster.llumsched, cluster.instances, cluster.info, tok)
-    app = build_app(backend, **app_kw)
-
-    @app.on_event("startup")
-    async def _start() -> None:
-        await backend.start()
-
-    @app.on_event("shutdown")
-    async def _stop() -> None:
-        await backend.stop()
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.time() + 30
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", backend
-    finally:
-        srv.should_exit = True
-        th.join(10)
+    with InProcessGateway(backend, **app_kw) as url:
+        yield url, backend
 
 
 @dataclass

@@ -313,30 +313,13 @@ class _Gateway:
         self.backend = TracingBackend(cluster.llumsched, cluster.instances, cluster.info, tokenizer)
 
     def __enter__(self) -> str:
-        import socket
-        import threading
+        from llumnix.gateway.inprocess import InProcessGateway
 
-        import uvicorn
-
-        from llumnix.gateway.app import build_app
-
-        app = build_app(self.backend)
-        app.router.on_startup.append(self.backend.start)
-        app.router.on_shutdown.append(self.backend.stop)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.05)
-        return f"http://127.0.0.1:{port}"
+        self._gateway = InProcessGateway(self.backend)
+        return self._gateway.__enter__()
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self._gateway.__exit__(*exc)
 
 
 def ttft_breakdown(recs: list[_Rec], engine_metrics: dict[str, Any]) -> dict[str, Any]:

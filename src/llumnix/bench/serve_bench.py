@@ -438,38 +438,12 @@ class _gateway_process:  # noqa: N801 - a context manager used like a function
             self.proc.kill()
 
 
-class _gateway:  # noqa: N801 - a context manager used like a function
-    def __init__(self, cluster: Any, tokenizer: Any) -> None:
-        self.cluster, self.tokenizer = cluster, tokenizer
+def _gateway(cluster: Any, tokenizer: Any) -> Any:
+    """The in-process gateway over ``cluster`` (``with _gateway(...) as url``)."""
+    from llumnix.cluster.backend import ClusterBackend
+    from llumnix.gateway.inprocess import InProcessGateway
 
-    def __enter__(self) -> str:
-        import socket
-        import threading
-
-        import uvicorn
-
-        from llumnix.cluster.backend import ClusterBackend
-        from llumnix.gateway.app import build_app
-
-        backend = ClusterBackend(self.cluster.llumsched, self.cluster.instances, self.cluster.info,
-                                 self.tokenizer)
-        app = build_app(backend)
-        app.router.on_startup.append(backend.start)
-        app.router.on_shutdown.append(backend.stop)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.05)
-        return f"http://127.0.0.1:{port}"
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+    return InProcessGateway(ClusterBackend(cluster.llumsched, cluster.instances, cluster.info, tokenizer))
 
 
 # -- CLI ------------------------------------------------------------------------------------
