@@ -65,10 +65,6 @@ class TableLatencyModel:
 
     def decode_time(self, batch_size: int, num_context_tokens: int) -> float:
         rows = [interp_clamped(self.decode_context, row, num_context_tokens) for row in self.decode_s]
-        # Rows monotone at the knots can cross past the last context knot (a small batch's
-        # row may grow faster with context); more sequences never take less time.
-        for i in range(1, len(rows)):
-            rows[i] = max(rows[i], rows[i - 1])
         return interp_clamped(self.decode_batch, rows, batch_size)
 
 
