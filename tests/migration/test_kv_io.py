@@ -1,9 +1,14 @@
 """Zero-copy KV views: byte for byte what gather/scatter move, on a real CPU cache."""
 from __future__ import annotations
 
+import os
+import sys
+import threading
+
+import pytest
 import torch
 
-from llumnix.migration.kv_io import block_views, gather, is_viewable, scatter
+from llumnix.migration.kv_io import block_views, gather, is_viewable, lower_thread_priority, scatter
 from llumnix.migration.transport import KVSource, split
 from llumnix.model.executor import ModelExecutor
 from tests.fakes import TokenCacheExecutor
@@ -46,3 +51,20 @@ def test_executors_without_a_cpu_cache_fall_back_to_gather():
     ex = TokenCacheExecutor(8, 4)
     assert not is_viewable(ex) and block_views(ex, [1]) is None
     assert bytes(KVSource(ex, [1, 2]).views()[0]) == ex.gather_blocks([1, 2])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
+def test_a_bulk_copy_thread_lowers_only_its_own_priority():
+    seen = {}
+
+    def copier():
+        lower_thread_priority(19, idle=True)
+        tid = threading.get_native_id()
+        seen["nice"], seen["policy"] = os.getpriority(os.PRIO_PROCESS, tid), os.sched_getscheduler(tid)
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), os.sched_getscheduler(0)
+    t = threading.Thread(target=copier)
+    t.start()
+    t.join()
+    assert seen == {"nice": 19, "policy": os.SCHED_IDLE}
+    assert (os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), os.sched_getscheduler(0)) == before

@@ -184,9 +184,10 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     bulk_rate = getattr(args, "bulk_rate", None)
     if bulk_rate is not None and bulk_rate <= 0:
         raise LlumnixError(f"--bulk-rate must be > 0 MB/s, got {bulk_rate:g}")
-    mig: dict[str, Any] = {"transport": "tcp"}
+    bulk_idle = bool(getattr(args, "bulk_idle", False))
+    mig: dict[str, Any] = {"transport": "tcp", "transport_options": {"bulk_idle": bulk_idle}}
     if bulk_rate:
-        mig["transport_options"] = {"bulk_rate_bytes_per_s": bulk_rate * 1e6}
+        mig["transport_options"]["bulk_rate_bytes_per_s"] = bulk_rate * 1e6
     ray.init(num_cpus=2, include_dashboard=False, namespace="llumnix-bench", log_to_driver=False)
     token = b"bench-token"
     sched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(
@@ -208,7 +209,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
                    "machine": machine_info(), "settings": {
                        "co_running_per_instance": CO_RUNNING, "torch_threads_per_instance": args.threads or 1,
                        "live_repeats_per_transport": repeats, "baseline_window_s": WINDOW_S,
-                       "bulk_rate_mb_per_s": bulk_rate,
+                       "bulk_rate_mb_per_s": bulk_rate, "bulk_idle": bulk_idle,
                        "engine": engine, "processes": "two Ray actors (separate processes) on this machine",
                        "note": "one long request per length, migrated back and forth; the blocking "
                                "copy (tcp) and recompute are single runs"}})

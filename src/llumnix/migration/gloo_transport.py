@@ -182,7 +182,7 @@ class GlooReceiver:
     def _serve(self, pg: Any, is_bulk: bool) -> None:
         t = self._options.timeout_s
         if is_bulk:
-            lower_thread_priority(self._options.bulk_nice)
+            lower_thread_priority(self._options.bulk_nice, self._options.bulk_idle)
         buf = _Buffer()
         try:
             while True:

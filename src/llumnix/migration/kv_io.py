@@ -23,17 +23,23 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def lower_thread_priority(nice: int) -> None:
+def lower_thread_priority(nice: int, idle: bool = False) -> None:
     """Nice the calling thread (Linux: a thread is a schedulable task), so copies
-    yield the cores to the engines' compute threads. Unprivileged processes can
-    never raise it back: call it only on threads dedicated to bulk copies."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), nice))
-    except OSError:  # not permitted here: copies run at normal priority
-        log.debug("could not lower the copy thread's priority", exc_info=True)
+    yield the cores to the engines' compute threads; with ``idle``, also put it in
+    ``SCHED_IDLE``, where it runs only on a core no normal thread wants. Unprivileged
+    processes can never raise either back: call it only on threads dedicated to bulk
+    copies."""
+    tid = threading.get_native_id()
+    if nice > 0 and hasattr(os, "setpriority"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), nice))
+        except OSError:  # not permitted here: copies run at normal priority
+            log.debug("could not lower the copy thread's priority", exc_info=True)
+    if idle and hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            log.debug("could not put the copy thread in SCHED_IDLE", exc_info=True)
 
 
 def _cpu_cache(executor: Any) -> Any | None:

@@ -116,7 +116,7 @@ class KVReceiver:
                     return  # not one of ours: drop without a word
                 conn.sendall(b"\x01")
                 if _recv_bytes(conn, 1) == _BULK:
-                    lower_thread_priority(self._options.bulk_nice)
+                    lower_thread_priority(self._options.bulk_nice, self._options.bulk_idle)
                 conn.settimeout(None)  # idle between migrations; a dead peer closes the socket
                 while True:
                     (hlen,) = _U32.unpack(_recv_bytes(conn, 4))

@@ -30,6 +30,9 @@ class TransportError(RuntimeError):
 class TransportOptions:
     bulk_nice: int = 19
     """OS nice value of the threads that copy pre-copy stages (0 = normal priority)."""
+    bulk_idle: bool = False
+    """Also run those threads in Linux's ``SCHED_IDLE`` class: only on a core that
+    would otherwise idle (stronger than nice 19, which still takes time slices)."""
     bulk_rate_bytes_per_s: float | None = None
     """Pace pre-copy stages to at most this many bytes per second (None: as fast as allowed)."""
     timeout_s: float = 30.0
@@ -96,7 +99,7 @@ class BulkWorker:
             self._cv.notify()
 
     def _run(self) -> None:
-        lower_thread_priority(self._options.bulk_nice)
+        lower_thread_priority(self._options.bulk_nice, self._options.bulk_idle)
         while True:
             with self._cv:
                 while not self._jobs and not self._closed:
