@@ -143,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     mb.add_argument("--repeats", type=int, default=None, help="live migrations per transport and length")
     mb.add_argument("--bulk-rate", type=float, default=None, metavar="MB_PER_S",
                     help="pace pre-copy stages to this many MB/s (the last stage is never paced)")
-    mb.add_argument("--bulk-idle", action="store_true",
-                    help="run pre-copy threads in SCHED_IDLE (only on otherwise idle cores)")
+    mb.add_argument("--bulk-idle", action=argparse.BooleanOptionalAction, default=True,
+                    help="run pre-copy threads in SCHED_IDLE, only on otherwise idle cores (default: on)")
     from llumnix.bench.serve_bench import add_serve_bench_args
 
     add_serve_bench_args(b)

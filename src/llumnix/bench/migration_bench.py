@@ -184,7 +184,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     bulk_rate = getattr(args, "bulk_rate", None)
     if bulk_rate is not None and bulk_rate <= 0:
         raise LlumnixError(f"--bulk-rate must be > 0 MB/s, got {bulk_rate:g}")
-    bulk_idle = bool(getattr(args, "bulk_idle", False))
+    bulk_idle = bool(getattr(args, "bulk_idle", True))
     mig: dict[str, Any] = {"transport": "tcp", "transport_options": {"bulk_idle": bulk_idle}}
     if bulk_rate:
         mig["transport_options"]["bulk_rate_bytes_per_s"] = bulk_rate * 1e6
