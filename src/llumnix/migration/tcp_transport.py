@@ -1,8 +1,8 @@
 """KV transfer over TCP, each connection authenticated by an HMAC challenge over
 a per-cluster token so nothing else can write KV into an instance.
 
-A sender holds two connections: *bulk* (pre-copy stages, sent by a niced,
-optionally paced thread; received by a niced thread) and *urgent* (the last
+A sender holds two connections: *bulk* (pre-copy stages, sent by a niced
+``SCHED_IDLE``, optionally paced thread; received by one like it) and *urgent* (the last
 stage, at normal priority on both ends). Payloads go from views of the source's
 cache straight into the socket and from the socket straight into the reserved
 blocks (``kv_io``), so a CPU cache is copied only by the kernel.
