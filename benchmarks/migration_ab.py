@@ -5,9 +5,13 @@
     .venv/bin/python benchmarks/migration_ab.py benchmarks/results/migration-bulk-idle-ab
 
 Reads ``LABEL-N.json`` files (each a copy of one run's ``migration.json``) and writes
-``DIR.json`` beside the folder: per label, the slowdown ratios of every live migration
-(source and destination side) and of the no-migration control windows, pooled over
-its runs, with their median, quartiles and mean, and each run's own floors.
+``DIR.json`` beside the folder: per label, the slowdown ratios of every live tcp
+migration (source and destination side) and of the no-migration control windows,
+pooled over its runs, with their median, quartiles and mean, and each run's own floors.
+
+The committed folder holds runs made one after another on one machine: nice-1,
+idle-1, idle-2, nice-2 (ABBA, tcp only), then idle-3 (the full three-transport run
+that is also benchmarks/results/migration.json).
 """
 from __future__ import annotations
 
@@ -34,14 +38,14 @@ def pool(folder: Path) -> dict[str, Any]:
         slow, ctrl = [], []
         for run in runs:
             for row in run["rows"]:
-                if row["mode"] != "live" or not row["committed"]:
+                if row["mode"] != "live" or not row["committed"] or row["transport"] != "tcp":
                     continue
                 for side in ("src", "dst"):
                     if row[f"{side}_slowdown"] is not None:
                         slow.append(row[f"{side}_slowdown"])
                     if row[f"{side}_control"] is not None:
                         ctrl.append(row[f"{side}_control"])
-        out[label] = {"runs": len(runs), "co_running_slowdown": _summary(slow), "control_no_migration": _summary(ctrl),
+        out[label] = {"runs": len(runs), "per_run_median": [r["floors"]["tcp"]["co_running_slowdown_median"] for r in runs], "co_running_slowdown": _summary(slow), "control_no_migration": _summary(ctrl),
                       "settings": [r["settings"] for r in runs], "machine": [r["machine"] for r in runs],
                       "per_run_floors": [r["floors"]["tcp"] for r in runs]}
     return out
