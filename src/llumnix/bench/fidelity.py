@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from llumnix.bench.serve_bench import sse_chunks
 from llumnix.core.errors import LlumnixError
 
 MEAN_GOAL = 0.10
@@ -192,10 +193,7 @@ async def _one(client: Any, url: str, body: dict[str, Any]) -> _Rec:
             if r.status_code != 200:
                 rec.error = f"HTTP {r.status_code}"
                 return rec
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            async for chunk in sse_chunks(r):
                 if "error" in chunk:
                     rec.error = str(chunk["error"])[:200]
                 rec.request_id = chunk.get("id", rec.request_id)

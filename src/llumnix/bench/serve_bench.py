@@ -16,7 +16,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,13 @@ def plan(num_requests: int, rate: float, arrival: str, cv: float, lengths: str, 
     return out
 
 
+
+async def sse_chunks(response: Any) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI server-sent-event stream, up to ``[DONE]``."""
+    async for line in response.aiter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
 async def _one(client: Any, url: str, model: str, req: PlannedRequest, chat: bool,
                headers: dict[str, str]) -> RequestRecord:
     rec = RequestRecord(arrival_s=req.arrival_s)
@@ -118,10 +125,7 @@ async def _one(client: Any, url: str, model: str, req: PlannedRequest, chat: boo
             if r.status_code != 200:
                 rec.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return rec
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            async for chunk in sse_chunks(r):
                 if "error" in chunk:
                     rec.error = str(chunk["error"].get("message"))[:200]
                     continue

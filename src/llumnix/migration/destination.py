@@ -138,17 +138,29 @@ class DestinationEndpoint:
             return len(self._reserved_at)
 
     # -- KV in (the KVSink every transport writes through) ---------------------------
-    def begin_write(self, request_id: str, block_ids: list[int], nbytes: int) -> list[memoryview] | None:
+    def _open_write(self, request_id: str, block_ids: list[int], nbytes: int) -> bool:
+        """Count a write into ``request_id``'s reserved blocks as in progress (an install
+        waits for none to be), if the blocks are its reservation and the size fits."""
         eng = self.server.engine
         with self._cv:
-            if request_id in self._closed_to_writes or not eng.kv.is_reserved(request_id):
-                return None
-            if not set(block_ids) <= set(eng.kv.block_table(request_id)):
-                return None
-            if nbytes != len(block_ids) * eng.executor.bytes_per_block:
-                return None
+            if request_id in self._closed_to_writes or not eng.kv.is_reserved(request_id) \
+                    or not set(block_ids) <= set(eng.kv.block_table(request_id)) \
+                    or nbytes != len(block_ids) * eng.executor.bytes_per_block:
+                return False
             self._writing[request_id] = self._writing.get(request_id, 0) + 1
-        views = block_views(eng.executor, block_ids)
+            return True
+
+    def _close_write(self, request_id: str) -> None:
+        with self._cv:
+            self._writing[request_id] -= 1
+            if not self._writing[request_id]:
+                del self._writing[request_id]
+            self._cv.notify_all()
+
+    def begin_write(self, request_id: str, block_ids: list[int], nbytes: int) -> list[memoryview] | None:
+        if not self._open_write(request_id, block_ids, nbytes):
+            return None
+        views = block_views(self.server.engine.executor, block_ids)
         return views if views is not None else [memoryview(bytearray(nbytes))]
 
     def end_write(self, request_id: str, block_ids: list[int], pieces: list[memoryview], ok: bool) -> bool:
@@ -158,34 +170,21 @@ class DestinationEndpoint:
                 scatter(eng.executor, block_ids, pieces[0])
             return ok
         finally:
-            with self._cv:
-                self._writing[request_id] -= 1
-                if not self._writing[request_id]:
-                    del self._writing[request_id]
-                self._cv.notify_all()
+            self._close_write(request_id)
 
     def write(self, request_id: str, block_ids: list[int], data: memoryview | bytes, *,
               urgent: bool = True) -> bool:
-        if not urgent:  # a pre-copy stage: scatter on the niced bulk thread
+        if not urgent:  # a pre-copy stage: scatter on the low-priority bulk thread
             if self._bulk is None:
                 self._bulk = BulkWorker(self.options, f"kv-bulk-write-{self.instance_id}")
             return self._bulk.run(lambda: self.write(request_id, block_ids, data))
-        eng = self.server.engine
-        with self._cv:
-            if request_id in self._closed_to_writes or not eng.kv.is_reserved(request_id) \
-                    or not set(block_ids) <= set(eng.kv.block_table(request_id)) \
-                    or len(data) != len(block_ids) * eng.executor.bytes_per_block:
-                return False
-            self._writing[request_id] = self._writing.get(request_id, 0) + 1
+        if not self._open_write(request_id, block_ids, len(data)):
+            return False
         try:
-            scatter(eng.executor, block_ids, data)
+            scatter(self.server.engine.executor, block_ids, data)
             return True
         finally:
-            with self._cv:
-                self._writing[request_id] -= 1
-                if not self._writing[request_id]:
-                    del self._writing[request_id]
-                self._cv.notify_all()
+            self._close_write(request_id)
 
     def accept_gloo(self, store_host: str, store_port: int, pair_id: str) -> None:
         """Join a source's two-rank gloo group and serve its KV writes."""
