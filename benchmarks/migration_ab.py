@@ -10,8 +10,8 @@ migration (source and destination side) and of the no-migration control windows,
 pooled over its runs, with their median, quartiles and mean, and each run's own floors.
 
 The committed folder holds runs made one after another on one machine: nice-1,
-idle-1, idle-2, nice-2 (ABBA, tcp only), then idle-3 (the full three-transport run
-that is also benchmarks/results/migration.json).
+idle-1, idle-2, nice-2 (ABBA, tcp only), idle-3 (the full three-transport run that is
+also benchmarks/results/migration.json), nice-3, idle-4.
 """
 from __future__ import annotations
 

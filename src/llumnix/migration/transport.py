@@ -33,9 +33,9 @@ class TransportOptions:
     bulk_idle: bool = True
     """Also run those threads in Linux's ``SCHED_IDLE`` class: only on a core that
     would otherwise idle (stronger than nice 19, which still takes time slices). On
-    two busy CPU instances the co-running decode slowdown was a median of +6.0% over
-    three runs against +8.7% over two at nice 19 (run-to-run spread of several points;
-    benchmarks/results/migration-bulk-idle-ab.json). A copy starved for ``timeout_s``
+    two busy CPU instances the co-running decode slowdown was a median of +5.7% over
+    four runs against +8.5% over three at nice 19 (run medians 2.2-10.5% against
+    7.8-9.5%; benchmarks/results/migration-bulk-idle-ab.json). A copy starved for ``timeout_s``
     aborts its migration, and the request stays where it was."""
     bulk_rate_bytes_per_s: float | None = None
     """Pace pre-copy stages to at most this many bytes per second (None: as fast as allowed)."""
