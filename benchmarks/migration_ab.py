@@ -11,7 +11,8 @@ pooled over its runs, with their median, quartiles and mean, and each run's own 
 
 The committed folder holds runs made one after another on one machine: nice-1,
 idle-1, idle-2, nice-2 (ABBA, tcp only), idle-3 (the full three-transport run that is
-also benchmarks/results/migration.json), nice-3, idle-4.
+also benchmarks/results/migration.json), nice-3, idle-4, idle-5 (instances without
+gc.freeze, LLUMNIX_GC_FREEZE=0), idle-6 (with it, the default).
 """
 from __future__ import annotations
 

@@ -203,13 +203,16 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     for k, n in enumerate(lengths):
         rows += run_length(ray, actors, n, transports, repeats, salt=k)
         recompute[n] = recompute_time(ray, actors["dst"], n, salt=k)
+    gc_stats = {n: ray.get(a.gc_stats.remote()) for n, a in actors.items()}
     ray.shutdown()
     result = summarize(rows, recompute, lengths, transports)
+    result["gc"] = gc_stats  # full garbage collections in each instance over the whole run
     result.update({"benchmark": "migration", "model": args.model, "transports": list(transports),
                    "machine": machine_info(), "settings": {
                        "co_running_per_instance": CO_RUNNING, "torch_threads_per_instance": args.threads or 1,
                        "live_repeats_per_transport": repeats, "baseline_window_s": WINDOW_S,
                        "bulk_rate_mb_per_s": bulk_rate, "bulk_idle": bulk_idle,
+                       "gc_freeze": os.environ.get("LLUMNIX_GC_FREEZE", "1") != "0",
                        "engine": engine, "processes": "two Ray actors (separate processes) on this machine",
                        "note": "one long request per length, migrated back and forth; the blocking "
                                "copy (tcp) and recompute are single runs"}})

@@ -56,6 +56,10 @@ class InstanceActor:
         self.stop_when_empty = False
         """Marked terminating by scale-in (not by an admin drain): to be stopped once empty.
         Kept here, so a restarted LlumSched learns it again from the instance."""
+        from llumnix.cluster.gc_watch import GCWatch, freeze_startup_objects
+
+        freeze_startup_objects()  # last: the model and Ray's state stay out of full collections
+        self.gc_watch = GCWatch()
 
     def _push(self, status: InstanceStatus) -> None:
         # Fire and forget: the newest wins. The handle rides along so a restarted
@@ -64,6 +68,10 @@ class InstanceActor:
             self._llumsched.update_status.remote(status, self._self_handle)
         except Exception:  # noqa: BLE001 - LlumSched is restarting; the next push retries
             log.debug("status push to LlumSched failed", exc_info=True)
+
+    def gc_stats(self) -> dict[str, Any]:
+        """Full garbage collections in this process since start-up (``gc_watch``)."""
+        return self.gc_watch.stats()
 
     def ready(self) -> dict[str, Any]:
         e = self.llm.engine

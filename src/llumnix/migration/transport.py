@@ -33,8 +33,8 @@ class TransportOptions:
     bulk_idle: bool = True
     """Also run those threads in Linux's ``SCHED_IDLE`` class: only on a core that
     would otherwise idle (stronger than nice 19, which still takes time slices). On
-    two busy CPU instances the co-running decode slowdown was a median of +5.7% over
-    four runs against +8.5% over three at nice 19 (run medians 2.2-10.5% against
+    two busy CPU instances the co-running decode slowdown was a median of +5.6% over
+    six runs against +8.5% over three at nice 19 (run medians 2.2-10.5% against
     7.8-9.5%; benchmarks/results/migration-bulk-idle-ab.json). A copy starved for ``timeout_s``
     aborts its migration, and the request stays where it was."""
     bulk_rate_bytes_per_s: float | None = None
