@@ -32,6 +32,7 @@ import numpy as np
 
 from llumnix.bench.serve_bench import sse_chunks
 from llumnix.core.errors import LlumnixError
+from llumnix.gateway.inprocess import InProcessGateway
 
 MEAN_GOAL = 0.10
 """Largest relative error of a mean (TTFT, decode per token, end-to-end)."""
@@ -291,7 +292,7 @@ def contention_scale(probe: dict[str, Any], model: Any) -> float | None:
     return float(np.exp(np.mean(np.log(ratios))))
 
 
-class _Gateway:
+class _Gateway(InProcessGateway):
     """The OpenAI gateway over ``cluster`` in a thread (as `llumnix serve` runs it), with a
     backend that keeps each request's engine-side timing (the metrics on its last output)."""
 
@@ -308,16 +309,7 @@ class _Gateway:
                     yield out
 
         self.engine_metrics = engine_metrics
-        self.backend = TracingBackend(cluster.llumsched, cluster.instances, cluster.info, tokenizer)
-
-    def __enter__(self) -> str:
-        from llumnix.gateway.inprocess import InProcessGateway
-
-        self._gateway = InProcessGateway(self.backend)
-        return self._gateway.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self._gateway.__exit__(*exc)
+        super().__init__(TracingBackend(cluster.llumsched, cluster.instances, cluster.info, tokenizer))
 
 
 def ttft_breakdown(recs: list[_Rec], engine_metrics: dict[str, Any]) -> dict[str, Any]:

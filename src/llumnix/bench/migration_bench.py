@@ -212,7 +212,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
                        "co_running_per_instance": CO_RUNNING, "torch_threads_per_instance": args.threads or 1,
                        "live_repeats_per_transport": repeats, "baseline_window_s": WINDOW_S,
                        "bulk_rate_mb_per_s": bulk_rate, "bulk_idle": bulk_idle,
-                       "gc_freeze": os.environ.get("LLUMNIX_GC_FREEZE", "1") != "0",
+                       "gc_freeze": all(s["frozen"] > 0 for s in gc_stats.values()),
                        "engine": engine, "processes": "two Ray actors (separate processes) on this machine",
                        "note": "one long request per length, migrated back and forth; the blocking "
                                "copy (tcp) and recompute are single runs"}})

@@ -100,12 +100,12 @@ def plan(num_requests: int, rate: float, arrival: str, cv: float, lengths: str, 
     return out
 
 
-
 async def sse_chunks(response: Any) -> AsyncIterator[dict[str, Any]]:
     """The JSON chunks of an OpenAI server-sent-event stream, up to ``[DONE]``."""
     async for line in response.aiter_lines():
         if line.startswith("data: ") and line != "data: [DONE]":
             yield json.loads(line[6:])
+
 
 async def _one(client: Any, url: str, model: str, req: PlannedRequest, chat: bool,
                headers: dict[str, str]) -> RequestRecord:

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from llumnix.migration.kv_io import lower_thread_priority
 from llumnix.migration.transport import BulkWorker, KVSink, KVSource, TransportError, TransportOptions
 
 log = logging.getLogger(__name__)
@@ -182,7 +181,7 @@ class GlooReceiver:
     def _serve(self, pg: Any, is_bulk: bool) -> None:
         t = self._options.timeout_s
         if is_bulk:
-            lower_thread_priority(self._options.bulk_nice, self._options.bulk_idle)
+            self._options.lower_bulk_thread()
         buf = _Buffer()
         try:
             while True:

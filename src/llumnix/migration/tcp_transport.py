@@ -25,7 +25,6 @@ import struct
 import threading
 from typing import Any
 
-from llumnix.migration.kv_io import lower_thread_priority
 from llumnix.migration.transport import (
     BulkWorker,
     KVSink,
@@ -116,7 +115,7 @@ class KVReceiver:
                     return  # not one of ours: drop without a word
                 conn.sendall(b"\x01")
                 if _recv_bytes(conn, 1) == _BULK:
-                    lower_thread_priority(self._options.bulk_nice, self._options.bulk_idle)
+                    self._options.lower_bulk_thread()
                 conn.settimeout(None)  # idle between migrations; a dead peer closes the socket
                 while True:
                     (hlen,) = _U32.unpack(_recv_bytes(conn, 4))

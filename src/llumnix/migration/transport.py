@@ -44,6 +44,10 @@ class TransportOptions:
     chunk_bytes: int = 1 << 20
     """Bulk copies go out in pieces of about this size (the pacing unit)."""
 
+    def lower_bulk_thread(self) -> None:
+        """Give the calling thread, one dedicated to bulk copies, the bulk priority."""
+        lower_thread_priority(self.bulk_nice, self.bulk_idle)
+
 
 @dataclass
 class KVSource:
@@ -103,7 +107,7 @@ class BulkWorker:
             self._cv.notify()
 
     def _run(self) -> None:
-        lower_thread_priority(self._options.bulk_nice, self._options.bulk_idle)
+        self._options.lower_bulk_thread()
         while True:
             with self._cv:
                 while not self._jobs and not self._closed:

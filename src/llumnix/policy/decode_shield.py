@@ -66,10 +66,9 @@ def shield_pick(cands: list[InstanceStatus], scores: list[float], num_prompt_tok
                 ) -> InstanceStatus:
     """The candidate to dispatch to (``cands`` sorted by id, ``scores`` in [0, 1] or summed)."""
     best = max(scores)
+    freest = cands[scores.index(best)]  # what max-score picks: the first best
     if num_prompt_tokens is None or num_prompt_tokens < MIN_PROMPT_TOKENS or is_loaded(cands):
-        return next(s for s, v in zip(cands, scores, strict=True) if v == best)
+        return freest
     eligible = [(stall_harm(s), -v, k) for k, (s, v) in enumerate(zip(cands, scores, strict=True))
                 if v >= best - SLACK and fits_now(s, num_prompt_tokens)]
-    if not eligible:
-        return next(s for s, v in zip(cands, scores, strict=True) if v == best)
-    return cands[min(eligible)[2]]
+    return cands[min(eligible)[2]] if eligible else freest

@@ -30,8 +30,8 @@ Schema ``llumnix-sim-profile/1`` (JSON; seconds, tokens, bytes)::
 
 Between knots latency is linear (bilinear on the decode grid); past the last knot
 it is extrapolated linearly along the last segment, never downward; below the first
-it is the first value. A prefill batch
-of several sequences is looked up by its total tokens.
+it is the first value. A prefill batch of several sequences is looked up by its
+total tokens.
 """
 from __future__ import annotations
 
