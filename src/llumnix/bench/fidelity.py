@@ -376,7 +376,7 @@ def run_real(setup: FidelitySetup, system: str, trace: Any) -> dict[str, Any]:
             duration = time.monotonic() - t0
             info = ray.get(cluster.llumsched.cluster_info.remote(), timeout=30)
             statuses = ray.get([a.status.remote() for a in cluster.instances.values()], timeout=30)
-            logs = ray.get([a.step_log.remote() for a in cluster.instances.values()], timeout=30)
+            logs = ray.get([a.step_log.remote(cpu=True) for a in cluster.instances.values()], timeout=30)
             gw = httpx.get(f"{url}/admin/cluster", timeout=30).json().get("gateway", {})
     finally:
         cluster.shutdown()
@@ -392,28 +392,37 @@ def run_real(setup: FidelitySetup, system: str, trace: Any) -> dict[str, Any]:
             "ttft_breakdown": ttft_breakdown(recs, gateway.engine_metrics),
             "loadavg_after": list(os.getloadavg()),
             "steps": step_stats([[s for s in log if s[0] >= t0] for log in logs]),
-            "step_logs": [[(round(s - t0, 4), round(e - t0, 4), n) for s, e, n in log if s >= t0] for log in logs],
+            "step_logs": [[(round(s - t0, 4), round(e - t0, 4), n, round(c, 4)) for s, e, n, c in log if s >= t0]
+                          for log in logs],
             "arrival_s": [float(trace.arrival_times[i]) for i, r in enumerate(recs) if any(r is o for o in ok)]}
 
 
-def step_stats(logs: list[list[tuple[float, float, int]]]) -> dict[str, Any]:
+def step_stats(logs: list[list[tuple[float, ...]]]) -> dict[str, Any]:
     """Per instance step logs -> mean real step time by the number of requests the step
     produced tokens for, and the time between back-to-back steps (the serving loop's own
-    work: status reports, output hand-off, commands; gaps over 50 ms are idle time)."""
+    work: status reports, output hand-off, commands; gaps over 50 ms are idle time).
+    Where the log has the step thread's CPU seconds, also the wall / CPU ratio by batch:
+    above 1, the step waited (for the GIL or a core) rather than computed."""
     by: dict[int, list[float]] = {}
+    cpu: dict[int, list[float]] = {}
     gaps: list[float] = []
     busy = 0.0
     for log in logs:
-        for (_, e0, _), (s1, _, _) in zip(log, log[1:], strict=False):
-            if s1 - e0 < 0.05:
-                gaps.append(s1 - e0)
-        for start, end, n in log:
-            by.setdefault(n, []).append(end - start)
+        for prev, step in zip(log, log[1:], strict=False):
+            if step[0] - prev[1] < 0.05:
+                gaps.append(step[0] - prev[1])
+        for start, end, n, *rest in log:
+            by.setdefault(int(n), []).append(end - start)
+            if rest:
+                cpu.setdefault(int(n), []).append(rest[0])
             busy += end - start
-    return {"num_steps": sum(len(v) for v in by.values()), "busy_s": busy,
-            "mean_gap_s": statistics.fmean(gaps) if gaps else None,
-            "mean_s_by_batch": {str(n): statistics.fmean(v) for n, v in sorted(by.items())},
-            "count_by_batch": {str(n): len(v) for n, v in sorted(by.items())}}
+    out = {"num_steps": sum(len(v) for v in by.values()), "busy_s": busy,
+           "mean_gap_s": statistics.fmean(gaps) if gaps else None,
+           "mean_s_by_batch": {str(n): statistics.fmean(v) for n, v in sorted(by.items())},
+           "count_by_batch": {str(n): len(v) for n, v in sorted(by.items())}}
+    if cpu:
+        out["wall_over_cpu_by_batch"] = {str(n): sum(by[n]) / sum(c) for n, c in sorted(cpu.items()) if sum(c) > 0}
+    return out
 
 
 # -- comparison ---------------------------------------------------------------------------

@@ -12,11 +12,22 @@ migration, all on the host's monotonic clock:
   acknowledgement that it is queued to resume (schedulable);
 * ``resume_s``: from the same pause to the start of the first destination step
   that runs it; ``token_gap_s``: to the end of that step (its first new token);
-* co-running slowdown: mean step time of the *other* requests on each side while
+* co-running slowdown: the step time of the *other* requests on each side while
   the migration copies (source: until the pause, same batch; destination: until
-  the install) over the mean step time in the window just before, and the same
-  ratio between two windows with no migration at all (``control``), which is the
-  noise of this shared machine.
+  the install) over their step time in the ``WINDOW_S`` just before. Step time over
+  a window is its length over the number of steps in it, a step straddling an edge
+  counting by the fraction inside (``_step_time``): the inverse of the co-running
+  requests' token rate, so a stall between steps counts too. ``control`` is the
+  same ratio, measured the same way with windows of the same lengths, just before
+  the migration (no migration at all): the noise of this shared machine and of the
+  estimator.
+
+  Until 2026-11-23 the ratio was of the plain mean of the steps overlapping each
+  window (kept as ``*_slowdown_overlap``), with a control of two 2.5 s windows. A
+  short window is more likely to overlap a long step than a short one (the
+  inspection paradox), so with a 0.5-1 s "during" window against a 2.5 s "before"
+  that estimator reads a few percent of slowdown where there is none, and its
+  control, with equal windows, could not show it.
 """
 from __future__ import annotations
 
@@ -37,7 +48,7 @@ LENGTHS = (256, 512, 1024, 2048, 4096)
 TRANSPORTS = ("tcp", "gloo", "ray")
 CO_RUNNING = 4
 WINDOW_S = 2.5
-Log = list[tuple[float, float, int]]
+Log = list[tuple[float, ...]]  # (start, end, batch size[, CPU seconds of the step thread])
 
 
 def _prompt(n: int, salt: int) -> list[int]:
@@ -63,9 +74,24 @@ def _wait_decoding(ray: Any, actor: Any, rid: str, min_tokens: int = 2, timeout:
 
 
 def _mean_step(log: Log, lo: float, hi: float) -> float | None:
-    """Mean duration of the decode steps that overlap [lo, hi]."""
-    steps = [e - s for s, e, n in log if e >= lo and s <= hi and n > 0]
+    """Mean duration of the decode steps that overlap [lo, hi] (biased up for a short
+    window: it is likelier to overlap a long step than a short one)."""
+    steps = [e - s for s, e, n, *_ in log if e >= lo and s <= hi and n > 0]
     return statistics.mean(steps) if steps else None
+
+
+def _step_time(log: Log, lo: float, hi: float) -> float | None:
+    """Seconds per decode step over [lo, hi]: the window's length over the steps in
+    it, a step straddling an edge counted by the fraction of it inside. Gaps between
+    steps count, as the co-running requests wait through them too."""
+    n = sum((min(e, hi) - max(s, lo)) / (e - s) for s, e, k, *_ in log if k > 0 and e > lo and s < hi and e > s)
+    return (hi - lo) / n if n > 0 else None
+
+
+def _mean_cpu(log: Log, lo: float, hi: float) -> float | None:
+    """Mean CPU seconds of the decode steps wholly inside [lo, hi]."""
+    cpu = [x[3] for x in log if len(x) > 3 and x[2] > 0 and x[0] >= lo and x[1] <= hi]
+    return statistics.mean(cpu) if cpu else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -77,7 +103,7 @@ def _resume(log: Log, paused_at: float) -> tuple[float, float] | None:
     migrated request's first step on the destination (the only arrival: the
     benchmark adds nothing else meanwhile)."""
     prev = None
-    for s, e, n in log:
+    for s, e, n, *_ in log:
         if s < paused_at:
             prev = n
             continue
@@ -88,8 +114,10 @@ def _resume(log: Log, paused_at: float) -> tuple[float, float] | None:
 
 
 def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transport: str,
-                 mode: str) -> dict[str, Any]:
-    time.sleep(2 * WINDOW_S)  # two baseline windows of ordinary decode steps on both sides
+                 mode: str, expect_s: float = WINDOW_S) -> dict[str, Any]:
+    # Ordinary decode steps on both sides before the migration: the baseline window and,
+    # before it, room for a control pair of the lengths the migration is expected to take.
+    time.sleep(WINDOW_S + 1.5 * expect_s + 0.5)
     # Niced copies yield to the engines, so on a loaded machine a long sequence may take
     # longer than the serving default timeout to pre-copy; the benchmark allows a minute.
     overrides: dict[str, Any] = {"timeout_s": 60.0, **({"max_stages": 1} if mode == "blocking" else {})}
@@ -97,7 +125,7 @@ def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transpor
     if rep["committed"]:  # its first step on the destination must be in the step log
         _wait_decoding(ray, dst, rid, ray.get(dst.num_output_tokens.remote(rid)) + 1, timeout=120)
     time.sleep(0.5)
-    src_log, dst_log = ray.get(src.step_log.remote()), ray.get(dst.step_log.remote())
+    src_log, dst_log = ray.get(src.step_log.remote(cpu=True)), ray.get(dst.step_log.remote(cpu=True))
     start, end = rep["start_time"], rep["end_time"]
     paused_at = end - rep["downtime"] if rep["committed"] else end
     row: dict[str, Any] = {
@@ -111,13 +139,24 @@ def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transpor
     row["token_gap_s"] = None if resumed is None else resumed[1] - paused_at
     row["src_step_before_s"] = _mean_step(src_log, start - WINDOW_S, start)
     for side, log, hi in (("src", src_log, paused_at), ("dst", dst_log, end)):
-        before = _mean_step(log, start - WINDOW_S, start)
-        earlier = _mean_step(log, start - 2 * WINDOW_S, start - WINDOW_S)
+        span = hi - start
         # Only copies that overlap a step slow it: a live migration whose copy fits
         # between boundaries has no "during" steps on that side.
-        during = _mean_step(log, start, hi) if hi - start > 0.01 else None
-        row[f"{side}_slowdown"] = _ratio(during, before)
-        row[f"{side}_control"] = _ratio(before, earlier)
+        during = _step_time(log, start, hi) if span > 0.01 else None
+        row[f"{side}_slowdown"] = _ratio(during, _step_time(log, start - WINDOW_S, start))
+        # the same estimator and window lengths, ending where the migration starts
+        row[f"{side}_control"] = _ratio(_step_time(log, start - span, start) if span > 0.01 else None,
+                                        _step_time(log, start - span - WINDOW_S, start - span))
+        row[f"{side}_slowdown_overlap"] = _ratio(_mean_step(log, start, hi) if span > 0.01 else None,
+                                                 _mean_step(log, start - WINDOW_S, start))
+        row[f"{side}_control_overlap"] = _ratio(_mean_step(log, start - WINDOW_S, start),
+                                                _mean_step(log, start - 2 * WINDOW_S, start - WINDOW_S))
+        # CPU seconds of the step thread per step, inside the copy against before: a
+        # ratio near 1 with a slowdown means the steps waited (for the GIL or a core)
+        row[f"{side}_step_cpu_ratio"] = _ratio(_mean_cpu(log, start, hi), _mean_cpu(log, start - WINDOW_S, start))
+        # the raw steps around it (seconds from the start, batch size), for re-analysis
+        row[f"{side}_steps"] = [(round(s - start, 4), round(e - start, 4), k, round(c, 4)) for s, e, k, c in log
+                                if e > start - span - 2 * WINDOW_S and s < end + 1.0]
     return row
 
 
@@ -136,9 +175,11 @@ def run_length(ray: Any, actors: dict[str, Any], length: int, transports: tuple[
             _wait_decoding(ray, actors[n], rid)
     rows, holder = [], "src"
     plan = [(t, "live") for t in transports for _ in range(repeats)] + [("tcp", "blocking")]
+    expect = WINDOW_S  # how long a migration of this length takes, from the last one
     for transport, mode in plan:
         other = "dst" if holder == "src" else "src"
-        row = migrate_once(ray, actors[holder], actors[other], other, target, transport, mode)
+        row = migrate_once(ray, actors[holder], actors[other], other, target, transport, mode, expect)
+        expect = max(row["duration_s"] or 0.0, 0.5)
         row.update({"length": length, "from": holder})
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -229,6 +270,11 @@ def _median(xs: list[float | None]) -> float | None:
     return statistics.median(v) if v else None
 
 
+def _pooled(rows: list[dict[str, Any]], key: str) -> list[float]:
+    """``src_KEY`` and ``dst_KEY`` of every row, where measured."""
+    return [r[k] for r in rows for k in (f"src_{key}", f"dst_{key}") if r.get(k) is not None]
+
+
 def summarize(rows: list[dict[str, Any]], recompute: dict[int, float], lengths: tuple[int, ...],
               transports: tuple[str, ...]) -> dict[str, Any]:
     table = []
@@ -257,8 +303,8 @@ def summarize(rows: list[dict[str, Any]], recompute: dict[int, float], lengths: 
     for t in transports:
         first, last = table[0][t], table[-1][t]
         live = [r for r in rows if r["mode"] == "live" and r["transport"] == t and r["committed"]]
-        slow = [r[k] for r in live for k in ("src_slowdown", "dst_slowdown") if r[k] is not None]
-        ctrl = [r[k] for r in live for k in ("src_control", "dst_control") if r[k] is not None]
+        slow, ctrl = _pooled(live, "slowdown"), _pooled(live, "control")
+        slow_o, ctrl_o = _pooled(live, "slowdown_overlap"), _pooled(live, "control_overlap")
         floors[t] = {
             "downtime_ratio_longest_over_shortest": _ratio(last["downtime_s"], first["downtime_s"]),
             "resume_ratio_longest_over_shortest": _ratio(last["resume_s"], first["resume_s"]),
@@ -267,6 +313,8 @@ def summarize(rows: list[dict[str, Any]], recompute: dict[int, float], lengths: 
             "co_running_slowdown_median": (statistics.median(slow) - 1.0) if slow else None,
             "control_no_migration_max": (max(ctrl) - 1.0) if ctrl else None,
             "control_no_migration_median": (statistics.median(ctrl) - 1.0) if ctrl else None,
+            "co_running_slowdown_median_overlap_mean": (statistics.median(slow_o) - 1.0) if slow_o else None,
+            "control_median_overlap_mean": (statistics.median(ctrl_o) - 1.0) if ctrl_o else None,
             "all_committed": all(r["committed"] for r in rows if r["transport"] == t),
         }
     return {"table": table, "rows": rows, "floors": floors}

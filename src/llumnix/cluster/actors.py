@@ -184,8 +184,10 @@ class InstanceActor:
     def is_scaling_in(self) -> bool:
         return self.stop_when_empty
 
-    def step_log(self) -> list[tuple[float, float, int]]:
-        return list(self.server.step_log)
+    def step_log(self, cpu: bool = False) -> list[tuple[float, ...]]:
+        """(start, end, batch size) of recent steps; with ``cpu``, also the step
+        thread's CPU seconds in each."""
+        return [step if cpu else step[:3] for step in list(self.server.step_log)]
 
     def num_output_tokens(self, request_id: str) -> int:
         e = self.llm.engine

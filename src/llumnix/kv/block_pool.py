@@ -32,7 +32,10 @@ class BlockPool:
         return ids
 
     def free(self, ids: list[int]) -> None:
-        for i in ids:
+        # Pushed last-first, so the next allocation pops them back in the order they
+        # had: a freed request's ascending run is reallocated as an ascending run, which
+        # a migration moves as one view per layer instead of one per block.
+        for i in reversed(ids):
             if self._is_free[i]:
                 raise ValueError(f"block {i} freed twice")
             self._is_free[i] = True

@@ -7,6 +7,14 @@ stage, at normal priority on both ends). Payloads go from views of the source's
 cache straight into the socket and from the socket straight into the reserved
 blocks (``kv_io``), so a CPU cache is copied only by the kernel.
 
+After the handshake every socket is in blocking mode with its timeouts kept by the
+kernel (``SO_RCVTIMEO``/``SO_SNDTIMEO``) rather than by Python's poll-then-call
+loop, and payloads move by vectored calls (``sendmsg`` / ``recvmsg_into`` with
+``MSG_WAITALL``, up to ``IOV_MAX`` views each): a copy thread takes the GIL once per
+thousand views, not once per view or partial read, so it seldom wakes up holding
+the lock an engine's step thread needs (a copy thread at idle priority that is
+preempted holding it stalls the step thread until it runs again).
+
 Handshake, then frames::
 
     <- nonce (32 bytes)     -> HMAC(token, nonce)     <- 1     -> b"B" | b"U"
@@ -42,13 +50,75 @@ _NONCE = 32
 _BULK, _URGENT = b"B", b"U"
 
 
+def _kernel_timeout(sock: socket.socket, seconds: float | None) -> None:
+    """Blocking mode, with sends and receives timed out by the kernel after ``seconds``
+    (None: never). A timed-out call raises ``OSError`` (EAGAIN), as a Python timeout
+    would."""
+    sock.settimeout(None)
+    sec = 0.0 if seconds is None else max(seconds, 1e-3)
+    tv = struct.pack("ll", int(sec), int((sec - int(sec)) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
     got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
+    while got < len(view):  # MSG_WAITALL: one call unless a timeout or a signal cuts it short
+        n = sock.recv_into(view[got:], 0, socket.MSG_WAITALL)
         if n == 0:
             raise TransportError("peer closed the connection")
         got += n
+
+
+_IOV_MAX = 1024  # Linux's limit on buffers per sendmsg / recvmsg
+
+
+def _recv_views(sock: socket.socket, views: list[memoryview]) -> None:
+    """Fill ``views`` in order from the stream, a thousand views per call."""
+    views = _bytes_views(views)
+    i = 0
+    while i < len(views):
+        n = sock.recvmsg_into(views[i:i + _IOV_MAX], 0, socket.MSG_WAITALL)[0]
+        if n == 0:
+            raise TransportError("peer closed the connection")
+        i = _advance(views, i, n)
+
+
+def _send_views(sock: socket.socket, views: list[memoryview]) -> None:
+    """Write ``views`` in order to the stream, a thousand views per call."""
+    views = _bytes_views(views)
+    i = 0
+    while i < len(views):
+        i = _advance(views, i, sock.sendmsg(views[i:i + _IOV_MAX]))
+
+
+def _bytes_views(views: list[memoryview]) -> list[memoryview]:
+    """The non-empty views as flat byte views (so lengths count bytes)."""
+    return [memoryview(v).cast("B") for v in views if memoryview(v).nbytes]
+
+
+def _advance(views: list[memoryview], i: int, n: int) -> int:
+    """Account ``n`` bytes moved from ``views[i:]``: the index of the first view not
+    finished, that view trimmed to what is left of it."""
+    while n and n >= len(views[i]):
+        n -= len(views[i])
+        i += 1
+    if n:
+        views[i] = views[i][n:]
+    return i
+
+
+def _batches(views: list[memoryview], max_bytes: int) -> list[list[memoryview]]:
+    """``views`` (none longer than ``max_bytes``) in lists of about ``max_bytes``."""
+    out: list[list[memoryview]] = [[]]
+    size = 0
+    for v in views:
+        if out[-1] and size + len(v) > max_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(v)
+        size += len(v)
+    return [b for b in out if b]
 
 
 def _recv_bytes(sock: socket.socket, n: int) -> bytes:
@@ -116,13 +186,12 @@ class KVReceiver:
                 conn.sendall(b"\x01")
                 if _recv_bytes(conn, 1) == _BULK:
                     self._options.lower_bulk_thread()
-                conn.settimeout(None)  # idle between migrations; a dead peer closes the socket
                 while True:
+                    _kernel_timeout(conn, None)  # idle between migrations; a dead peer closes the socket
                     (hlen,) = _U32.unpack(_recv_bytes(conn, 4))
-                    conn.settimeout(self._options.timeout_s)
+                    _kernel_timeout(conn, self._options.timeout_s)
                     header = json.loads(_recv_bytes(conn, hlen))
                     conn.sendall(b"\x01" if self._frame(conn, header) else b"\x00")
-                    conn.settimeout(None)
         except (TransportError, OSError, ValueError, KeyError):
             return
         finally:
@@ -137,8 +206,7 @@ class KVReceiver:
             return False
         ok = False
         try:
-            for p in pieces:
-                _recv_exact(conn, p)
+            _recv_views(conn, pieces)
             ok = True
         finally:
             ok = self._sink.end_write(rid, ids, pieces, ok)
@@ -166,6 +234,7 @@ class TCPSender:
             if _recv_bytes(sock, 1) != b"\x01":
                 raise TransportError("the receiver refused the handshake")
             sock.sendall(kind)
+            _kernel_timeout(sock, self._options.timeout_s)
             return sock
         except OSError as e:
             raise TransportError(f"cannot connect to {address}: {e}") from e
@@ -175,7 +244,10 @@ class TCPSender:
         with self._lock:
             if urgent:
                 return self._send(self._urgent, header, src.views(), None)
-            pacer = Pacer(self._options.bulk_rate_bytes_per_s)
+            rate = self._options.bulk_rate_bytes_per_s
+            if not rate:
+                return self._worker.run(lambda: self._send(self._bulk, header, src.views(), None))
+            pacer = Pacer(rate)
             return self._worker.run(lambda: self._send(
                 self._bulk, header, split(src.views(), self._options.chunk_bytes), pacer))
 
@@ -188,10 +260,12 @@ class TCPSender:
         h = json.dumps({**header, "nbytes": sum(len(v) for v in views)}).encode()
         try:
             sock.sendall(_U32.pack(len(h)) + h)
-            for v in views:
-                sock.sendall(v)
-                if pacer is not None:
-                    pacer.sent(len(v))
+            if pacer is None:
+                _send_views(sock, views)
+            else:  # a paced copy goes out a chunk at a time
+                for chunk in _batches(views, self._options.chunk_bytes):
+                    _send_views(sock, chunk)
+                    pacer.sent(sum(len(v) for v in chunk))
             return _recv_bytes(sock, 1) == b"\x01"
         except OSError as e:
             raise TransportError(f"KV send failed: {e}") from e
