@@ -64,8 +64,8 @@ def test_vectored_send_and_receive_move_many_views_in_order():
     src = rng.integers(0, 256, size=int(sizes.sum()), dtype=np.uint8)
     dst = np.zeros_like(src)
     edges = np.concatenate([[0], np.cumsum(sizes)])
-    out = [memoryview(src[a:b]) for a, b in zip(edges[:-1], edges[1:])]
-    into = [memoryview(dst[a:b]) for a, b in zip(edges[:-1], edges[1:])]
+    out = [memoryview(src[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    into = [memoryview(dst[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)]
     a, b = socket.socketpair()
     with a, b:
         _kernel_timeout(a, 5.0)

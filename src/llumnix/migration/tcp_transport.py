@@ -257,7 +257,7 @@ class TCPSender:
             return self._send(self._urgent, header, [memoryview(payload)], None)
 
     def _send(self, sock: socket.socket, header: dict[str, Any], views: list[memoryview], pacer: Pacer | None) -> bool:
-        h = json.dumps({**header, "nbytes": sum(len(v) for v in views)}).encode()
+        h = json.dumps({**header, "nbytes": sum(memoryview(v).nbytes for v in views)}).encode()
         try:
             sock.sendall(_U32.pack(len(h)) + h)
             if pacer is None:
