@@ -60,7 +60,7 @@ def pool(folder: Path) -> dict[str, Any]:
         groups[path.stem.rsplit("-", 1)[0]].append(json.loads(path.read_text()))
     out: dict[str, Any] = {}
     for label, runs in groups.items():
-        slow, ctrl, cpu = [], [], []
+        slow, ctrl, cpu, slow_overlap = [], [], [], []
         wall_cpu_before: list[float] = []
         wall_cpu_during: list[float] = []
         for run in runs:
@@ -72,6 +72,8 @@ def pool(folder: Path) -> dict[str, Any]:
                         slow.append(row[f"{side}_slowdown"])
                     if row[f"{side}_control"] is not None:
                         ctrl.append(row[f"{side}_control"])
+                    if row.get(f"{side}_slowdown_overlap") is not None:
+                        slow_overlap.append(row[f"{side}_slowdown_overlap"])
                     if row.get(f"{side}_step_cpu_ratio") is not None:
                         cpu.append(row[f"{side}_step_cpu_ratio"])
                     waits = _wall_over_cpu(row, side)
@@ -89,6 +91,8 @@ def pool(folder: Path) -> dict[str, Any]:
         med = {n: statistics.median(v) for n, v in sorted(down.items())}
         out[label]["downtime_median_s"] = med
         out[label]["downtime_ratio_longest_over_shortest"] = med[max(med)] / med[min(med)]
+        if slow_overlap:  # the same windows by the earlier estimator, for comparison
+            out[label]["co_running_slowdown_overlap_mean"] = _summary(slow_overlap)
         if cpu:
             out[label]["step_cpu_during_over_before"] = _summary(cpu)
             out[label]["wall_over_cpu_median"] = {"before": statistics.median(wall_cpu_before),
