@@ -81,3 +81,20 @@ def test_each_client_reads_only_its_own_outputs():
         assert srv.get_outputs(0.01) == []  # nothing went to the untagged outbox
     finally:
         srv.stop()
+
+
+def test_the_step_log_marks_prefill_steps_and_times_the_step_thread():
+    from llumnix.bench.fidelity import step_stats
+
+    srv, _ = _server()
+    try:
+        srv.call(lambda: srv.engine.add_request("r", [1, 2, 3, 4], SamplingParams(max_tokens=5)))
+        assert len(_collect(srv, 1)["r"]) == 5
+        log = list(srv.step_log)
+    finally:
+        srv.stop()
+    assert [step[4] for step in log] == [True, False, False, False, False]  # one prefill, four decodes
+    assert all(0 <= cpu <= end - start + 0.01 for start, end, _, cpu, _ in log)
+    stats = step_stats([log])
+    assert stats["num_steps"] == 5 and stats["count_by_batch"] == {"1": 5}
+    assert set(stats["decode_mean_s_by_batch"]) == {"1"} and "1" in stats["wall_over_cpu_by_batch"]

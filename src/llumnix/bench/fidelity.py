@@ -392,8 +392,8 @@ def run_real(setup: FidelitySetup, system: str, trace: Any) -> dict[str, Any]:
             "ttft_breakdown": ttft_breakdown(recs, gateway.engine_metrics),
             "loadavg_after": list(os.getloadavg()),
             "steps": step_stats([[s for s in log if s[0] >= t0] for log in logs]),
-            "step_logs": [[(round(s - t0, 4), round(e - t0, 4), n, round(c, 4)) for s, e, n, c in log if s >= t0]
-                          for log in logs],
+            "step_logs": [[(round(s - t0, 4), round(e - t0, 4), n, round(c, 4), int(pf))
+                           for s, e, n, c, pf in log if s >= t0] for log in logs],
             "arrival_s": [float(trace.arrival_times[i]) for i, r in enumerate(recs) if any(r is o for o in ok)]}
 
 
@@ -402,9 +402,11 @@ def step_stats(logs: list[list[tuple[float, ...]]]) -> dict[str, Any]:
     produced tokens for, and the time between back-to-back steps (the serving loop's own
     work: status reports, output hand-off, commands; gaps over 50 ms are idle time).
     Where the log has the step thread's CPU seconds, also the wall / CPU ratio by batch:
-    above 1, the step waited (for the GIL or a core) rather than computed."""
+    above 1, the step waited (for the GIL or a core) rather than computed; where it marks
+    prefill steps, also the mean of the decode steps alone by batch."""
     by: dict[int, list[float]] = {}
     cpu: dict[int, list[float]] = {}
+    decode: dict[int, list[float]] = {}
     gaps: list[float] = []
     busy = 0.0
     for log in logs:
@@ -415,11 +417,15 @@ def step_stats(logs: list[list[tuple[float, ...]]]) -> dict[str, Any]:
             by.setdefault(int(n), []).append(end - start)
             if rest:
                 cpu.setdefault(int(n), []).append(rest[0])
+            if len(rest) > 1 and not rest[1]:
+                decode.setdefault(int(n), []).append(end - start)
             busy += end - start
     out = {"num_steps": sum(len(v) for v in by.values()), "busy_s": busy,
            "mean_gap_s": statistics.fmean(gaps) if gaps else None,
            "mean_s_by_batch": {str(n): statistics.fmean(v) for n, v in sorted(by.items())},
            "count_by_batch": {str(n): len(v) for n, v in sorted(by.items())}}
+    if decode:
+        out["decode_mean_s_by_batch"] = {str(n): statistics.fmean(v) for n, v in sorted(decode.items())}
     if cpu:
         out["wall_over_cpu_by_batch"] = {str(n): sum(by[n]) / sum(c) for n, c in sorted(cpu.items()) if sum(c) > 0}
     return out

@@ -186,7 +186,7 @@ class InstanceActor:
 
     def step_log(self, cpu: bool = False) -> list[tuple[float, ...]]:
         """(start, end, batch size) of recent steps; with ``cpu``, also the step
-        thread's CPU seconds in each."""
+        thread's CPU seconds in each and whether it was a prefill step."""
         return [step if cpu else step[:3] for step in list(self.server.step_log)]
 
     def num_output_tokens(self, request_id: str) -> int:

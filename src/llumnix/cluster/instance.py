@@ -42,10 +42,10 @@ class InstanceServer:
         self._thread = threading.Thread(target=self._loop, name=f"engine-{self.instance_id}", daemon=True)
         self._last_report = 0.0
         self.last_step_time = time.monotonic()
-        self.step_log: collections.deque[tuple[float, float, int, float]] = collections.deque(maxlen=4096)
-        """(start, end, batch size, CPU seconds of the step thread) of recent steps,
-        monotonic seconds: for benchmarks. A step whose wall time grows without its CPU
-        time waited (for the GIL or a core)."""
+        self.step_log: collections.deque[tuple[float, float, int, float, bool]] = collections.deque(maxlen=4096)
+        """(start, end, batch size, CPU seconds of the step thread, prefill?) of recent
+        steps, monotonic seconds: for benchmarks. A step whose wall time grows without its
+        CPU time waited (for the GIL or a core)."""
         self.error: BaseException | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -106,7 +106,8 @@ class InstanceServer:
                     t0, c0 = time.monotonic(), time.thread_time()
                     outputs = self.engine.step()
                     self.last_step_time = time.monotonic()
-                    self.step_log.append((t0, self.last_step_time, len(outputs), time.thread_time() - c0))
+                    self.step_log.append((t0, self.last_step_time, len(outputs), time.thread_time() - c0,
+                                          self.engine.last_step_was_prefill))
                     if outputs:
                         self._publish(outputs)
                     self._maybe_report(force=any(o.is_finished for o in outputs))

@@ -43,6 +43,8 @@ class EngineCore(MigrationOpsMixin):
         self.scheduler = LocalScheduler(config.scheduler, self.kv, self.clock.now)
         self.requests: dict[str, Request] = {}
         self.step_id = 0
+        self.last_step_was_prefill = False
+        """Whether the last ``step()`` ran a prefill batch (for step logs)."""
         self._rng = random.Random(seed)
 
     # -- requests ------------------------------------------------------------
@@ -110,6 +112,7 @@ class EngineCore(MigrationOpsMixin):
         batch = self.schedule()
         if batch.is_empty:
             return []
+        self.last_step_was_prefill = batch.is_prefill
         return self.update(batch, self.executor.execute(batch))
 
     def schedule(self) -> SchedulerOutput:
