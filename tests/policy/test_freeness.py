@@ -102,3 +102,27 @@ def test_memory_load(status, expected):
 ])
 def test_queue_aware_freeness(status, cfg, expected):
     assert queue_aware_freeness(status, cfg) == pytest.approx(expected)
+
+
+def test_the_total_is_the_sum_of_every_virtual_usage_exactly():
+    # total_virtual_usage takes a shortcut when no running priority carries headroom;
+    # on random snapshots, with and without headroom, it equals the per-request sum.
+    import random
+
+    from llumnix.core.status import InstanceStatus, RequestBrief
+    from llumnix.policy.config import FreenessConfig
+    from llumnix.policy.freeness import total_virtual_usage, virtual_usages
+
+    rng = random.Random(3)
+    for cfg in (FreenessConfig(), FreenessConfig(headroom_tokens={0: 0, 1: 1600}),
+                FreenessConfig(headroom_tokens={0: 48, 1: 1600})):
+        for k in range(300):
+            running = tuple(RequestBrief(f"r{i}", rng.choice((0, 0, 0, 1)), rng.randint(1, 90), 16, 0.0, True)
+                            for i in range(rng.randint(0, 12)))
+            waiting = tuple(RequestBrief(f"w{i}", 0, 0, rng.randint(1, 900), 0.0, False)
+                            for i in range(rng.randint(0, 3)))
+            st = InstanceStatus(f"i{k}", 0.0, 2000, 0, 10, 16, 64, running=running, waiting=waiting,
+                                num_reserved_blocks=rng.randint(0, 5), is_terminating=rng.random() < 0.1)
+            for fake in (True, False):
+                want = sum(virtual_usages(st, cfg, fake=fake)) + st.num_reserved_blocks
+                assert total_virtual_usage(st, cfg, fake=fake) == want

@@ -60,7 +60,22 @@ def virtual_usages(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = 
 
 def total_virtual_usage(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = True) -> float:
     """Sum of V, counting blocks held for incoming migrations as used."""
-    return sum(virtual_usages(status, cfg, fake=fake)) + status.num_reserved_blocks
+    # The hot path of every status report and dispatch: when no running request's
+    # priority carries headroom, V is its physical blocks, and the sum needs neither
+    # the per-priority shares nor the list (integers: the same value exactly).
+    blocks = 0
+    priorities = set()
+    for r in status.running:
+        blocks += r.num_blocks
+        priorities.add(r.priority)
+    if any(headroom_blocks(cfg, p, status.block_size) for p in priorities):
+        return sum(virtual_usages(status, cfg, fake=fake)) + status.num_reserved_blocks
+    total = float(blocks)
+    if status.waiting:
+        total += head_of_line_demand(status)
+    if fake and status.is_terminating:
+        total = math.inf
+    return total + status.num_reserved_blocks
 
 
 def freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
