@@ -142,15 +142,15 @@ def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transpor
         span = hi - start
         # Only copies that overlap a step slow it: a live migration whose copy fits
         # between boundaries has no "during" steps on that side.
-        during = _step_time(log, start, hi) if span > 0.01 else None
-        row[f"{side}_slowdown"] = _ratio(during, _step_time(log, start - WINDOW_S, start))
+        copied = span > 0.01
+        row[f"{side}_slowdown"] = _ratio(_step_time(log, start, hi) if copied else None,
+                                         _step_time(log, start - WINDOW_S, start))
         # the same estimator and window lengths, ending where the migration starts
-        row[f"{side}_control"] = _ratio(_step_time(log, start - span, start) if span > 0.01 else None,
+        row[f"{side}_control"] = _ratio(_step_time(log, start - span, start) if copied else None,
                                         _step_time(log, start - span - WINDOW_S, start - span))
-        row[f"{side}_slowdown_overlap"] = _ratio(_mean_step(log, start, hi) if span > 0.01 else None,
-                                                 _mean_step(log, start - WINDOW_S, start))
-        row[f"{side}_control_overlap"] = _ratio(_mean_step(log, start - WINDOW_S, start),
-                                                _mean_step(log, start - 2 * WINDOW_S, start - WINDOW_S))
+        before = _mean_step(log, start - WINDOW_S, start)
+        row[f"{side}_slowdown_overlap"] = _ratio(_mean_step(log, start, hi) if copied else None, before)
+        row[f"{side}_control_overlap"] = _ratio(before, _mean_step(log, start - 2 * WINDOW_S, start - WINDOW_S))
         # CPU seconds of the step thread per step, inside the copy against before: a
         # ratio near 1 with a slowdown means the steps waited (for the GIL or a core)
         row[f"{side}_step_cpu_ratio"] = _ratio(_mean_cpu(log, start, hi), _mean_cpu(log, start - WINDOW_S, start))

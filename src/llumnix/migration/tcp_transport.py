@@ -61,20 +61,16 @@ def _kernel_timeout(sock: socket.socket, seconds: float | None) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < len(view):  # MSG_WAITALL: one call unless a timeout or a signal cuts it short
-        n = sock.recv_into(view[got:], 0, socket.MSG_WAITALL)
-        if n == 0:
-            raise TransportError("peer closed the connection")
-        got += n
-
-
 _IOV_MAX = 1024  # Linux's limit on buffers per sendmsg / recvmsg
 
 
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    _recv_views(sock, [view])
+
+
 def _recv_views(sock: socket.socket, views: list[memoryview]) -> None:
-    """Fill ``views`` in order from the stream, a thousand views per call."""
+    """Fill ``views`` in order from the stream, a thousand views per call (MSG_WAITALL:
+    one call per thousand unless a timeout or a signal cuts it short)."""
     views = _bytes_views(views)
     i = 0
     while i < len(views):

@@ -44,12 +44,17 @@ def head_of_line_demand(status: InstanceStatus) -> int:
     return _blocks_for(status.waiting[0].num_tokens, status.block_size)
 
 
-def virtual_usages(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = True) -> list[float]:
-    """V of every request on the instance: running, then queued, then the fake one
-    (only when ``fake`` and the instance is terminating)."""
+def _running_usages(status: InstanceStatus, cfg: FreenessConfig) -> list[float]:
+    """V of each running request: its blocks plus its share of its priority's headroom."""
     per_priority = Counter(r.priority for r in status.running)
     share = {p: headroom_blocks(cfg, p, status.block_size) / n for p, n in per_priority.items()}
-    out = [r.num_blocks + share[r.priority] for r in status.running]
+    return [r.num_blocks + share[r.priority] for r in status.running]
+
+
+def _other_usages(status: InstanceStatus, fake: bool) -> list[float]:
+    """V of the queued requests (the head of line's demand, then zeros) and of the fake
+    one (only when ``fake`` and the instance is terminating)."""
+    out: list[float] = []
     if status.waiting:
         out.append(float(head_of_line_demand(status)))
         out.extend(0.0 for _ in status.waiting[1:])
@@ -58,24 +63,28 @@ def virtual_usages(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = 
     return out
 
 
+def virtual_usages(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = True) -> list[float]:
+    """V of every request on the instance: running, then queued, then the fake one
+    (only when ``fake`` and the instance is terminating)."""
+    return _running_usages(status, cfg) + _other_usages(status, fake)
+
+
 def total_virtual_usage(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = True) -> float:
     """Sum of V, counting blocks held for incoming migrations as used."""
     # The hot path of every status report and dispatch: when no running request's
-    # priority carries headroom, V is its physical blocks, and the sum needs neither
-    # the per-priority shares nor the list (integers: the same value exactly).
+    # priority carries headroom, the running requests' V is their physical blocks, and
+    # their sum needs neither the per-priority shares nor the list (integers: the same
+    # value exactly; the rest is summed in the same order as ``virtual_usages``).
     blocks = 0
     priorities = set()
     for r in status.running:
         blocks += r.num_blocks
         priorities.add(r.priority)
     if any(headroom_blocks(cfg, p, status.block_size) for p in priorities):
-        return sum(virtual_usages(status, cfg, fake=fake)) + status.num_reserved_blocks
-    total = float(blocks)
-    if status.waiting:
-        total += head_of_line_demand(status)
-    if fake and status.is_terminating:
-        total = math.inf
-    return total + status.num_reserved_blocks
+        running = sum(_running_usages(status, cfg))
+    else:
+        running = float(blocks)
+    return sum(_other_usages(status, fake), running) + status.num_reserved_blocks
 
 
 def freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
