@@ -57,6 +57,8 @@ def test_defaults_are_the_papers():
     ({"dispatch": {"params": {"tie_break": "coin"}}}, "dispatch.params.tie_break"),
     ({"scaling": {"scale_out_below": 70}}, "scaling.scale_out_below"),
     ({"scaling": {"min_instances": 5, "max_instances": 4}}, "scaling.min_instances"),
+    ({"scaling": {"signal": "median"}}, "scaling.signal"),
+    ({"rescheduling": {"pairing": "best"}}, "rescheduling.pairing"),
     ({"freeness": {"headroom_tokens": {"urgent": 10}}}, "freeness.headroom_tokens"),
     ({"freeness": {"headroom_tokens": {"high": -1}}}, "freeness.headroom_tokens"),
 ])

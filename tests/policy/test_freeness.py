@@ -78,8 +78,39 @@ def test_normal_freeness_keeps_headroom_but_not_the_fake_request():
     ([inst("b", term=True)], None),
     ([], None),
 ])
-def test_average_normal_freeness(statuses, expected):
-    assert average_normal_freeness(statuses, NO_HEADROOM) == expected
+def test_mean_normal_freeness(statuses, expected):
+    assert average_normal_freeness(statuses, NO_HEADROOM, "mean") == expected
+
+
+@pytest.mark.parametrize("statuses,cfg,expected", [
+    # free blocks of the whole cluster per running request: (100 + 20) / 1; the mean of
+    # the two instances' freeness would be (100 + 20) / 2
+    ([inst("a"), inst("b", running=[run("r", 80)])], NO_HEADROOM, 120.0),
+    # (200 - 10 - 20 - 30 - 3 (head of line) - 5 (reserved)) / 3 running requests
+    ([inst("a", running=[run("r1", 10), run("r2", 20)], waiting=[wait("q", 40)]),
+      inst("b", running=[run("r3", 30)], reserved=5)], NO_HEADROOM, 132 / 3),
+    # high-priority headroom stays reserved; a draining or unhealthy instance is left out
+    ([inst("h", running=[run("h", 10, prio=1), run("n", 10)]), inst("t", term=True),
+      inst("u", sched=False)], HIGH_1600, -10.0),
+    ([inst("a"), inst("b")], NO_HEADROOM, 200.0),  # idle: all free blocks, divided by 1
+    ([inst("t", term=True)], NO_HEADROOM, None),
+])
+def test_cluster_normal_freeness(statuses, cfg, expected):
+    assert average_normal_freeness(statuses, cfg, "cluster") == expected
+    assert average_normal_freeness(statuses, cfg) == expected  # the default
+
+
+def test_cluster_signal_does_not_jump_when_one_instance_empties():
+    """Five instances each running 4 requests of 20 blocks; then one empties (its requests
+    finished). The mean of ratios jumps by about M/n; the cluster's freeness moves
+    by what was freed."""
+    busy = [inst(f"i{k}", running=[run(f"r{k}{j}", 20) for j in range(4)]) for k in range(5)]
+    one_idle = busy[:4] + [inst("i4")]
+    mean_before = average_normal_freeness(busy, NO_HEADROOM, "mean")
+    mean_after = average_normal_freeness(one_idle, NO_HEADROOM, "mean")
+    assert (mean_before, mean_after) == (5.0, (4 * 5.0 + 100) / 5)  # 5 -> 24
+    assert average_normal_freeness(busy, NO_HEADROOM, "cluster") == 100 / 20
+    assert average_normal_freeness(one_idle, NO_HEADROOM, "cluster") == 180 / 16
 
 
 @pytest.mark.parametrize("status,expected", [

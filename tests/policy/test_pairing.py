@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from llumnix.policy import ReschedulingConfig, pair_migrations
-from tests.policy.snapshots import NO_HEADROOM, inst, run
+from tests.policy.snapshots import NO_HEADROOM, inst, run, wait
 
 BUSY = [run(f"b{k}", 19) for k in range(5)]        # F = (100 - 95) / 5 = 1
 FULL = [run(f"f{k}", 24) for k in range(4)]        # F = (100 - 96) / 4 = 1
@@ -73,3 +73,28 @@ def test_pairing_respects_in_flight_caps(statuses, cfg, expected):
 ])
 def test_terminating_and_unschedulable_instances(statuses, expected):
     assert pairs(statuses) == expected
+
+
+WIDE = [run("w", 92)]                              # F = 8: freest, but only 8 blocks free
+ROOMY = [run(f"r{k}", 5) for k in range(10)]       # F = 5: 50 blocks free
+
+
+@pytest.mark.parametrize("statuses,expected_paper,expected_fit", [
+    # the source gives up a 19-block request: the freest destination cannot reserve it,
+    # the less free one with 50 free blocks can
+    ([inst("busy", running=BUSY), inst("wide", running=WIDE), inst("roomy", running=ROOMY)],
+     [("busy", "wide")], [("busy", "roomy")]),
+    # no destination has room: the paper's order would be refused; fit leaves it out
+    ([inst("busy", running=BUSY), inst("wide", running=WIDE)], [("busy", "wide")], []),
+    # a queued request (the shortest here) moves as metadata: any destination will do
+    ([inst("busy", running=BUSY, waiting=[wait("q", 16)]), inst("wide", running=WIDE),
+      inst("roomy", running=ROOMY)], [("busy", "wide")], [("busy", "wide")]),
+    # the lowest source takes the roomy destination; the next one (F = 16 / 12) gives up
+    # a 7-block request, which fits the wide one (8 free, 1 watermark)
+    ([inst("busy", running=BUSY), inst("small", running=[run(f"s{k}", 7) for k in range(12)]),
+      inst("wide", running=WIDE), inst("roomy", running=ROOMY)],
+     [("busy", "wide"), ("small", "roomy")], [("busy", "roomy"), ("small", "wide")]),
+])
+def test_fit_pairing_pairs_sources_with_destinations_that_can_reserve(statuses, expected_paper, expected_fit):
+    assert pairs(statuses) == expected_paper
+    assert pairs(statuses, pairing="fit") == expected_fit

@@ -35,6 +35,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="seconds of freeness samples a scaling decision averages (default 10)")
     p.add_argument("--scaling-cooldown", type=float, default=None, metavar="S",
                    help="quiet seconds after a scaling action (default 30)")
+    p.add_argument("--scaling-signal", default=None, choices=("mean", "cluster"),
+                   help="average freeness as the mean of the instances' (mean) or the summed "
+                   "cluster's (cluster)")
     p.add_argument("--reschedule-interval", type=float, default=None, metavar="S",
                    help="seconds between LlumSched's migration (and scaling) rounds (default 0.5)")
     p.add_argument("--transport", default=None,
@@ -88,7 +91,8 @@ def build_config(args: argparse.Namespace) -> Any:
         if args.instances is None and "instances" not in base:
             base["instances"] = lo
     for key, val in (("scale_out_below", args.scale_out_below), ("scale_in_above", args.scale_in_above),
-                     ("window_s", args.scaling_window), ("cooldown_s", args.scaling_cooldown)):
+                     ("window_s", args.scaling_window), ("cooldown_s", args.scaling_cooldown),
+                     ("signal", args.scaling_signal)):
         if val is not None:
             scaling[key] = val
     if scaling:

@@ -74,7 +74,9 @@ class FreenessConfig:
 DISPATCH_POLICIES = ("llumnix", "infaas++", "round-robin", "least-requests", "random", "power-of-two",
                      "llm-d", "custom")
 SELECTIONS = ("paper", "SR", "LR", "FCW")
+SCALING_SIGNALS = ("mean", "cluster")
 DEFRAGS = ("paper", "hol")
+PAIRINGS = ("paper", "fit")
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,9 @@ class ReschedulingConfig:
     """Concurrent migrations into one instance."""
     selection: str = "paper"
     """Which request a source gives up: paper (lower priority, then shorter) | SR | LR | FCW."""
+    pairing: str = "paper"
+    """paper (lowest freeness with highest) | fit: with the highest that has room for the
+    request the source will give up (``policy/pairing.py``; not in the paper)."""
     defrag: str = "paper"
     """paper (Algorithm 1) | hol: also move a blocked head-of-line request to an instance with
     room for it, and give it up first (``policy/defrag.py``; not in the paper)."""
@@ -125,6 +130,9 @@ class ReschedulingConfig:
         for name in ("max_out", "max_in"):
             if getattr(self, name) < 1:
                 raise bad_value(f"rescheduling.{name}", "must be >= 1")
+        if self.pairing not in PAIRINGS:
+            raise PolicyConfigError(f"unknown pairing policy {self.pairing!r} (known: {', '.join(PAIRINGS)})",
+                                    "rescheduling.pairing")
         if self.defrag not in DEFRAGS:
             raise PolicyConfigError(f"unknown defrag policy {self.defrag!r} (known: {', '.join(DEFRAGS)})",
                                     "rescheduling.defrag")
@@ -149,6 +157,10 @@ class ScalingConfig:
     """Never scale in below this many active (not terminating) instances."""
     max_instances: int = 16
     """Never scale out above this many active instances."""
+    signal: str = "cluster"
+    """What "average freeness" means: cluster (the freeness of the summed cluster, as the
+    open-source Llumnix's ``avg_load``) | mean (the mean of the active instances'
+    freeness, which one idle instance lifts by M/n); ``average_normal_freeness``."""
 
     def __post_init__(self) -> None:
         if not self.scale_out_below < self.scale_in_above:
@@ -159,6 +171,9 @@ class ScalingConfig:
             raise bad_value("scaling.window_s", "must be > 0")
         if self.cooldown_s < 0:
             raise bad_value("scaling.cooldown_s", "must be >= 0")
+        if self.signal not in SCALING_SIGNALS:
+            raise PolicyConfigError(f"unknown scaling signal {self.signal!r} "
+                                    f"(known: {', '.join(SCALING_SIGNALS)})", "scaling.signal")
 
 
 _SECTIONS = {"freeness": FreenessConfig, "dispatch": DispatchConfig,

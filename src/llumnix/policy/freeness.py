@@ -112,12 +112,24 @@ def normal_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
     return (status.num_total_blocks - used) / max(1, status.num_running)
 
 
-def average_normal_freeness(statuses: list[InstanceStatus], cfg: FreenessConfig) -> float | None:
-    """Mean ``normal_freeness`` over active instances (schedulable, not terminating);
-    None when there are none."""
+def average_normal_freeness(statuses: list[InstanceStatus], cfg: FreenessConfig,
+                            signal: str = "cluster") -> float | None:
+    """The average normal-priority freeness of the active instances (schedulable, not
+    terminating) that auto-scaling watches; None when there are none.
+
+    ``mean``: the mean of each instance's ``normal_freeness`` (the paper's words, "the
+    average freeness"). An idle instance counts its whole capacity (B = 0 divides by 1),
+    so one idle instance among n lifts the mean by M/n: the signal jumps whenever an
+    instance empties, whatever the load on the rest.
+    ``cluster``: the freeness of the summed cluster, (sum M - sum V) / max(1, sum B),
+    i.e. free blocks per running request over the whole cluster (the open-source
+    Llumnix's ``avg_load``). It moves with the load, not with how it is spread."""
     live = [s for s in statuses if s.is_schedulable and not s.is_terminating]
     if not live:
         return None
+    if signal == "cluster":
+        free = sum(s.num_total_blocks - total_virtual_usage(s, cfg, fake=False) for s in live)
+        return free / max(1, sum(s.num_running for s in live))
     return sum(normal_freeness(s, cfg) for s in live) / len(live)
 
 

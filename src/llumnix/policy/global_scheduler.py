@@ -149,7 +149,8 @@ class GlobalScheduler:
     def record_freeness(self, now: float) -> float:
         """Sample the average normal-priority freeness for auto-scaling (0.0 and no
         sample when no instance is active)."""
-        avg = average_normal_freeness(list(self.statuses.values()), self.config.freeness)
+        avg = average_normal_freeness(list(self.statuses.values()), self.config.freeness,
+                                      self.config.scaling.signal)
         if avg is None:
             return 0.0
         self._freeness_samples.append((now, avg))

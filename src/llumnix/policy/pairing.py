@@ -12,6 +12,13 @@ round, and only while its in-flight migrations (``num_migrating_out`` /
 up (one not already migrating). Unschedulable (unhealthy) instances that are not
 terminating take no part.
 
+With ``pairing: fit`` (not the paper's) a source is paired with the freest destination
+that has the free blocks the source's next request needs (what its llumlet will select:
+the request's blocks if it runs, none if it is queued and moves as metadata), instead
+of the freest destination outright, whose reservation may then be refused: freeness is
+free blocks *per running request*, so the freest instance is not always the one with
+the most free blocks. A source no remaining destination can take is left out this round.
+
 With ``defrag: hol`` (not the paper's; ``policy/defrag.py``) blocked instances are first
 paired with a destination that has room for their head-of-line request, and the paper's
 pairing runs over the rest.
@@ -24,6 +31,7 @@ from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.defrag import plan_hol_moves
 from llumnix.policy.freeness import freeness
+from llumnix.policy.selection import select_requests
 
 
 @dataclass(frozen=True)
@@ -69,4 +77,23 @@ def _paper_pairs(live: list[InstanceStatus], cfg: ReschedulingConfig,
                   key=lambda s: (-f[s.instance_id], s.instance_id))
     # in_threshold >= out_threshold and terminating instances are never destinations,
     # so the two lists are disjoint.
-    return [MigrationOrder(src.instance_id, dst.instance_id) for src, dst in zip(srcs, dsts, strict=False)]
+    if cfg.pairing == "paper":
+        return [MigrationOrder(src.instance_id, dst.instance_id) for src, dst in zip(srcs, dsts, strict=False)]
+    orders: list[MigrationOrder] = []
+    for src in srcs:
+        need = blocks_to_move(src, cfg)
+        for i, dst in enumerate(dsts):
+            if dst.num_free_blocks - need >= dst.num_watermark_blocks:
+                orders.append(MigrationOrder(src.instance_id, dst.instance_id))
+                del dsts[i]
+                break
+    return orders
+
+
+def blocks_to_move(status: InstanceStatus, cfg: ReschedulingConfig) -> int:
+    """Blocks a destination must reserve for the request ``status``'s llumlet would give
+    up next: its KV blocks if it runs, 0 if it is queued (it moves as metadata)."""
+    ids = select_requests(status, cfg.selection, 1, hol_first=cfg.defrag == "hol")
+    if not ids:
+        return 0
+    return next(r.num_blocks for r in (*status.running, *status.waiting) if r.request_id == ids[0])
