@@ -18,6 +18,7 @@ from llumnix.bench.fidelity import (
     pool_real,
     rel_error,
 )
+from llumnix.sim.latency import NeighborContention
 
 SIM = {"ttft": [0.1, 0.2, 0.3], "decode": [0.05, 0.05], "e2e": [1.0, 2.0, 3.0],
        "num_migrations": 4, "num_preemptions": 0}
@@ -118,6 +119,31 @@ def test_contention_scale_is_the_geometric_mean_of_probe_ratios():
     assert contention_scale(probe, Model()) == pytest.approx(math.sqrt(2.0 * 4.0))
     assert contention_scale({}, Model()) is None
 
+    class Contended(Model):  # the probe's steps ran beside a stepping neighbor
+        contention = NeighborContention(decode=2.0)
+
+    assert contention_scale(probe, Contended()) == pytest.approx(math.sqrt(2.0 * 4.0) / 2.0)
+
+
+def test_simulations_apply_the_profiles_neighbor_factor(tmp_path):
+    """run_sim's recording wrapper passes the profile's contention on to the simulator
+    (it once hid it, and every fidelity simulation ran without the factor)."""
+    import json
+    from pathlib import Path
+
+    from llumnix.bench.fidelity import run_sim
+
+    doc = json.loads((Path(__file__).parents[1] / "sim" / "data" / "tiny_profile.json").read_text())
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(doc))
+    doc["contention"] = {"neighbor_factor": {"prefill": 1.0, "decode": 1.5}}
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(doc))
+    setup = FidelitySetup(loads=(Load("t", 4.0, 40),))
+    trace = make_trace(setup, setup.loads[0])
+    a, b = (run_sim(setup, "infaas++", trace, str(p)) for p in (plain, slow))
+    assert np.mean(b["decode"]) > 1.1 * np.mean(a["decode"])
+
 
 def test_noise_floor_compares_later_real_runs_with_the_first():
     from llumnix.bench.fidelity import noise_floor
@@ -127,3 +153,13 @@ def test_noise_floor_compares_later_real_runs_with_the_first():
     assert list(nf) == ["light"]
     assert nf["light"]["llumnix"][0]["e2e_mean"] == pytest.approx(1.0)
     assert nf["light"]["llumnix"][0]["ttft_mean"] == pytest.approx(0.0)
+
+
+def test_step_gap_is_the_median_pause_between_back_to_back_steps_of_one_instance():
+    from llumnix.bench.fidelity import step_gap
+
+    probe = {"1": {"log": [[(0.0, 0.05, 1), (0.052, 0.10, 1), (0.30, 0.35, 1)],   # 2 ms; 200 ms is idle
+                           [(0.01, 0.06, 1), (0.063, 0.11, 1)]]},                    # 3 ms
+             "2": {"log": [[(1.0, 1.08, 2), (1.084, 1.16, 2)], []]}}                  # 4 ms
+    assert step_gap(probe) == pytest.approx(0.003)
+    assert step_gap({}) is None

@@ -64,3 +64,54 @@ def test_decode_prompts_differ_in_length_and_sum_to_the_context():
     assert len(set(lens)) == 4  # the masked attention path, as in real batches
     assert abs(sum(lens) + 4 * (6 // 2 + 1) - 256) <= 4
     assert decode_prompt_lens(1, 64, steps=6) == [60]
+
+
+def test_neighbor_factors_come_from_interleaved_paused_and_running_rounds(monkeypatch):
+    """The factors are the medians' ratios beside a running vs a paused neighbor; rounds
+    alternate which state goes first; the neighbor is left running."""
+    from llumnix.bench import profile
+
+    class FakeNeighbor:
+        running, calls = True, []
+
+        def pause(self):
+            self.running = False
+            self.calls.append("pause")
+
+        def resume(self):
+            self.running = True
+            self.calls.append("resume")
+
+    nb = FakeNeighbor()
+    monkeypatch.setattr(profile.time, "sleep", lambda s: None)
+    monkeypatch.setattr(profile, "time_decode",
+                        lambda e, b, c, n, v, s: (0.10 if b == 1 else 0.40) * (1.21 if nb.running else 1.0))
+    monkeypatch.setattr(profile, "time_prefill", lambda e, n, r, v, s: 0.3 * (1.02 if nb.running else 1.0))
+    out = profile.measure_contention(None, 100, nb, rounds=4)
+    assert out["neighbor_factor"]["decode"] == pytest.approx(1.21)
+    assert out["neighbor_factor"]["prefill"] == pytest.approx(1.02)
+    assert out["alone_s"]["decode_4x256"] == pytest.approx(0.40)
+    assert nb.calls == ["pause", "resume", "resume", "pause", "pause", "resume", "resume", "pause", "resume"]
+    assert nb.running
+
+
+def test_neighbor_pause_stops_the_process_and_stop_ends_a_paused_one():
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from llumnix.bench.profile import Neighbor
+
+    nb = object.__new__(Neighbor)
+    nb.proc = subprocess.Popen(["sleep", "60"])
+
+    def state():
+        return Path(f"/proc/{nb.proc.pid}/stat").read_text().split(")")[1].split()[0]
+
+    nb.pause()
+    deadline = time.time() + 5
+    while state() != "T" and time.time() < deadline:
+        time.sleep(0.01)
+    assert state() == "T"
+    nb.stop()
+    assert nb.proc.returncode is not None

@@ -86,3 +86,52 @@ def test_profile_extrapolation_never_goes_down(tmp_path):
     assert m.decode_time(1, 10_000) > m.decode_time(1, 100) and m.decode_time(2, 10_000) > m.decode_time(2, 100)
     assert m.decode_time(64, 10_000) >= m.decode_time(2, 10_000) > 0
     assert m.prefill_time([4000]) == pytest.approx(0.01)
+
+
+def _contended_model(tmp_path, factors):
+    doc = json.loads((Path(__file__).parent / "data" / "tiny_profile.json").read_text())
+    if factors is not None:
+        doc["contention"] = {"neighbor_factor": factors}
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(doc))
+    return load_profile(p)
+
+
+def test_profile_contention_factors_load_and_default_to_none(tmp_path):
+    m = _contended_model(tmp_path, {"prefill": 1.05, "decode": 1.2})
+    assert (m.contention.prefill, m.contention.decode) == (1.05, 1.2)
+    assert _contended_model(tmp_path, None).contention.is_neutral
+    with pytest.raises(ProfileError, match="neighbor_factor"):
+        _contended_model(tmp_path, {"decode": 0})
+
+
+def _batch(is_prefill):
+    from llumnix.core.batch import ScheduledRequest, SchedulerOutput
+    from llumnix.core.sampling_params import SamplingParams
+
+    entry = ScheduledRequest("r", [1] * 16 if is_prefill else [1], 0 if is_prefill else 16, [0, 1],
+                             SamplingParams(), 0, 0 if is_prefill else 1)
+    return SchedulerOutput([entry], is_prefill=is_prefill)
+
+
+def test_a_step_started_while_another_instance_steps_pays_the_neighbor_factor(tmp_path):
+    from llumnix.sim.executor import HostSteps, SimExecutor
+
+    m = _contended_model(tmp_path, {"prefill": 1.05, "decode": 1.2})
+    host = HostSteps()
+    a, b = SimExecutor(m, host), SimExecutor(m, host)
+    alone = a.execute(_batch(False)).elapsed          # nobody else stepping
+    assert alone == pytest.approx(m.decode_time(1, 17))
+    assert b.execute(_batch(False)).elapsed == pytest.approx(1.2 * alone)   # a is mid-step
+    a.step_done()
+    b.step_done()
+    assert host.num_stepping == 0
+    assert a.execute(_batch(True)).elapsed == pytest.approx(m.prefill_time([16]))
+    assert b.execute(_batch(True)).elapsed == pytest.approx(1.05 * m.prefill_time([16]))
+    b.step_done()
+    b.step_done()  # idempotent: an instance removed after its step ended
+    assert host.num_stepping == 1
+    # A model without factors never counts (the A10 preset, older profiles).
+    plain = SimExecutor(_contended_model(tmp_path, None), host)
+    assert plain.execute(_batch(False)).elapsed == pytest.approx(alone)
+    assert host.num_stepping == 1

@@ -97,3 +97,36 @@ def test_decode_steps_pay_the_migration_slowdown():
     assert step == pytest.approx(43.8e-3 * 1.023, rel=0.01)
     assert downtime == pytest.approx(0.017, rel=0.05)
     assert MigrationPhase.COMMITTED.is_done
+
+
+def test_neighbor_contention_slows_overlapping_steps_and_the_host_count_returns_to_zero():
+    """A model with neighbor factors: instances stepping at once take longer, so the same
+    trace decodes slower than with the factors at 1; after the run no step is counted."""
+    from llumnix.sim.latency import NeighborContention
+
+    base = fit_a10_llama7b()
+    contended = _WithContention(base, NeighborContention(prefill=1.0, decode=1.5))
+    outs = []
+    for model in (base, contended, _WithContention(base, NeighborContention())):
+        sim = Simulator(SMALL, model, StandInPolicy("round-robin"), _trace(n=60, rate=2.0))
+        outs.append(sim.run())
+        assert sim.cluster.host.num_stepping == 0
+    plain, slow, neutral = outs
+    assert plain["num_finished"] == slow["num_finished"] == 60 - plain["num_rejected"] > 50
+    # at least most of the factor (slower steps also grow the batches, so it can be more)
+    assert slow["decode"]["mean"] > 1.3 * plain["decode"]["mean"]
+    # factors of 1 change nothing
+    assert {k: neutral[k] for k in ("prefill", "decode", "e2e")} == {k: plain[k] for k in ("prefill", "decode", "e2e")}
+
+
+class _WithContention:
+    """A latency model with neighbor factors (the A10 preset has none)."""
+
+    def __init__(self, model, contention):
+        self._m, self.contention, self.migration = model, contention, model.migration
+
+    def prefill_time(self, seq_lens):
+        return self._m.prefill_time(seq_lens)
+
+    def decode_time(self, batch_size, num_context_tokens):
+        return self._m.decode_time(batch_size, num_context_tokens)

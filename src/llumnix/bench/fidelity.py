@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import os
 import statistics
@@ -122,25 +123,35 @@ def scaled(model: Any, factor: float) -> Any:
 
 
 class _Recorder:
-    """A latency model that remembers every step it priced: (requests in the step, seconds)."""
+    """A latency model that remembers every step it priced: (requests in the step, seconds
+    before the executor's neighbor factor)."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, step_gap_s: float = 0.0) -> None:
+        from llumnix.sim.latency import NO_CONTENTION
+
         self.inner = inner
         self.migration = inner.migration
+        self.contention = getattr(inner, "contention", NO_CONTENTION)
+        self.step_gap_s = step_gap_s
         self.steps: list[tuple[int, float]] = []
 
     def prefill_time(self, seq_lens: Any) -> float:
-        t = float(self.inner.prefill_time(seq_lens))
+        t = float(self.inner.prefill_time(seq_lens)) + self.step_gap_s
         self.steps.append((len(seq_lens), t))
         return t
 
     def decode_time(self, batch_size: int, num_context_tokens: int) -> float:
-        t = float(self.inner.decode_time(batch_size, num_context_tokens))
+        t = float(self.inner.decode_time(batch_size, num_context_tokens)) + self.step_gap_s
         self.steps.append((batch_size, t))
         return t
 
 
-def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: float = 1.0) -> dict[str, Any]:
+def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: float = 1.0,
+            step_gap_s: float = 0.0) -> dict[str, Any]:
+    """The trace in the simulator with the profile (times ``scale``); ``step_gap_s`` is
+    added to every step: the instance's serving loop between two engine steps (status
+    push, output hand-off), which the profile's bare ``EngineCore.step()`` loop does
+    not have (``step_gap``)."""
     from llumnix.migration.protocol import MigrationConfig
     from llumnix.policy import SchedulingConfig
     from llumnix.sim.cluster import ClusterConfig
@@ -158,7 +169,7 @@ def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: 
     sched["dispatch"]["pending_grace_s"] = 0.0  # a simulated add is seen at once
     policy = PolicyBridge(SchedulingConfig.from_dict(sched), seed=setup.seed,
                           scaling_interval_s=setup.status_interval_s)
-    latency = _Recorder(scaled(get_latency_model(profile), scale))
+    latency = _Recorder(scaled(get_latency_model(profile), scale), step_gap_s)
     sim = Simulator(cfg, latency, policy, trace)
     summary = sim.run()
     arr = sim.metrics.request_arrays()
@@ -169,7 +180,7 @@ def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: 
              "mean_s_by_batch": {str(n): statistics.fmean(v) for n, v in sorted(by.items())},
              "count_by_batch": {str(n): len(v) for n, v in sorted(by.items())}}
     return {"ttft": arr["prefill"].tolist(), "decode": arr["decode"].tolist(), "e2e": arr["e2e"].tolist(),
-            "scale": scale, "steps": steps,
+            "scale": scale, "step_gap_s": step_gap_s, "steps": steps,
             "num_migrations": int(summary["migrations"]["num_committed"]),
             "num_migrations_aborted": int(summary["migrations"]["num_aborted"]),
             "num_preemptions": int(summary["num_preemptions"])}
@@ -283,9 +294,21 @@ def _probe_steps(url: str, model: str, instances: dict[str, Any], vocab: int,
     return out
 
 
+def step_gap(probe: dict[str, Any]) -> float | None:
+    """Median time between back-to-back steps of one instance in the step probe (taken
+    on the idle cluster before the trace): the serving loop's own work per step. Gaps
+    of 50 ms or more are idle time, not loop work."""
+    gaps = [b[0] - a[1] for p in probe.values() for log in p.get("log", [])
+            for a, b in zip(log, log[1:], strict=False) if 0 <= b[0] - a[1] < 0.05]
+    return statistics.median(gaps) if gaps else None
+
+
 def contention_scale(probe: dict[str, Any], model: Any) -> float | None:
-    """Geometric mean over the probe's points of measured / profiled decode step time."""
-    ratios = [p["median_s"] / model.decode_time(int(n), int(p["context_tokens"]))
+    """Geometric mean over the probe's points of measured / profiled decode step time.
+    Both instances step at once in the probe, so the profiled time includes the model's
+    neighbor factor for decode (1 when it has none)."""
+    busy = getattr(getattr(model, "contention", None), "decode", 1.0)
+    ratios = [p["median_s"] / (busy * model.decode_time(int(n), int(p["context_tokens"])))
               for n, p in probe.items() if p.get("median_s")]
     if not ratios:
         return None
@@ -428,6 +451,50 @@ def step_stats(logs: list[list[tuple[float, ...]]]) -> dict[str, Any]:
         out["decode_mean_s_by_batch"] = {str(n): statistics.fmean(v) for n, v in sorted(decode.items())}
     if cpu:
         out["wall_over_cpu_by_batch"] = {str(n): sum(by[n]) / sum(c) for n, c in sorted(cpu.items()) if sum(c) > 0}
+    if len(logs) == 2:
+        out["neighbor"] = neighbor_effect(logs)
+    return out
+
+
+def overlap_fraction(step: tuple[float, ...], other: list[tuple[float, ...]], starts: list[float]) -> float:
+    """Fraction of ``step``'s wall time during which a step of ``other`` (sorted by start,
+    ``starts`` its start times) was running."""
+    s, e = step[0], step[1]
+    if e <= s:
+        return 0.0
+    covered = 0.0
+    # Steps of one instance do not overlap each other: start from the last one that began before s.
+    for o in other[max(0, bisect.bisect_right(starts, s) - 1):]:
+        if o[0] >= e:
+            break
+        covered += max(0.0, min(e, o[1]) - max(s, o[0]))
+    return covered / (e - s)
+
+
+def neighbor_effect(logs: list[list[tuple[float, ...]]], short_s: float = 0.15) -> dict[str, Any]:
+    """Real steps of two instances split by what the other instance was doing meanwhile:
+    ``alone`` (the other stepped under 10% of the step's time) and ``busy`` (over 90%),
+    median wall seconds by batch size, and their ratio where both have 5+ steps. Steps
+    longer than ``short_s`` (prefills at these prompt lengths) are left out, so the
+    ratio is the decode steps' slowdown from a busy neighbor, what a latency profile's
+    ``contention.neighbor_factor.decode`` models."""
+    split: dict[str, dict[int, list[float]]] = {"alone": {}, "busy": {}}
+    for i in (0, 1):
+        other = sorted(logs[1 - i])
+        starts = [o[0] for o in other]
+        for step in logs[i]:
+            dur = step[1] - step[0]
+            if dur > short_s:
+                continue
+            f = overlap_fraction(step, other, starts)
+            side = "alone" if f < 0.1 else "busy" if f > 0.9 else None
+            if side:
+                split[side].setdefault(int(step[2]), []).append(dur)
+    out: dict[str, Any] = {k: {str(n): {"median_s": statistics.median(v), "count": len(v)}
+                               for n, v in sorted(d.items())} for k, d in split.items()}
+    out["ratio_by_batch"] = {str(n): statistics.median(split["busy"][n]) / statistics.median(a)
+                             for n, a in sorted(split["alone"].items())
+                             if len(a) >= 5 and len(split["busy"].get(n, [])) >= 5}
     return out
 
 
@@ -595,7 +662,9 @@ def main_fidelity(args: argparse.Namespace) -> int:
                     print(f"fidelity {key}: real cluster, {len(trace)} requests at {load.rate} req/s ...",
                           flush=True)
                     run["real_runs"].append(run_real(setup, system, trace))
-                run["sim"] = run_sim(setup, system, trace, profile)
+                gaps = [g for r in run["real_runs"] if (g := step_gap(r.get("step_probe") or {})) is not None]
+                gap = statistics.median(gaps) if gaps else 0.0
+                run["sim"] = run_sim(setup, system, trace, profile, step_gap_s=gap)
                 # Each real run against a simulation at its own machine speed: scaled by
                 # the step probe taken right before it, or by its own prefill steps.
                 probe = {i: f for i, r in enumerate(run["real_runs"])
@@ -603,7 +672,8 @@ def main_fidelity(args: argparse.Namespace) -> int:
                 prefill = {i: f for i, r in enumerate(run["real_runs"]) if (f := prefill_scale(r, trace, model))}
                 for key, scales in (("sim_scaled", probe), ("sim_in_run", prefill)):
                     if scales:
-                        sims = [run_sim(setup, system, trace, profile, scale=f) for f in scales.values()]
+                        sims = [run_sim(setup, system, trace, profile, scale=f, step_gap_s=gap)
+                                for f in scales.values()]
                         run[key] = {**pool_real(sims), "scales": list(scales.values()),
                                     "real_runs": list(scales)}
                 _write(path, doc, setup, profile, machine_info)

@@ -17,16 +17,21 @@ The serving cluster runs each instance with ``threads_per_instance`` torch threa
 (its ``worker_niceness``): on a machine shared with other (niced) work an instance
 keeps a smaller CPU share than a process at nice 0 would, so the profile is taken at
 the same niceness (``--nice``). The default cluster runs two instances on a 2-core
-machine, so an instance steps while the other steps too. With ``neighbor`` on, a
-second engine process decodes a batch the whole time the grid is measured, so the
-grid is what an instance sees then; a few points are also taken alone first, and
-their ratio is recorded as ``contention.factor``.
+machine, so an instance often steps while the other steps too, and then its decode
+steps are slower (they stream the weights, and the two share memory bandwidth and
+caches; a prefill computes and hardly slows). With ``neighbor`` on, a second engine
+process is started that decodes a batch: the grid is measured with it paused (an
+instance alone), then a few points with it paused and running in turn, interleaved;
+their ratios are ``contention.neighbor_factor`` (prefill, decode), which the simulator
+applies to a step that starts while another instance is stepping.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -67,10 +72,13 @@ class ProfileGrid:
     """Live migrations per length."""
     co_running: int = 2
     """Requests decoding on each side while a migration runs."""
+    contention_rounds: int = 8
+    """Rounds of the neighbor measurement (each times every point alone and beside it)."""
 
 
 QUICK_GRID = ProfileGrid(prefill_tokens=(4, 8, 16), decode_batches=(1, 2), decode_contexts=(4, 16), reps=1,
-                         decode_steps=1, passes=1, migration_lengths=(20,), migration_repeats=1, co_running=1)
+                         decode_steps=1, passes=1, migration_lengths=(20,), migration_repeats=1, co_running=1,
+                         contention_rounds=2)
 """A grid for tests and smoke runs (seconds on a tiny model)."""
 
 
@@ -216,12 +224,34 @@ def monotone_grid(rows: list[list[float]]) -> list[list[float]]:
     return [list(r) for r in zip(*cols, strict=True)]
 
 
-def reference_points(engine: Any, vocab: int) -> list[float]:
-    """A few steps (prefill 64; decode 1 and 8 at 256 context) timed the same way
-    with and without a neighbor: their ratio is the contention factor."""
+def measure_contention(engine: Any, vocab: int, neighbor: Neighbor, rounds: int = 8) -> dict[str, Any]:
+    """Step times with the neighbor engine paused and running, interleaved round by
+    round (alternating which goes first) so a drift of the machine's speed hits both
+    alike: decode of 1 request at 128 context tokens and of 4 at 256, and a prefill of
+    64 tokens. Their medians' ratios are the ``neighbor_factor`` the simulator applies
+    to a step that starts while another instance steps: decode the geometric mean of
+    the two decode points, prefill the prefill's."""
     salt = _Salt()
-    return [time_prefill(engine, 64, 3, vocab, salt), time_decode(engine, 1, 256, 4, vocab, salt),
-            time_decode(engine, 8, 256, 4, vocab, salt)]
+    points: dict[str, Callable[[], float]] = {
+        "decode_1x128": lambda: time_decode(engine, 1, 128, 6, vocab, salt),
+        "decode_4x256": lambda: time_decode(engine, 4, 256, 6, vocab, salt),
+        "prefill_64": lambda: time_prefill(engine, 64, 2, vocab, salt),
+    }
+    samples: dict[str, dict[str, list[float]]] = {side: {k: [] for k in points} for side in ("alone", "busy")}
+    for r in range(rounds):
+        for busy in ((False, True) if r % 2 == 0 else (True, False)):
+            neighbor.resume() if busy else neighbor.pause()
+            time.sleep(0.2)  # let the neighbor's step (or its stop) take effect
+            side = "busy" if busy else "alone"
+            for name, measure in points.items():
+                samples[side][name].append(measure())
+    neighbor.resume()
+    alone = {k: statistics.median(v) for k, v in samples["alone"].items()}
+    busy = {k: statistics.median(v) for k, v in samples["busy"].items()}
+    ratio = {k: busy[k] / alone[k] for k in points}
+    decode = math.sqrt(ratio["decode_1x128"] * ratio["decode_4x256"])
+    return {"rounds": rounds, "alone_s": alone, "with_neighbor_s": busy, "ratio": ratio,
+            "neighbor_factor": {"prefill": ratio["prefill_64"], "decode": decode}}
 
 
 # -- the busy neighbor -------------------------------------------------------------------
@@ -267,7 +297,15 @@ class Neighbor:
                 raise RuntimeError(f"the neighbor engine exited with {self.proc.returncode}")
         raise TimeoutError("the neighbor engine did not start")
 
+    def pause(self) -> None:
+        """Stop it from running (SIGSTOP): it keeps its memory and uses no CPU."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
+        self.resume()  # a stopped process would not act on SIGTERM until continued
         self.proc.terminate()
         try:
             self.proc.wait(10)
@@ -414,22 +452,22 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
 def build_profile(llm: Any, grid: ProfileGrid, *, model_name: str, device: str,
                   neighbor: Callable[[], Neighbor] | None = None, threads: int = 1) -> dict[str, Any]:
     """Measure ``llm``'s engine and return the profile document. With ``neighbor`` (a
-    factory), a few points are timed alone first, then it is started and the grid is
-    measured while it runs."""
+    factory), the second engine is started and paused while the grid is measured (the
+    grid is an instance stepping alone), then the neighbor factors are measured with it
+    paused and running in turn (``measure_contention``)."""
     engine = llm.engine
     vocab = llm.loaded.config.vocab_size
-    contention: dict[str, Any] = {"neighbor": neighbor is not None, "threads": threads}
+    contention: dict[str, Any] = {"neighbor": neighbor is not None, "threads": threads, "grid": "alone"}
     if neighbor is not None:
-        alone = reference_points(engine, vocab)
         nb = neighbor()
         try:
             nb.wait_ready()
-            busy = reference_points(engine, vocab)
+            nb.pause()
             tables = measure_grid(engine, grid, vocab)
+            _progress("neighbor contention")
+            contention.update(measure_contention(engine, vocab, nb, grid.contention_rounds))
         finally:
             nb.stop()
-        contention.update(alone_s=alone, with_neighbor_s=busy,
-                          factor=statistics.fmean(b / a for a, b in zip(alone, busy, strict=True)))
     else:
         tables = measure_grid(engine, grid, vocab)
     doc: dict[str, Any] = {
@@ -475,9 +513,11 @@ def main_profile(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     pre, dec = doc["prefill"], doc["decode"]
+    nf = doc["contention"].get("neighbor_factor", {})
     print(f"prefill {pre['num_tokens'][0]}..{pre['num_tokens'][-1]} tokens: "
           f"{1e3 * pre['latency_s'][0]:.1f}..{1e3 * pre['latency_s'][-1]:.1f} ms; decode batch 1: "
           f"{1e3 * dec['latency_s'][0][0]:.1f} ms, batch {dec['batch_sizes'][-1]}: "
-          f"{1e3 * dec['latency_s'][-1][0]:.1f} ms; contention x{doc['contention'].get('factor', 1.0):.2f}")
+          f"{1e3 * dec['latency_s'][-1][0]:.1f} ms; beside a stepping neighbor: prefill "
+          f"x{nf.get('prefill', 1.0):.2f}, decode x{nf.get('decode', 1.0):.2f}")
     print(f"wrote {out}")
     return 0

@@ -9,7 +9,7 @@ from llumnix.core.clock import VirtualClock
 from llumnix.core.config import CacheConfig, EngineConfig, SchedulerConfig
 from llumnix.engine import EngineCore
 from llumnix.migration.protocol import MigrationConfig
-from llumnix.sim.executor import SimExecutor
+from llumnix.sim.executor import HostSteps, SimExecutor
 from llumnix.sim.instance import SimInstance
 from llumnix.sim.latency import LatencyModel
 
@@ -73,11 +73,14 @@ class Cluster:
         self.instances: dict[str, SimInstance] = {}
         self._engine_config = config.engine_config
         self._next_index = 0
+        self.host = HostSteps()
+        """All instances share one host as far as step contention goes (a latency model
+        without contention factors ignores it)."""
 
     def new_instance(self, *, up: bool = True) -> SimInstance:
         iid = f"instance-{self._next_index}"
         self._next_index += 1
-        ex = SimExecutor(self.latency)
+        ex = SimExecutor(self.latency, self.host)
         engine = EngineCore(self._engine_config, ex, self.config.num_blocks, clock=self.clock, instance_id=iid)
         llumlet = self.make_llumlet(iid, engine) if self.make_llumlet else None
         inst = SimInstance(iid, engine, ex, llumlet, up_since=self.clock.now())
@@ -86,7 +89,9 @@ class Cluster:
         return inst
 
     def remove(self, instance_id: str) -> SimInstance:
-        return self.instances.pop(instance_id)
+        inst = self.instances.pop(instance_id)
+        inst.executor.step_done()
+        return inst
 
     @property
     def num_live(self) -> int:

@@ -2,9 +2,18 @@
 from __future__ import annotations
 
 from llumnix.core.batch import ModelOutput, SchedulerOutput
-from llumnix.sim.latency import LatencyModel
+from llumnix.sim.latency import NO_CONTENTION, LatencyModel, NeighborContention
 
 PLACEHOLDER_TOKEN = 0
+
+
+class HostSteps:
+    """How many of one host's instances are mid-step; their executors share it."""
+
+    __slots__ = ("num_stepping",)
+
+    def __init__(self) -> None:
+        self.num_stepping = 0
 
 
 class SimExecutor:
@@ -14,10 +23,18 @@ class SimExecutor:
     migration slowdown: every step started while a copy runs (``num_copying`` > 0),
     and the first one after a copy started (the copy may begin and end within the
     step that was already running).
+
+    With ``host`` (instances sharing a machine) and a model with ``contention`` factors,
+    a step that starts while another instance of the host is mid-step takes the
+    factor longer (``NeighborContention``); ``step_done`` ends the step's share.
     """
 
-    def __init__(self, model: LatencyModel) -> None:
+    def __init__(self, model: LatencyModel, host: HostSteps | None = None) -> None:
         self.model = model
+        contention: NeighborContention = getattr(model, "contention", NO_CONTENTION)
+        self._host = None if contention.is_neutral else host
+        self._contention = contention
+        self._in_step = False
         self.num_copying = 0
         self.last_slowed = False
         self._copy_started = False
@@ -48,7 +65,20 @@ class SimExecutor:
             if self.last_slowed:
                 t *= self._slowdown
                 self._copy_started = False
+        host = self._host
+        if host is not None:
+            if host.num_stepping:
+                t *= self._contention.prefill if batch.is_prefill else self._contention.decode
+            host.num_stepping += 1
+            self._in_step = True
         self.num_steps += 1
         self.busy_time += t
         self.last_elapsed = t
         return ModelOutput(sampled_token_ids=[PLACEHOLDER_TOKEN] * n, elapsed=t)
+
+    def step_done(self) -> None:
+        """The step that ``execute`` timed has ended (or its instance went away)."""
+        if self._in_step:
+            self._in_step = False
+            assert self._host is not None
+            self._host.num_stepping -= 1

@@ -69,6 +69,7 @@ class SimInstance:
         batch, out = self._batch, self._output
         assert batch is not None and out is not None
         self._batch = self._output = None
+        self.executor.step_done()
         outputs = self.engine.update(batch, out)
         n = len(self.engine.requests)
         if n != self._num_requests:

@@ -68,6 +68,28 @@ class MigrationCost:
         return t
 
 
+@dataclass(frozen=True)
+class NeighborContention:
+    """Step-time factors while another instance on the same host is mid-step.
+
+    Instances that share a host's cores and memory bandwidth slow each other down: on
+    the 2-core CPU machine the fidelity benchmark runs on, a SmolLM2 decode step (memory
+    bound: it streams the weights) takes ~15-20% longer while the other instance steps,
+    a prefill (compute bound) hardly longer. ``llumnix profile`` measures both factors
+    with one neighbor; they apply when at least one other instance is stepping when a
+    step starts. 1.0 (the default, and the A10 preset's): instances do not share."""
+
+    prefill: float = 1.0
+    decode: float = 1.0
+
+    @property
+    def is_neutral(self) -> bool:
+        return self.prefill == 1.0 and self.decode == 1.0
+
+
+NO_CONTENTION = NeighborContention()
+
+
 class LatencyModel(Protocol):
     """What the simulated executor asks of a latency model (seconds)."""
 

@@ -25,7 +25,10 @@ Schema ``llumnix-sim-profile/1`` (JSON; seconds, tokens, bytes)::
         "commit_per_block_s": 0.0,              # ... plus this per block of the request (optional)
         "blocking_bandwidth_bytes_per_s": null, # unfused copy of a one-stage migration (optional)
         "decode_slowdown": 1.02                 # decode factor while copying (optional, default 1)
-      }
+      },
+      "contention": {                           # optional: instances sharing a host (CPU)
+        "neighbor_factor": {"prefill": 1.0, "decode": 1.18}   # step time x this while another
+      }                                         # instance is mid-step (sim/latency.py)
     }
 
 Between knots latency is linear (bilinear on the decode grid); past the last knot
@@ -42,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from llumnix.core.errors import LlumnixError
-from llumnix.sim.latency import MigrationCost, interp_clamped
+from llumnix.sim.latency import NO_CONTENTION, MigrationCost, NeighborContention, interp_clamped
 
 SCHEMA = "llumnix-sim-profile/1"
 
@@ -59,6 +62,7 @@ class TableLatencyModel:
     decode_context: tuple[float, ...]
     decode_s: tuple[tuple[float, ...], ...]
     migration: MigrationCost
+    contention: NeighborContention = NO_CONTENTION
 
     def prefill_time(self, seq_lens: Sequence[int]) -> float:
         return interp_clamped(self.prefill_tokens, self.prefill_s, sum(seq_lens))
@@ -109,13 +113,17 @@ def profile_from_dict(d: dict[str, Any]) -> TableLatencyModel:
                                 else float(mig["blocking_bandwidth_bytes_per_s"])),
             decode_slowdown=float(mig.get("decode_slowdown", 1.0)),
         )
+        nf = (d.get("contention") or {}).get("neighbor_factor") or {}
+        contention = NeighborContention(prefill=float(nf.get("prefill", 1.0)), decode=float(nf.get("decode", 1.0)))
     except KeyError as e:
         raise ProfileError(f"profile is missing field {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
         raise ProfileError(f"profile has a malformed value: {e}") from None
     if bpb <= 0 or cost.bandwidth <= 0:
         raise ProfileError("profile kv.bytes_per_block and migration.bandwidth_bytes_per_s must be > 0")
-    return TableLatencyModel(tokens, prefill, batch, ctx, rows, cost)
+    if contention.prefill <= 0 or contention.decode <= 0:
+        raise ProfileError("profile contention.neighbor_factor values must be > 0")
+    return TableLatencyModel(tokens, prefill, batch, ctx, rows, cost, contention)
 
 
 def load_profile(path: str | Path) -> TableLatencyModel:
