@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import dataclasses
 import json
 import os
 import statistics
@@ -114,8 +115,6 @@ def prompt_ids(i: int, n: int, vocab: int) -> list[int]:
 # -- the simulator side --------------------------------------------------------------------
 def scaled(model: Any, factor: float) -> Any:
     """A profile's step latencies times ``factor`` (CPU contention measured elsewhere)."""
-    import dataclasses
-
     if factor == 1.0:
         return model
     return dataclasses.replace(model, prefill_s=tuple(factor * t for t in model.prefill_s),
@@ -147,11 +146,12 @@ class _Recorder:
 
 
 def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: float = 1.0,
-            step_gap_s: float = 0.0) -> dict[str, Any]:
+            step_gap_s: float = 0.0, neighbor_decode: float | None = None) -> dict[str, Any]:
     """The trace in the simulator with the profile (times ``scale``); ``step_gap_s`` is
     added to every step: the instance's serving loop between two engine steps (status
     push, output hand-off), which the profile's bare ``EngineCore.step()`` loop does
-    not have (``step_gap``)."""
+    not have (``step_gap``). ``neighbor_decode`` replaces the profile's decode neighbor
+    factor (one measured on the cluster, ``_probe_neighbor``)."""
     from llumnix.migration.protocol import MigrationConfig
     from llumnix.policy import SchedulingConfig
     from llumnix.sim.cluster import ClusterConfig
@@ -169,7 +169,10 @@ def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: 
     sched["dispatch"]["pending_grace_s"] = 0.0  # a simulated add is seen at once
     policy = PolicyBridge(SchedulingConfig.from_dict(sched), seed=setup.seed,
                           scaling_interval_s=setup.status_interval_s)
-    latency = _Recorder(scaled(get_latency_model(profile), scale), step_gap_s)
+    model = scaled(get_latency_model(profile), scale)
+    if neighbor_decode is not None:
+        model = dataclasses.replace(model, contention=dataclasses.replace(model.contention, decode=neighbor_decode))
+    latency = _Recorder(model, step_gap_s)
     sim = Simulator(cfg, latency, policy, trace)
     summary = sim.run()
     arr = sim.metrics.request_arrays()
@@ -180,7 +183,7 @@ def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: 
              "mean_s_by_batch": {str(n): statistics.fmean(v) for n, v in sorted(by.items())},
              "count_by_batch": {str(n): len(v) for n, v in sorted(by.items())}}
     return {"ttft": arr["prefill"].tolist(), "decode": arr["decode"].tolist(), "e2e": arr["e2e"].tolist(),
-            "scale": scale, "step_gap_s": step_gap_s, "steps": steps,
+            "scale": scale, "step_gap_s": step_gap_s, "neighbor_decode": neighbor_decode, "steps": steps,
             "num_migrations": int(summary["migrations"]["num_committed"]),
             "num_migrations_aborted": int(summary["migrations"]["num_aborted"]),
             "num_preemptions": int(summary["num_preemptions"])}
@@ -294,6 +297,37 @@ def _probe_steps(url: str, model: str, instances: dict[str, Any], vocab: int,
     return out
 
 
+def _probe_neighbor(url: str, model: str, instances: dict[str, Any], vocab: int, rounds: int = 3,
+                    max_tokens: int = 16) -> dict[str, Any]:
+    """The neighbor effect on the live cluster before the trace: one request alone (one
+    instance decodes, the other is idle) and two at once (the dispatcher puts one on each,
+    both decode), in turn for ``rounds`` rounds, alternating which goes first. The steps
+    of the whole probe, split by overlap (``neighbor_effect``), give the decode slowdown
+    beside a stepping neighbor as the cluster has it, with its serving processes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    import ray
+
+    t0 = time.monotonic()
+    k = 0
+    with httpx.Client(timeout=300) as c, ThreadPoolExecutor(2) as pool:
+        for r in range(rounds):
+            for n in ((1, 2) if r % 2 == 0 else (2, 1)):
+                bodies = []
+                for _ in range(n):
+                    k += 1
+                    bodies.append({"model": model, "prompt": prompt_ids(30_000 + k, 32, vocab),
+                                   "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0})
+                list(pool.map(lambda b: c.post(f"{url}/v1/completions", json=b).raise_for_status(), bodies))
+                time.sleep(0.1)
+    t1 = time.monotonic()
+    logs = ray.get([a.step_log.remote() for a in instances.values()], timeout=30)
+    window = [[(round(s - t0, 4), round(e - t0, 4), m) for s, e, m in log if s >= t0 and e <= t1] for log in logs]
+    effect = neighbor_effect(window) if len(window) == 2 else {"ratio_by_batch": {}}
+    return {"ratio": effect["ratio_by_batch"].get("1"), "effect": effect, "log": window, "wall_s": t1 - t0}
+
+
 def step_gap(probe: dict[str, Any]) -> float | None:
     """Median time between back-to-back steps of one instance in the step probe (taken
     on the idle cluster before the trace): the serving loop's own work per step. Gaps
@@ -393,6 +427,7 @@ def run_real(setup: FidelitySetup, system: str, trace: Any) -> dict[str, Any]:
             model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
             overhead = _probe_overhead(url, model, cluster.instances, vocab)
             probe = _probe_steps(url, model, cluster.instances, vocab)
+            neighbor = _probe_neighbor(url, model, cluster.instances, vocab)
             base = [s.num_preemptions for s in ray.get([a.status.remote() for a in cluster.instances.values()])]
             t0 = time.monotonic()
             recs = asyncio.run(_drive(url, model, trace, vocab))
@@ -411,7 +446,8 @@ def run_real(setup: FidelitySetup, system: str, trace: Any) -> dict[str, Any]:
             "num_migrations": int(info["migrations"]["committed"]),
             "num_migrations_aborted": int(info["migrations"]["aborted"]),
             "num_preemptions": int(sum(s.num_preemptions for s in statuses) - sum(base)),
-            "serving_overhead": overhead, "step_probe": probe, "duration_s": duration, "gateway": gw,
+            "serving_overhead": overhead, "step_probe": probe, "neighbor_probe": neighbor,
+            "duration_s": duration, "gateway": gw,
             "ttft_breakdown": ttft_breakdown(recs, gateway.engine_metrics),
             "loadavg_after": list(os.getloadavg()),
             "steps": step_stats([[s for s in log if s[0] >= t0] for log in logs]),
@@ -676,6 +712,15 @@ def main_fidelity(args: argparse.Namespace) -> int:
                                 for f in scales.values()]
                         run[key] = {**pool_real(sims), "scales": list(scales.values()),
                                     "real_runs": list(scales)}
+                # The profile with the decode neighbor factor measured on the live cluster
+                # before each run (a prediction: nothing from the trace itself).
+                measured = {i: f for i, r in enumerate(run["real_runs"])
+                            if (f := (r.get("neighbor_probe") or {}).get("ratio"))}
+                if measured:
+                    sims = [run_sim(setup, system, trace, profile, step_gap_s=gap, neighbor_decode=f)
+                            for f in measured.values()]
+                    run["sim_neighbor"] = {**pool_real(sims), "neighbor_decode": list(measured.values()),
+                                           "real_runs": list(measured)}
                 _write(path, doc, setup, profile, machine_info)
     finally:
         if not args.sim_only:
@@ -686,6 +731,8 @@ def main_fidelity(args: argparse.Namespace) -> int:
     reports = _write(path, doc, setup, profile, machine_info)
     plot(doc.runs, out / "fidelity.png", [ld.name for ld in setup.loads])
     for name, report in reports.items():
+        if not report["table"]:
+            continue  # no real run has what this variant needs (e.g. runs from before its probe)
         print(f"-- simulator with {name}")
         print(format_table(report))
         g = report["goals"]
@@ -697,8 +744,10 @@ def main_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
-SIM_VARIANTS = {"profile": "sim", "profile x step probe": "sim_scaled", "profile x in-run prefill speed": "sim_in_run"}
-"""Report name -> the run's simulation: the profile as measured; scaled by the
+SIM_VARIANTS = {"profile": "sim", "profile, neighbor factor from the cluster probe": "sim_neighbor",
+                "profile x step probe": "sim_scaled", "profile x in-run prefill speed": "sim_in_run"}
+"""Report name -> the run's simulation: the profile as measured; the profile with the
+decode neighbor factor the live cluster showed in a probe right before the run; scaled by the
 contention the live cluster's step probe showed right before the trace (both
 predictions); scaled by the run's own prefill step durations (``prefill_scale``: the
 machine's speed during the run, taken from prefill steps only, leaving decode,
