@@ -111,6 +111,8 @@ def test_contention_scale_is_the_geometric_mean_of_probe_ratios():
     from llumnix.bench.fidelity import contention_scale
 
     class Model:
+        contention = NeighborContention()
+
         def decode_time(self, batch, context):
             return 0.1 * batch
 

@@ -105,9 +105,10 @@ def test_neighbor_contention_slows_overlapping_steps_and_the_host_count_returns_
     from llumnix.sim.latency import NeighborContention
 
     base = fit_a10_llama7b()
-    contended = _WithContention(base, NeighborContention(prefill=1.0, decode=1.5))
+    contended = dataclasses.replace(base, contention=NeighborContention(prefill=1.0, decode=1.5))
+    neutral_model = dataclasses.replace(base, contention=NeighborContention(prefill=1.0, decode=1.0))
     outs = []
-    for model in (base, contended, _WithContention(base, NeighborContention())):
+    for model in (base, contended, neutral_model):
         sim = Simulator(SMALL, model, StandInPolicy("round-robin"), _trace(n=60, rate=2.0))
         outs.append(sim.run())
         assert sim.cluster.host.num_stepping == 0
@@ -118,15 +119,3 @@ def test_neighbor_contention_slows_overlapping_steps_and_the_host_count_returns_
     # factors of 1 change nothing
     assert {k: neutral[k] for k in ("prefill", "decode", "e2e")} == {k: plain[k] for k in ("prefill", "decode", "e2e")}
 
-
-class _WithContention:
-    """A latency model with neighbor factors (the A10 preset has none)."""
-
-    def __init__(self, model, contention):
-        self._m, self.contention, self.migration = model, contention, model.migration
-
-    def prefill_time(self, seq_lens):
-        return self._m.prefill_time(seq_lens)
-
-    def decode_time(self, batch_size, num_context_tokens):
-        return self._m.decode_time(batch_size, num_context_tokens)

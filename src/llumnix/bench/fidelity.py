@@ -126,11 +126,9 @@ class _Recorder:
     before the executor's neighbor factor)."""
 
     def __init__(self, inner: Any, step_gap_s: float = 0.0) -> None:
-        from llumnix.sim.latency import NO_CONTENTION
-
         self.inner = inner
         self.migration = inner.migration
-        self.contention = getattr(inner, "contention", NO_CONTENTION)
+        self.contention = inner.contention
         self.step_gap_s = step_gap_s
         self.steps: list[tuple[int, float]] = []
 
@@ -341,8 +339,7 @@ def contention_scale(probe: dict[str, Any], model: Any) -> float | None:
     """Geometric mean over the probe's points of measured / profiled decode step time.
     Both instances step at once in the probe, so the profiled time includes the model's
     neighbor factor for decode (1 when it has none)."""
-    busy = getattr(getattr(model, "contention", None), "decode", 1.0)
-    ratios = [p["median_s"] / (busy * model.decode_time(int(n), int(p["context_tokens"])))
+    ratios = [p["median_s"] / (model.contention.decode * model.decode_time(int(n), int(p["context_tokens"])))
               for n, p in probe.items() if p.get("median_s")]
     if not ratios:
         return None

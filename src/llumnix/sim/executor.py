@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from llumnix.core.batch import ModelOutput, SchedulerOutput
-from llumnix.sim.latency import NO_CONTENTION, LatencyModel, NeighborContention
+from llumnix.sim.latency import LatencyModel
 
 PLACEHOLDER_TOKEN = 0
 
@@ -31,9 +31,8 @@ class SimExecutor:
 
     def __init__(self, model: LatencyModel, host: HostSteps | None = None) -> None:
         self.model = model
-        contention: NeighborContention = getattr(model, "contention", NO_CONTENTION)
-        self._host = None if contention.is_neutral else host
-        self._contention = contention
+        self._host = None if model.contention.is_neutral else host
+        self._contention = model.contention
         self._in_step = False
         self.num_copying = 0
         self.last_slowed = False

@@ -96,6 +96,9 @@ class LatencyModel(Protocol):
     @property
     def migration(self) -> MigrationCost: ...
 
+    @property
+    def contention(self) -> NeighborContention: ...
+
     def prefill_time(self, seq_lens: Sequence[int]) -> float: ...
 
     def decode_time(self, batch_size: int, num_context_tokens: int) -> float: ...
@@ -114,6 +117,7 @@ class ParametricLatencyModel:
     decode_per_seq_s: float
     decode_per_context_token_s: float
     migration: MigrationCost
+    contention: NeighborContention = NO_CONTENTION
 
     def prefill_time(self, seq_lens: Sequence[int]) -> float:
         return (self.prefill_fixed_s + self.prefill_per_token_s * sum(seq_lens)
