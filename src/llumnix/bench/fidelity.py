@@ -262,6 +262,22 @@ def _probe_overhead(url: str, model: str, instances: dict[str, Any], vocab: int,
     return {"samples_s": added, "median_s": statistics.median(added)}
 
 
+def _post_all(client: Any, url: str, bodies: list[dict[str, Any]]) -> None:
+    """Send the completion requests at once and wait for all of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        list(pool.map(lambda b: client.post(f"{url}/v1/completions", json=b).raise_for_status(), bodies))
+
+
+def _step_window(instances: dict[str, Any], t0: float, t1: float) -> list[list[tuple[float, float, int]]]:
+    """Each instance's steps that ran within [t0, t1], times relative to t0."""
+    import ray
+
+    logs = ray.get([a.step_log.remote() for a in instances.values()], timeout=30)
+    return [[(round(s - t0, 4), round(e - t0, 4), m) for s, e, m in log if s >= t0 and e <= t1] for log in logs]
+
+
 def _probe_steps(url: str, model: str, instances: dict[str, Any], vocab: int,
                  per_instance: tuple[int, ...] = (1, 2, 4), max_tokens: int = 12) -> dict[str, Any]:
     """Decode step times of the live cluster before the trace: for each n, n requests per
@@ -269,23 +285,16 @@ def _probe_steps(url: str, model: str, instances: dict[str, Any], vocab: int,
     that produced n tokens. The simulator can scale its profile by the ratio to what the
     profile predicts for the same steps: contention measured without the trace."""
     import httpx
-    import ray
 
     out: dict[str, Any] = {}
     with httpx.Client(timeout=300) as c:
-        from concurrent.futures import ThreadPoolExecutor
-
         for n in per_instance:
-            k = n * len(instances)
             t0 = time.monotonic()
-            bodies = [{"model": model, "prompt": prompt_ids(20_000 + 100 * n + i, 32, vocab),
-                       "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0} for i in range(k)]
-            with ThreadPoolExecutor(k) as pool:
-                list(pool.map(lambda b: c.post(f"{url}/v1/completions", json=b).raise_for_status(), bodies))
+            _post_all(c, url, [{"model": model, "prompt": prompt_ids(20_000 + 100 * n + i, 32, vocab),
+                                "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+                               for i in range(n * len(instances))])
             t1 = time.monotonic()
-            logs = ray.get([a.step_log.remote() for a in instances.values()], timeout=30)
-            window = [[(round(s - t0, 4), round(e - t0, 4), m) for s, e, m in log if s >= t0 and e <= t1]
-                      for log in logs]
+            window = _step_window(instances, t0, t1)
             steps = [e - s for log in window for s, e, m in log if m == n]
             # Each decode step of n requests holds n * (32 + i) context tokens at output i.
             out[str(n)] = {"median_s": statistics.median(steps) if steps else None, "num_steps": len(steps),
@@ -302,26 +311,20 @@ def _probe_neighbor(url: str, model: str, instances: dict[str, Any], vocab: int,
     both decode), in turn for ``rounds`` rounds, alternating which goes first. The steps
     of the whole probe, split by overlap (``neighbor_effect``), give the decode slowdown
     beside a stepping neighbor as the cluster has it, with its serving processes."""
-    from concurrent.futures import ThreadPoolExecutor
-
     import httpx
-    import ray
 
     t0 = time.monotonic()
     k = 0
-    with httpx.Client(timeout=300) as c, ThreadPoolExecutor(2) as pool:
+    with httpx.Client(timeout=300) as c:
         for r in range(rounds):
             for n in ((1, 2) if r % 2 == 0 else (2, 1)):
-                bodies = []
-                for _ in range(n):
-                    k += 1
-                    bodies.append({"model": model, "prompt": prompt_ids(30_000 + k, 32, vocab),
-                                   "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0})
-                list(pool.map(lambda b: c.post(f"{url}/v1/completions", json=b).raise_for_status(), bodies))
+                _post_all(c, url, [{"model": model, "prompt": prompt_ids(30_000 + k + i, 32, vocab),
+                                    "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+                                   for i in range(1, n + 1)])
+                k += n
                 time.sleep(0.1)
     t1 = time.monotonic()
-    logs = ray.get([a.step_log.remote() for a in instances.values()], timeout=30)
-    window = [[(round(s - t0, 4), round(e - t0, 4), m) for s, e, m in log if s >= t0 and e <= t1] for log in logs]
+    window = _step_window(instances, t0, t1)
     effect = neighbor_effect(window) if len(window) == 2 else {"ratio_by_batch": {}}
     return {"ratio": effect["ratio_by_batch"].get("1"), "effect": effect, "log": window, "wall_s": t1 - t0}
 
@@ -703,21 +706,17 @@ def main_fidelity(args: argparse.Namespace) -> int:
                 probe = {i: f for i, r in enumerate(run["real_runs"])
                          if r.get("step_probe") and (f := contention_scale(r["step_probe"], model))}
                 prefill = {i: f for i, r in enumerate(run["real_runs"]) if (f := prefill_scale(r, trace, model))}
-                for key, scales in (("sim_scaled", probe), ("sim_in_run", prefill)):
-                    if scales:
-                        sims = [run_sim(setup, system, trace, profile, scale=f, step_gap_s=gap)
-                                for f in scales.values()]
-                        run[key] = {**pool_real(sims), "scales": list(scales.values()),
-                                    "real_runs": list(scales)}
-                # The profile with the decode neighbor factor measured on the live cluster
-                # before each run (a prediction: nothing from the trace itself).
+                # ... or with the decode neighbor factor the live cluster showed right before
+                # it (a prediction: nothing from the trace itself).
                 measured = {i: f for i, r in enumerate(run["real_runs"])
                             if (f := (r.get("neighbor_probe") or {}).get("ratio"))}
-                if measured:
-                    sims = [run_sim(setup, system, trace, profile, step_gap_s=gap, neighbor_decode=f)
-                            for f in measured.values()]
-                    run["sim_neighbor"] = {**pool_real(sims), "neighbor_decode": list(measured.values()),
-                                           "real_runs": list(measured)}
+                for key, param, field, values in (("sim_scaled", "scale", "scales", probe),
+                                                  ("sim_in_run", "scale", "scales", prefill),
+                                                  ("sim_neighbor", "neighbor_decode", "neighbor_decode", measured)):
+                    if values:
+                        sims = [run_sim(setup, system, trace, profile, step_gap_s=gap, **{param: f})
+                                for f in values.values()]
+                        run[key] = {**pool_real(sims), field: list(values.values()), "real_runs": list(values)}
                 _write(path, doc, setup, profile, machine_info)
     finally:
         if not args.sim_only:

@@ -240,7 +240,10 @@ def measure_contention(engine: Any, vocab: int, neighbor: Neighbor, rounds: int 
     samples: dict[str, dict[str, list[float]]] = {side: {k: [] for k in points} for side in ("alone", "busy")}
     for r in range(rounds):
         for busy in ((False, True) if r % 2 == 0 else (True, False)):
-            neighbor.resume() if busy else neighbor.pause()
+            if busy:
+                neighbor.resume()
+            else:
+                neighbor.pause()
             time.sleep(0.2)  # let the neighbor's step (or its stop) take effect
             side = "busy" if busy else "alone"
             for name, measure in points.items():
