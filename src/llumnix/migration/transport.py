@@ -37,7 +37,7 @@ class TransportOptions:
     six runs against +8.5% over three at nice 19 (run medians 2.2-10.5% against
     7.8-9.5%; benchmarks/results/migration-bulk-idle-ab.json, measured before the
     transport's vectored calls and with the benchmark's earlier estimator; now
-    +3.6% over two runs, migration-gil-ab.json). A copy starved for ``timeout_s``
+    +3.0% pooled over three runs, migration-gil-ab.json). A copy starved for ``timeout_s``
     aborts its migration, and the request stays where it was."""
     bulk_rate_bytes_per_s: float | None = None
     """Pace pre-copy stages to at most this many bytes per second (None: as fast as allowed)."""
