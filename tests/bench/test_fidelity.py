@@ -185,3 +185,53 @@ def test_neighbor_effect_splits_steps_by_what_the_other_instance_was_doing():
     assert out["busy"]["1"]["count"] == 10
     assert out["ratio_by_batch"]["1"] == pytest.approx(1.2)
     assert "2" not in out["ratio_by_batch"]  # too few steps of batch 2 on either side
+
+
+def test_prefill_split_sorts_one_request_prefills_by_the_neighbor():
+    from llumnix.bench.fidelity import cluster_prefill, prefill_split
+
+    # (start, end, batch, prefill flag). Instance 0: two one-request prefills alone (200,
+    # 220 ms), one while instance 1 decodes throughout (260 ms), one half covered (neither
+    # side), a two-request prefill and a decode step (both left out). Instance 1: its own
+    # decode steps, then one prefill alone (210 ms).
+    a = [(0.0, 0.2, 1, 1), (1.0, 1.22, 1, 1), (2.0, 2.26, 1, 1), (3.0, 3.2, 1, 1),
+         (4.0, 4.3, 2, 1), (5.0, 5.05, 1, 0)]
+    b = [(1.9 + 0.05 * i, 1.95 + 0.05 * i, 1, 0) for i in range(9)]  # 1.90-2.35
+    b += [(3.1, 3.15, 1, 0), (6.0, 6.21, 1, 1)]
+    out = prefill_split([a, b])
+    assert sorted(out["alone"]) == pytest.approx([0.2, 0.21, 0.22])
+    assert out["busy"] == pytest.approx([0.26])
+    assert out["busy_median_s"] is None and out["ratio"] is None  # one busy sample is not enough
+    b2 = b + [(7.0 + 0.05 * i, 7.05 + 0.05 * i, 1, 0) for i in range(8)]
+    out = prefill_split([a + [(7.05, 7.33, 1, 1)], b2])
+    assert out["busy_median_s"] == pytest.approx(0.27)
+    assert out["ratio"] == pytest.approx(0.27 / 0.21)
+
+    class Flat:  # a profile whose prefill of any prompt takes 150 ms
+        def prefill_time(self, seq_lens):
+            return 0.15
+
+    speed, factor = cluster_prefill({**out, "prompt_tokens": 32}, Flat())
+    assert speed == pytest.approx(0.21 / 0.15) and factor == pytest.approx(0.27 / 0.21)
+    assert cluster_prefill({"ratio": None, "alone_median_s": 0.2, "prompt_tokens": 32}, Flat()) is None
+    assert cluster_prefill({}, Flat()) is None
+
+
+def test_simulation_with_the_clusters_prefill_speed_and_factor():
+    from pathlib import Path
+
+    from llumnix.bench.fidelity import run_sim
+
+    profile = str(Path(__file__).parents[1] / "sim" / "data" / "tiny_profile.json")  # no neighbor factors
+    setup = FidelitySetup(loads=(Load("t", 1.0, 12),))
+    trace = make_trace(setup, setup.loads[0])
+    base = run_sim(setup, "llumnix", trace, profile)
+    same = run_sim(setup, "llumnix", trace, profile, cluster_prefill=(1.0, 1.0))
+    assert same["ttft"] == base["ttft"] and base["cluster_prefill"] is None
+    slower = run_sim(setup, "llumnix", trace, profile, cluster_prefill=(1.5, 1.0))
+    assert slower["cluster_prefill"] == [1.5, 1.0]
+    # Every first token waits for its prefill step, now 1.5x as long.
+    assert sum(slower["ttft"]) > 1.2 * sum(base["ttft"])
+    # Light load on two instances: some prefills start while the other instance steps.
+    contended = run_sim(setup, "llumnix", trace, profile, cluster_prefill=(1.0, 2.0))
+    assert sum(base["ttft"]) < sum(contended["ttft"]) < sum(slower["ttft"]) * 2

@@ -144,12 +144,15 @@ class _Recorder:
 
 
 def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: float = 1.0,
-            step_gap_s: float = 0.0, neighbor_decode: float | None = None) -> dict[str, Any]:
+            step_gap_s: float = 0.0, neighbor_decode: float | None = None,
+            cluster_prefill: tuple[float, float] | None = None) -> dict[str, Any]:
     """The trace in the simulator with the profile (times ``scale``); ``step_gap_s`` is
     added to every step: the instance's serving loop between two engine steps (status
     push, output hand-off), which the profile's bare ``EngineCore.step()`` loop does
     not have (``step_gap``). ``neighbor_decode`` replaces the profile's decode neighbor
-    factor (one measured on the cluster, ``_probe_neighbor``)."""
+    factor (one measured on the cluster, ``_probe_neighbor``); ``cluster_prefill`` =
+    (speed, neighbor factor) replaces the profile's prefill by the cluster's
+    (``_probe_prefill``): prefill steps times ``speed``, and its neighbor factor."""
     from llumnix.migration.protocol import MigrationConfig
     from llumnix.policy import SchedulingConfig
     from llumnix.sim.cluster import ClusterConfig
@@ -170,6 +173,10 @@ def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: 
     model = scaled(get_latency_model(profile), scale)
     if neighbor_decode is not None:
         model = dataclasses.replace(model, contention=dataclasses.replace(model.contention, decode=neighbor_decode))
+    if cluster_prefill is not None:
+        speed, factor = cluster_prefill
+        model = dataclasses.replace(model, prefill_s=tuple(speed * t for t in model.prefill_s),
+                                    contention=dataclasses.replace(model.contention, prefill=factor))
     latency = _Recorder(model, step_gap_s)
     sim = Simulator(cfg, latency, policy, trace)
     summary = sim.run()
@@ -181,7 +188,8 @@ def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: 
              "mean_s_by_batch": {str(n): statistics.fmean(v) for n, v in sorted(by.items())},
              "count_by_batch": {str(n): len(v) for n, v in sorted(by.items())}}
     return {"ttft": arr["prefill"].tolist(), "decode": arr["decode"].tolist(), "e2e": arr["e2e"].tolist(),
-            "scale": scale, "step_gap_s": step_gap_s, "neighbor_decode": neighbor_decode, "steps": steps,
+            "scale": scale, "step_gap_s": step_gap_s, "neighbor_decode": neighbor_decode,
+            "cluster_prefill": list(cluster_prefill) if cluster_prefill else None, "steps": steps,
             "num_migrations": int(summary["migrations"]["num_committed"]),
             "num_migrations_aborted": int(summary["migrations"]["num_aborted"]),
             "num_preemptions": int(summary["num_preemptions"])}
@@ -270,12 +278,15 @@ def _post_all(client: Any, url: str, bodies: list[dict[str, Any]]) -> None:
         list(pool.map(lambda b: client.post(f"{url}/v1/completions", json=b).raise_for_status(), bodies))
 
 
-def _step_window(instances: dict[str, Any], t0: float, t1: float) -> list[list[tuple[float, float, int]]]:
-    """Each instance's steps that ran within [t0, t1], times relative to t0."""
+def _step_window(instances: dict[str, Any], t0: float, t1: float,
+                 prefill_flag: bool = False) -> list[list[tuple[float, ...]]]:
+    """Each instance's steps that ran within [t0, t1], times relative to t0: (start, end,
+    batch size), with ``prefill_flag`` also 1 for a prefill step and 0 for a decode step."""
     import ray
 
-    logs = ray.get([a.step_log.remote() for a in instances.values()], timeout=30)
-    return [[(round(s - t0, 4), round(e - t0, 4), m) for s, e, m in log if s >= t0 and e <= t1] for log in logs]
+    logs = ray.get([a.step_log.remote(cpu=prefill_flag) for a in instances.values()], timeout=30)
+    return [[(round(s[0] - t0, 4), round(s[1] - t0, 4), s[2], *((int(s[4]),) if prefill_flag else ()))
+             for s in log if s[0] >= t0 and s[1] <= t1] for log in logs]
 
 
 def _probe_steps(url: str, model: str, instances: dict[str, Any], vocab: int,
@@ -327,6 +338,77 @@ def _probe_neighbor(url: str, model: str, instances: dict[str, Any], vocab: int,
     window = _step_window(instances, t0, t1)
     effect = neighbor_effect(window) if len(window) == 2 else {"ratio_by_batch": {}}
     return {"ratio": effect["ratio_by_batch"].get("1"), "effect": effect, "log": window, "wall_s": t1 - t0}
+
+
+def _probe_prefill(url: str, model: str, instances: dict[str, Any], vocab: int, rounds: int = 4,
+                   prompt_tokens: int = 32, hold_tokens: int = 40) -> dict[str, Any]:
+    """Prefill steps on the live cluster before the trace: a one-token request alone (both
+    instances idle) and one sent while another request decodes (``hold_tokens`` long;
+    the dispatcher puts the short one on the idle instance), in turn for ``rounds``
+    rounds, alternating which goes first. ``prefill_split`` gives the median prefill
+    step alone and beside a decoding neighbor: the cluster's prefill speed against the
+    profile's, and its prefill neighbor factor, with the serving processes in both (the
+    bare engines' profile measures x1.09; the cluster's prefill steps ran 1.17-1.48x the
+    profile under load in round 3)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    def body(k: int, max_tokens: int) -> dict[str, Any]:
+        return {"model": model, "prompt": prompt_ids(40_000 + k, prompt_tokens, vocab), "max_tokens": max_tokens,
+                "ignore_eos": True, "temperature": 0}
+
+    t0 = time.monotonic()
+    k = 0
+    with httpx.Client(timeout=300) as c, ThreadPoolExecutor(1) as background:
+        for r in range(rounds):
+            for beside in ((False, True) if r % 2 == 0 else (True, False)):
+                hold = None
+                if beside:
+                    hold = background.submit(lambda b: c.post(f"{url}/v1/completions", json=b).raise_for_status(),
+                                             body(k, hold_tokens))
+                    k += 1
+                    time.sleep(0.5)  # its prefill is over: it decodes
+                c.post(f"{url}/v1/completions", json=body(k, 1)).raise_for_status()
+                k += 1
+                if hold is not None:
+                    hold.result()
+                time.sleep(0.1)
+    t1 = time.monotonic()
+    window = _step_window(instances, t0, t1, prefill_flag=True)
+    split = prefill_split(window) if len(window) == 2 else {"alone": [], "busy": []}
+    return {"prompt_tokens": prompt_tokens, **split, "log": window, "wall_s": t1 - t0}
+
+
+def prefill_split(logs: list[list[tuple[float, ...]]]) -> dict[str, Any]:
+    """One-request prefill steps of two instances (logs with a prefill flag) split by what
+    the other instance did meanwhile: ``alone`` (stepping under 10% of the time) or
+    ``busy`` (over 90%); durations in seconds, and the medians and their ratio where each
+    side has 2 or more."""
+    out: dict[str, Any] = {"alone": [], "busy": []}
+    for i in (0, 1):
+        other = sorted(logs[1 - i])
+        starts = [o[0] for o in other]
+        for step in logs[i]:
+            if not step[3] or step[2] != 1:
+                continue
+            f = overlap_fraction(step, other, starts)
+            side = "alone" if f < 0.1 else "busy" if f > 0.9 else None
+            if side:
+                out[side].append(step[1] - step[0])
+    for side in ("alone", "busy"):
+        out[f"{side}_median_s"] = statistics.median(out[side]) if len(out[side]) >= 2 else None
+    a, b = out["alone_median_s"], out["busy_median_s"]
+    out["ratio"] = b / a if a and b else None
+    return out
+
+
+def cluster_prefill(probe: dict[str, Any], model: Any) -> tuple[float, float] | None:
+    """(prefill speed of the cluster alone / the profile's, prefill neighbor factor) from
+    a ``_probe_prefill``; None where the probe lacks either side."""
+    if not probe or not probe.get("ratio") or not probe.get("alone_median_s"):
+        return None
+    return probe["alone_median_s"] / model.prefill_time([int(probe["prompt_tokens"])]), float(probe["ratio"])
 
 
 def step_gap(probe: dict[str, Any]) -> float | None:
@@ -428,6 +510,7 @@ def run_real(setup: FidelitySetup, system: str, trace: Any) -> dict[str, Any]:
             overhead = _probe_overhead(url, model, cluster.instances, vocab)
             probe = _probe_steps(url, model, cluster.instances, vocab)
             neighbor = _probe_neighbor(url, model, cluster.instances, vocab)
+            prefill_probe = _probe_prefill(url, model, cluster.instances, vocab)
             base = [s.num_preemptions for s in ray.get([a.status.remote() for a in cluster.instances.values()])]
             t0 = time.monotonic()
             recs = asyncio.run(_drive(url, model, trace, vocab))
@@ -447,6 +530,7 @@ def run_real(setup: FidelitySetup, system: str, trace: Any) -> dict[str, Any]:
             "num_migrations_aborted": int(info["migrations"]["aborted"]),
             "num_preemptions": int(sum(s.num_preemptions for s in statuses) - sum(base)),
             "serving_overhead": overhead, "step_probe": probe, "neighbor_probe": neighbor,
+            "prefill_probe": prefill_probe,
             "duration_s": duration, "gateway": gw,
             "ttft_breakdown": ttft_breakdown(recs, gateway.engine_metrics),
             "loadavg_after": list(os.getloadavg()),
@@ -710,13 +794,19 @@ def main_fidelity(args: argparse.Namespace) -> int:
                 # it (a prediction: nothing from the trace itself).
                 measured = {i: f for i, r in enumerate(run["real_runs"])
                             if (f := (r.get("neighbor_probe") or {}).get("ratio"))}
-                for key, param, field, values in (("sim_scaled", "scale", "scales", probe),
-                                                  ("sim_in_run", "scale", "scales", prefill),
-                                                  ("sim_neighbor", "neighbor_decode", "neighbor_decode", measured)):
+                # ... and the prefill speed and neighbor factor it showed as well.
+                both = {i: {"neighbor_decode": measured[i], "cluster_prefill": f}
+                        for i, r in enumerate(run["real_runs"])
+                        if i in measured and (f := cluster_prefill(r.get("prefill_probe") or {}, model))}
+                for key, field, values in (
+                        ("sim_scaled", "scales", {i: {"scale": f} for i, f in probe.items()}),
+                        ("sim_in_run", "scales", {i: {"scale": f} for i, f in prefill.items()}),
+                        ("sim_neighbor", "neighbor_decode", {i: {"neighbor_decode": f} for i, f in measured.items()}),
+                        ("sim_cluster", "cluster_factors", both)):
                     if values:
-                        sims = [run_sim(setup, system, trace, profile, step_gap_s=gap, **{param: f})
-                                for f in values.values()]
-                        run[key] = {**pool_real(sims), field: list(values.values()), "real_runs": list(values)}
+                        sims = [run_sim(setup, system, trace, profile, step_gap_s=gap, **kw) for kw in values.values()]
+                        params = [next(iter(kw.values())) if len(kw) == 1 else kw for kw in values.values()]
+                        run[key] = {**pool_real(sims), field: params, "real_runs": list(values)}
                 _write(path, doc, setup, profile, machine_info)
     finally:
         if not args.sim_only:
@@ -741,9 +831,12 @@ def main_fidelity(args: argparse.Namespace) -> int:
 
 
 SIM_VARIANTS = {"profile": "sim", "profile, neighbor factor from the cluster probe": "sim_neighbor",
+                "profile, prefill and neighbor factors from the cluster probes": "sim_cluster",
                 "profile x step probe": "sim_scaled", "profile x in-run prefill speed": "sim_in_run"}
 """Report name -> the run's simulation: the profile as measured; the profile with the
-decode neighbor factor the live cluster showed in a probe right before the run; scaled by the
+decode neighbor factor the live cluster showed in a probe right before the run; with that
+and the cluster's prefill speed and prefill neighbor factor from a second probe (both
+measured on the idle cluster before the trace); scaled by the
 contention the live cluster's step probe showed right before the trace (both
 predictions); scaled by the run's own prefill step durations (``prefill_scale``: the
 machine's speed during the run, taken from prefill steps only, leaving decode,
