@@ -194,8 +194,10 @@ def test_gateway_falls_back_when_llumsched_does_not_answer(server):
         backend.llumsched = real
 
 
-def test_silent_unresponsive_instance_is_marked_unschedulable():
-    """The health-check pull, on a LlumSched with a stub instance that never answers."""
+def test_silent_unresponsive_instance_is_marked_unschedulable(cluster):
+    """The health-check pull, on a LlumSched with a stub instance that never answers (in
+    the module cluster's Ray session: without one, ``@ray.remote`` would start a session
+    nobody shuts down, and the next module's ``ray.init`` fails)."""
     from llumnix.cluster.actors import LlumSchedActor
     from llumnix.core.status import InstanceStatus
     from llumnix.policy import DispatchRequest
