@@ -28,6 +28,8 @@ def _cfg(**changes):
     ({"seeds": 0}, "seeds"),
     ({"traces": [{"name": "M-M", "kind": "M-M", "rates": [1.0], "seeds": 0}]}, "traces.M-M.seeds"),
     ({"latency_model": "no-such-model"}, "latency_model"),
+    ({"step_overhead_s": -0.001}, "step_overhead_s"),
+    ({"step_overhead_s": "5ms"}, "step_overhead_s"),
     ({"bogus": 1}, "bogus"),
 ])
 def test_bad_configs_raise_one_line_errors_naming_the_field(doc, field):
@@ -74,3 +76,12 @@ def test_a_trace_can_have_its_own_number_of_seeds():
     assert sorted(r.seed for r in runs if r.trace.name == "M-M") == [0, 1, 2, 3]
     assert sorted(r.seed for r in runs if r.trace.name == "S-S") == [0, 1]
     assert sorted({r.seed for r in plan(cfg, seeds=1)}) == [0]  # --seeds overrides every trace
+
+
+def test_step_overhead_reaches_every_run_and_replaces_the_models():
+    from llumnix.sim.runner import plan
+
+    assert all(r.step_overhead_s is None for r in plan(_cfg()))
+    cfg = _cfg(step_overhead_s=0.008)
+    assert cfg.step_overhead_s == 0.008
+    assert {r.step_overhead_s for r in plan(cfg)} == {0.008}

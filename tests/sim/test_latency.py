@@ -135,3 +135,22 @@ def test_a_step_started_while_another_instance_steps_pays_the_neighbor_factor(tm
     plain = SimExecutor(_contended_model(tmp_path, None), host)
     assert plain.execute(_batch(False)).elapsed == pytest.approx(alone)
     assert host.num_stepping == 1
+
+
+def test_every_step_pays_the_models_serving_overhead(tmp_path):
+    """``step_overhead_s`` (the serving loop's own work) is added to every prefill and
+    decode step, before the neighbor factor; 0 (the default) adds nothing."""
+    import dataclasses
+
+    from llumnix.sim.executor import HostSteps, SimExecutor
+
+    m = _contended_model(tmp_path, {"prefill": 1.05, "decode": 1.2})
+    assert m.step_overhead_s == 0.0 and fit_a10_llama7b().step_overhead_s == 0.0
+    slow = dataclasses.replace(m, step_overhead_s=0.004)
+    host = HostSteps()
+    a, b = SimExecutor(slow, host), SimExecutor(slow, host)
+    assert a.execute(_batch(False)).elapsed == pytest.approx(m.decode_time(1, 17) + 0.004)
+    assert b.execute(_batch(True)).elapsed == pytest.approx(1.05 * (m.prefill_time([16]) + 0.004))
+    a.step_done()
+    b.step_done()
+    assert a.execute(_batch(True)).elapsed == pytest.approx(m.prefill_time([16]) + 0.004)

@@ -119,3 +119,47 @@ def test_neighbor_contention_slows_overlapping_steps_and_the_host_count_returns_
     # factors of 1 change nothing
     assert {k: neutral[k] for k in ("prefill", "decode", "e2e")} == {k: plain[k] for k in ("prefill", "decode", "e2e")}
 
+
+
+def test_serving_overhead_lengthens_every_decode_step():
+    """The same light trace with 10 ms of serving work per step: every first token and
+    every later token waits for one more overhead at least (longer steps also grow the
+    batches, so it can be more)."""
+    base = fit_a10_llama7b()
+    outs = [Simulator(SMALL, m, StandInPolicy("round-robin"), _trace(n=60, rate=1.0, kind="S-S")).run()
+            for m in (base, dataclasses.replace(base, step_overhead_s=0.010))]
+    plain, slow = outs
+    assert plain["num_finished"] == slow["num_finished"] == 60
+    assert plain["num_preemptions"] == slow["num_preemptions"] == 0
+    assert slow["decode"]["mean"] >= plain["decode"]["mean"] + 0.0099
+    assert slow["prefill"]["mean"] >= plain["prefill"]["mean"] + 0.0099
+
+
+def test_kv_usage_is_the_time_weighted_share_of_blocks_in_use():
+    """One request of 64 prompt tokens (4 blocks) and one output token: its prefill is
+    the whole run and holds 4 of the instance's blocks, so usage is exactly 4 / M. A
+    second instance doubles the provisioned blocks and halves it."""
+    import numpy as np
+
+    from llumnix.sim.workloads import Trace
+
+    trace = Trace("one", 1.0, 0, np.zeros(1), np.array([64]), np.array([1]), np.zeros(1, dtype=np.int64))
+    for n in (1, 2):
+        cfg = dataclasses.replace(SMALL, num_instances=n)
+        out = Simulator(cfg, fit_a10_llama7b(), StandInPolicy("round-robin"), trace).run()
+        assert out["num_finished"] == 1
+        assert out["sim"]["duration_s"] == pytest.approx(fit_a10_llama7b().prefill_time([64]))
+        assert out["kv_usage_mean"] == pytest.approx(4 / (n * SMALL.num_blocks))
+
+
+def test_a_removed_instance_still_counts_in_the_runs_steps_and_kv_usage():
+    from llumnix.sim.cluster import Cluster
+    from llumnix.sim.loop import EventLoop
+
+    cluster = Cluster(SMALL, fit_a10_llama7b(), EventLoop().clock)
+    a, b = cluster.new_instance(), cluster.new_instance()
+    a.block_seconds, a.executor.num_steps = 5.0, 3
+    b.block_seconds, b.executor.num_steps = 2.0, 4
+    cluster.remove(a.instance_id)
+    assert cluster.num_live == 1
+    assert (cluster.block_seconds, cluster.num_steps) == (7.0, 7)

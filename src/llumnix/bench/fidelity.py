@@ -122,23 +122,24 @@ def scaled(model: Any, factor: float) -> Any:
 
 
 class _Recorder:
-    """A latency model that remembers every step it priced: (requests in the step, seconds
-    before the executor's neighbor factor)."""
+    """A latency model that remembers every step it priced: (requests in the step, the
+    model's seconds: without the serving overhead between steps and before the executor's
+    neighbor factor, as the real step logs time ``EngineCore.step`` alone)."""
 
-    def __init__(self, inner: Any, step_gap_s: float = 0.0) -> None:
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.migration = inner.migration
         self.contention = inner.contention
-        self.step_gap_s = step_gap_s
+        self.step_overhead_s = inner.step_overhead_s
         self.steps: list[tuple[int, float]] = []
 
     def prefill_time(self, seq_lens: Any) -> float:
-        t = float(self.inner.prefill_time(seq_lens)) + self.step_gap_s
+        t = float(self.inner.prefill_time(seq_lens))
         self.steps.append((len(seq_lens), t))
         return t
 
     def decode_time(self, batch_size: int, num_context_tokens: int) -> float:
-        t = float(self.inner.decode_time(batch_size, num_context_tokens)) + self.step_gap_s
+        t = float(self.inner.decode_time(batch_size, num_context_tokens))
         self.steps.append((batch_size, t))
         return t
 
@@ -177,7 +178,7 @@ def run_sim(setup: FidelitySetup, system: str, trace: Any, profile: str, scale: 
         speed, factor = cluster_prefill
         model = dataclasses.replace(model, prefill_s=tuple(speed * t for t in model.prefill_s),
                                     contention=dataclasses.replace(model.contention, prefill=factor))
-    latency = _Recorder(model, step_gap_s)
+    latency = _Recorder(dataclasses.replace(model, step_overhead_s=step_gap_s))
     sim = Simulator(cfg, latency, policy, trace)
     summary = sim.run()
     arr = sim.metrics.request_arrays()

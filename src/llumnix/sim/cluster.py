@@ -76,6 +76,9 @@ class Cluster:
         self.host = HostSteps()
         """All instances share one host as far as step contention goes (a latency model
         without contention factors ignores it)."""
+        self.retired_steps = 0
+        self.retired_block_seconds = 0.0
+        """Steps and KV block-seconds of instances already removed (for the run's totals)."""
 
     def new_instance(self, *, up: bool = True) -> SimInstance:
         iid = f"instance-{self._next_index}"
@@ -91,11 +94,23 @@ class Cluster:
     def remove(self, instance_id: str) -> SimInstance:
         inst = self.instances.pop(instance_id)
         inst.executor.step_done()
+        self.retired_steps += inst.executor.num_steps
+        self.retired_block_seconds += inst.block_seconds
         return inst
 
     @property
     def num_live(self) -> int:
         return len(self.instances)
+
+    @property
+    def num_steps(self) -> int:
+        """Steps of every instance the run had, removed ones included."""
+        return self.retired_steps + sum(i.executor.num_steps for i in self.instances.values())
+
+    @property
+    def block_seconds(self) -> float:
+        """KV block-seconds in use over the run, removed instances included."""
+        return self.retired_block_seconds + sum(i.block_seconds for i in self.instances.values())
 
     def check_invariants(self) -> None:
         for inst in self.instances.values():

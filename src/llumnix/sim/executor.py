@@ -27,6 +27,9 @@ class SimExecutor:
     With ``host`` (instances sharing a machine) and a model with ``contention`` factors,
     a step that starts while another instance of the host is mid-step takes the
     factor longer (``NeighborContention``); ``step_done`` ends the step's share.
+
+    Every step also pays the model's ``step_overhead_s`` (the serving loop's own work),
+    before those factors.
     """
 
     def __init__(self, model: LatencyModel, host: HostSteps | None = None) -> None:
@@ -41,6 +44,7 @@ class SimExecutor:
         self.busy_time = 0.0
         self.last_elapsed = 0.0
         self._slowdown = model.migration.decode_slowdown
+        self._overhead = model.step_overhead_s
 
     def begin_copy(self) -> None:
         self.num_copying += 1
@@ -53,13 +57,13 @@ class SimExecutor:
         sched = batch.scheduled
         n = len(sched)
         if batch.is_prefill:
-            t = self.model.prefill_time([r.start_pos + len(r.token_ids) for r in sched])
+            t = self.model.prefill_time([r.start_pos + len(r.token_ids) for r in sched]) + self._overhead
         else:
             # A decode entry computes one token: its context is start_pos + 1.
             ctx = n
             for r in sched:
                 ctx += r.start_pos
-            t = self.model.decode_time(n, ctx)
+            t = self.model.decode_time(n, ctx) + self._overhead
             self.last_slowed = bool(self.num_copying or self._copy_started)
             if self.last_slowed:
                 t *= self._slowdown

@@ -42,6 +42,8 @@ class SimInstance:
         self._batch: SchedulerOutput | None = None
         self._output: ModelOutput | None = None
         self._num_requests = 0
+        self.block_seconds = 0.0
+        """Integral of the KV blocks in use over time (blocks held during each step)."""
 
     @property
     def is_busy(self) -> bool:
@@ -61,7 +63,9 @@ class SimInstance:
             self.load_changed = True
         self._batch = batch
         self._output = out = self.executor.execute(batch)
-        return Event(now + (out.elapsed or 0.0), EventKind.STEP_END, self)
+        elapsed = out.elapsed or 0.0
+        self.block_seconds += self.engine.kv.num_used_blocks * elapsed
+        return Event(now + elapsed, EventKind.STEP_END, self)
 
     def finish_step(self, now: float) -> tuple[list[RequestOutput], list[Event]]:
         """Apply the step's outputs, run step-boundary actions; returns the outputs and

@@ -99,6 +99,12 @@ class LatencyModel(Protocol):
     @property
     def contention(self) -> NeighborContention: ...
 
+    @property
+    def step_overhead_s(self) -> float:
+        """Seconds the serving loop spends on every step besides the model's step time
+        (scheduling, sampling, output hand-off); the executor adds it to each step."""
+        ...
+
     def prefill_time(self, seq_lens: Sequence[int]) -> float: ...
 
     def decode_time(self, batch_size: int, num_context_tokens: int) -> float: ...
@@ -118,6 +124,7 @@ class ParametricLatencyModel:
     decode_per_context_token_s: float
     migration: MigrationCost
     contention: NeighborContention = NO_CONTENTION
+    step_overhead_s: float = 0.0
 
     def prefill_time(self, seq_lens: Sequence[int]) -> float:
         return (self.prefill_fixed_s + self.prefill_per_token_s * sum(seq_lens)

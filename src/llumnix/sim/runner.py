@@ -5,6 +5,7 @@ compared on identical requests. Runs go to worker processes when ``jobs`` > 1.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -33,6 +34,8 @@ class RunSpec:
     cluster: ClusterConfig
     latency_model: str
     keep_samples: bool = False
+    step_overhead_s: float | None = None
+    """Replaces the latency model's serving overhead per step (None: the model's own)."""
 
 
 def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -41,7 +44,10 @@ def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dic
     from llumnix.sim.simulator import Simulator
 
     trace = make_trace(spec.trace, spec.rate, spec.seed)
-    sim = Simulator(spec.cluster, get_latency_model(spec.latency_model),
+    model = get_latency_model(spec.latency_model)
+    if spec.step_overhead_s is not None:
+        model = dataclasses.replace(model, step_overhead_s=spec.step_overhead_s)  # type: ignore[type-var]
+    sim = Simulator(spec.cluster, model,
                     make_policy(spec.system, spec.cluster, seed=spec.seed), trace, progress=progress,
                     priorities=spec.system.priorities)
     summary = sim.run()
@@ -62,7 +68,8 @@ def plan(cfg: ExperimentConfig, seeds: int | None = None) -> list[RunSpec]:
             for seed in range(seeds or t.seeds or cfg.seeds):
                 for s in cfg.systems:
                     runs.append(RunSpec(cfg.system_for(s, t), t.spec, rate, seed, cfg.cluster,
-                                        cfg.latency_model, keep_samples=(rate == top and seed == 0)))
+                                        cfg.latency_model, keep_samples=(rate == top and seed == 0),
+                                        step_overhead_s=cfg.step_overhead_s))
     return runs
 
 
@@ -73,7 +80,8 @@ def _write(out: Path, cfg: ExperimentConfig, records: list[dict[str, Any]]) -> N
     clean.sort(key=lambda r: (order.get(r["trace"], 0), r["rate"], r["seed"], sysorder.get(r["system"], 0)))
     from llumnix.bench.machine import machine_info
 
-    doc = {"name": cfg.name, "latency_model": cfg.latency_model, "machine": machine_info(with_torch=False),
+    doc = {"name": cfg.name, "latency_model": cfg.latency_model, "step_overhead_s": cfg.step_overhead_s,
+           "machine": machine_info(with_torch=False),
            "records": clean}
     tmp = out / "metrics.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")

@@ -107,7 +107,11 @@ class Simulator:
         out = self.metrics.summary(end)
         out["sim"] = {"duration_s": end, "wall_s": self.wall_s, "num_events": self.loop.num_events,
                       "events_per_s": self.loop.num_events / self.wall_s if self.wall_s else 0.0,
-                      "num_steps": sum(i.executor.num_steps for i in self.cluster.instances.values())}
+                      "num_steps": self.cluster.num_steps}
+        # Time-weighted share of the provisioned KV blocks in use (vLLM's cache usage),
+        # over the instances up or starting.
+        capacity = self.config.num_blocks * out["instances"]["average"] * end
+        out["kv_usage_mean"] = self.cluster.block_seconds / capacity if capacity > 0 else 0.0
         return out
 
     # -- arrivals and dispatch ---------------------------------------------------------
