@@ -24,6 +24,19 @@ def test_a10_decode_lands_in_the_papers_serving_band():
     step = m.decode_time(10, 10_000)
     assert cal.SERVING_DECODE_BAND_S[0] * 0.8 < step < cal.SERVING_DECODE_BAND_S[1]
     assert m.migration.copy_time(512) == pytest.approx(512 * 8 * 2**20 / 15e9)
+    # the serving preset: the same step times plus the serving work of each step
+    serving = get_latency_model("a10-llama7b-serving")
+    assert serving.step_overhead_s == cal.SERVING_STEP_OVERHEAD_S > 0
+    assert serving.decode_time(10, 10_000) == step
+    assert cal.SERVING_DECODE_BAND_S[0] < step + serving.step_overhead_s < cal.SERVING_DECODE_BAND_S[1]
+
+
+def test_configs_without_a_model_get_the_serving_preset():
+    from llumnix.sim.config import parse_config
+
+    doc = {"systems": {"rr": {"dispatch": "round-robin"}}, "traces": [{"name": "S", "kind": "S-S", "rates": [1]}]}
+    assert parse_config(doc).latency_model == "a10-llama7b-serving"
+    assert parse_config({**doc, "latency_model": "a10-llama7b"}).latency_model == "a10-llama7b"
 
 
 def test_committed_calibration_table_is_current(tmp_path):

@@ -3,7 +3,8 @@
 YAML layout (every key optional except ``systems`` and ``traces``)::
 
     name: figure11
-    latency_model: a10-llama7b      # a preset, or a profile JSON path (sim/profile.py)
+    latency_model: a10-llama7b-serving   # a preset (a10-llama7b: Figure 10's step times
+                                    # alone), or a profile JSON path (sim/profile.py)
     step_overhead_s: 0.0            # optional: replaces the model's serving overhead per step
     seeds: 1                        # runs per (system, trace, rate), seeds 0..n-1
     num_requests: 10000             # default for every trace
@@ -40,7 +41,7 @@ import yaml
 from llumnix.core.errors import LlumnixError
 from llumnix.migration.protocol import MigrationConfig
 from llumnix.sim.cluster import ClusterConfig
-from llumnix.sim.latency import PRESETS
+from llumnix.sim.latency import DEFAULT_PRESET, PRESETS
 from llumnix.sim.workloads import TraceError, TraceSpec
 
 
@@ -249,7 +250,7 @@ def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
     for k in doc:
         if k not in known and not str(k).startswith("x-"):  # x-*: YAML anchors to share settings
             raise ConfigError(f"{k} is not a config key (known: {', '.join(sorted(known))})")
-    latency = str(doc.get("latency_model", "a10-llama7b"))
+    latency = str(doc.get("latency_model", DEFAULT_PRESET))
     if latency not in PRESETS:
         p = Path(latency) if Path(latency).is_absolute() or Path(latency).exists() else base / latency
         if not p.is_file():

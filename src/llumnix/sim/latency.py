@@ -7,8 +7,11 @@ blocks between instances (``MigrationCost``).
 
 The preset ``a10-llama7b`` is fitted with least squares to the paper's A10 +
 LLaMA-7B anchors (sim/calibration.py); ``calibration_report`` in
-sim/calibration_report.py states its error on every anchor. A profile measured
-on our own engine loads through sim/profile.py.
+sim/calibration_report.py states its error on every anchor. Those anchors time the
+model's steps alone; ``a10-llama7b-serving`` adds the serving engine's own work per
+step (``SERVING_STEP_OVERHEAD_S``, fitted to the paper's single-instance load
+measurements), the model for the paper's serving experiments. A profile measured on
+our own engine loads through sim/profile.py.
 """
 from __future__ import annotations
 
@@ -190,15 +193,20 @@ def fit_a10_migration(stage_overhead_s: float = 0.001) -> MigrationCost:
     )
 
 
-def fit_a10_llama7b() -> ParametricLatencyModel:
+def fit_a10_llama7b(step_overhead_s: float = 0.0) -> ParametricLatencyModel:
     p0, p1, p2 = fit_prefill(cal.SEQ_LENS, cal.PREFILL_MS)
     batch = [cal.DECODE_CONTEXT_TOKENS / n for n in cal.SEQ_LENS]
     ctx = [cal.DECODE_CONTEXT_TOKENS] * len(batch)
     d0, d1, d2 = fit_decode(batch, ctx, cal.DECODE_MS, prior=(1, 16, cal.NON_ATTENTION_BATCH1_MS))
-    return ParametricLatencyModel(p0, p1, p2, d0, d1, d2, fit_a10_migration())
+    return ParametricLatencyModel(p0, p1, p2, d0, d1, d2, fit_a10_migration(), step_overhead_s=step_overhead_s)
 
 
-PRESETS = {"a10-llama7b": fit_a10_llama7b}
+def a10_llama7b_serving() -> ParametricLatencyModel:
+    return fit_a10_llama7b(cal.SERVING_STEP_OVERHEAD_S)
+
+
+DEFAULT_PRESET = "a10-llama7b-serving"
+PRESETS = {"a10-llama7b": fit_a10_llama7b, "a10-llama7b-serving": a10_llama7b_serving}
 
 
 def get_latency_model(name_or_path: str) -> LatencyModel:
