@@ -166,6 +166,62 @@ def comparison_markdown(records: list[dict[str, Any]], ours: str = "llumnix", ba
     return "\n".join(lines) + "\n"
 
 
+def figure11_goals(records: list[dict[str, Any]], ours: str = "llumnix", base: str = "infaas++",
+                   worst: str = "round-robin", tolerance: float = 0.05) -> dict[str, Any]:
+    """Issue 3's goals, judged on a Figure 11 run (seeds averaged): at each trace's top rate
+    ``base``/``ours`` P99 prefill (goal >= 5x on M-M and L-L) and P99 decode (>= 1.3x on
+    at least three traces); preemption loss lower by >= 50% on average over the traces where
+    ``base`` has any; the ordering ours <= base <= worst on P99 prefill and mean preemption
+    loss at every rate, counted strictly and beyond ``tolerance``."""
+    rows = _mean_over_seeds(records)
+    top = {t: max(k[1] for k in rows if k[0] == t) for t in dict.fromkeys(r["trace"] for r in records)}
+    prefill, decode, cuts = {}, {}, {}
+    for t, rate in top.items():
+        o, b = rows.get((t, rate, ours)), rows.get((t, rate, base))
+        if o is None or b is None:
+            continue
+        prefill[t] = _ratio(b["prefill"]["p99"], o["prefill"]["p99"])
+        decode[t] = _ratio(b["decode"]["p99"], o["decode"]["p99"])
+        if b["preemption_loss"]["mean"] > 0:
+            cuts[t] = 1 - o["preemption_loss"]["mean"] / b["preemption_loss"]["mean"]
+    strict = beyond = points = 0
+    for (t, rate, s), m in rows.items():
+        b, w = rows.get((t, rate, base)), rows.get((t, rate, worst))
+        if s != ours or b is None or w is None:
+            continue
+        points += 1
+        gaps = [max(_ratio(m[k][st], b[k][st]), _ratio(b[k][st], w[k][st])) - 1
+                for k, st in (("prefill", "p99"), ("preemption_loss", "mean"))]
+        strict += any(g > 1e-4 for g in gaps)
+        beyond += any(g > tolerance for g in gaps)
+    mean_cut = float(np.mean(list(cuts.values()))) if cuts else float("nan")
+    return {"p99_prefill_ratio": prefill, "p99_decode_ratio": decode, "preemption_loss_cut": cuts,
+            "points": points, "ordering_broken": strict, "ordering_broken_beyond_tolerance": beyond,
+            "met": {"p99_prefill_5x_mm_ll": all(prefill.get(t, 0) >= 5 for t in ("M-M", "L-L")),
+                    "p99_decode_1.3x_on_3": sum(v >= 1.3 for v in decode.values()) >= 3,
+                    "preemption_loss_half": mean_cut >= 0.5,
+                    "ordering_every_rate": strict == 0}}
+
+
+def goals_markdown(records: list[dict[str, Any]], **kw: Any) -> str:
+    g = figure11_goals(records, **kw)
+    mark = {True: "**met**", False: "**missed**"}
+    p, d, c = g["p99_prefill_ratio"], g["p99_decode_ratio"], g["preemption_loss_cut"]
+    cut = float(np.mean(list(c.values()))) if c else float("nan")
+    return "\n".join([
+        "| goal | result |", "|---|---|",
+        f"| P99 prefill >= 5x INFaaS++ at the top rate on M-M and L-L | {mark[g['met']['p99_prefill_5x_mm_ll']]}: "
+        f"M-M {p.get('M-M', float('nan')):.1f}x, L-L {p.get('L-L', float('nan')):.1f}x |",
+        f"| P99 decode >= 1.3x on at least 3 traces | {mark[g['met']['p99_decode_1.3x_on_3']]}: "
+        + ", ".join(f"{t} {v:.2f}x" for t, v in d.items()) + " |",
+        f"| preemption loss >= 50% lower on average | {mark[g['met']['preemption_loss_half']]}: {100 * cut:.0f}% "
+        "(" + ", ".join(f"{t} {100 * v:.0f}%" for t, v in c.items()) + ") |",
+        f"| ordering Llumnix <= INFaaS++ <= round-robin at every rate | {mark[g['met']['ordering_every_rate']]}: "
+        f"broken at {g['ordering_broken']} of {g['points']} points, {g['ordering_broken_beyond_tolerance']} "
+        "by more than 5% |",
+    ]) + "\n"
+
+
 # -- priorities and auto-scaling (Figures 13-15) --------------------------------------------
 def _seed_mean(records: list[dict[str, Any]], get: Any) -> float:
     """Mean over seeds of ``get(record)`` (nan where a record lacks the value)."""
