@@ -1,6 +1,7 @@
 """Virtual usage and freeness (Algorithm 1) over literal snapshots."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -98,6 +99,32 @@ def test_mean_normal_freeness(statuses, expected):
 def test_cluster_normal_freeness(statuses, cfg, expected):
     assert average_normal_freeness(statuses, cfg, "cluster") == expected
     assert average_normal_freeness(statuses, cfg) == expected  # the default
+
+
+@pytest.mark.parametrize("statuses,cfg,expected", [
+    # every queued request counts its demand and a batch slot:
+    # (200 - 10 - 20 - 30 - 3 - 4 (the two queued) - 5 (reserved)) / (3 running + 2 queued)
+    ([inst("a", running=[run("r1", 10), run("r2", 20)], waiting=[wait("q1", 40), wait("q2", 50)]),
+      inst("b", running=[run("r3", 30)], reserved=5)], NO_HEADROOM, 128 / 5),
+    # no queue: the same as the cluster signal
+    ([inst("a"), inst("b", running=[run("r", 80)])], NO_HEADROOM, 120.0),
+    # headroom stays reserved; a queued request on a draining instance is left out with it
+    ([inst("h", running=[run("h", 10, prio=1)], waiting=[wait("q", 16)]),
+      inst("t", running=[run("x", 10)], waiting=[wait("y", 160)], term=True)], HIGH_1600, (100 - 110 - 1) / 2),
+    ([inst("t", term=True)], NO_HEADROOM, None),
+])
+def test_demand_normal_freeness(statuses, cfg, expected):
+    assert average_normal_freeness(statuses, cfg, "demand") == pytest.approx(expected)
+
+
+def test_a_queue_lowers_the_demand_signal_not_the_cluster_signal_beyond_its_head():
+    """Ten requests of 8 blocks queued behind a head of 8: the cluster signal counts the
+    head's 8 blocks; the demand signal all 80, and ten more requests to share the rest."""
+    base = inst("a", running=[run("r", 20)])
+    queued = dataclasses.replace(base, waiting=tuple(wait(f"q{k}", 128) for k in range(10)))
+    assert average_normal_freeness([base], NO_HEADROOM, "demand") == 80.0
+    assert average_normal_freeness([queued], NO_HEADROOM, "cluster") == 100 - 20 - 8
+    assert average_normal_freeness([queued], NO_HEADROOM, "demand") == pytest.approx((100 - 20 - 80) / 11)
 
 
 def test_cluster_signal_does_not_jump_when_one_instance_empties():

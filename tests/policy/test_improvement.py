@@ -15,8 +15,9 @@ from llumnix.policy import (
     pair_migrations,
     select_requests,
 )
-from llumnix.policy.decode_shield import fits_now, is_loaded, shield_pick, stall_harm
+from llumnix.policy.decode_shield import is_loaded, shield_pick, stall_harm
 from llumnix.policy.defrag import is_blocked, plan_hol_moves, room_after
+from llumnix.policy.freeness import fits_now
 from tests.policy.snapshots import NO_HEADROOM, inst, run, wait
 
 

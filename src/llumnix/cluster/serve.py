@@ -35,9 +35,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="seconds of freeness samples a scaling decision averages (default 10)")
     p.add_argument("--scaling-cooldown", type=float, default=None, metavar="S",
                    help="quiet seconds after a scaling action (default 30)")
-    p.add_argument("--scaling-signal", default=None, choices=("mean", "cluster"),
-                   help="average freeness as the mean of the instances' (mean) or the summed "
-                   "cluster's (cluster)")
+    p.add_argument("--scaling-signal", default=None, choices=("mean", "cluster", "demand"),
+                   help="average freeness as the mean of the instances' (mean), the summed "
+                   "cluster's (cluster), or the summed cluster's with every queued request's "
+                   "demand (demand)")
     p.add_argument("--reschedule-interval", type=float, default=None, metavar="S",
                    help="seconds between LlumSched's migration (and scaling) rounds (default 0.5)")
     p.add_argument("--transport", default=None,

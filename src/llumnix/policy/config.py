@@ -74,7 +74,7 @@ class FreenessConfig:
 DISPATCH_POLICIES = ("llumnix", "infaas++", "round-robin", "least-requests", "random", "power-of-two",
                      "llm-d", "custom")
 SELECTIONS = ("paper", "SR", "LR", "FCW")
-SCALING_SIGNALS = ("mean", "cluster")
+SCALING_SIGNALS = ("mean", "cluster", "demand")
 DEFRAGS = ("paper", "hol")
 PAIRINGS = ("paper", "fit")
 
@@ -160,7 +160,8 @@ class ScalingConfig:
     signal: str = "cluster"
     """What "average freeness" means: cluster (the freeness of the summed cluster, as the
     open-source Llumnix's ``avg_load``) | mean (the mean of the active instances'
-    freeness, which one idle instance lifts by M/n); ``average_normal_freeness``."""
+    freeness, which one idle instance lifts by M/n) | demand (the summed cluster with every
+    queued request's demand counted, not only the head of line's); ``average_normal_freeness``."""
 
     def __post_init__(self) -> None:
         if not self.scale_out_below < self.scale_in_above:

@@ -28,6 +28,7 @@ exactly as ``max-score`` does. The constants were set on a few single-seed runs
 from __future__ import annotations
 
 from llumnix.core.status import InstanceStatus
+from llumnix.policy.freeness import fits_now
 
 MIN_PROMPT_TOKENS = 512
 """Prompts at least this long get the shield (prefill about 110 ms on the A10 model)."""
@@ -37,17 +38,6 @@ YOUNG_TOKENS = 64
 """Requests with fewer output tokens than this count as young (possibly short)."""
 MIN_FREE_FRACTION = 0.2
 """The shield is on only while the candidates have at least this fraction of their blocks free."""
-
-
-def _blocks(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
-
-
-def fits_now(status: InstanceStatus, num_prompt_tokens: int) -> bool:
-    """The prompt can be admitted at the next step: its blocks fit beside the queue's."""
-    demand = _blocks(num_prompt_tokens, status.block_size)
-    demand += sum(_blocks(r.num_tokens, status.block_size) for r in status.waiting)
-    return status.num_free_blocks - status.num_watermark_blocks >= demand
 
 
 def is_loaded(cands: list[InstanceStatus]) -> bool:

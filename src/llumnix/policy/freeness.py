@@ -98,10 +98,21 @@ def queue_aware_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
     only the head of line counts, for de-fragmentation); it is the dispatch load of the
     open-source Llumnix, which keeps new requests off instances with a queue. Offered as
     the ``llumnix`` dispatch option ``queued: all``; -inf for a terminating instance."""
-    usage = sum(virtual_usages(dataclasses.replace(status, waiting=()), cfg))
-    usage += sum(_blocks_for(r.num_tokens, status.block_size) for r in status.waiting)
+    usage = sum(virtual_usages(dataclasses.replace(status, waiting=()), cfg)) + _queued_demand(status)
     usage += status.num_reserved_blocks
     return (status.num_total_blocks - usage) / max(1, status.num_running + status.num_waiting)
+
+
+def _queued_demand(status: InstanceStatus) -> int:
+    """Blocks every queued request needs to start."""
+    return sum(_blocks_for(r.num_tokens, status.block_size) for r in status.waiting)
+
+
+def fits_now(status: InstanceStatus, num_prompt_tokens: int) -> bool:
+    """A prompt of this length can be admitted at the instance's next step: its blocks fit
+    beside what every queued request needs to start (FCFS admits those first)."""
+    free = status.num_free_blocks - status.num_watermark_blocks - _queued_demand(status)
+    return free >= _blocks_for(num_prompt_tokens, status.block_size)
 
 
 def normal_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
@@ -123,13 +134,23 @@ def average_normal_freeness(statuses: list[InstanceStatus], cfg: FreenessConfig,
     instance empties, whatever the load on the rest.
     ``cluster``: the freeness of the summed cluster, (sum M - sum V) / max(1, sum B),
     i.e. free blocks per running request over the whole cluster (the open-source
-    Llumnix's ``avg_load``). It moves with the load, not with how it is spread."""
+    Llumnix's ``avg_load``). It moves with the load, not with how it is spread.
+    ``demand``: the summed cluster with *every* queued request counting its block demand
+    and a batch slot, (sum M - sum V_running - sum demand_queued) / max(1, sum B + sum
+    queued). Algorithm 1 counts only a queue's head of line (for de-fragmentation), so
+    with ``cluster`` a growing queue hardly lowers the signal; with ``demand`` the load
+    a queue is waiting to bring counts as load, and a queue calls for scale-out."""
     live = [s for s in statuses if s.is_schedulable and not s.is_terminating]
     if not live:
         return None
     if signal == "cluster":
         free = sum(s.num_total_blocks - total_virtual_usage(s, cfg, fake=False) for s in live)
         return free / max(1, sum(s.num_running for s in live))
+    if signal == "demand":
+        # Algorithm 1's usage counts the head of line's demand; every queued request's replaces it.
+        free = sum(s.num_total_blocks - total_virtual_usage(s, cfg, fake=False) + head_of_line_demand(s)
+                   - _queued_demand(s) for s in live)
+        return free / max(1, sum(s.num_running + s.num_waiting for s in live))
     return sum(normal_freeness(s, cfg) for s in live) / len(live)
 
 
@@ -137,5 +158,4 @@ def memory_load(status: InstanceStatus) -> float:
     """INFaaS++'s load: used blocks plus the demand of *every* queued request, over total
     blocks. Unlike freeness: no priority headroom, no division by the batch size, and the
     whole queue counts, not only its head."""
-    queued = sum(_blocks_for(r.num_tokens, status.block_size) for r in status.waiting)
-    return (status.num_used_blocks + queued) / status.num_total_blocks
+    return (status.num_used_blocks + _queued_demand(status)) / status.num_total_blocks
