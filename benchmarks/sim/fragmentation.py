@@ -50,7 +50,7 @@ class SampledSimulator(Simulator):
     def _sample(self) -> None:
         c = self.counts
         insts = [i for i in self.cluster.instances.values() if i.is_up]
-        free = {i.instance_id: i.engine.kv.num_free_blocks for i in insts}
+        total_free = sum(i.engine.kv.num_free_blocks for i in insts)
         c["samples"] += 1
         c["instance_samples"] += len(insts)
         c["gateway_queued"] += len(self.gateway)
@@ -62,7 +62,7 @@ class SampledSimulator(Simulator):
             need = inst.engine.kv.num_blocks_for(head.num_tokens)
             if any(o is not inst and o.engine.kv.can_allocate(head.num_tokens) for o in insts):
                 c["fits_another"] += 1
-            elif sum(free.values()) >= need:
+            elif total_free >= need:
                 c["fits_cluster_sum"] += 1
             else:
                 c["cluster_full"] += 1
