@@ -59,6 +59,7 @@ def test_defaults_are_the_papers():
     ({"scaling": {"min_instances": 5, "max_instances": 4}}, "scaling.min_instances"),
     ({"scaling": {"signal": "median"}}, "scaling.signal"),
     ({"rescheduling": {"pairing": "best"}}, "rescheduling.pairing"),
+    ({"rescheduling": {"queued_moves": "never"}}, "rescheduling.queued_moves"),
     ({"freeness": {"headroom_tokens": {"urgent": 10}}}, "freeness.headroom_tokens"),
     ({"freeness": {"headroom_tokens": {"high": -1}}}, "freeness.headroom_tokens"),
 ])

@@ -86,3 +86,16 @@ def test_engine_snapshot_equals_flagging_a_plain_snapshot():
     slow = flag_status(eng.get_status(), {"r1", "r3"}, **fields)
     assert fast == slow
     assert [r.is_migrating for r in fast.running + fast.waiting] == [False, True, False, True]
+
+
+@pytest.mark.parametrize("dst,expected", [
+    (inst("d", running=[run("x", 50)]), "q"),                             # room 50 - 1 = 49: q (2 blocks) starts
+    (inst("d", running=[run("x", 50)], waiting=[wait("y", 47 * 16)]), "q"),  # room 49 - 47 = 2: just fits
+    (inst("d", running=[run("x", 50)], waiting=[wait("y", 48 * 16)]), "short"),  # room 1: q would queue again
+    (None, "short"),                                                      # destination unknown: no queued move
+])
+def test_queued_moves_fits_reads_the_destination(dst, expected):
+    src = inst("engine-id", running=[run("short", 3, 40), run("long", 60, 900)], waiting=[wait("q", 32)])
+    assert llumlet(src, queued_moves="fits").select_requests_to_migrate(0.0, 1, dst) == [expected]
+    # the paper's rule moves q (32 tokens, the shortest) wherever it goes
+    assert llumlet(src).select_requests_to_migrate(0.0, 1, dst) == ["q"]

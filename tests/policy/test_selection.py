@@ -49,3 +49,21 @@ def test_selection_rules(status, policy, exclude, expected):
 def test_unknown_selection_policy():
     with pytest.raises(PolicyConfigError, match="unknown selection policy 'XL'"):
         select_requests(SRC, "XL")
+
+
+@pytest.mark.parametrize("dst_room,expected", [
+    (None, ["short", "q-late", "q-early", "long"]),   # any queued request may move
+    (100, ["short", "q-late", "q-early", "long"]),    # q-early needs 19 blocks: fits
+    (18, ["short", "q-late", "long"]),                # q-early would queue again there
+    (4, ["short", "q-late", "long"]),                 # q-late needs exactly 4
+    (3, ["short", "long"]),
+    (0, ["short", "long"]),                           # no room: running requests only
+])
+def test_queued_request_moves_only_where_it_starts(dst_room, expected):
+    assert select_requests(SRC, "paper", max_n=10, dst_room=dst_room) == expected
+
+
+def test_room_rule_also_holds_for_the_blocked_head_of_line():
+    s = inst("s", total=20, running=[run("r", 15)], waiting=[wait("hol", 160), wait("q", 16)])
+    assert select_requests(s, max_n=3, hol_first=True) == ["hol", "q", "r"]
+    assert select_requests(s, max_n=3, hol_first=True, dst_room=5) == ["q", "r"]

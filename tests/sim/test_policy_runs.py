@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from llumnix.policy.freeness import room_for_queued
 from llumnix.sim.cluster import ClusterConfig
 from llumnix.sim.config import SystemSpec
 from llumnix.sim.latency import fit_a10_llama7b
@@ -32,6 +33,31 @@ def test_llumnix_beats_round_robin_on_p99_prefill_in_a_tiny_cluster():
         inst.engine.check_invariants()
         assert inst.engine.kv.num_free_blocks == inst.engine.kv.num_total_blocks
         assert not inst.llumlet.migrating_out
+
+
+def test_queued_moves_fits_sends_queued_requests_only_where_they_start():
+    spec = SystemSpec("llumnix", "llumnix", True,
+                      {"migrate_out_threshold": 10, "rescheduling": {"queued_moves": "fits"}})
+    policy = make_policy(spec, TINY)
+    picks = []
+    select = policy.select_request
+
+    def spy(src, dst):
+        rid = select(src, dst)
+        queued = {r.request_id: r.num_tokens for r in src.llumlet.report(0.0).waiting}
+        if rid in queued:
+            picks.append((-(-queued[rid] // TINY.block_size), room_for_queued(dst.llumlet.report(0.0))))
+        return rid
+
+    policy.select_request = spy
+    sim = Simulator(TINY, fit_a10_llama7b(), policy, make_trace(TraceSpec("S-L", "S-L", num_requests=300), 1.2, 0))
+    out = sim.run()
+    assert out["num_finished"] == 300 and out["migrations"]["num_committed"] > 0
+    assert picks, "the run should move some queued requests"
+    assert all(need <= room for need, room in picks)
+    for inst in sim.cluster.instances.values():
+        inst.engine.check_invariants()
+        assert inst.engine.kv.num_free_blocks == inst.engine.kv.num_total_blocks
 
 
 def test_simulate_command_writes_metrics_and_plots(tmp_path):

@@ -232,7 +232,10 @@ class InstanceActor:
             remote = _RemoteDestination(dst_instance_id, dst)
             reports = []
             for _ in range(max_migrations):
-                picked = self.server.call(lambda: self.llumlet.select_requests_to_migrate(time.time(), 1))
+                dst_status = (ray.get(dst.status.remote(), timeout=30)
+                              if self.llumlet.rescheduling.queued_moves != "any" else None)
+                picked = self.server.call(
+                    lambda d=dst_status: self.llumlet.select_requests_to_migrate(time.time(), 1, d))
                 if not picked:
                     break
                 rep = migrate(picked[0], self.server, remote, sender, self.migration_config)

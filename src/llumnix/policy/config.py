@@ -76,6 +76,7 @@ DISPATCH_POLICIES = ("llumnix", "infaas++", "round-robin", "least-requests", "ra
 SELECTIONS = ("paper", "SR", "LR", "FCW")
 SCALING_SIGNALS = ("mean", "cluster", "demand")
 DEFRAGS = ("paper", "hol")
+QUEUED_MOVES = ("any", "fits")
 PAIRINGS = ("paper", "fit")
 
 
@@ -123,6 +124,12 @@ class ReschedulingConfig:
     defrag: str = "paper"
     """paper (Algorithm 1) | hol: also move a blocked head-of-line request to an instance with
     room for it, and give it up first (``policy/defrag.py``; not in the paper)."""
+    queued_moves: str = "any"
+    """Which queued requests a source may give up: any (as the selection policy orders them) |
+    fits: only one that starts at once on the destination, i.e. whose blocks fit in the
+    destination's free blocks beyond its watermark and its own queue's demand
+    (``freeness.room_for_queued``; not in the paper). Moving a queued request to an instance
+    where it queues again gains nothing, and that instance then gives it up in turn."""
 
     def __post_init__(self) -> None:
         if self.in_threshold < self.out_threshold:
@@ -136,6 +143,9 @@ class ReschedulingConfig:
         if self.defrag not in DEFRAGS:
             raise PolicyConfigError(f"unknown defrag policy {self.defrag!r} (known: {', '.join(DEFRAGS)})",
                                     "rescheduling.defrag")
+        if self.queued_moves not in QUEUED_MOVES:
+            raise PolicyConfigError(f"unknown queued_moves {self.queued_moves!r} "
+                                    f"(known: {', '.join(QUEUED_MOVES)})", "rescheduling.queued_moves")
         if self.selection not in SELECTIONS:
             raise PolicyConfigError(f"unknown selection policy {self.selection!r} "
                                     f"(known: {', '.join(SELECTIONS)})", "rescheduling.selection")

@@ -108,11 +108,16 @@ def _queued_demand(status: InstanceStatus) -> int:
     return sum(_blocks_for(r.num_tokens, status.block_size) for r in status.waiting)
 
 
+def room_for_queued(status: InstanceStatus) -> int:
+    """Blocks a request joining the instance's queue could have at the next step: the free
+    blocks beyond the watermark and beyond what every request already queued needs to start
+    (FCFS admits those first); 0 when there are none."""
+    return max(0, status.num_free_blocks - status.num_watermark_blocks - _queued_demand(status))
+
+
 def fits_now(status: InstanceStatus, num_prompt_tokens: int) -> bool:
-    """A prompt of this length can be admitted at the instance's next step: its blocks fit
-    beside what every queued request needs to start (FCFS admits those first)."""
-    free = status.num_free_blocks - status.num_watermark_blocks - _queued_demand(status)
-    return free >= _blocks_for(num_prompt_tokens, status.block_size)
+    """A prompt of this length can be admitted at the instance's next step."""
+    return room_for_queued(status) >= _blocks_for(num_prompt_tokens, status.block_size)
 
 
 def normal_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
-from llumnix.policy.freeness import freeness
+from llumnix.policy.freeness import freeness, room_for_queued
 from llumnix.policy.pairing import is_source
 from llumnix.policy.selection import movable_requests, select_requests
 
@@ -59,11 +59,18 @@ class Llumlet:
     def freeness(self, now: float) -> float:
         return freeness(self.report(now), self.freeness_cfg)
 
-    def select_requests_to_migrate(self, now: float, max_n: int = 1) -> list[str]:
+    def select_requests_to_migrate(self, now: float, max_n: int = 1,
+                                   dst: InstanceStatus | None = None) -> list[str]:
         """Request ids to migrate next, by the configured selection policy, never one
-        already migrating."""
+        already migrating. ``dst``: the destination's latest status; with
+        ``queued_moves: fits`` a queued request goes only where it starts at once (without
+        ``dst`` that cannot be known, and no queued request is given up)."""
+        room = None
+        if self.rescheduling.queued_moves == "fits":
+            room = 0 if dst is None else room_for_queued(dst)
         return select_requests(self.report(now), self.rescheduling.selection, max_n,
-                               exclude=self.migrating_out, hol_first=self.rescheduling.defrag == "hol")
+                               exclude=self.migrating_out, hol_first=self.rescheduling.defrag == "hol",
+                               dst_room=room)
 
     def should_keep_migrating(self, now: float) -> bool:
         """Still a source (terminating, or freeness below the out threshold) and still

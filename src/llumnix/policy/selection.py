@@ -15,6 +15,10 @@ only normal requests are queued).
 ``hol_first`` (``rescheduling.defrag: hol``, not the paper's): on a blocked instance
 the head-of-line queued request goes first, whatever its priority or length, since
 moving it is what unblocks the queue (``policy/defrag.py``).
+
+``dst_room`` (``rescheduling.queued_moves: fits``, not the paper's): the blocks the
+destination has for a request joining its queue (``freeness.room_for_queued``); a queued
+request that needs more is not a candidate, since it would only queue again there.
 """
 from __future__ import annotations
 
@@ -43,8 +47,12 @@ def movable_requests(status: InstanceStatus, exclude: Collection[str] = frozense
 
 
 def select_requests(status: InstanceStatus, policy: str = "paper", max_n: int = 1,
-                    exclude: Collection[str] = frozenset(), hol_first: bool = False) -> list[str]:
+                    exclude: Collection[str] = frozenset(), hol_first: bool = False,
+                    dst_room: int | None = None) -> list[str]:
     """Up to ``max_n`` request ids to migrate out of ``status``, best first."""
+    if dst_room is not None:
+        exclude = {*exclude, *(r.request_id for r in status.waiting
+                               if -(-r.num_tokens // status.block_size) > dst_room)}
     if hol_first and is_blocked(status):
         hol = status.waiting[0]
         if not hol.is_migrating and hol.request_id not in exclude:

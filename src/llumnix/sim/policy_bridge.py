@@ -108,7 +108,9 @@ class PolicyBridge:
         return [(o.src_instance_id, o.dst_instance_id) for o in self.gs.reschedule(self._now())]
 
     def select_request(self, src: SimInstance, dst: SimInstance) -> str | None:
-        picked = src.llumlet.select_requests_to_migrate(self._now(), 1)
+        now = self._now()
+        dst_status = dst.llumlet.report(now) if self.config.rescheduling.queued_moves != "any" else None
+        picked = src.llumlet.select_requests_to_migrate(now, 1, dst_status)
         return picked[0] if picked else None
 
     def on_migration_started(self, src: SimInstance, request_id: str) -> None:
