@@ -3,7 +3,9 @@
     .venv/bin/python benchmarks/sim/beyond_tables.py > /tmp/tables.md
 
 prints the markdown tables and rewrites results/peers/peers_bars.png and
-results/improvement/improvement_bars.png.
+results/improvement/improvement_bars.png. Points are (trace, rate): the lowest and the top
+load-matched rate of each trace; every variant in the improvement run is compared with
+the paper's Llumnix over the seeds both ran.
 """
 import json
 from pathlib import Path
@@ -38,17 +40,21 @@ peers = load("peers")
 # llumnix seed 0 from the improvement run joins the peers table (same config and seed)
 peer_recs = peers + [r for r in imp if r["system"] == "llumnix" and r["seed"] == 0]
 PEER_SYS = ["llumnix", "power-of-two", "least-requests", "llm-d"]
+VARIANTS = [v for v in ("llumnix-shield", "llumnix-qfit", "llumnix-plus", "llumnix-hyst") if any(r["system"] == v for r in imp)]
+
+
+def points(recs):
+    """(trace, rate) in trace order, then rate."""
+    return sorted({(r["trace"], r["rate"]) for r in recs}, key=lambda p: (TRACES.index(p[0]), p[1]))
+
 
 out = []
-out.append("### Peers at each trace's top rate (seed 0)\n")
+out.append("### Peers at the lowest and top load-matched rate of each trace (seed 0)\n")
 for m, s, label in METRICS:
     out.append(f"\n{label}\n\n| trace | rate | " + " | ".join(PEER_SYS) + " |")
     out.append("|---|---|" + "---|" * len(PEER_SYS))
-    for t in TRACES:
-        rs = {r["system"]: r for r in peer_recs if r["trace"] == t}
-        if not rs:
-            continue
-        rate = next(iter(rs.values()))["rate"]
+    for t, rate in points(peer_recs):
+        rs = {r["system"]: r for r in peer_recs if (r["trace"], r["rate"]) == (t, rate)}
         cells = []
         base = rs.get("llumnix")
         for sname in PEER_SYS:
@@ -63,48 +69,78 @@ for m, s, label in METRICS:
             cells.append(fmt(v) + ratio)
         out.append(f"| {t} | {rate:g} | " + " | ".join(cells) + " |")
 
-IMP_SYS = ["llumnix", "llumnix-shield"]
-out.append("\n### Improvement: llumnix vs llumnix-shield at each trace's top rate, seeds 0-2 (M-M: 0-5)\n")
-for m, s, label in METRICS:
-    rlabel = "ratio of the means" if m == "preemption_loss" else "mean of per-seed ratios"
-    out.append(f"\n{label}: mean over seeds (per seed)\n\n| trace | rate | llumnix | llumnix-shield | shield / llumnix ({rlabel}) | seeds won |")
-    out.append("|---|---|---|---|---|---|")
-    for t in TRACES:
-        by = {}
-        for r in imp:
-            if r["trace"] == t:
-                by.setdefault(r["system"], {})[r["seed"]] = r
-        if len(by) < 2:
-            continue
-        seeds = sorted(set(by["llumnix"]) & set(by["llumnix-shield"]))
-        a = [val(by["llumnix"][k], m, s) for k in seeds]
-        b = [val(by["llumnix-shield"][k], m, s) for k in seeds]
-        ratios = [y / x for x, y in zip(a, b, strict=True) if x > 0]
-        if m == "preemption_loss":  # near-zero baselines make per-seed ratios meaningless
-            ratios = [np.mean(b) / np.mean(a)] if np.mean(a) > 0 else []
-        won = sum(y < x for x, y in zip(a, b, strict=True))
-        tie = sum(y == x for x, y in zip(a, b, strict=True))
-        rate = by["llumnix"][seeds[0]]["rate"]
-        rtxt = f"{np.mean(ratios):.3f}" if ratios else "-"
-        out.append(f"| {t} | {rate:g} | {fmt(np.mean(a))} ({', '.join(fmt(x) for x in a)}) | "
-                   f"{fmt(np.mean(b))} ({', '.join(fmt(x) for x in b)}) | {rtxt} | {won}/{len(seeds)}"
-                   + (f" ({tie} tied)" if tie else "") + " |")
+
+def variant_row(by, variant, m, s):
+    """Cells comparing ``variant`` with llumnix over their common seeds."""
+    seeds = sorted(set(by["llumnix"]) & set(by[variant]))
+    a = [val(by["llumnix"][k], m, s) for k in seeds]
+    b = [val(by[variant][k], m, s) for k in seeds]
+    ratios = [y / x for x, y in zip(a, b, strict=True) if x > 0]
+    if m == "preemption_loss":  # near-zero baselines make per-seed ratios meaningless
+        ratios = [np.mean(b) / np.mean(a)] if np.mean(a) > 0 else []
+    won = sum(y < x for x, y in zip(a, b, strict=True))
+    tie = sum(y == x for x, y in zip(a, b, strict=True))
+    rtxt = f"{np.mean(ratios):.3f}" if ratios else "-"
+    return (f"{fmt(np.mean(b))} ({', '.join(fmt(x) for x in b)}) | {rtxt} | {won}/{len(seeds)}"
+            + (f" ({tie} tied)" if tie else ""))
+
+
+def ratio_won(by, variant, m, s):
+    """Mean of per-seed ratios variant / llumnix and seeds won, as 'r (w/n)'."""
+    seeds = sorted(set(by["llumnix"]) & set(by[variant]))
+    a = [val(by["llumnix"][k], m, s) for k in seeds]
+    b = [val(by[variant][k], m, s) for k in seeds]
+    ratios = [y / x for x, y in zip(a, b, strict=True) if x > 0]
+    won = sum(y < x for x, y in zip(a, b, strict=True))
+    return f"{np.mean(ratios):.2f} ({won}/{len(seeds)})" if ratios else "-"
+
+
+out.append("\n### Summary: each variant / llumnix, mean of per-seed ratios (seeds won)\n")
+out.append("| trace | rate | " + " | ".join(f"{v} P99 prefill | {v} P99 decode" for v in VARIANTS) + " |")
+out.append("|---|---|" + "---|---|" * len(VARIANTS))
+for t, rate in points(imp):
+    by = {}
+    for r in imp:
+        if (r["trace"], r["rate"]) == (t, rate):
+            by.setdefault(r["system"], {})[r["seed"]] = r
+    cells = [ratio_won(by, v, m, "p99") if v in by else "-" for v in VARIANTS for m in ("prefill", "decode")]
+    out.append(f"| {t} | {rate:g} | " + " | ".join(cells) + " |")
+
+for variant in VARIANTS:
+    out.append(f"\n### Improvement: llumnix vs {variant}, lowest and top load-matched rate, seeds 0-2 (M-M: 0-5)\n")
+    for m, s, label in METRICS:
+        rlabel = "ratio of the means" if m == "preemption_loss" else "mean of per-seed ratios"
+        out.append(f"\n{label}: mean over seeds (per seed)\n\n| trace | rate | llumnix | {variant} | "
+                   f"{variant} / llumnix ({rlabel}) | seeds won |")
+        out.append("|---|---|---|---|---|---|")
+        for t, rate in points(imp):
+            by = {}
+            for r in imp:
+                if (r["trace"], r["rate"]) == (t, rate):
+                    by.setdefault(r["system"], {})[r["seed"]] = r
+            if "llumnix" not in by or variant not in by:
+                continue
+            a = [val(by["llumnix"][k], m, s) for k in sorted(by["llumnix"])]
+            out.append(f"| {t} | {rate:g} | {fmt(np.mean(a))} ({', '.join(fmt(x) for x in a)}) | "
+                       + variant_row(by, variant, m, s) + " |")
 print("\n".join(out))
 
 
 def bars(recs, systems, path, title):
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    """One bar per (trace, rate) and system: the mean over seeds, the error bar half the range."""
+    pts = points(recs)
+    fig, axes = plt.subplots(1, 4, figsize=(24, 4.6))
     for ax, (m, s, label) in zip(axes, METRICS, strict=True):
-        x = np.arange(len(TRACES))
+        x = np.arange(len(pts))
         w = 0.8 / len(systems)
         for i, sname in enumerate(systems):
             means, errs = [], []
-            for t in TRACES:
-                vs = [val(r, m, s) for r in recs if r["trace"] == t and r["system"] == sname]
+            for pt in pts:
+                vs = [val(r, m, s) for r in recs if (r["trace"], r["rate"]) == pt and r["system"] == sname]
                 means.append(np.mean(vs) if vs else np.nan)
                 errs.append((np.max(vs) - np.min(vs)) / 2 if len(vs) > 1 else 0)
             ax.bar(x + i * w - 0.4 + w / 2, means, w, yerr=errs, label=sname, capsize=2)
-        ax.set_xticks(x, TRACES, rotation=30)
+        ax.set_xticks(x, [f"{t} {rate:g}" for t, rate in pts], rotation=60, fontsize=7)
         ax.set_yscale("log")
         ax.set_title(label)
     axes[0].legend(fontsize=8)
@@ -114,7 +150,8 @@ def bars(recs, systems, path, title):
 
 
 if peer_recs:
-    bars(peer_recs, PEER_SYS, R / "peers" / "peers_bars.png", "Peers vs Llumnix, top rate of each trace, seed 0 (log scale)")
+    bars(peer_recs, PEER_SYS, R / "peers" / "peers_bars.png",
+         "Peers vs Llumnix, lowest and top load-matched rate of each trace, seed 0 (log scale)")
 if imp:
-    bars(imp, IMP_SYS, R / "improvement" / "improvement_bars.png",
-         "Llumnix vs Llumnix + decode shield, top rate, mean of seeds 0-2 (bars: half range) (log scale)")
+    bars(imp, ["llumnix", *VARIANTS], R / "improvement" / "improvement_bars.png",
+         "Llumnix vs our variants, lowest and top load-matched rate, mean of seeds 0-2 (bars: half range) (log scale)")
