@@ -29,9 +29,12 @@ PROMPTS = ["The first request", "A second one, longer than the first", "third", 
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir):
-    # migration timeout 2 s: dead sources' reservations are freed in 4 s
+    # migration timeout 2 s: dead sources' reservations are freed in 4 s. queued_moves: fits
+    # makes every migrate_out read its destination's status over Ray (the drains here still
+    # move every request: running ones always, queued ones where they start at once).
     with running_cluster(tiny_model_dir, "ft", instances=4, engine={"num_blocks": 600},
-                         migration={"timeout_s": 2.0}) as c:
+                         migration={"timeout_s": 2.0},
+                         scheduling={"rescheduling": {"queued_moves": "fits"}}) as c:
         yield c
 
 
