@@ -99,3 +99,16 @@ def test_queued_moves_fits_reads_the_destination(dst, expected):
     assert llumlet(src, queued_moves="fits").select_requests_to_migrate(0.0, 1, dst) == [expected]
     # the paper's rule moves q (32 tokens, the shortest) wherever it goes
     assert llumlet(src).select_requests_to_migrate(0.0, 1, dst) == ["q"]
+
+
+@pytest.mark.parametrize("dst,expected", [
+    (inst("d", running=[run("x", 50)]), ["q"]),                     # (50 - 2) / 2 = 24 >= 5
+    (inst("d", running=[run(f"x{k}", 22) for k in range(4)]), []),  # (12 - 2) / 5 = 2 < 5: it would become a source
+    (None, ["q"]),                                                  # destination unknown: the pick stands
+])
+def test_stable_pairing_stops_a_move_that_would_make_the_destination_a_source(dst, expected):
+    src = inst("engine-id", running=[run("short", 3, 40), run("long", 60, 900)], waiting=[wait("q", 32)])
+    ll = llumlet(src, pairing="stable")
+    assert ll.reads_destination
+    assert ll.select_requests_to_migrate(0.0, 1, dst) == expected
+    assert not llumlet(src).reads_destination

@@ -98,3 +98,27 @@ ROOMY = [run(f"r{k}", 5) for k in range(10)]       # F = 5: 50 blocks free
 def test_fit_pairing_pairs_sources_with_destinations_that_can_reserve(statuses, expected_paper, expected_fit):
     assert pairs(statuses) == expected_paper
     assert pairs(statuses, pairing="fit") == expected_fit
+
+
+@pytest.mark.parametrize("statuses,expected_fit,expected_stable", [
+    # busy gives up a 19-block request; the freest destination, roomy (F = 50), keeps
+    # (100 - 50 - 19) / 2 = 15.5 >= 3 after taking it: both rules pick it
+    ([inst("busy", running=BUSY), inst("near", running=[run(f"n{k}", 20) for k in range(4)]),
+      inst("roomy", running=MID)],
+     [("busy", "roomy")], [("busy", "roomy")]),
+    # only near is a destination (F = (100 - 80) / 4 = 5 > 3); after 19 more blocks and a
+    # fifth request it would be at (20 - 19) / 5 = 0.2 < 3: stable leaves busy unpaired
+    ([inst("busy", running=BUSY), inst("near", running=[run(f"n{k}", 20) for k in range(4)])],
+     [("busy", "near")], []),
+    # a queued request counts its prompt's demand there: 2 blocks keep near at 18 / 5 = 3.6
+    ([inst("busy", running=BUSY, waiting=[wait("q", 32)]),
+      inst("near", running=[run(f"n{k}", 20) for k in range(4)])],
+     [("busy", "near")], [("busy", "near")]),
+    # ... and a 6-block prompt would not: (20 - 6) / 5 = 2.8
+    ([inst("busy", running=BUSY, waiting=[wait("q", 96)]),
+      inst("near", running=[run(f"n{k}", 20) for k in range(4)])],
+     [("busy", "near")], []),
+])
+def test_stable_pairing_never_makes_the_destination_a_source(statuses, expected_fit, expected_stable):
+    assert pairs(statuses, pairing="fit") == expected_fit
+    assert pairs(statuses, pairing="stable") == expected_stable

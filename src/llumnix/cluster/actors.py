@@ -232,8 +232,7 @@ class InstanceActor:
             remote = _RemoteDestination(dst_instance_id, dst)
             reports = []
             for _ in range(max_migrations):
-                dst_status = (ray.get(dst.status.remote(), timeout=30)
-                              if self.llumlet.rescheduling.queued_moves != "any" else None)
+                dst_status = ray.get(dst.status.remote(), timeout=30) if self.llumlet.reads_destination else None
                 picked = self.server.call(
                     lambda d=dst_status: self.llumlet.select_requests_to_migrate(time.time(), 1, d))
                 if not picked:

@@ -77,7 +77,7 @@ SELECTIONS = ("paper", "SR", "LR", "FCW")
 SCALING_SIGNALS = ("mean", "cluster", "demand")
 DEFRAGS = ("paper", "hol")
 QUEUED_MOVES = ("any", "fits")
-PAIRINGS = ("paper", "fit")
+PAIRINGS = ("paper", "fit", "stable")
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,8 @@ class ReschedulingConfig:
     """Which request a source gives up: paper (lower priority, then shorter) | SR | LR | FCW."""
     pairing: str = "paper"
     """paper (lowest freeness with highest) | fit: with the highest that has room for the
-    request the source will give up (``policy/pairing.py``; not in the paper)."""
+    request the source will give up | stable: fit, and taking that request does not make
+    the destination a source (``policy/pairing.py``; neither is in the paper)."""
     defrag: str = "paper"
     """paper (Algorithm 1) | hol: also move a blocked head-of-line request to an instance with
     room for it, and give it up first (``policy/defrag.py``; not in the paper)."""

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.freeness import freeness, room_for_queued
-from llumnix.policy.pairing import is_source
+from llumnix.policy.pairing import demand_of, is_source, stays_destination
 from llumnix.policy.selection import movable_requests, select_requests
 
 
@@ -64,13 +64,25 @@ class Llumlet:
         """Request ids to migrate next, by the configured selection policy, never one
         already migrating. ``dst``: the destination's latest status; with
         ``queued_moves: fits`` a queued request goes only where it starts at once (without
-        ``dst`` that cannot be known, and no queued request is given up)."""
+        ``dst`` that cannot be known, and no queued request is given up); with
+        ``pairing: stable`` nothing is picked if taking the request would make ``dst`` a source."""
         room = None
         if self.rescheduling.queued_moves == "fits":
             room = 0 if dst is None else room_for_queued(dst)
-        return select_requests(self.report(now), self.rescheduling.selection, max_n,
-                               exclude=self.migrating_out, hol_first=self.rescheduling.defrag == "hol",
-                               dst_room=room)
+        status = self.report(now)
+        picks = select_requests(status, self.rescheduling.selection, max_n, exclude=self.migrating_out,
+                                hol_first=self.rescheduling.defrag == "hol", dst_room=room)
+        # with pairing: stable the next move, like the first (pairing.py), must not make the
+        # destination a source
+        if (self.rescheduling.pairing == "stable" and dst is not None and picks
+                and not stays_destination(dst, demand_of(status, picks[0]), self.rescheduling, self.freeness_cfg)):
+            return []
+        return picks
+
+    @property
+    def reads_destination(self) -> bool:
+        """Selection needs the destination's status (``queued_moves: fits``, ``pairing: stable``)."""
+        return self.rescheduling.queued_moves != "any" or self.rescheduling.pairing == "stable"
 
     def should_keep_migrating(self, now: float) -> bool:
         """Still a source (terminating, or freeness below the out threshold) and still

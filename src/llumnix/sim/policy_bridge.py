@@ -109,7 +109,7 @@ class PolicyBridge:
 
     def select_request(self, src: SimInstance, dst: SimInstance) -> str | None:
         now = self._now()
-        dst_status = dst.llumlet.report(now) if self.config.rescheduling.queued_moves != "any" else None
+        dst_status = dst.llumlet.report(now) if src.llumlet.reads_destination else None
         picked = src.llumlet.select_requests_to_migrate(now, 1, dst_status)
         return picked[0] if picked else None
 
