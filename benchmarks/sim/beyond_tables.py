@@ -40,7 +40,7 @@ peers = load("peers")
 # llumnix seed 0 from the improvement run joins the peers table (same config and seed)
 peer_recs = peers + [r for r in imp if r["system"] == "llumnix" and r["seed"] == 0]
 PEER_SYS = ["llumnix", "power-of-two", "least-requests", "llm-d"]
-VARIANTS = [v for v in ("llumnix-shield", "llumnix-qfit", "llumnix-plus", "llumnix-hyst") if any(r["system"] == v for r in imp)]
+VARIANTS = [v for v in ("llumnix-shield", "llumnix-qfit", "llumnix-plus", "llumnix-stable", "llumnix-hyst") if any(r["system"] == v for r in imp)]
 
 
 def points(recs):

@@ -1,12 +1,15 @@
-"""Which requests make the prefill tail, and how often were they moved while queued?
+"""Which requests make the prefill tail, how often were they moved while queued, and how
+much do migrations churn?
 
 For one point of `improvement.yaml` (trace, rate, seed) and each named system, runs the
 simulator and looks at the requests in the top 1% of prefill latency (TTFT): how many
 migrations each had before its first token, and how many of those moved it while it was
-still queued (a queued request moves as metadata: no KV, zero stages).
+still queued (a queued request moves as metadata: no KV, zero stages). Churn over all
+committed migrations: how many requests moved, how often, and how many moves followed the
+same request's previous move within 5 s or sent it back where it came from.
 
     .venv/bin/python benchmarks/sim/queued_moves.py                          # S-L 4.1 seed 0
-    .venv/bin/python benchmarks/sim/queued_moves.py S-L 4.1 0 llumnix llumnix-qfit
+    .venv/bin/python benchmarks/sim/queued_moves.py S-L 4.1 0 llumnix llumnix-qfit llumnix-stable
 
 Prints a line per system and writes results/queued_moves/metrics.json.
 """
@@ -47,9 +50,18 @@ def _run(args):
     reqs = [r for r in sim.metrics.requests if r.ttft is not None]
     cut = float(np.quantile([r.ttft for r in reqs], 0.99))
     top = [r for r in reqs if r.ttft >= cut]
-    before = [[m for m in moves[ids[r.arrival_time]] if m.start_time < r.first_token_time] for r in top]
+    before = [[m for m in moves.get(ids[r.arrival_time], []) if m.start_time < r.first_token_time] for r in top]
     queued = [sum(1 for m in ms if m.num_stages == 0) for ms in before]
-    return {"trace": trace_name, "rate": rate, "seed": seed, "system": system,
+    repeats = quick = back = 0
+    for ms in moves.values():
+        ms.sort(key=lambda m: m.start_time)
+        for a, b in zip(ms, ms[1:], strict=False):
+            repeats += 1
+            quick += b.start_time - a.end_time < 5.0
+            back += b.dst_instance_id == a.src_instance_id
+    churn = {"requests_moved": len(moves), "max_moves": max((len(v) for v in moves.values()), default=0),
+             "repeat_moves": repeats, "repeat_within_5s": quick, "back_to_previous": back}
+    return {"trace": trace_name, "rate": rate, "seed": seed, "system": system, "churn": churn,
             "prefill_p99": out["prefill"]["p99"], "migrations": out["migrations"]["num_committed"],
             "queued_migrations": sum(1 for ms in moves.values() for m in ms if m.num_stages == 0),
             "top1pct": {"count": len(top), "moved_while_queued_share": float(np.mean([q > 0 for q in queued])),
@@ -60,7 +72,7 @@ def _run(args):
 def main() -> None:
     a = sys.argv[1:]
     trace_name, rate, seed = (a[0], float(a[1]), int(a[2])) if len(a) >= 3 else ("S-L", 4.1, 0)
-    systems = a[3:] or ["llumnix", "llumnix-qfit"]
+    systems = a[3:] or ["llumnix", "llumnix-qfit", "llumnix-stable"]
     t0 = time.time()
     with ProcessPoolExecutor(2) as pool:
         records = list(pool.map(_run, [(trace_name, rate, seed, s) for s in systems]))
@@ -70,6 +82,10 @@ def main() -> None:
               f"migrations {r['migrations']} ({r['queued_migrations']} of queued requests); top 1%: "
               f"{t['moved_while_queued_share']:.0%} moved while queued, {t['queued_moves_mean']:.2f} moves each "
               f"(max {t['queued_moves_max']}), median prompt {t['prompt_tokens_p50']:g} tokens")
+        c = r["churn"]
+        print(f"    churn: {c['requests_moved']} requests moved (up to {c['max_moves']} times each); "
+              f"{c['repeat_moves']} repeat moves, {c['repeat_within_5s']} within 5 s of the previous, "
+              f"{c['back_to_previous']} back where it came from")
     out = HERE / "results" / "queued_moves"
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps({"config": "improvement.yaml", "machine": machine_info(with_torch=False),
