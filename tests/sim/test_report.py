@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from llumnix.sim.report import figure11_goals, goals_markdown
+from llumnix.sim.report import figure11_goals, goals_markdown, seed_ordering_markdown
 
 
 def rec(trace, rate, system, p99_prefill, p99_decode, loss, seed=0):
@@ -45,3 +45,14 @@ def test_seeds_are_averaged_before_the_ratio():
                      for r in RECORDS if r["trace"] == "L-L" and r["rate"] == 3.0]
     # L-L top: llumnix (2 + 6) / 2 = 4, infaas++ (8 + 24) / 2 = 16
     assert figure11_goals(two)["p99_prefill_ratio"]["L-L"] == pytest.approx(4.0)
+
+
+def test_seed_ordering_counts_seeds_and_compares_means():
+    recs = [rec("S-L", 4.1, "llumnix", 6.0, 0.14, 1.0, seed=0), rec("S-L", 4.1, "infaas++", 1.0, 0.20, 6.0, seed=0),
+            rec("S-L", 4.1, "llumnix", 1.0, 0.10, 0.2, seed=1), rec("S-L", 4.1, "infaas++", 2.0, 0.20, 4.0, seed=1),
+            rec("S-L", 4.1, "llumnix", 9.0, 0.1, 0.0, seed=2)]  # seed 2 has no INFaaS++ run: left out
+    text = seed_ordering_markdown(recs)
+    row = next(line for line in text.splitlines() if line.startswith("| S-L"))
+    # means: llumnix 3.5, infaas++ 1.5 -> 0.43x; llumnix <= infaas++ on seed 1 only;
+    # decode 0.20 / 0.12 = 1.67x; loss 0.6 / 5
+    assert "| 3.5 (6, 1) | 1.5 (1, 2) | 0.43x | 1/2 | 1.67x | 0.6 / 5 |" in row

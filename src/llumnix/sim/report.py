@@ -226,6 +226,38 @@ def goals_markdown(records: list[dict[str, Any]], **kw: Any) -> str:
 
 
 # -- priorities and auto-scaling (Figures 13-15) --------------------------------------------
+def _per_seed(runs: dict[int, dict[str, Any]], seeds: list[int], metric: str, stat: str) -> list[float]:
+    return [float(runs[k][metric][stat]) for k in seeds]
+
+
+def seed_ordering_markdown(records: list[dict[str, Any]], ours: str = "llumnix", base: str = "infaas++") -> str:
+    """Per (trace, rate): P99 prefill of ``ours`` and ``base`` on every seed both ran, the
+    ratio of their means, on how many seeds ``ours`` is no worse, and the mean P99 decode
+    ratio and mean preemption loss: the ordering judged over seeds, not on one."""
+    by: dict[tuple[str, float], dict[str, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    for r in records:
+        by[(r["trace"], r["rate"])][r["system"]][r["seed"]] = r
+    lines = [f"| trace | rate | P99 prefill {ours} (seeds) | P99 prefill {base} (seeds) | {base}/{ours} (means) "
+             f"| seeds {ours} <= {base} | P99 decode {base}/{ours} | preemption loss {ours} / {base} (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (t, rate), systems in by.items():
+        seeds = sorted(set(systems.get(ours, {})) & set(systems.get(base, {})))
+        if not seeds:
+            continue
+        a, b = systems[ours], systems[base]
+        pa, pb = _per_seed(a, seeds, "prefill", "p99"), _per_seed(b, seeds, "prefill", "p99")
+        won = sum(x <= y for x, y in zip(pa, pb, strict=True))
+        dec = _ratio(float(np.mean(_per_seed(b, seeds, "decode", "p99"))),
+                     float(np.mean(_per_seed(a, seeds, "decode", "p99"))))
+        la = np.mean(_per_seed(a, seeds, "preemption_loss", "mean"))
+        lb = np.mean(_per_seed(b, seeds, "preemption_loss", "mean"))
+        lines.append(f"| {t} | {rate:g} | {_fmt(float(np.mean(pa)))} ({', '.join(_fmt(x) for x in pa)}) "
+                     f"| {_fmt(float(np.mean(pb)))} ({', '.join(_fmt(x) for x in pb)}) "
+                     f"| {_ratio(float(np.mean(pb)), float(np.mean(pa))):.2f}x | {won}/{len(seeds)} "
+                     f"| {dec:.2f}x | {_fmt(float(la))} / {_fmt(float(lb))} |")
+    return "\n".join(lines) + "\n"
+
+
 def _seed_mean(records: list[dict[str, Any]], get: Any) -> float:
     """Mean over seeds of ``get(record)`` (nan where a record lacks the value)."""
     vals = []
