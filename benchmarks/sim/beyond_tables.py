@@ -70,39 +70,48 @@ for m, s, label in METRICS:
         out.append(f"| {t} | {rate:g} | " + " | ".join(cells) + " |")
 
 
-def variant_row(by, variant, m, s):
-    """Cells comparing ``variant`` with llumnix over their common seeds."""
+def by_seed(t, rate):
+    """system -> seed -> record of the improvement run at (trace, rate)."""
+    by = {}
+    for r in imp:
+        if (r["trace"], r["rate"]) == (t, rate):
+            by.setdefault(r["system"], {})[r["seed"]] = r
+    return by
+
+
+def compare(by, variant, m, s):
+    """``variant`` against llumnix over their common seeds: the variant's values, the
+    per-seed ratios variant / llumnix, and the seeds it wins (lower) and ties."""
     seeds = sorted(set(by["llumnix"]) & set(by[variant]))
     a = [val(by["llumnix"][k], m, s) for k in seeds]
     b = [val(by[variant][k], m, s) for k in seeds]
     ratios = [y / x for x, y in zip(a, b, strict=True) if x > 0]
-    if m == "preemption_loss":  # near-zero baselines make per-seed ratios meaningless
-        ratios = [np.mean(b) / np.mean(a)] if np.mean(a) > 0 else []
     won = sum(y < x for x, y in zip(a, b, strict=True))
     tie = sum(y == x for x, y in zip(a, b, strict=True))
+    return a, b, ratios, won, tie, len(seeds)
+
+
+def variant_row(by, variant, m, s):
+    """Cells comparing ``variant`` with llumnix over their common seeds."""
+    a, b, ratios, won, tie, n = compare(by, variant, m, s)
+    if m == "preemption_loss":  # near-zero baselines make per-seed ratios meaningless
+        ratios = [np.mean(b) / np.mean(a)] if np.mean(a) > 0 else []
     rtxt = f"{np.mean(ratios):.3f}" if ratios else "-"
-    return (f"{fmt(np.mean(b))} ({', '.join(fmt(x) for x in b)}) | {rtxt} | {won}/{len(seeds)}"
+    return (f"{fmt(np.mean(b))} ({', '.join(fmt(x) for x in b)}) | {rtxt} | {won}/{n}"
             + (f" ({tie} tied)" if tie else ""))
 
 
 def ratio_won(by, variant, m, s):
     """Mean of per-seed ratios variant / llumnix and seeds won, as 'r (w/n)'."""
-    seeds = sorted(set(by["llumnix"]) & set(by[variant]))
-    a = [val(by["llumnix"][k], m, s) for k in seeds]
-    b = [val(by[variant][k], m, s) for k in seeds]
-    ratios = [y / x for x, y in zip(a, b, strict=True) if x > 0]
-    won = sum(y < x for x, y in zip(a, b, strict=True))
-    return f"{np.mean(ratios):.2f} ({won}/{len(seeds)})" if ratios else "-"
+    _, _, ratios, won, _, n = compare(by, variant, m, s)
+    return f"{np.mean(ratios):.2f} ({won}/{n})" if ratios else "-"
 
 
 out.append("\n### Summary: each variant / llumnix, mean of per-seed ratios (seeds won)\n")
 out.append("| trace | rate | " + " | ".join(f"{v} P99 prefill | {v} P99 decode" for v in VARIANTS) + " |")
 out.append("|---|---|" + "---|---|" * len(VARIANTS))
 for t, rate in points(imp):
-    by = {}
-    for r in imp:
-        if (r["trace"], r["rate"]) == (t, rate):
-            by.setdefault(r["system"], {})[r["seed"]] = r
+    by = by_seed(t, rate)
     cells = [ratio_won(by, v, m, "p99") if v in by else "-" for v in VARIANTS for m in ("prefill", "decode")]
     out.append(f"| {t} | {rate:g} | " + " | ".join(cells) + " |")
 
@@ -114,10 +123,7 @@ for variant in VARIANTS:
                    f"{variant} / llumnix ({rlabel}) | seeds won |")
         out.append("|---|---|---|---|---|---|")
         for t, rate in points(imp):
-            by = {}
-            for r in imp:
-                if (r["trace"], r["rate"]) == (t, rate):
-                    by.setdefault(r["system"], {})[r["seed"]] = r
+            by = by_seed(t, rate)
             if "llumnix" not in by or variant not in by:
                 continue
             a = [val(by["llumnix"][k], m, s) for k in sorted(by["llumnix"])]
