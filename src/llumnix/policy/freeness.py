@@ -23,13 +23,14 @@ from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import FreenessConfig
 
 
-def _blocks_for(num_tokens: int, block_size: int) -> int:
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold ``num_tokens`` tokens."""
     return -(-num_tokens // block_size)
 
 
 def headroom_blocks(cfg: FreenessConfig, priority: int, block_size: int) -> float:
     """Blocks held in reserve for all of one priority's requests on an instance."""
-    return _blocks_for(cfg.headroom_tokens.get(priority, 0), block_size)
+    return blocks_for(cfg.headroom_tokens.get(priority, 0), block_size)
 
 
 def head_of_line_demand(status: InstanceStatus) -> int:
@@ -41,7 +42,7 @@ def head_of_line_demand(status: InstanceStatus) -> int:
         return 0
     if status.head_of_line_demand > 0:
         return status.head_of_line_demand
-    return _blocks_for(status.waiting[0].num_tokens, status.block_size)
+    return blocks_for(status.waiting[0].num_tokens, status.block_size)
 
 
 def _running_usages(status: InstanceStatus, cfg: FreenessConfig) -> list[float]:
@@ -105,7 +106,7 @@ def queue_aware_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
 
 def _queued_demand(status: InstanceStatus) -> int:
     """Blocks every queued request needs to start."""
-    return sum(_blocks_for(r.num_tokens, status.block_size) for r in status.waiting)
+    return sum(blocks_for(r.num_tokens, status.block_size) for r in status.waiting)
 
 
 def room_for_queued(status: InstanceStatus) -> int:
@@ -117,7 +118,7 @@ def room_for_queued(status: InstanceStatus) -> int:
 
 def fits_now(status: InstanceStatus, num_prompt_tokens: int) -> bool:
     """A prompt of this length can be admitted at the instance's next step."""
-    return room_for_queued(status) >= _blocks_for(num_prompt_tokens, status.block_size)
+    return room_for_queued(status) >= blocks_for(num_prompt_tokens, status.block_size)
 
 
 def normal_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.defrag import plan_hol_moves
-from llumnix.policy.freeness import freeness, total_virtual_usage
+from llumnix.policy.freeness import blocks_for, freeness, total_virtual_usage
 from llumnix.policy.selection import select_requests
 
 
@@ -117,7 +117,7 @@ def demand_of(status: InstanceStatus, request_id: str) -> int:
     """Blocks the request will need on a destination: its KV blocks if it runs, its
     prompt's demand if it is queued."""
     r = next(r for r in (*status.running, *status.waiting) if r.request_id == request_id)
-    return r.num_blocks if r.is_running else -(-r.num_tokens // status.block_size)
+    return r.num_blocks if r.is_running else blocks_for(r.num_tokens, status.block_size)
 
 
 def stays_destination(dst: InstanceStatus, demand: int, cfg: ReschedulingConfig,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.dispatch_queue import DispatchRequest
+from llumnix.policy.freeness import blocks_for
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,8 @@ class PendingDispatches:
         self._by_instance: dict[str, list[_Pending]] = {}
 
     def add(self, instance_id: str, req: DispatchRequest, block_size: int, now: float) -> None:
-        blocks = -(-req.num_prompt_tokens // block_size)
-        brief = RequestBrief(req.request_id, req.priority, blocks, req.num_prompt_tokens,
-                             req.arrival_time, is_running=True)
+        brief = RequestBrief(req.request_id, req.priority, blocks_for(req.num_prompt_tokens, block_size),
+                             req.num_prompt_tokens, req.arrival_time, is_running=True)
         self._by_instance.setdefault(instance_id, []).append(_Pending(now, brief))
 
     def on_status(self, status: InstanceStatus, grace_s: float) -> None:

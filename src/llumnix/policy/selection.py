@@ -28,6 +28,7 @@ from typing import Any
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import SELECTIONS, PolicyConfigError
 from llumnix.policy.defrag import is_blocked
+from llumnix.policy.freeness import blocks_for
 
 __all__ = ["SELECTIONS", "movable_requests", "select_requests"]
 
@@ -52,7 +53,7 @@ def select_requests(status: InstanceStatus, policy: str = "paper", max_n: int = 
     """Up to ``max_n`` request ids to migrate out of ``status``, best first."""
     if dst_room is not None:
         exclude = {*exclude, *(r.request_id for r in status.waiting
-                               if -(-r.num_tokens // status.block_size) > dst_room)}
+                               if blocks_for(r.num_tokens, status.block_size) > dst_room)}
     if hol_first and is_blocked(status):
         hol = status.waiting[0]
         if not hol.is_migrating and hol.request_id not in exclude:
