@@ -225,7 +225,6 @@ def goals_markdown(records: list[dict[str, Any]], **kw: Any) -> str:
     ]) + "\n"
 
 
-# -- priorities and auto-scaling (Figures 13-15) --------------------------------------------
 def _per_seed(runs: dict[int, dict[str, Any]], seeds: list[int], metric: str, stat: str) -> list[float]:
     return [float(runs[k][metric][stat]) for k in seeds]
 
@@ -258,6 +257,7 @@ def seed_ordering_markdown(records: list[dict[str, Any]], ours: str = "llumnix",
     return "\n".join(lines) + "\n"
 
 
+# -- priorities and auto-scaling (Figures 13-15) --------------------------------------------
 def _seed_mean(records: list[dict[str, Any]], get: Any) -> float:
     """Mean over seeds of ``get(record)`` (nan where a record lacks the value)."""
     vals = []
