@@ -130,7 +130,11 @@ class ReschedulingConfig:
     fits: only one that starts at once on the destination, i.e. whose blocks fit in the
     destination's free blocks beyond its watermark and its own queue's demand
     (``freeness.room_for_queued``; not in the paper). Moving a queued request to an instance
-    where it queues again gains nothing, and that instance then gives it up in turn."""
+    where it queues again gains nothing, and that instance then gives it up in turn. The
+    whole destination queue counts, although a moved request keeps its arrival time and is
+    served before the younger ones there: a move that jumps that queue delays the requests
+    already waiting in it (counting only the older ones was measured on M-M 6.66 seed 0:
+    P99 prefill 6.9 -> 12.5 s)."""
 
     def __post_init__(self) -> None:
         if self.in_threshold < self.out_threshold:
