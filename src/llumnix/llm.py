@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llumnix.core.batch import RequestMetrics
 from llumnix.core.clock import Clock
@@ -12,6 +13,9 @@ from llumnix.core.request import Priority
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.stop import find_stop
 from llumnix.engine import EngineCore
+
+if TYPE_CHECKING:
+    from llumnix.model.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -24,7 +28,7 @@ class Completion:
     metrics: RequestMetrics | None
 
 
-def finish_text(tokenizer, token_ids: list[int], params: SamplingParams) -> str:
+def finish_text(tokenizer: Tokenizer, token_ids: list[int], params: SamplingParams) -> str:
     """The completion text: decoded, cut before the first stop string."""
     text = tokenizer.decode(token_ids)
     hit = find_stop(text, params.stop) if params.stop else None

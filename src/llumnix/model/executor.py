@@ -3,6 +3,7 @@ cache, and moves KV blocks in and out for migration."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -77,7 +78,10 @@ class ModelExecutor:
                 positions.append(p)
                 slots.append(table[p // bs] * bs + p % bs)
             last_idx.append(len(ids) - 1)
-        t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
+
+        def t(x: Any) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.long, device=dev)
+
         fresh = len(reqs) == 1 and reqs[0].start_pos == 0
         b, q_len, max_ctx = len(reqs), max(q_lens), max(ctx_lens)
         n_blocks = -(-max_ctx // bs)
@@ -117,7 +121,7 @@ class ModelExecutor:
 
     def gather_blocks(self, block_ids: list[int]) -> memoryview:
         fused = self.gather_blocks_tensor(block_ids).cpu().contiguous()
-        return memoryview(fused.view(torch.uint8).numpy()).cast("B")
+        return fused.view(torch.uint8).numpy().data.cast("B")
 
     def scatter_blocks(self, block_ids: list[int], data: bytes | memoryview | bytearray) -> None:
         shape = list(self.kv_cache.shape)

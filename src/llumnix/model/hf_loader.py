@@ -39,7 +39,8 @@ def load_hf_dir(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfi
         if name not in where:
             raise ModelLoadError(f"{path}: tensor {name} is missing")
         with safe_open(str(where[name]), framework="pt") as sf:
-            return sf.get_tensor(name).to(device, dtype)
+            tensor: torch.Tensor = sf.get_tensor(name).to(device, dtype)
+            return tensor
 
     layers = []
     for i in range(config.num_layers):

@@ -143,7 +143,7 @@ class LlamaModel:
         for i, lw in enumerate(self.layers):
             x = F.rms_norm(h, (cfg.hidden_size,), lw.attn_norm, eps)
             qkv = x @ lw.wqkv
-            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = q.view(-1, cfg.num_heads, cfg.head_dim)
             k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
             v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)

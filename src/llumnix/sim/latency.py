@@ -140,7 +140,7 @@ class ParametricLatencyModel:
 
 def _relative_lstsq(design: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Least squares on relative error, so short and long anchors weigh the same."""
-    coef, *_ = np.linalg.lstsq(design / target[:, None], np.ones_like(target), rcond=None)
+    coef: np.ndarray = np.linalg.lstsq(design / target[:, None], np.ones_like(target), rcond=None)[0]
     return coef
 
 

@@ -114,7 +114,8 @@ def quantile_knots(stats: LengthStats, cap: float) -> list[float]:
 def quantile_lengths(rng: np.random.Generator, n: int, stats: LengthStats, cap: int) -> np.ndarray:
     knots = np.log(np.asarray(quantile_knots(stats, cap)))
     u = rng.random(n)
-    return np.clip(np.ceil(np.exp(np.interp(u, _Q, knots))), 1, cap).astype(np.int64)
+    lengths: np.ndarray = np.clip(np.ceil(np.exp(np.interp(u, _Q, knots))), 1, cap).astype(np.int64)
+    return lengths
 
 
 # -- real data sets ------------------------------------------------------------------
