@@ -11,9 +11,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from llumnix.bench.machine import machine_info, peak_rss_bytes
 from llumnix.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from llumnix.llm import LLM
 
 PREFILL_LENS = (128, 512, 2048)
 DECODE_BATCHES = (1, 8, 32)
@@ -26,7 +30,7 @@ def _prompt(n: int, salt: int = 0) -> list[int]:
     return [100 + (i * 7919 + salt * 104729) % 40000 for i in range(n)]
 
 
-def bench_prefill(llm, n: int, reps: int) -> float:
+def bench_prefill(llm: LLM, n: int, reps: int) -> float:
     times = []
     for r in range(reps):
         llm.engine.add_request(f"p{n}-{r}", _prompt(n, r), SamplingParams(max_tokens=1))
@@ -37,7 +41,7 @@ def bench_prefill(llm, n: int, reps: int) -> float:
     return n / min(times)
 
 
-def bench_decode(llm, batch: int, steps: int) -> float:
+def bench_decode(llm: LLM, batch: int, steps: int) -> float:
     params = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
     for i in range(batch):
         llm.engine.add_request(f"d{batch}-{i}", _prompt(CONTEXT, i), params)
@@ -57,8 +61,8 @@ def bench_transformers(model_path: str, steps: int, reps: int, dtype: str) -> di
     from transformers import AutoModelForCausalLM
 
     path = Path(model_path)
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                              dtype=getattr(torch, dtype))
+    hf: Any = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                   dtype=getattr(torch, dtype))
     hf.eval()
     ids = torch.tensor([_prompt(CONTEXT)])
 
@@ -94,7 +98,8 @@ print(json.dumps({{"rss_bytes": current_rss_bytes(), "peak_rss_bytes": peak_rss_
                    "num_blocks": n, "kv_pool_bytes": n * ex.bytes_per_block}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main_engine_bench(args: argparse.Namespace) -> int:
@@ -137,7 +142,7 @@ def main_engine_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(r: dict) -> None:
+def _print(r: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -796,9 +796,9 @@ def main_fidelity(args: argparse.Namespace) -> int:
                 measured = {i: f for i, r in enumerate(run["real_runs"])
                             if (f := (r.get("neighbor_probe") or {}).get("ratio"))}
                 # ... and the prefill speed and neighbor factor it showed as well.
-                both = {i: {"neighbor_decode": measured[i], "cluster_prefill": f}
+                both = {i: {"neighbor_decode": measured[i], "cluster_prefill": cp}
                         for i, r in enumerate(run["real_runs"])
-                        if i in measured and (f := cluster_prefill(r.get("prefill_probe") or {}, model))}
+                        if i in measured and (cp := cluster_prefill(r.get("prefill_probe") or {}, model))}
                 for key, field, values in (
                         ("sim_scaled", "scales", {i: {"scale": f} for i, f in probe.items()}),
                         ("sim_in_run", "scales", {i: {"scale": f} for i, f in prefill.items()}),

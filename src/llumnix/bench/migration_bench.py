@@ -199,11 +199,11 @@ def recompute_time(ray: Any, dst: Any, length: int, salt: int) -> float:
     while ray.get(dst.num_output_tokens.remote(rid)) != -1 and time.time() < deadline:
         time.sleep(0.02)
     log = ray.get(dst.step_log.remote())
-    return max(e - s for s, e, _ in log[-3:])
+    return float(max(e - s for s, e, _ in log[-3:]))
 
 
 def _choices(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...], int]:
-    lengths = (256, 1024) if args.quick else LENGTHS
+    lengths: tuple[int, ...] = (256, 1024) if args.quick else LENGTHS
     env = os.environ.get("LLUMNIX_BENCH_LENGTHS")
     if env:
         lengths = tuple(int(x) for x in env.split(","))
@@ -231,13 +231,14 @@ def main_migration_bench(args: argparse.Namespace) -> int:
         mig["transport_options"]["bulk_rate_bytes_per_s"] = bulk_rate * 1e6
     ray.init(num_cpus=2, include_dashboard=False, namespace="llumnix-bench", log_to_driver=False)
     token = b"bench-token"
-    sched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(
+    # (Ray's stubs do not know a decorated class's .options(): hence the ignores.)
+    sched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(  # type: ignore[attr-defined]
         {"rescheduling": {"enabled": False}}, None, reschedule_interval_s=3600)
     ray.get(sched.cluster_info.remote())  # instances push status to it; the handle keeps it alive
     engine = {"kv_cache_bytes": 512 * 2**20, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
               "device": args.device, "dtype": args.dtype}
-    actors = {n: InstanceActor.options(num_cpus=0).remote(n, args.model, engine, None, LLUMSCHED_NAME,
-                                                          args.threads or 1, token, mig)
+    actors = {n: InstanceActor.options(num_cpus=0).remote(  # type: ignore[attr-defined]
+                  n, args.model, engine, None, LLUMSCHED_NAME, args.threads or 1, token, mig)
               for n in ("src", "dst")}
     ray.get([a.ready.remote() for a in actors.values()])
     rows, recompute = [], {}

@@ -28,6 +28,7 @@ applies to a step that starts while another instance is stepping.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -95,6 +96,10 @@ def _median_step(engine: Any, n: int) -> float:
         engine.step()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _num_output_tokens(engine: Any, request_id: str) -> int:
+    return int(engine.requests[request_id].num_output_tokens)
 
 
 def _drain(engine: Any) -> None:
@@ -250,10 +255,10 @@ def measure_contention(engine: Any, vocab: int, neighbor: Neighbor, rounds: int 
                 samples[side][name].append(measure())
     neighbor.resume()
     alone = {k: statistics.median(v) for k, v in samples["alone"].items()}
-    busy = {k: statistics.median(v) for k, v in samples["busy"].items()}
-    ratio = {k: busy[k] / alone[k] for k in points}
+    beside = {k: statistics.median(v) for k, v in samples["busy"].items()}
+    ratio = {k: beside[k] / alone[k] for k in points}
     decode = math.sqrt(ratio["decode_1x128"] * ratio["decode_4x256"])
-    return {"rounds": rounds, "alone_s": alone, "with_neighbor_s": busy, "ratio": ratio,
+    return {"rounds": rounds, "alone_s": alone, "with_neighbor_s": beside, "ratio": ratio,
             "neighbor_factor": {"prefill": ratio["prefill_64"], "decode": decode}}
 
 
@@ -402,14 +407,14 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
             for _ in range(grid.co_running):
                 k += 1
                 rid, p = f"co-{k}", _prompt(32, k, vocab)
-                srv.call(lambda s=srv, rid=rid, p=p: s.engine.add_request(rid, p, long_run))
+                srv.call(functools.partial(srv.engine.add_request, rid, p, long_run))
         for n in grid.migration_lengths:
             for _ in range(grid.migration_repeats):
                 k += 1
                 rid, p = f"mig-{k}", _prompt(n, k, vocab)
-                src.call(lambda rid=rid, p=p: src.engine.add_request(rid, p, long_run))
+                src.call(functools.partial(src.engine.add_request, rid, p, long_run))
                 deadline = time.time() + 300
-                while src.call(lambda rid=rid: src.engine.requests[rid].num_output_tokens) < 2:
+                while src.call(functools.partial(_num_output_tokens, src.engine, rid)) < 2:
                     if time.time() > deadline:
                         raise TimeoutError(f"{rid} did not start decoding")
                     time.sleep(0.01)
@@ -420,8 +425,8 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
                 if rep.committed and rep.downtime is not None:
                     downtimes.append(rep.downtime)
                     stages.append(rep.num_stages)
-                dst.call(lambda rid=rid: dst.engine.abort_request(rid))
-                src.call(lambda rid=rid: src.engine.abort_request(rid))
+                dst.call(functools.partial(dst.engine.abort_request, rid))
+                src.call(functools.partial(src.engine.abort_request, rid))
     finally:
         sender.close()
         endpoint.close()

@@ -20,7 +20,9 @@ LLUMSCHED_NAME = "llumnix-llumsched"
 log = logging.getLogger(__name__)
 
 
-@ray.remote(max_concurrency=16)  # threaded: long polls for outputs never block commands
+# threaded: long polls for outputs never block commands. (Ray's stubs know neither
+# max_concurrency on a class nor the decorated class's .options(): hence the ignores.)
+@ray.remote(max_concurrency=16)  # type: ignore[call-overload]
 class InstanceActor:
     def __init__(self, instance_id: str, model: str, engine_kwargs: dict[str, Any],
                  scheduling: dict[str, Any] | None, llumsched_name: str = LLUMSCHED_NAME,
@@ -233,8 +235,11 @@ class InstanceActor:
             reports = []
             for _ in range(max_migrations):
                 dst_status = ray.get(dst.status.remote(), timeout=30) if self.llumlet.reads_destination else None
-                picked = self.server.call(
-                    lambda d=dst_status: self.llumlet.select_requests_to_migrate(time.time(), 1, d))
+
+                def pick(d: InstanceStatus | None = dst_status) -> list[str]:
+                    return self.llumlet.select_requests_to_migrate(time.time(), 1, d)
+
+                picked = self.server.call(pick)
                 if not picked:
                     break
                 rep = migrate(picked[0], self.server, remote, sender, self.migration_config)
@@ -262,16 +267,17 @@ class _RemoteDestination:
         self._actor = actor
 
     def try_reserve(self, request_id: str, num_blocks: int) -> list[int] | None:
-        return ray.get(self._actor.mig_try_reserve.remote(request_id, num_blocks), timeout=30)
+        blocks: list[int] | None = ray.get(self._actor.mig_try_reserve.remote(request_id, num_blocks), timeout=30)
+        return blocks
 
     def release(self, request_id: str) -> int:
-        return ray.get(self._actor.mig_release.remote(request_id), timeout=30)
+        return int(ray.get(self._actor.mig_release.remote(request_id), timeout=30))
 
     def install(self, snapshot: Any) -> float:
         return float(ray.get(self._actor.mig_install.remote(snapshot), timeout=30))
 
 
-@ray.remote(max_concurrency=8)
+@ray.remote(max_concurrency=8)  # type: ignore[call-overload]
 class LlumSchedActor:
     def __init__(self, scheduling: dict[str, Any] | None, cms_url: str | None = None, seed: int = 0,
                  reschedule_interval_s: float = 0.5, instance_spec: dict[str, Any] | None = None,
@@ -478,7 +484,7 @@ class LlumSchedActor:
         handle = None
         try:
             # Detached, so it outlives a restart of this actor (its owner).
-            handle = InstanceActor.options(name=f"{self._name}-{iid}", lifetime="detached",
+            handle = InstanceActor.options(name=f"{self._name}-{iid}", lifetime="detached",  # type: ignore[attr-defined]
                                            num_cpus=0).remote(
                 iid, spec["model"], dict(spec["engine"]), spec["scheduling"], self._name,
                 spec["threads"], spec["token"], dict(spec["migration"]))

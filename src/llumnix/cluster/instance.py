@@ -14,12 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from llumnix.core.batch import RequestOutput
 from llumnix.core.status import InstanceStatus
 from llumnix.engine import EngineCore
 from llumnix.policy.llumlet import Llumlet
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ class InstanceServer:
         self.instance_id = engine.instance_id
         self._on_status = on_status
         self._status_interval = status_interval_s
-        self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
+        self._commands: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._outboxes: dict[str, list[RequestOutput]] = {}
         """Outputs not yet read, by the request's ``client`` tag."""
         self._last_read: dict[str, float] = {}
@@ -62,15 +64,15 @@ class InstanceServer:
         return self._thread.is_alive() and self.error is None
 
     # -- commands (any thread) ---------------------------------------------------
-    def run_at_boundary(self, fn: Callable[[], Any]) -> Future:
-        fut: Future = Future()
+    def run_at_boundary(self, fn: Callable[[], T]) -> Future[T]:
+        fut: Future[T] = Future()
         if not self.is_alive:
             fut.set_exception(RuntimeError(f"instance {self.instance_id} is not running"))
             return fut
         self._commands.put((fn, fut))
         return fut
 
-    def call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
+    def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
         return self.run_at_boundary(fn).result(timeout)
 
     def get_outputs(self, timeout: float = 0.5, client: str = "") -> list[RequestOutput]:

@@ -5,7 +5,7 @@ import contextlib
 import os
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import ray
 
@@ -86,7 +86,8 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     # What LlumSched needs to start more instances (auto-scaling scale-out).
     spec = {"model": cfg.model, "engine": dict(cfg.engine), "scheduling": sched_cfg,
             "threads": cfg.threads_per_instance, "token": token, "migration": dict(cfg.migration)}
-    llumsched = LlumSchedActor.options(name=cfg.llumsched_name, num_cpus=0, max_restarts=-1,
+    # (Ray's stubs do not know a decorated class's .options(): hence the ignores.)
+    llumsched = LlumSchedActor.options(name=cfg.llumsched_name, num_cpus=0, max_restarts=-1,  # type: ignore[attr-defined]
                                        max_task_retries=0).remote(
         sched_cfg, cfg.cms, reschedule_interval_s=cfg.reschedule_interval_s, instance_spec=spec,
         name=cfg.llumsched_name)
@@ -94,7 +95,7 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     instances = {}
     for i in range(cfg.instances):
         iid = f"instance-{i}"
-        instances[iid] = InstanceActor.options(num_cpus=0).remote(
+        instances[iid] = InstanceActor.options(num_cpus=0).remote(  # type: ignore[attr-defined]
             iid, cfg.model, dict(cfg.engine), sched_cfg, cfg.llumsched_name, cfg.threads_per_instance,
             token, dict(cfg.migration))
     infos = ray.get([a.ready.remote() for a in instances.values()], timeout=600)
@@ -120,7 +121,8 @@ def attach_cluster(ray_address: str, namespace: str = "llumnix", llumsched_name:
     except ValueError:
         raise LlumnixError(f"no LlumSched actor {llumsched_name!r} in Ray namespace {namespace!r} "
                            f"at {ray_address!r}: is `llumnix serve` running there?") from None
-    members = ray.get(llumsched.members.remote(), timeout=timeout_s)
+    # ray.get's stubs cannot see through an actor handle (the overload they pick is a list)
+    members: dict[str, dict[str, Any]] = cast(Any, ray.get(llumsched.members.remote(), timeout=timeout_s))
     if not members:
         raise LlumnixError("the cluster has no instance yet")
     instances = {iid: m["handle"] for iid, m in members.items()}

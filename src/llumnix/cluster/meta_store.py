@@ -16,7 +16,7 @@ def status_to_json(status: InstanceStatus) -> str:
     return json.dumps(dataclasses.asdict(status), separators=(",", ":"))
 
 
-def status_from_json(text: str) -> InstanceStatus:
+def status_from_json(text: str | bytes) -> InstanceStatus:
     d: dict[str, Any] = json.loads(text)
     known = {f.name for f in dataclasses.fields(InstanceStatus)}
     brief_known = {f.name for f in dataclasses.fields(RequestBrief)}
@@ -86,11 +86,11 @@ class RedisMetaStore:
 
     def get_status(self, instance_id: str) -> InstanceStatus | None:
         raw = self._redis.hget(self._key, instance_id)
-        return None if raw is None else status_from_json(raw.decode())
+        return None if raw is None else status_from_json(raw)
 
     def all_statuses(self) -> dict[str, InstanceStatus]:
         raw = self._redis.hgetall(self._key)
-        return {k.decode(): status_from_json(v.decode()) for k, v in raw.items()}
+        return {k.decode() if isinstance(k, bytes) else k: status_from_json(v) for k, v in raw.items()}
 
     def remove(self, instance_id: str) -> None:
         self._redis.hdel(self._key, instance_id)

@@ -72,7 +72,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         err = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         metrics.rejected.labels(model_name=backend.model_name, status="400").inc()
-        msg = err.get("msg", "invalid request")
+        msg = str(err.get("msg", "invalid request"))
         return error_response(400, f"{'.'.join(loc)}: {msg}" if loc else msg,
                               param=loc[0] if loc else None)
 

@@ -1,7 +1,12 @@
 """Prometheus metrics of the gateway: vLLM names where they exist, ours beside them."""
 from __future__ import annotations
 
+from typing import TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
 
@@ -64,5 +69,5 @@ class GatewayMetrics:
                 self.downtime.labels(model_name=name).observe(d)
             self._downtimes_seen = len(mig.get("all_downtimes_s", []))
 
-    def labels(self, metric):  # type: ignore[no-untyped-def]
+    def labels(self, metric: M) -> M:
         return metric.labels(model_name=self.model_name)
