@@ -71,7 +71,11 @@ def test_bad_input_gets_an_openai_error_body(client, backend, payload, status, p
 
 def test_malformed_json_is_a_400(client):
     r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 400 and "error" in r.json()
+    assert r.status_code == 400
+    err = r.json()["error"]
+    # the body as a whole is at fault: no parameter named, and the parser's reason given
+    assert err["param"] is None and err["type"] == "invalid_request_error"
+    assert err["message"].startswith("request body is not valid JSON")
 
 
 def test_api_key_is_required_when_set(backend):

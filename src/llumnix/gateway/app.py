@@ -70,8 +70,12 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         err = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         metrics.rejected.labels(model_name=backend.model_name, status="400").inc()
+        if err.get("type") == "json_invalid":  # loc is ("body", <offset>): no parameter to name
+            ctx = err.get("ctx")
+            reason = ctx.get("error") if isinstance(ctx, dict) else None
+            return error_response(400, "request body is not valid JSON" + (f" ({reason})" if reason else ""))
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         msg = str(err.get("msg", "invalid request"))
         return error_response(400, f"{'.'.join(loc)}: {msg}" if loc else msg,
                               param=loc[0] if loc else None)
