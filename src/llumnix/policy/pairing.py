@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llumnix.core.status import InstanceStatus
+from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.defrag import plan_hol_moves
 from llumnix.policy.freeness import blocks_for, freeness, total_virtual_usage
@@ -108,16 +108,23 @@ def _next_move(status: InstanceStatus, cfg: ReschedulingConfig) -> tuple[int, in
     ids = select_requests(status, cfg.selection, 1, hol_first=cfg.defrag == "hol")
     if not ids:
         return 0, 0
-    demand = demand_of(status, ids[0])
-    running = any(r.request_id == ids[0] for r in status.running)
-    return (demand if running else 0), demand
+    r = _brief(status, ids[0])
+    demand = _demand(r, status.block_size)
+    return (demand if r.is_running else 0), demand
+
+
+def _brief(status: InstanceStatus, request_id: str) -> RequestBrief:
+    return next(r for r in (*status.running, *status.waiting) if r.request_id == request_id)
+
+
+def _demand(r: RequestBrief, block_size: int) -> int:
+    return r.num_blocks if r.is_running else blocks_for(r.num_tokens, block_size)
 
 
 def demand_of(status: InstanceStatus, request_id: str) -> int:
     """Blocks the request will need on a destination: its KV blocks if it runs, its
     prompt's demand if it is queued."""
-    r = next(r for r in (*status.running, *status.waiting) if r.request_id == request_id)
-    return r.num_blocks if r.is_running else blocks_for(r.num_tokens, status.block_size)
+    return _demand(_brief(status, request_id), status.block_size)
 
 
 def stays_destination(dst: InstanceStatus, demand: int, cfg: ReschedulingConfig,
