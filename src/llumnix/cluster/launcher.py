@@ -10,6 +10,7 @@ from typing import Any, cast
 import ray
 
 from llumnix.cluster.actors import LLUMSCHED_NAME, InstanceActor, LlumSchedActor
+from llumnix.core.errors import LlumnixError
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,20 @@ class ClusterConfig:
     """Seconds between LlumSched's migration rounds."""
     llumsched_name: str = LLUMSCHED_NAME
     """Name of the LlumSched actor in the namespace (instances find it by this name)."""
+    gpus_per_instance: float | None = None
+    """GPUs Ray reserves for each instance actor. None: 1 when the engine's device is
+    CUDA, else 0. Ray then sets each actor's CUDA_VISIBLE_DEVICES to its own GPU(s), so
+    every instance uses device ``cuda`` (its first visible GPU); 0.5 packs two on one GPU."""
+
+
+def instance_gpus(engine: dict[str, Any], gpus_per_instance: float | None = None) -> float:
+    """The ``num_gpus`` of an instance actor: without one, Ray pins no GPU and every
+    CUDA instance on a node would share its first GPU."""
+    if gpus_per_instance is not None:
+        if gpus_per_instance < 0:
+            raise LlumnixError(f"gpus_per_instance must be >= 0, got {gpus_per_instance:g}")
+        return float(gpus_per_instance)
+    return 1.0 if str(engine.get("device") or "cpu").startswith("cuda") else 0.0
 
 
 @dataclass
@@ -85,7 +100,8 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     token = secrets.token_bytes(32)  # authenticates KV transfers inside this cluster
     # What LlumSched needs to start more instances (auto-scaling scale-out).
     spec = {"model": cfg.model, "engine": dict(cfg.engine), "scheduling": sched_cfg,
-            "threads": cfg.threads_per_instance, "token": token, "migration": dict(cfg.migration)}
+            "threads": cfg.threads_per_instance, "token": token, "migration": dict(cfg.migration),
+            "num_gpus": instance_gpus(cfg.engine, cfg.gpus_per_instance)}
     # (Ray's stubs do not know a decorated class's .options(): hence the ignores.)
     llumsched = LlumSchedActor.options(name=cfg.llumsched_name, num_cpus=0, max_restarts=-1,  # type: ignore[attr-defined]
                                        max_task_retries=0).remote(
@@ -95,7 +111,7 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     instances = {}
     for i in range(cfg.instances):
         iid = f"instance-{i}"
-        instances[iid] = InstanceActor.options(num_cpus=0).remote(  # type: ignore[attr-defined]
+        instances[iid] = InstanceActor.options(num_cpus=0, num_gpus=spec["num_gpus"]).remote(  # type: ignore[attr-defined]
             iid, cfg.model, dict(cfg.engine), sched_cfg, cfg.llumsched_name, cfg.threads_per_instance,
             token, dict(cfg.migration))
     infos = ray.get([a.ready.remote() for a in instances.values()], timeout=600)
@@ -108,8 +124,6 @@ def attach_cluster(ray_address: str, namespace: str = "llumnix", llumsched_name:
                    timeout_s: float = 30.0) -> Cluster:
     """A running cluster (its LlumSched and instances), for one more gateway in front of
     it: nothing is started, and ``shutdown`` leaves it running."""
-    from llumnix.core.errors import LlumnixError
-
     if not ray.is_initialized():
         _check_reachable(ray_address)
         try:
@@ -134,8 +148,6 @@ def attach_cluster(ray_address: str, namespace: str = "llumnix", llumsched_name:
 def _check_reachable(ray_address: str, timeout_s: float = 3.0) -> None:
     """Fail in seconds, with one line, where ``ray.init`` would retry for minutes."""
     import socket
-
-    from llumnix.core.errors import LlumnixError
 
     addr = ray_address.removeprefix("ray://")
     if addr == "auto" or ":" not in addr:

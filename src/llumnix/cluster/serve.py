@@ -48,6 +48,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-mib", type=int, default=None, help="KV cache per instance (default 512)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="batch size limit per instance")
     p.add_argument("--device", default=None, help="cpu or cuda")
+    p.add_argument("--gpus-per-instance", type=float, default=None, metavar="N",
+                   help="GPUs Ray reserves per instance (default: 1 on cuda, 0 on cpu; 0.5 packs two per GPU)")
     p.add_argument("--threads-per-instance", type=int, default=None,
                    help="torch threads of each instance (default 1)")
 
@@ -74,6 +76,10 @@ def build_config(args: argparse.Namespace) -> Any:
         engine["max_num_seqs"] = args.max_num_seqs
     if args.device is not None:
         engine["device"] = args.device
+    if args.gpus_per_instance is not None:
+        if args.gpus_per_instance < 0:
+            raise LlumnixError(f"--gpus-per-instance must be >= 0, got {args.gpus_per_instance:g}")
+        base["gpus_per_instance"] = args.gpus_per_instance
     resched = dict(scheduling.get("rescheduling") or {})
     if args.migration is not None:
         resched["enabled"] = args.migration
