@@ -56,21 +56,23 @@ def bench_decode(llm: LLM, batch: int, steps: int) -> float:
     return batch * steps / elapsed
 
 
-def bench_transformers(model_path: str, steps: int, reps: int, dtype: str) -> dict[str, float]:
+def bench_transformers(model_path: str, steps: int, reps: int, dtype: str,
+                       device: str = "cpu") -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM
 
     path = Path(model_path)
     hf: Any = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                    dtype=getattr(torch, dtype))
-    hf.eval()
-    ids = torch.tensor([_prompt(CONTEXT)])
+    hf.to(device).eval()
+    ids = torch.tensor([_prompt(CONTEXT)], device=device)
 
     def gen(n: int) -> float:
         t0 = time.perf_counter()
         with torch.inference_mode():
             hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                         do_sample=False, pad_token_id=0)
+        _sync(device)
         return time.perf_counter() - t0
 
     gen(2)  # warm-up
@@ -78,6 +80,14 @@ def bench_transformers(model_path: str, steps: int, reps: int, dtype: str) -> di
     t_one = min(gen(1) for _ in range(reps))
     return {"decode_tokens_per_s_batch1": steps / (t_long - t_one),
             "prefill_s_256": t_one}
+
+
+def _sync(device: str) -> None:
+    """Wait for queued GPU work, so a wall-clock time covers it (a no-op on the CPU)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def measure_memory(model: str, kv_bytes: int) -> dict[str, float]:
@@ -130,7 +140,7 @@ def main_engine_bench(args: argparse.Namespace) -> int:
     model_path = str(llm.loaded.path)
     del llm
     if not args.no_reference and model_path.endswith(".gguf"):
-        hf = bench_transformers(model_path, steps, reps, args.dtype)
+        hf = bench_transformers(model_path, steps, reps, args.dtype, args.device)
         result["transformers"] = hf
         result["batch1_over_transformers"] = dec["1"] / hf["decode_tokens_per_s_batch1"]
     result["memory_512mib_pool"] = memory

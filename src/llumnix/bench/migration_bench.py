@@ -217,6 +217,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     import ray
 
     from llumnix.cluster.actors import LLUMSCHED_NAME, InstanceActor, LlumSchedActor
+    from llumnix.cluster.launcher import instance_gpus
     from llumnix.migration.transports import check_transport
 
     lengths, transports, repeats = _choices(args)
@@ -235,9 +236,14 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     sched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(  # type: ignore[attr-defined]
         {"rescheduling": {"enabled": False}}, None, reschedule_interval_s=3600)
     ray.get(sched.cluster_info.remote())  # instances push status to it; the handle keeps it alive
-    engine = {"kv_cache_bytes": 512 * 2**20, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
+    # The co-running requests grow by a token per step for the whole run: on a GPU, whose
+    # steps are several times faster, 512 MiB fills up before the longest lengths.
+    kv_bytes = (2048 if str(args.device).startswith("cuda") else 512) * 2**20
+    engine = {"kv_cache_bytes": kv_bytes, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
               "device": args.device, "dtype": args.dtype}
-    actors = {n: InstanceActor.options(num_cpus=0).remote(  # type: ignore[attr-defined]
+    # Both instances share one GPU when on CUDA: half a GPU each, so Ray pins them to it.
+    gpus = instance_gpus(engine) / 2
+    actors = {n: InstanceActor.options(num_cpus=0, num_gpus=gpus).remote(  # type: ignore[attr-defined]
                   n, args.model, engine, None, LLUMSCHED_NAME, args.threads or 1, token, mig)
               for n in ("src", "dst")}
     ray.get([a.ready.remote() for a in actors.values()])
