@@ -90,7 +90,13 @@ def total_virtual_usage(status: InstanceStatus, cfg: FreenessConfig, *, fake: bo
 
 def freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
     """F = (M - sum V) / max(B, 1); -inf for a terminating instance."""
-    return (status.num_total_blocks - total_virtual_usage(status, cfg)) / max(1, status.num_running)
+    return freeness_after(status, cfg, 0, 0)
+
+
+def freeness_after(status: InstanceStatus, cfg: FreenessConfig, blocks: float, requests: int = 1) -> float:
+    """F once ``requests`` more running requests holding ``blocks`` more blocks join the
+    instance (a migration's destination, judged before the move)."""
+    return (status.num_total_blocks - total_virtual_usage(status, cfg) - blocks) / max(1, status.num_running + requests)
 
 
 def queue_aware_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:

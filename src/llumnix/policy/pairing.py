@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.defrag import plan_hol_moves
-from llumnix.policy.freeness import blocks_for, freeness, total_virtual_usage
+from llumnix.policy.freeness import blocks_for, freeness, freeness_after
 from llumnix.policy.selection import select_requests
 
 
@@ -131,5 +131,4 @@ def stays_destination(dst: InstanceStatus, demand: int, cfg: ReschedulingConfig,
                        fcfg: FreenessConfig) -> bool:
     """``dst``'s freeness with ``demand`` more blocks and one more request is not below the
     out threshold: taking the request does not make it a source."""
-    free = dst.num_total_blocks - total_virtual_usage(dst, fcfg) - demand
-    return free / (dst.num_running + 1) >= cfg.out_threshold
+    return freeness_after(dst, fcfg, demand) >= cfg.out_threshold
