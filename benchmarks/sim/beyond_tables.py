@@ -16,6 +16,8 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from llumnix.sim.report import by_point_system_seed
+
 R = Path(__file__).resolve().parent / "results"
 TRACES = ["ShareGPT", "BurstGPT", "S-S", "M-M", "L-L", "S-L", "L-S"]
 METRICS = [("prefill", "p99", "P99 prefill (s)"), ("decode", "p99", "P99 decode (s/token)"),
@@ -70,13 +72,12 @@ for m, s, label in METRICS:
         out.append(f"| {t} | {rate:g} | " + " | ".join(cells) + " |")
 
 
+IMP_BY_POINT = by_point_system_seed(imp)
+
+
 def by_seed(t, rate):
     """system -> seed -> record of the improvement run at (trace, rate)."""
-    by = {}
-    for r in imp:
-        if (r["trace"], r["rate"]) == (t, rate):
-            by.setdefault(r["system"], {})[r["seed"]] = r
-    return by
+    return IMP_BY_POINT.get((t, rate), {})
 
 
 def compare(by, variant, m, s):

@@ -229,13 +229,19 @@ def _per_seed(runs: dict[int, dict[str, Any]], seeds: list[int], metric: str, st
     return [float(runs[k][metric][stat]) for k in seeds]
 
 
+def by_point_system_seed(records: list[dict[str, Any]]) -> dict[tuple[str, float], dict[str, dict[int, dict[str, Any]]]]:
+    """Records indexed (trace, rate) -> system -> seed, in the order they first appear."""
+    by: dict[tuple[str, float], dict[str, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
+    for r in records:
+        by[(r["trace"], r["rate"])][r["system"]][r["seed"]] = r
+    return by
+
+
 def seed_ordering_markdown(records: list[dict[str, Any]], ours: str = "llumnix", base: str = "infaas++") -> str:
     """Per (trace, rate): P99 prefill of ``ours`` and ``base`` on every seed both ran, the
     ratio of their means, on how many seeds ``ours`` is no worse, and the mean P99 decode
     ratio and mean preemption loss: the ordering judged over seeds, not on one."""
-    by: dict[tuple[str, float], dict[str, dict[int, dict[str, Any]]]] = defaultdict(lambda: defaultdict(dict))
-    for r in records:
-        by[(r["trace"], r["rate"])][r["system"]][r["seed"]] = r
+    by = by_point_system_seed(records)
     lines = [f"| trace | rate | P99 prefill {ours} (seeds) | P99 prefill {base} (seeds) | {base}/{ours} (means) "
              f"| seeds {ours} <= {base} | P99 decode {base}/{ours} | preemption loss {ours} / {base} (s) |",
              "|---|---|---|---|---|---|---|---|"]
