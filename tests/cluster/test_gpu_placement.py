@@ -43,3 +43,15 @@ def test_serve_flag_sets_the_gpu_share():
 def test_serve_flag_rejects_a_negative_share():
     with pytest.raises(LlumnixError, match="--gpus-per-instance"):
         _config("--gpus-per-instance", "-1")
+
+
+def test_gpu_capacity_check():
+    from llumnix.cluster.launcher import check_gpu_capacity
+
+    check_gpu_capacity(2, 0.0, 0.0)      # CPU instances need none
+    check_gpu_capacity(4, 0.5, 2.0)      # two per GPU, exactly enough
+    check_gpu_capacity(3, 1.0, 8.0)
+    with pytest.raises(LlumnixError, match="need 2 GPU.*has 0"):
+        check_gpu_capacity(2, 1.0, 0.0)  # would stay pending forever: refuse at once
+    with pytest.raises(LlumnixError, match="need 1.5 GPU"):
+        check_gpu_capacity(3, 0.5, 1.0)

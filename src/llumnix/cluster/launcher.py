@@ -55,6 +55,16 @@ def instance_gpus(engine: dict[str, Any], gpus_per_instance: float | None = None
     return 1.0 if str(engine.get("device") or "cpu").startswith("cuda") else 0.0
 
 
+def check_gpu_capacity(instances: int, gpus_each: float, available: float) -> None:
+    """A one-line error where Ray could never place the instances: an actor asking for
+    GPUs that the cluster lacks stays pending forever, and the start would hang."""
+    needed = instances * gpus_each
+    if needed > available + 1e-9:
+        raise LlumnixError(f"{instances} instance(s) x {gpus_each:g} GPU need {needed:g} GPU(s), but the Ray "
+                           f"cluster has {available:g}; use --device cpu, fewer --instances or "
+                           f"--gpus-per-instance 0.5 to share a GPU")
+
+
 @dataclass
 class Cluster:
     llumsched: Any
@@ -103,6 +113,7 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
             "threads": cfg.threads_per_instance, "token": token, "migration": dict(cfg.migration),
             "num_gpus": instance_gpus(cfg.engine, cfg.gpus_per_instance)}
     # (Ray's stubs do not know a decorated class's .options(): hence the ignores.)
+    check_gpu_capacity(cfg.instances, spec["num_gpus"], float(ray.cluster_resources().get("GPU", 0)))
     llumsched = LlumSchedActor.options(name=cfg.llumsched_name, num_cpus=0, max_restarts=-1,  # type: ignore[attr-defined]
                                        max_task_retries=0).remote(
         sched_cfg, cfg.cms, reschedule_interval_s=cfg.reschedule_interval_s, instance_spec=spec,
