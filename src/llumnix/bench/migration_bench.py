@@ -217,7 +217,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     import ray
 
     from llumnix.cluster.actors import LLUMSCHED_NAME, InstanceActor, LlumSchedActor
-    from llumnix.cluster.launcher import check_gpu_capacity, instance_gpus
+    from llumnix.cluster.launcher import check_gpu_capacity, instance_gpus, ray_gpus
     from llumnix.migration.transports import check_transport
 
     lengths, transports, repeats = _choices(args)
@@ -243,7 +243,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
               "device": args.device, "dtype": args.dtype}
     # Both instances share one GPU when on CUDA: half a GPU each, so Ray pins them to it.
     gpus = instance_gpus(engine) / 2
-    check_gpu_capacity(2, gpus, float(ray.cluster_resources().get("GPU", 0)))
+    check_gpu_capacity(2, gpus, ray_gpus())
     actors = {n: InstanceActor.options(num_cpus=0, num_gpus=gpus).remote(  # type: ignore[attr-defined]
                   n, args.model, engine, None, LLUMSCHED_NAME, args.threads or 1, token, mig)
               for n in ("src", "dst")}

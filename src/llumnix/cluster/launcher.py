@@ -55,6 +55,11 @@ def instance_gpus(engine: dict[str, Any], gpus_per_instance: float | None = None
     return 1.0 if str(engine.get("device") or "cpu").startswith("cuda") else 0.0
 
 
+def ray_gpus() -> float:
+    """GPUs in the Ray cluster this process is connected to."""
+    return float(ray.cluster_resources().get("GPU", 0))  # type: ignore[no-untyped-call]
+
+
 def check_gpu_capacity(instances: int, gpus_each: float, available: float) -> None:
     """A one-line error where Ray could never place the instances: an actor asking for
     GPUs that the cluster lacks stays pending forever, and the start would hang."""
@@ -109,11 +114,12 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     # Ray restarts LlumSched if it dies; instances re-register through their next status push.
     token = secrets.token_bytes(32)  # authenticates KV transfers inside this cluster
     # What LlumSched needs to start more instances (auto-scaling scale-out).
+    gpus = instance_gpus(cfg.engine, cfg.gpus_per_instance)
     spec = {"model": cfg.model, "engine": dict(cfg.engine), "scheduling": sched_cfg,
             "threads": cfg.threads_per_instance, "token": token, "migration": dict(cfg.migration),
-            "num_gpus": instance_gpus(cfg.engine, cfg.gpus_per_instance)}
+            "num_gpus": gpus}
     # (Ray's stubs do not know a decorated class's .options(): hence the ignores.)
-    check_gpu_capacity(cfg.instances, spec["num_gpus"], float(ray.cluster_resources().get("GPU", 0)))
+    check_gpu_capacity(cfg.instances, gpus, ray_gpus())
     llumsched = LlumSchedActor.options(name=cfg.llumsched_name, num_cpus=0, max_restarts=-1,  # type: ignore[attr-defined]
                                        max_task_retries=0).remote(
         sched_cfg, cfg.cms, reschedule_interval_s=cfg.reschedule_interval_s, instance_spec=spec,
@@ -122,7 +128,7 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     instances = {}
     for i in range(cfg.instances):
         iid = f"instance-{i}"
-        instances[iid] = InstanceActor.options(num_cpus=0, num_gpus=spec["num_gpus"]).remote(  # type: ignore[attr-defined]
+        instances[iid] = InstanceActor.options(num_cpus=0, num_gpus=gpus).remote(  # type: ignore[attr-defined]
             iid, cfg.model, dict(cfg.engine), sched_cfg, cfg.llumsched_name, cfg.threads_per_instance,
             token, dict(cfg.migration))
     infos = ray.get([a.ready.remote() for a in instances.values()], timeout=600)
