@@ -24,7 +24,7 @@ from typing import Any
 
 from llumnix.core.errors import InvalidRequestError, UnknownRequestError
 from llumnix.core.request import Request
-from llumnix.migration.kv_io import block_views, is_viewable, scatter
+from llumnix.migration.kv_io import block_views, is_viewable, scatter, scratch
 from llumnix.migration.tcp_transport import KVReceiver
 from llumnix.migration.transport import BulkWorker, TransportOptions
 
@@ -161,7 +161,7 @@ class DestinationEndpoint:
         if not self._open_write(request_id, block_ids, nbytes):
             return None
         views = block_views(self.server.engine.executor, block_ids)
-        return views if views is not None else [memoryview(bytearray(nbytes))]
+        return views if views is not None else [scratch(nbytes)]
 
     def end_write(self, request_id: str, block_ids: list[int], pieces: list[memoryview], ok: bool) -> bool:
         eng = self.server.engine

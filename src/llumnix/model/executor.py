@@ -3,6 +3,7 @@ cache, and moves KV blocks in and out for migration."""
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -129,6 +130,9 @@ class ModelExecutor:
         expected = len(block_ids) * self.bytes_per_block
         if len(data) != expected:
             raise ValueError(f"KV buffer has {len(data)} bytes, {expected} expected")
-        writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
-        raw = torch.frombuffer(data if writable else bytearray(data), dtype=torch.uint8)
+        # A read-only buffer (Ray's object store) is only read here: no copy. Copying it
+        # into a bytearray held the GIL for the whole payload, stalling the engine's loop.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that the buffer is not writable
+            raw = torch.frombuffer(data, dtype=torch.uint8)
         self.scatter_blocks_tensor(block_ids, raw.view(self.dtype).view(shape))
