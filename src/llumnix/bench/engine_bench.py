@@ -137,6 +137,8 @@ def main_engine_bench(args: argparse.Namespace) -> int:
     assert isinstance(dec, dict)
     result["batch32_over_batch1"] = dec["32"] / dec["1"]
     result["rss_after_bench_bytes"] = peak_rss_bytes()
+    if str(args.device).startswith("cuda"):  # weights, KV pool and activations on the GPU
+        result["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
     model_path = str(llm.loaded.path)
     del llm
     if not args.no_reference and model_path.endswith(".gguf"):
@@ -169,6 +171,8 @@ def _print(r: dict[str, Any]) -> None:
                   f"{r['transformers']['decode_tokens_per_s_batch1']:,.1f}")
         t.add_row("ours / transformers, batch 1", f"{r['batch1_over_transformers']:.2f}x")
     m = r["memory_512mib_pool"]
-    t.add_row("RSS, fp32 + 512 MiB KV pool (steady / peak)",
+    if "cuda_max_allocated_bytes" in r:
+        t.add_row("GPU memory allocated at most", f"{r['cuda_max_allocated_bytes'] / 1e9:.2f} GB")
+    t.add_row("RSS of a CPU engine, fp32 + 512 MiB KV pool (steady / peak)",
               f"{m['rss_bytes'] / 1e9:.2f} / {m['peak_rss_bytes'] / 1e9:.2f} GB")
     Console().print(t)
