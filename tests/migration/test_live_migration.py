@@ -34,7 +34,10 @@ def open_sender(transport, endpoint, options=OPTIONS):
 
 
 class Pair:
-    def __init__(self, num_blocks=64, dst_blocks=64, slow_s=0.002, dst_watermark=0.0, transport="tcp",
+    # 10 ms a step: a request of 30-80 tokens decodes for 0.3-0.8 s, so a migration that
+    # takes 0.2-0.3 s on a loaded machine still finds it running (at 2 ms, 4-5 of these
+    # tests failed with "the request finished" whenever two simulations ran beside them).
+    def __init__(self, num_blocks=64, dst_blocks=64, slow_s=0.01, dst_watermark=0.0, transport="tcp",
                  dst_slow_s=None):
         self.servers = []
         self.step_s = {"src": slow_s, "dst": slow_s if dst_slow_s is None else dst_slow_s}
@@ -94,8 +97,10 @@ PROMPT = list(range(1, 30))
 
 
 @pytest.mark.parametrize("transport", ["tcp", "gloo"])
-@pytest.mark.parametrize("params", [SamplingParams(max_tokens=60),
-                                    SamplingParams(max_tokens=60, temperature=0.7, seed=11)])
+# 150 tokens (1.5 s at 10 ms a step): under load a gloo migration, which opens its
+# process group on first use, took up to 0.9 s.
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=150),
+                                    SamplingParams(max_tokens=150, temperature=0.7, seed=11)])
 def test_migrated_request_produces_the_same_tokens_exactly_once(params, transport):
     pair = Pair(transport=transport)
     try:
@@ -106,7 +111,7 @@ def test_migrated_request_produces_the_same_tokens_exactly_once(params, transpor
         assert rep.num_stages >= 2 and rep.downtime is not None and rep.num_bytes > 0
         out = pair.collect("x")
         indices = sorted(i for i, _ in pair.tokens["x"])
-        assert indices == list(range(1, 61))  # no gap, no duplicate
+        assert indices == list(range(1, params.max_tokens + 1))  # no gap, no duplicate
         assert out == reference(PROMPT, params)
         pair.check_drained()
     finally:
@@ -140,12 +145,12 @@ def test_back_and_forth(transport):
     back_endpoint = DestinationEndpoint(pair.src, TOKEN, options=OPTIONS)
     back_sender = open_sender(transport, back_endpoint)
     try:
-        pair.add("x", PROMPT, SamplingParams(max_tokens=80))
+        pair.add("x", PROMPT, SamplingParams(max_tokens=150))  # two migrations: room for both
         time.sleep(0.03)
         assert migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig()).committed
         time.sleep(0.03)
         assert migrate("x", pair.dst, back_endpoint, back_sender, MigrationConfig()).committed
-        assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=80))
+        assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=150))
         pair.check_drained()
     finally:
         back_sender.close()
