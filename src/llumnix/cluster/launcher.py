@@ -118,8 +118,8 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     spec = {"model": cfg.model, "engine": dict(cfg.engine), "scheduling": sched_cfg,
             "threads": cfg.threads_per_instance, "token": token, "migration": dict(cfg.migration),
             "num_gpus": gpus}
-    # (Ray's stubs do not know a decorated class's .options(): hence the ignores.)
     check_gpu_capacity(cfg.instances, gpus, ray_gpus())
+    # (Ray's stubs do not know a decorated class's .options(): hence the ignores.)
     llumsched = LlumSchedActor.options(name=cfg.llumsched_name, num_cpus=0, max_restarts=-1,  # type: ignore[attr-defined]
                                        max_task_retries=0).remote(
         sched_cfg, cfg.cms, reschedule_interval_s=cfg.reschedule_interval_s, instance_spec=spec,

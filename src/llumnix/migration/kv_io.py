@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import warnings
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -105,20 +104,8 @@ def is_viewable(executor: Any) -> bool:
 
 
 def scatter(executor: Any, block_ids: list[int], data: memoryview | bytes | bytearray) -> None:
-    """Write a gathered buffer into ``block_ids`` (one copy, even from a read-only buffer)."""
+    """Write a gathered buffer into ``block_ids`` (the executor's ``scatter_blocks``: one
+    copy, even from a read-only buffer)."""
     if not block_ids:
-        return
-    if is_viewable(executor) and hasattr(executor, "scatter_blocks_tensor"):
-        import torch
-
-        cache = executor.kv_cache
-        if len(data) != len(block_ids) * executor.bytes_per_block:
-            raise ValueError(f"KV buffer has {len(data)} bytes, {len(block_ids) * executor.bytes_per_block} expected")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a read-only buffer is only read here
-            raw = torch.frombuffer(data, dtype=torch.uint8)
-        shape = list(cache.shape)
-        shape[2] = len(block_ids)
-        executor.scatter_blocks_tensor(block_ids, raw.view(cache.dtype).view(shape))
         return
     executor.scatter_blocks(block_ids, data)
