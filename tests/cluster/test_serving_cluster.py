@@ -425,3 +425,22 @@ def test_drain_migrates_running_requests_and_streams_survive(server, cluster):
     statuses = {s.instance_id: s for s in ray.get([a.status.remote() for a in cluster.instances.values()])}
     assert statuses["instance-1"].is_terminating and not statuses["instance-1"].running
     assert all(s.num_used_blocks == 0 for s in statuses.values())
+
+
+def test_scale_out_without_a_free_gpu_fails_at_once(cluster):
+    """A scale-out whose instance needs a GPU the Ray cluster lacks is refused at once,
+    with an event saying why, instead of an actor left pending until its start timeout
+    (300 s) while the scheduler makes no other scaling decision."""
+    from llumnix.cluster.actors import LlumSchedActor
+
+    sched = LlumSchedActor.options(name=f"gpu-check-{time.time_ns()}").remote(  # type: ignore[attr-defined]
+        None, instance_spec={"num_gpus": 1, "start_timeout_s": 300})
+    try:
+        t0 = time.time()
+        ray.get(sched._start_instance.remote(), timeout=60)
+        assert time.time() - t0 < 10
+        events = ray.get(sched.cluster_info.remote())["scaling"]["events"]
+        assert [e["kind"] for e in events] == ["start-failed"], events
+        assert "needs 1 GPU and 0 are free" in events[0]["reason"]
+    finally:
+        ray.kill(sched)

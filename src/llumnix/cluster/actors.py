@@ -473,14 +473,20 @@ class LlumSchedActor:
     def _start_instance(self) -> None:
         spec = self._spec
         if spec is None:
-            log.warning("auto-scaling: no instance spec; cannot scale out")
-            self.gs.on_scale_out_failed()
+            self._scale_out_failed("a new instance", "no instance spec")
             return
         with self._lock:
             used = [int(i.rsplit("-", 1)[1]) for i in (*self.handles, *self._removed)
                     if i.rsplit("-", 1)[-1].isdigit()]
             iid = f"instance-{max(used, default=-1) + 1}"
             self._removed.discard(iid)
+        gpus = float(spec.get("num_gpus", 0))
+        free = float(ray.available_resources().get("GPU", 0)) if gpus else 0.0  # type: ignore[no-untyped-call]
+        if gpus > free + 1e-9:
+            # Ray would keep the actor pending until start_timeout_s; refuse now and let
+            # the scheduler try again after its cooldown (a GPU may be free by then).
+            self._scale_out_failed(iid, f"it needs {gpus:g} GPU and {free:g} are free")
+            return
         handle = None
         try:
             # Detached, so it outlives a restart of this actor (its owner).
@@ -493,12 +499,16 @@ class LlumSchedActor:
             self.register(status, handle)
             self.scaling_events.append({"time": time.time(), "kind": "started", "instance_id": iid})
         except Exception as e:  # noqa: BLE001 - the scheduler may try again after its cooldown
-            log.warning("auto-scaling: starting %s failed: %s", iid, e)
-            with self._lock:
-                self.gs.on_scale_out_failed()
+            self._scale_out_failed(iid, str(e))
             if handle is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(handle)
+
+    def _scale_out_failed(self, iid: str, why: str) -> None:
+        log.warning("auto-scaling: starting %s failed: %s", iid, why)
+        self.scaling_events.append({"time": time.time(), "kind": "start-failed", "instance_id": iid, "reason": why})
+        with self._lock:
+            self.gs.on_scale_out_failed()
 
     def _reap_finished(self) -> None:
         done = [k for k, ref in self._in_flight.items() if ray.wait([ref], timeout=0)[0]]
