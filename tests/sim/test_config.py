@@ -30,6 +30,7 @@ def _cfg(**changes):
     ({"latency_model": "no-such-model"}, "latency_model"),
     ({"step_overhead_s": -0.001}, "step_overhead_s"),
     ({"step_overhead_s": "5ms"}, "step_overhead_s"),
+    ({"seq_overhead_s": -0.0001}, "seq_overhead_s"),
     ({"bogus": 1}, "bogus"),
 ])
 def test_bad_configs_raise_one_line_errors_naming_the_field(doc, field):
@@ -85,3 +86,6 @@ def test_step_overhead_reaches_every_run_and_replaces_the_models():
     cfg = _cfg(step_overhead_s=0.008)
     assert cfg.step_overhead_s == 0.008
     assert {r.step_overhead_s for r in plan(cfg)} == {0.008}
+    assert all(r.seq_overhead_s is None for r in plan(cfg))
+    cfg = _cfg(seq_overhead_s=0.0002)
+    assert {(r.step_overhead_s, r.seq_overhead_s) for r in plan(cfg)} == {(None, 0.0002)}

@@ -118,13 +118,13 @@ def test_profile_contention_factors_load_and_default_to_none(tmp_path):
         _contended_model(tmp_path, {"decode": 0})
 
 
-def _batch(is_prefill):
+def _batch(is_prefill, n=1):
     from llumnix.core.batch import ScheduledRequest, SchedulerOutput
     from llumnix.core.sampling_params import SamplingParams
 
-    entry = ScheduledRequest("r", [1] * 16 if is_prefill else [1], 0 if is_prefill else 16, [0, 1],
-                             SamplingParams(), 0, 0 if is_prefill else 1)
-    return SchedulerOutput([entry], is_prefill=is_prefill)
+    entries = [ScheduledRequest(f"r{i}", [1] * 16 if is_prefill else [1], 0 if is_prefill else 16, [0, 1],
+                                SamplingParams(), 0, 0 if is_prefill else 1) for i in range(n)]
+    return SchedulerOutput(entries, is_prefill=is_prefill)
 
 
 def test_a_step_started_while_another_instance_steps_pays_the_neighbor_factor(tmp_path):
@@ -167,3 +167,19 @@ def test_every_step_pays_the_models_serving_overhead(tmp_path):
     a.step_done()
     b.step_done()
     assert a.execute(_batch(True)).elapsed == pytest.approx(m.prefill_time([16]) + 0.004)
+
+
+def test_every_sequence_of_a_step_pays_the_models_per_sequence_overhead():
+    """``seq_overhead_s`` is paid once per sequence in the batch, prefill and decode,
+    beside the per-step overhead; 0 (the default) adds nothing."""
+    import dataclasses
+
+    from llumnix.sim.executor import SimExecutor
+
+    m = fit_a10_llama7b()
+    assert m.seq_overhead_s == 0.0
+    slow = dataclasses.replace(m, step_overhead_s=0.004, seq_overhead_s=0.0005)
+    ex = SimExecutor(slow)
+    assert ex.execute(_batch(False, 3)).elapsed == pytest.approx(m.decode_time(3, 3 * 17) + 0.004 + 3 * 0.0005)
+    assert ex.execute(_batch(True, 2)).elapsed == pytest.approx(m.prefill_time([16, 16]) + 0.004 + 2 * 0.0005)
+    assert SimExecutor(m).execute(_batch(False, 3)).elapsed == pytest.approx(m.decode_time(3, 3 * 17))

@@ -131,6 +131,7 @@ class _Recorder:
         self.migration = inner.migration
         self.contention = inner.contention
         self.step_overhead_s = inner.step_overhead_s
+        self.seq_overhead_s = inner.seq_overhead_s
         self.steps: list[tuple[int, float]] = []
 
     def prefill_time(self, seq_lens: Any) -> float:

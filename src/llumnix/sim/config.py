@@ -6,6 +6,7 @@ YAML layout (every key optional except ``systems`` and ``traces``)::
     latency_model: a10-llama7b-serving   # a preset (a10-llama7b: Figure 10's step times
                                     # alone), or a profile JSON path (sim/profile.py)
     step_overhead_s: 0.0            # optional: replaces the model's serving overhead per step
+    seq_overhead_s: 0.0             # optional: replaces its serving overhead per sequence per step
     seeds: 1                        # runs per (system, trace, rate), seeds 0..n-1
     num_requests: 10000             # default for every trace
     jobs: 1                         # runs in parallel (processes)
@@ -90,6 +91,8 @@ class ExperimentConfig:
     step_overhead_s: float | None = None
     """Seconds of serving work added to every step in place of the latency model's own
     ``step_overhead_s`` (None: the model's)."""
+    seq_overhead_s: float | None = None
+    """The same per sequence in a step's batch, in place of the model's ``seq_overhead_s``."""
 
     def system_for(self, system: SystemSpec, trace: TraceRun) -> SystemSpec:
         extra = trace.system_overrides.get(system.name)
@@ -245,8 +248,8 @@ def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
 def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
     if not isinstance(doc, dict):
         raise ConfigError("the config must be a YAML mapping")
-    known = {"name", "latency_model", "step_overhead_s", "seeds", "num_requests", "jobs", "plots", "cluster", "systems",
-             "traces", "include_traces", "include_systems"}
+    known = {"name", "latency_model", "step_overhead_s", "seq_overhead_s", "seeds", "num_requests", "jobs", "plots",
+             "cluster", "systems", "traces", "include_traces", "include_systems"}
     for k in doc:
         if k not in known and not str(k).startswith("x-"):  # x-*: YAML anchors to share settings
             raise ConfigError(f"{k} is not a config key (known: {', '.join(sorted(known))})")
@@ -279,19 +282,20 @@ def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
         name=str(doc.get("name", "experiment")), latency_model=latency,
         seeds=_positive_int(doc, "seeds", 1, ""), jobs=_positive_int(doc, "jobs", 1, ""),
         plots=bool(doc.get("plots", True)), cluster=_parse_cluster(doc.get("cluster")),
-        systems=tuple(systems), traces=tuple(traces), step_overhead_s=_overhead(doc))
+        systems=tuple(systems), traces=tuple(traces), step_overhead_s=_overhead(doc, "step_overhead_s"),
+        seq_overhead_s=_overhead(doc, "seq_overhead_s"))
     for t in cfg.traces:  # per-trace overrides must parse too
         for system in cfg.systems:
             cfg.system_for(system, t)
     return cfg
 
 
-def _overhead(doc: dict[str, Any]) -> float | None:
-    v = doc.get("step_overhead_s")
+def _overhead(doc: dict[str, Any], key: str) -> float | None:
+    v = doc.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 10:
-        raise ConfigError(f"step_overhead_s must be a number of seconds in [0, 10), got {v!r}")
+        raise ConfigError(f"{key} must be a number of seconds in [0, 10), got {v!r}")
     return float(v)
 
 

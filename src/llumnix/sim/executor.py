@@ -28,8 +28,8 @@ class SimExecutor:
     a step that starts while another instance of the host is mid-step takes the
     factor longer (``NeighborContention``); ``step_done`` ends the step's share.
 
-    Every step also pays the model's ``step_overhead_s`` (the serving loop's own work),
-    before those factors.
+    Every step also pays the model's ``step_overhead_s`` (the serving loop's own work)
+    and ``seq_overhead_s`` per sequence in its batch, before those factors.
     """
 
     def __init__(self, model: LatencyModel, host: HostSteps | None = None) -> None:
@@ -45,6 +45,7 @@ class SimExecutor:
         self.last_elapsed = 0.0
         self._slowdown = model.migration.decode_slowdown
         self._overhead = model.step_overhead_s
+        self._seq_overhead = model.seq_overhead_s
 
     def begin_copy(self) -> None:
         self.num_copying += 1
@@ -56,14 +57,15 @@ class SimExecutor:
     def execute(self, batch: SchedulerOutput) -> ModelOutput:
         sched = batch.scheduled
         n = len(sched)
+        overhead = self._overhead + self._seq_overhead * n
         if batch.is_prefill:
-            t = self.model.prefill_time([r.start_pos + len(r.token_ids) for r in sched]) + self._overhead
+            t = self.model.prefill_time([r.start_pos + len(r.token_ids) for r in sched]) + overhead
         else:
             # A decode entry computes one token: its context is start_pos + 1.
             ctx = n
             for r in sched:
                 ctx += r.start_pos
-            t = self.model.decode_time(n, ctx) + self._overhead
+            t = self.model.decode_time(n, ctx) + overhead
             self.last_slowed = bool(self.num_copying or self._copy_started)
             if self.last_slowed:
                 t *= self._slowdown

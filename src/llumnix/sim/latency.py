@@ -108,6 +108,12 @@ class LatencyModel(Protocol):
         (scheduling, sampling, output hand-off); the executor adds it to each step."""
         ...
 
+    @property
+    def seq_overhead_s(self) -> float:
+        """Seconds of serving work per sequence in a step's batch (per-sequence sampling,
+        detokenizing and block-table work); the executor adds it times the batch size."""
+        ...
+
     def prefill_time(self, seq_lens: Sequence[int]) -> float: ...
 
     def decode_time(self, batch_size: int, num_context_tokens: int) -> float: ...
@@ -128,6 +134,7 @@ class ParametricLatencyModel:
     migration: MigrationCost
     contention: NeighborContention = NO_CONTENTION
     step_overhead_s: float = 0.0
+    seq_overhead_s: float = 0.0
 
     def prefill_time(self, seq_lens: Sequence[int]) -> float:
         return (self.prefill_fixed_s + self.prefill_per_token_s * sum(seq_lens)

@@ -64,6 +64,7 @@ class TableLatencyModel:
     migration: MigrationCost
     contention: NeighborContention = NO_CONTENTION
     step_overhead_s: float = 0.0
+    seq_overhead_s: float = 0.0
 
     def prefill_time(self, seq_lens: Sequence[int]) -> float:
         return interp_clamped(self.prefill_tokens, self.prefill_s, sum(seq_lens))

@@ -36,6 +36,8 @@ class RunSpec:
     keep_samples: bool = False
     step_overhead_s: float | None = None
     """Replaces the latency model's serving overhead per step (None: the model's own)."""
+    seq_overhead_s: float | None = None
+    """Replaces the latency model's serving overhead per sequence per step (None: the model's own)."""
 
 
 def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -47,6 +49,8 @@ def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dic
     model = get_latency_model(spec.latency_model)
     if spec.step_overhead_s is not None:
         model = dataclasses.replace(model, step_overhead_s=spec.step_overhead_s)  # type: ignore[type-var]
+    if spec.seq_overhead_s is not None:
+        model = dataclasses.replace(model, seq_overhead_s=spec.seq_overhead_s)  # type: ignore[type-var]
     sim = Simulator(spec.cluster, model,
                     make_policy(spec.system, spec.cluster, seed=spec.seed), trace, progress=progress,
                     priorities=spec.system.priorities)
@@ -69,7 +73,8 @@ def plan(cfg: ExperimentConfig, seeds: int | None = None) -> list[RunSpec]:
                 for s in cfg.systems:
                     runs.append(RunSpec(cfg.system_for(s, t), t.spec, rate, seed, cfg.cluster,
                                         cfg.latency_model, keep_samples=(rate == top and seed == 0),
-                                        step_overhead_s=cfg.step_overhead_s))
+                                        step_overhead_s=cfg.step_overhead_s,
+                                        seq_overhead_s=cfg.seq_overhead_s))
     return runs
 
 
@@ -81,6 +86,7 @@ def _write(out: Path, cfg: ExperimentConfig, records: list[dict[str, Any]]) -> N
     from llumnix.bench.machine import machine_info
 
     doc = {"name": cfg.name, "latency_model": cfg.latency_model, "step_overhead_s": cfg.step_overhead_s,
+           "seq_overhead_s": cfg.seq_overhead_s,
            "machine": machine_info(with_torch=False),
            "records": clean}
     tmp = out / "metrics.json.tmp"
