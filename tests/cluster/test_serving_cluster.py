@@ -296,6 +296,27 @@ def test_logprobs_in_completions_and_chat(server):
         "logprobs": True}).json()
     content = chat["choices"][0]["logprobs"]["content"]
     assert len(content) == 5 and all(c["logprob"] <= 0 and isinstance(c["token"], str) for c in content)
+    assert all(c["top_logprobs"] == [] for c in content)  # no alternatives unless asked
+
+
+def test_top_logprobs_list_the_most_likely_tokens(server):
+    """logprobs=N (completions) and top_logprobs=N (chat) give the N most likely tokens
+    at each position; greedy decoding picks the first of them."""
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    body = {"model": name, "prompt": "log", "max_tokens": 6, "ignore_eos": True, "temperature": 0}
+    lp = httpx.post(f"{url}/v1/completions", json={**body, "logprobs": 3}, timeout=60).json()["choices"][0]["logprobs"]
+    assert len(lp["top_logprobs"]) == 6
+    for tok, chosen, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
+        assert 1 <= len(top) <= 4 and top[tok] == pytest.approx(chosen)  # the chosen one is always there
+        assert chosen == pytest.approx(max(top.values())) and all(v <= 0 for v in top.values())
+    chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "ignore_eos": True,
+        "temperature": 0, "logprobs": True, "top_logprobs": 2}).json()
+    for c in chat["choices"][0]["logprobs"]["content"]:
+        alts = c["top_logprobs"]
+        assert len(alts) == 2 and alts[0]["logprob"] >= alts[1]["logprob"]
+        assert alts[0]["logprob"] == pytest.approx(c["logprob"]) and alts[0]["token"] == c["token"]
 
 
 def test_client_disconnect_after_a_migration_frees_the_blocks_where_the_request_went(server, cluster):

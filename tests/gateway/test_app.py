@@ -60,6 +60,10 @@ def test_chat_completion(client):
     ({"model": "fake", "prompt": "x" * 300}, 400, "prompt"),
     ({"model": "fake", "prompt": [1, 2, 999]}, 400, "prompt"),
     ({"model": "fake", "prompt": ""}, 400, "prompt"),
+    ({"model": "fake", "prompt": []}, 400, "prompt"),
+    ({"model": "fake", "prompt": ["a", "b"]}, 400, "prompt"),    # a batch of prompts
+    ({"model": "fake", "prompt": [1.5, 2]}, 400, "prompt"),
+    ({"model": "fake", "prompt": {"text": "x"}}, 400, "prompt"),
 ])
 def test_bad_input_gets_an_openai_error_body(client, backend, payload, status, param):
     r = client.post("/v1/completions", json=payload)
@@ -115,3 +119,26 @@ def test_metrics_endpoint_counts_requests(client):
     text = client.get("/metrics").text
     assert 'vllm:request_success_total{finished_reason="length",model_name="fake"} 1.0' in text
     assert "vllm:time_to_first_token_seconds_bucket" in text
+
+
+def test_a_batch_of_one_prompt_is_that_prompt(client):
+    """OpenAI clients may send ``prompt: ["..."]`` (the batch form) or ``[[ids]]``."""
+    req = {"model": "fake", "max_tokens": 4, "temperature": 0}
+    want = client.post("/v1/completions", json={**req, "prompt": "abc"}).json()["choices"][0]["text"]
+    for prompt in (["abc"], [[97, 98, 99]], [97, 98, 99]):
+        r = client.post("/v1/completions", json={**req, "prompt": prompt})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want
+
+
+def test_a_batch_error_says_what_to_do(client):
+    err = client.post("/v1/completions", json={"model": "fake", "prompt": ["a", "b"]}).json()["error"]
+    assert "batch of 2 prompts is not supported" in err["message"] and err["param"] == "prompt"
+
+
+def test_chat_top_logprobs_needs_logprobs(client, backend):
+    msgs = [{"role": "user", "content": "hi"}]
+    for extra in ({"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}):
+        r = client.post("/v1/chat/completions", json={"model": "fake", "messages": msgs, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs", r.text
+    assert not backend.engine.requests

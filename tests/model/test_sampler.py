@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from llumnix.core.batch import ScheduledRequest
@@ -16,6 +17,17 @@ def test_greedy_is_argmax_and_logprobs_are_of_the_model_distribution():
     toks, lps = sample(logits, [_req(SamplingParams())] * 2, want_logprobs=True)
     assert toks == [1, 0]
     torch.testing.assert_close(torch.tensor(lps), logits.log_softmax(-1)[[0, 1], [1, 0]])
+
+
+def test_top_logprobs_are_the_most_likely_tokens_of_the_model_distribution():
+    from llumnix.model.sampler import top_logprobs
+
+    logits = torch.tensor([[0.1, 3.0, -1.0, 2.0], [2.0, 0.0, 1.0, -3.0]])
+    top = top_logprobs(logits, 2)
+    lsm = logits.log_softmax(-1)
+    assert [[t for t, _ in row] for row in top] == [[1, 3], [0, 2]]
+    assert [lp for row in top for _, lp in row] == pytest.approx([float(lsm[0, 1]), float(lsm[0, 3]),
+                                                                  float(lsm[1, 0]), float(lsm[1, 2])])
 
 
 def test_same_seed_and_index_give_the_same_token_and_indices_differ():

@@ -49,6 +49,9 @@ class ModelOutput:
     sampled_token_ids: list[int]
     """One token per scheduled request, in the order of SchedulerOutput.scheduled."""
     logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per scheduled request, the most likely tokens and their logprobs (as many as the
+    batch's largest ``logprobs`` asks for), when any request asked for alternatives."""
     elapsed: float | None = None
     """Seconds the step took, when the executor knows (the simulator's latency model)."""
 
@@ -102,6 +105,9 @@ class RequestOutput:
     """The request's consumer tag (``Request.client``): which outbox it goes to."""
     epoch: int = 0
     """The request's fencing token (``Request.epoch``)."""
+    new_top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per new token, its ``SamplingParams.logprobs`` most likely alternatives (token id,
+    logprob), most likely first; None unless alternatives were asked for."""
 
     @property
     def is_finished(self) -> bool:

@@ -123,6 +123,7 @@ class EngineCore(MigrationOpsMixin):
         now = self.clock.now()
         outputs: list[RequestOutput] = []
         logprobs = output.logprobs
+        tops = output.top_logprobs
         requests = self.requests
         running = RequestStatus.RUNNING
         for i, (entry, token) in enumerate(zip(batch.scheduled, output.sampled_token_ids, strict=True)):
@@ -132,10 +133,13 @@ class EngineCore(MigrationOpsMixin):
             out_ids = req.output_token_ids
             req.num_computed_tokens = len(req.prompt_token_ids) + len(out_ids)  # not the new token
             out_ids.append(token)
-            lp = None
+            lp = top = None
             if logprobs is not None:
                 lp = [logprobs[i]]
                 req.output_logprobs.extend(lp)
+                num_top = req.sampling_params.logprobs
+                if tops is not None and num_top:
+                    top = [tops[i][:num_top]]
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.preempted_at is not None:
@@ -144,11 +148,11 @@ class EngineCore(MigrationOpsMixin):
             status = self._check_stop(req, token)
             if status is None:
                 outputs.append(RequestOutput(req.request_id, [token], len(out_ids), None, lp, req.stop_reason,
-                                             None, req.client, req.epoch))
+                                             None, req.client, req.epoch, top))
             else:
                 metrics = self._finish(req, status, now)
                 outputs.append(RequestOutput(req.request_id, [token], len(out_ids), status.finish_reason,
-                                             lp, req.stop_reason, metrics, req.client, req.epoch))
+                                             lp, req.stop_reason, metrics, req.client, req.epoch, top))
         return outputs
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:

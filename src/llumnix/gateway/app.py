@@ -27,6 +27,9 @@ from llumnix.gateway.protocol import (
 PRIORITY_HEADER = "x-llumnix-priority"
 log = logging.getLogger(__name__)
 
+TokenLogprob = tuple[int, float, list[tuple[int, float]] | None]
+"""A generated token, its logprob, and its most likely alternatives when asked for."""
+
 
 def error_response(status: int, message: str, *, type_: str = "invalid_request_error",
                    param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -147,12 +150,9 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         if (bad := _check_model(body.model)) is not None:
             return bad
         prompt = body.prompt
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("prompt must not be empty", "prompt")
-            ids = backend.tokenizer.encode(prompt)
-        else:
-            ids = list(prompt)
+        if not prompt:
+            raise InvalidRequestError("prompt must not be empty", "prompt")
+        ids = backend.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         gen = _prepare(body, ids, request)
         echo = prompt if (body.echo and isinstance(prompt, str)) else ""
         return await _respond(gen, body.stream, chat=False, prefix=echo)
@@ -171,7 +171,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                                      media_type="text/event-stream")
         return await _complete(gen, chat=chat, prefix=prefix)
 
-    async def _run(gen: GenerateRequest) -> AsyncIterator[tuple[str, str | None, int, list[tuple[int, float]]]]:
+    async def _run(gen: GenerateRequest) -> AsyncIterator[tuple[str, str | None, int, list[TokenLogprob]]]:
         """Yield (new text, finish reason, output tokens, (token, logprob) of the new tokens
         when logprobs were asked for) and keep the metrics."""
         det = IncrementalDetokenizer(backend.tokenizer, gen.params.stop)
@@ -189,7 +189,11 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                 last = now
                 n_out = out.num_output_tokens
                 text = det.add(out.new_token_ids, final=out.is_finished)
-                lps = list(zip(out.new_token_ids, out.new_logprobs or (), strict=False)) if want_lp else []
+                lps: list[TokenLogprob] = []
+                if want_lp:
+                    tops = out.new_top_logprobs
+                    lps = [(t, lp, tops[j] if tops else None)
+                           for j, (t, lp) in enumerate(zip(out.new_token_ids, out.new_logprobs or (), strict=False))]
                 reason = out.finish_reason
                 if det.stopped and reason is None:
                     reason = "stop"  # the stop string completed before the engine saw it
@@ -220,23 +224,29 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
     def _token_text(token_id: int) -> str:
         return backend.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def _completion_logprobs(lps: list[tuple[int, float]], offset: int) -> dict[str, Any]:
-        """The legacy completions shape. Only the sampled token's logprob is known (the
-        sampler computes no alternatives), so ``top_logprobs`` is null."""
-        tokens = [_token_text(t) for t, _ in lps]
+    def _completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+        """The legacy completions shape: per token its text, logprob and offset, and with
+        ``logprobs`` = N > 0 the N most likely tokens by text, plus the chosen one (as
+        OpenAI does: up to N + 1 entries)."""
+        tokens = [_token_text(t) for t, _, _ in lps]
         offsets, pos = [], offset
         for tok in tokens:
             offsets.append(pos)
             pos += len(tok)
-        return {"tokens": tokens, "token_logprobs": [lp for _, lp in lps], "top_logprobs": None,
+        tops = None
+        if lps and lps[0][2] is not None:
+            tops = [{**{_token_text(a): alp for a, alp in (top or ())}, tok: lp}
+                    for tok, (_, lp, top) in zip(tokens, lps, strict=True)]
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in lps], "top_logprobs": tops,
                 "text_offset": offsets}
 
-    def _chat_logprobs(lps: list[tuple[int, float]]) -> dict[str, Any]:
-        content = []
-        for t, lp in lps:
-            tok = _token_text(t)
-            content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
-        return {"content": content}
+    def _chat_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
+        def entry(token_id: int, lp: float) -> dict[str, Any]:
+            tok = _token_text(token_id)
+            return {"token": tok, "logprob": lp, "bytes": list(tok.encode())}
+
+        return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in (top or ())]}
+                            for t, lp, top in lps]}
 
     def _usage(gen: GenerateRequest, n_out: int) -> dict[str, int]:
         n_in = len(gen.prompt_token_ids)
@@ -244,7 +254,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
 
     async def _complete(gen: GenerateRequest, *, chat: bool, prefix: str) -> Response:
         pieces, reason, n_out = [prefix], None, 0
-        lps: list[tuple[int, float]] = []
+        lps: list[TokenLogprob] = []
         try:
             async for text, last_reason, last_n, new_lps in _run(gen):
                 pieces.append(text)
@@ -273,7 +283,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         created = now_s()
 
         def chunk(text: str, reason: str | None, first: bool = False,
-                  lps: list[tuple[int, float]] | None = None) -> str:
+                  lps: list[TokenLogprob] | None = None) -> str:
             if chat:
                 delta: dict[str, str] = {"role": "assistant"} if first else {}
                 if text:

@@ -1,6 +1,7 @@
 """OpenAI request/response shapes (pydantic) and their mapping onto SamplingParams."""
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Literal
@@ -79,6 +80,19 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[int]
     echo: bool = False
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, v: object) -> object:
+        """A string or token ids; OpenAI's batch form (a list of those) with one prompt in it."""
+        if isinstance(v, list) and v and all(isinstance(x, str | list) for x in v):
+            if len(v) != 1:
+                raise ValueError(f"a batch of {len(v)} prompts is not supported; send one prompt per request")
+            v = v[0]
+        if isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                                               for x in v)):
+            return v
+        raise ValueError("prompt must be a string or a list of token ids")
+
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
@@ -94,7 +108,14 @@ class ChatCompletionRequest(_SamplingFields):
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         if self.max_tokens is None and self.max_completion_tokens is not None:
             self.max_tokens = self.max_completion_tokens
-        return super().sampling_params(default_max_tokens)
+        params = super().sampling_params(default_max_tokens)
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise InvalidRequestError("top_logprobs needs logprobs: true", "top_logprobs")
+            if not 0 <= self.top_logprobs <= 20:
+                raise InvalidRequestError("top_logprobs must be in [0, 20]", "top_logprobs")
+            params = dataclasses.replace(params, logprobs=self.top_logprobs)
+        return params
 
 
 class Usage(BaseModel):

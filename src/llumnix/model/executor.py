@@ -11,7 +11,7 @@ import torch
 from llumnix.core.batch import ModelOutput, SchedulerOutput
 from llumnix.model.config import LlamaConfig
 from llumnix.model.llama import ForwardBatch, LlamaModel
-from llumnix.model.sampler import sample
+from llumnix.model.sampler import sample, top_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -59,7 +59,9 @@ class ModelExecutor:
             logits = self.model.forward(fb, self.kv_cache)
             want_lp = any(r.sampling_params.logprobs is not None for r in reqs)
             tokens, logprobs = sample(logits, reqs, want_lp)
-        return ModelOutput(sampled_token_ids=tokens, logprobs=logprobs,
+            num_top = max((r.sampling_params.logprobs or 0) for r in reqs) if want_lp else 0
+            top = top_logprobs(logits, num_top) if num_top else None
+        return ModelOutput(sampled_token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                            elapsed=time.perf_counter() - t0)
 
     def _build(self, batch: SchedulerOutput) -> ForwardBatch:
