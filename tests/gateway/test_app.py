@@ -142,3 +142,19 @@ def test_chat_top_logprobs_needs_logprobs(client, backend):
         r = client.post("/v1/chat/completions", json={"model": "fake", "messages": msgs, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs", r.text
     assert not backend.engine.requests
+
+
+def test_chat_content_parts_are_joined_and_non_text_parts_refused(client, backend):
+    req = {"model": "fake", "max_tokens": 4, "temperature": 0}
+    plain = client.post("/v1/chat/completions", json={**req, "messages": [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]}).json()
+    parts = client.post("/v1/chat/completions", json={**req, "messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}]}).json()
+    assert parts["usage"] == plain["usage"]
+    assert parts["choices"][0]["message"] == plain["choices"][0]["message"]
+    r = client.post("/v1/chat/completions", json={**req, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]})
+    assert r.status_code == 400 and "only text content parts" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == "messages"
+    assert not backend.engine.requests

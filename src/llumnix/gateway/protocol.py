@@ -98,6 +98,27 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str
 
+    @field_validator("role", mode="before")
+    @classmethod
+    def _developer_is_system(cls, v: object) -> object:
+        """OpenAI's newer name for the system role; chat templates know only 'system'."""
+        return "system" if v == "developer" else v
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, v: object) -> object:
+        """OpenAI's content-part form: the text parts joined; other parts (images, audio)
+        cannot be served by a text model."""
+        if not isinstance(v, list):
+            return v
+        texts = []
+        for part in v:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"only text content parts are supported, got {kind!r}")
+            texts.append(part["text"])
+        return "".join(texts)
+
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
