@@ -133,7 +133,8 @@ def test_a_batch_of_one_prompt_is_that_prompt(client):
 
 def test_a_batch_error_says_what_to_do(client):
     err = client.post("/v1/completions", json={"model": "fake", "prompt": ["a", "b"]}).json()["error"]
-    assert "batch of 2 prompts is not supported" in err["message"] and err["param"] == "prompt"
+    assert err["message"] == "prompt: a batch of 2 prompts is not supported; send one prompt per request"
+    assert err["param"] == "prompt"
 
 
 def test_chat_top_logprobs_needs_logprobs(client, backend):

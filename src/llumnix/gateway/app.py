@@ -79,7 +79,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             reason = ctx.get("error") if isinstance(ctx, dict) else None
             return error_response(400, "request body is not valid JSON" + (f" ({reason})" if reason else ""))
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        msg = str(err.get("msg", "invalid request"))
+        msg = str(err.get("msg", "invalid request")).removeprefix("Value error, ")  # our validators' own words
         return error_response(400, f"{'.'.join(loc)}: {msg}" if loc else msg,
                               param=loc[0] if loc else None)
 
