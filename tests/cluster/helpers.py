@@ -59,7 +59,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str,
     """POST a streamed completion; fills ``progress`` as chunks arrive (so a test can
     act mid-stream) and returns it."""
     res = progress or StreamResult()
-    async with client.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
         assert r.status_code == 200, await r.aread()
         async for line in r.aiter_lines():
             if not line.startswith("data: "):

@@ -36,7 +36,7 @@ def test_concurrent_streams_spread_over_instances_and_complete(server, cluster):
         async with httpx.AsyncClient(timeout=60) as c, c.stream(
                 "POST", f"{url}/v1/completions",
                 json={"model": name, "prompt": f"request {i}", "max_tokens": 12, "ignore_eos": True,
-                      "stream": True}) as r:
+                      "stream": True, "stream_options": {"include_usage": True}}) as r:
             chunks = [json.loads(ln[6:]) async for ln in r.aiter_lines()
                       if ln.startswith("data: ") and ln != "data: [DONE]"]
         return chunks[-1]["usage"]["completion_tokens"]
@@ -263,7 +263,8 @@ def test_official_openai_client_completions_and_chat_streaming_and_not(server, c
     assert chat.usage.completion_tokens == 10
     chunks = list(client.chat.completions.create(messages=msgs, stream=True, **kw))
     assert chunks[0].choices[0].delta.role == "assistant"
-    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert all(ch.choices for ch in chunks)  # the README's loop reads choices[0] of every chunk
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks)
     assert text == chat.choices[0].message.content
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
 
@@ -291,6 +292,8 @@ def test_logprobs_in_completions_and_chat(server):
         chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
     streamed = [x for c in chunks for ch in c["choices"] if ch["logprobs"] for x in ch["logprobs"]["token_logprobs"]]
     assert streamed == pytest.approx(lp["token_logprobs"])
+    offsets = [x for c in chunks for ch in c["choices"] if ch["logprobs"] for x in ch["logprobs"]["text_offset"]]
+    assert offsets == lp["text_offset"]  # offsets into the whole text, not into each chunk
     chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
         "model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "ignore_eos": True,
         "logprobs": True}).json()
@@ -418,7 +421,7 @@ def test_drain_migrates_running_requests_and_streams_survive(server, cluster):
         async with httpx.AsyncClient(timeout=120) as c, c.stream(
                 "POST", f"{url}/v1/completions",
                 json={"model": name, "prompt": f"r{i}", "max_tokens": n_tokens, "ignore_eos": True,
-                      "temperature": 0, "stream": True}) as r:
+                      "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}) as r:
             return [ln async for ln in r.aiter_lines() if ln.startswith("data: ")]
 
     async def main():

@@ -32,14 +32,18 @@ def test_completion_non_streaming(client, backend):
 def test_streaming_chunks_join_to_the_non_streamed_text(client):
     req = {"model": "fake", "prompt": "abc", "max_tokens": 12, "temperature": 0}
     full = client.post("/v1/completions", json=req).json()["choices"][0]["text"]
-    with client.stream("POST", "/v1/completions", json={**req, "stream": True}) as r:
-        lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
-    assert lines[-1] == "data: [DONE]"
-    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
-    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
-    assert text == full
-    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
-    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    for include_usage in (False, True):
+        body = {**req, "stream": True, "stream_options": {"include_usage": include_usage}}
+        with client.stream("POST", "/v1/completions", json=body) as r:
+            lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        assert text == full
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+        # OpenAI's rule: a usage chunk (no choices) only when asked for
+        assert [c for c in chunks if not c["choices"]] == (chunks[-1:] if include_usage else [])
+        assert chunks[-1].get("usage", {}).get("completion_tokens") == (12 if include_usage else None)
 
 
 def test_chat_completion(client):

@@ -155,7 +155,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         ids = backend.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         gen = _prepare(body, ids, request)
         echo = prompt if (body.echo and isinstance(prompt, str)) else ""
-        return await _respond(gen, body.stream, chat=False, prefix=echo)
+        return await _respond(gen, body, chat=False, prefix=echo)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -163,11 +163,13 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             return bad
         text = backend.tokenizer.apply_chat_template([msg.model_dump() for msg in body.messages])
         gen = _prepare(body, backend.tokenizer.encode(text, add_special_tokens=False), request)
-        return await _respond(gen, body.stream, chat=True)
+        return await _respond(gen, body, chat=True)
 
-    async def _respond(gen: GenerateRequest, stream: bool, *, chat: bool, prefix: str = "") -> Response:
-        if stream:
-            return StreamingResponse(_sse(gen, chat=chat, prefix=prefix),
+    async def _respond(gen: GenerateRequest, body: CompletionRequest | ChatCompletionRequest, *, chat: bool,
+                       prefix: str = "") -> Response:
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(_sse(gen, chat=chat, prefix=prefix, usage=usage),
                                      media_type="text/event-stream")
         return await _complete(gen, chat=chat, prefix=prefix)
 
@@ -278,12 +280,15 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                              "model": backend.model_name, "choices": [choice],
                              "usage": _usage(gen, n_out)})
 
-    async def _sse(gen: GenerateRequest, *, chat: bool, prefix: str) -> AsyncIterator[str]:
+    async def _sse(gen: GenerateRequest, *, chat: bool, prefix: str, usage: bool) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = now_s()
 
+        pos = len(prefix)  # text_offset of the next token, over the whole stream
+
         def chunk(text: str, reason: str | None, first: bool = False,
                   lps: list[TokenLogprob] | None = None) -> str:
+            nonlocal pos
             if chat:
                 delta: dict[str, str] = {"role": "assistant"} if first else {}
                 if text:
@@ -291,8 +296,10 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                 choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason,
                                           "logprobs": _chat_logprobs(lps) if lps else None}
             else:
-                choice = {"index": 0, "text": text, "finish_reason": reason,
-                          "logprobs": _completion_logprobs(lps, 0) if lps else None}
+                lp = _completion_logprobs(lps, pos) if lps else None
+                if lp is not None:
+                    pos += sum(len(tok) for tok in lp["tokens"])
+                choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": lp}
             return "data: " + json.dumps({"id": gen.request_id, "object": obj, "created": created,
                                           "model": backend.model_name, "choices": [choice]}) + "\n\n"
 
@@ -306,9 +313,10 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         except LlumnixError as e:
             err = {"error": {"message": f"the request failed: {e}", "type": "server_error"}}
             yield "data: " + json.dumps(err) + "\n\n"
-        usage = {"id": gen.request_id, "object": obj, "created": created,
-                 "model": backend.model_name, "choices": [], "usage": _usage(gen, n_out)}
-        yield "data: " + json.dumps(usage) + "\n\n"
+        if usage:
+            last = {"id": gen.request_id, "object": obj, "created": created,
+                    "model": backend.model_name, "choices": [], "usage": _usage(gen, n_out)}
+            yield "data: " + json.dumps(last) + "\n\n"
         yield "data: [DONE]\n\n"
 
     return app

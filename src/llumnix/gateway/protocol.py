@@ -40,6 +40,10 @@ def parse_priority(value: str | int | None) -> int:
     return Priority.HIGH if value < 0 else Priority.NORMAL
 
 
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -52,6 +56,9 @@ class _SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     n: int = 1
     stream: bool = False
+    stream_options: StreamOptions | None = None
+    """``include_usage``: a last chunk with the usage and no choices (OpenAI's rule: only
+    when asked, since a client reading ``choices[0]`` of every chunk would fail on it)."""
     logprobs: int | None = None
     ignore_eos: bool = False
     priority: str | int | None = None
