@@ -163,3 +163,25 @@ def test_chat_content_parts_are_joined_and_non_text_parts_refused(client, backen
     assert r.status_code == 400 and "only text content parts" in r.json()["error"]["message"], r.text
     assert r.json()["error"]["param"] == "messages"
     assert not backend.engine.requests
+
+
+@pytest.mark.parametrize("field,value", [
+    ("frequency_penalty", 0.5), ("presence_penalty", -1), ("repetition_penalty", 1.2),
+    ("logit_bias", {"50": 10}), ("best_of", 3), ("suffix", "tail"),
+    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+])
+def test_fields_we_do_not_implement_are_refused_not_ignored(client, backend, field, value):
+    for path, body in (("/v1/completions", {"prompt": "x"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
+        r = client.post(path, json={"model": "fake", "max_tokens": 2, **body, field: value})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == field and "not supported" in err["message"]
+    assert not backend.engine.requests
+
+
+def test_their_neutral_values_are_accepted(client):
+    neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1, "logit_bias": {},
+               "best_of": 1, "response_format": {"type": "text"}, "tools": [], "logit_bias_extra": 5}
+    r = client.post("/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 2, **neutral})
+    assert r.status_code == 200, r.text

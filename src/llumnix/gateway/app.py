@@ -78,6 +78,10 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             ctx = err.get("ctx")
             reason = ctx.get("error") if isinstance(ctx, dict) else None
             return error_response(400, "request body is not valid JSON" + (f" ({reason})" if reason else ""))
+        ctx = err.get("ctx")
+        raised = ctx.get("error") if isinstance(ctx, dict) else None
+        if isinstance(raised, InvalidRequestError) and raised.param:  # a whole-body check naming its field
+            return error_response(400, str(raised), param=raised.param)
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         msg = str(err.get("msg", "invalid request")).removeprefix("Value error, ")  # our validators' own words
         return error_response(400, f"{'.'.join(loc)}: {msg}" if loc else msg,

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from llumnix.core.errors import InvalidRequestError
 from llumnix.core.request import Priority
@@ -44,8 +44,34 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+_UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1),
+    "logit_bias": (None, {}),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "response_format": (None, {"type": "text"}),
+    "tools": (None, []),
+    "functions": (None, []),
+}
+"""OpenAI (and vLLM) fields this server does not implement, with the values that ask for
+nothing: any other value is refused rather than silently ignored."""
+
+
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: object) -> object:
+        if isinstance(data, dict):
+            for key, neutral in _UNSUPPORTED.items():
+                v = data.get(key)
+                if not any(v == n and type(v) is not bool for n in neutral) and v is not None:
+                    shown = ", ".join("null" if n is None else repr(n) for n in neutral)
+                    raise InvalidRequestError(f"{key} is not supported by this server (accepted: {shown})", key)
+        return data
 
     model: str
     max_tokens: int | None = Field(default=None)
