@@ -75,6 +75,12 @@ class Pair:
                         return [t for _, t in sorted(seen)]
         raise AssertionError(f"{rid} did not finish")
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def close(self):
         self.sender.close()
         self.endpoint.close()
@@ -102,8 +108,7 @@ PROMPT = list(range(1, 30))
 @pytest.mark.parametrize("params", [SamplingParams(max_tokens=150),
                                     SamplingParams(max_tokens=150, temperature=0.7, seed=11)])
 def test_migrated_request_produces_the_same_tokens_exactly_once(params, transport):
-    pair = Pair(transport=transport)
-    try:
+    with Pair(transport=transport) as pair:
         pair.add("x", PROMPT, params)
         time.sleep(0.03)
         rep = migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig(max_stages=3))
@@ -114,14 +119,11 @@ def test_migrated_request_produces_the_same_tokens_exactly_once(params, transpor
         assert indices == list(range(1, params.max_tokens + 1))  # no gap, no duplicate
         assert out == reference(PROMPT, params)
         pair.check_drained()
-    finally:
-        pair.close()
 
 
 def test_the_client_tag_travels_with_the_request():
     """After migration the destination's outputs go to the same gateway's outbox."""
-    pair = Pair()
-    try:
+    with Pair() as pair:
         pair.src.call(lambda: pair.src.engine.add_request("x", PROMPT, SamplingParams(max_tokens=40),
                                                           client="gw-1"))
         time.sleep(0.03)
@@ -135,8 +137,6 @@ def test_the_client_tag_travels_with_the_request():
                 n, done = o.num_output_tokens, o.is_finished
         assert n == 40
         pair.check_drained()
-    finally:
-        pair.close()
 
 
 @pytest.mark.parametrize("transport", ["tcp", "gloo"])
@@ -159,8 +159,7 @@ def test_back_and_forth(transport):
 
 
 def test_queued_request_moves_as_metadata():
-    pair = Pair()
-    try:
+    with Pair() as pair:
         pair.src.call(lambda: pair.src.engine.scheduler.__setattr__("config", type(
             pair.src.engine.scheduler.config)(max_num_seqs=1, max_num_batched_tokens=256)))
         pair.add("busy", PROMPT, SamplingParams(max_tokens=40))
@@ -171,21 +170,16 @@ def test_queued_request_moves_as_metadata():
         assert pair.collect("q") == reference(PROMPT[:5], SamplingParams(max_tokens=10))
         pair.collect("busy")
         pair.check_drained()
-    finally:
-        pair.close()
 
 
 def test_reservation_refused_aborts_and_the_request_finishes_on_the_source():
-    pair = Pair(dst_blocks=4)
-    try:
+    with Pair(dst_blocks=4) as pair:
         pair.add("x", PROMPT, SamplingParams(max_tokens=30))
         time.sleep(0.03)
         rep = migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig())
         assert not rep.committed and "refused" in rep.abort_reason
         assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=30))
         pair.check_drained()
-    finally:
-        pair.close()
 
 
 def test_request_that_finishes_mid_migration_aborts_cleanly():
@@ -204,8 +198,7 @@ def test_request_that_finishes_mid_migration_aborts_cleanly():
 
 
 def test_client_abort_mid_migration():
-    pair = Pair(slow_s=0.005)
-    try:
+    with Pair(slow_s=0.005) as pair:
         pair.add("x", PROMPT, SamplingParams(max_tokens=200))
         time.sleep(0.02)
         eng = pair.src.engine
@@ -220,13 +213,10 @@ def test_client_abort_mid_migration():
         rep = migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig())
         assert not rep.committed
         pair.check_drained()
-    finally:
-        pair.close()
 
 
 def test_destination_dies_mid_stage_and_the_source_carries_on():
-    pair = Pair()
-    try:
+    with Pair() as pair:
         pair.add("x", PROMPT, SamplingParams(max_tokens=40))
         time.sleep(0.03)
         pair.endpoint.receiver.close()
@@ -236,35 +226,25 @@ def test_destination_dies_mid_stage_and_the_source_carries_on():
         assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=40))
         time.sleep(2.6)  # the destination's watchdog frees the orphaned reservation
         pair.check_drained()
-    finally:
-        pair.close()
 
 
 def test_timeout_aborts():
-    pair = Pair(slow_s=0.002)
-    try:
+    with Pair(slow_s=0.002) as pair:
         pair.add("x", PROMPT, SamplingParams(max_tokens=100))
         time.sleep(0.02)
         rep = migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig(timeout_s=1e-6))
         assert not rep.committed and rep.abort_reason == "timeout"
         assert len(pair.collect("x")) == 100
         pair.check_drained()
-    finally:
-        pair.close()
 
 
 def test_wrong_token_is_refused():
-    pair = Pair()
-    try:
-        with pytest.raises(TransportError):
-            KVSender(pair.endpoint.address, b"not the token").send({"request_id": "x", "block_ids": [0]}, b"x")
-    finally:
-        pair.close()
+    with Pair() as pair, pytest.raises(TransportError):
+        KVSender(pair.endpoint.address, b"not the token").send({"request_id": "x", "block_ids": [0]}, b"x")
 
 
 def test_request_preempted_mid_migration_aborts_and_completes_on_the_source():
-    pair = Pair(slow_s=0.003)
-    try:
+    with Pair(slow_s=0.003) as pair:
         pair.add("x", PROMPT, SamplingParams(max_tokens=60))
         time.sleep(0.02)
         eng = pair.src.engine
@@ -284,16 +264,13 @@ def test_request_preempted_mid_migration_aborts_and_completes_on_the_source():
         assert not rep.committed
         assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=60))
         pair.check_drained()
-    finally:
-        pair.close()
 
 
 def test_install_does_not_wait_for_the_destination_step_and_downtime_counts_from_the_pause():
     """The destination queues the request for its next boundary (an inbox) instead of
     making the source wait out its current step; downtime runs from the source's
     pausing boundary to that queueing, and the request then really resumes there."""
-    pair = Pair(slow_s=0.02, dst_slow_s=0.2)
-    try:
+    with Pair(slow_s=0.02, dst_slow_s=0.2) as pair:
         pair.dst.call(lambda: pair.dst.engine.add_request("busy", PROMPT, SamplingParams(max_tokens=100)))
         pair.add("x", PROMPT, SamplingParams(max_tokens=80))
         time.sleep(0.1)
@@ -306,13 +283,10 @@ def test_install_does_not_wait_for_the_destination_step_and_downtime_counts_from
         assert pair.endpoint.installed_at["x"] >= rep.end_time - rep.downtime
         pair.dst.call(lambda: pair.dst.engine.abort_request("busy"))
         pair.check_drained()
-    finally:
-        pair.close()
 
 
 def test_receiver_refuses_blocks_not_reserved_for_the_request():
-    pair = Pair()
-    try:
+    with Pair() as pair:
         pair.dst.call(lambda: pair.dst.engine.add_request("victim", PROMPT, SamplingParams(max_tokens=5)))
         pair.collect("victim")
         ids = pair.endpoint.try_reserve("x", 2)
@@ -325,13 +299,10 @@ def test_receiver_refuses_blocks_not_reserved_for_the_request():
         assert pair.sender.send_raw({"request_id": "x", "block_ids": ids[:1]}, b"\x01" * bpb)
         assert pair.endpoint.release("x") == 2
         pair.check_drained()
-    finally:
-        pair.close()
 
 
 def test_last_stage_transport_failure_resumes_the_paused_request_on_the_source():
-    pair = Pair()
-    try:
+    with Pair() as pair:
         orig = pair.sender.send
 
         def drop_urgent(request_id, block_ids, src, *, urgent=False):
@@ -346,5 +317,3 @@ def test_last_stage_transport_failure_resumes_the_paused_request_on_the_source()
         assert not rep.committed and "last stage" in rep.abort_reason
         assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=60))
         pair.check_drained()
-    finally:
-        pair.close()
