@@ -131,7 +131,14 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
         instances[iid] = InstanceActor.options(num_cpus=0, num_gpus=gpus).remote(  # type: ignore[attr-defined]
             iid, cfg.model, dict(cfg.engine), sched_cfg, cfg.llumsched_name, cfg.threads_per_instance,
             token, dict(cfg.migration))
-    infos = ray.get([a.ready.remote() for a in instances.values()], timeout=600)
+    try:
+        infos = ray.get([a.ready.remote() for a in instances.values()], timeout=600)
+    except ray.exceptions.RayActorError as e:
+        for actor in (llumsched, *instances.values()):
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        raise LlumnixError(f"an instance failed to start: {lines[-1] if lines else e}") from None
     statuses = ray.get([a.status.remote() for a in instances.values()], timeout=60)
     ray.get([llumsched.register.remote(s, instances[s.instance_id]) for s in statuses], timeout=60)
     return Cluster(llumsched, instances, infos[0])

@@ -12,12 +12,34 @@ import yaml
 from llumnix.core.errors import LlumnixError
 
 
+def port(text: str) -> int:
+    """An argparse type: a TCP port (0: any free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535)")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file with ClusterConfig fields (flags override it)")
     p.add_argument("--model", default=None, help="'smollm2' (default), a .gguf file or an HF directory")
-    p.add_argument("--instances", type=int, default=None, help="instance actors (default 2)")
+    p.add_argument("--instances", type=positive_int, default=None, help="instance actors (default 2)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--port", type=port, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
     p.add_argument("--dispatch", default=None, help="llumnix | infaas++ | round-robin | random | "
                    "least-requests | power-of-two | llm-d")
@@ -45,12 +67,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="KV transport for live migration: tcp (default), gloo or ray")
     p.add_argument("--cms", default=None, help="cluster meta store: memory (default) or redis://HOST:PORT")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
-    p.add_argument("--kv-cache-mib", type=int, default=None, help="KV cache per instance (default 512)")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="batch size limit per instance")
+    p.add_argument("--kv-cache-mib", type=positive_int, default=None, help="KV cache per instance (default 512)")
+    p.add_argument("--max-num-seqs", type=positive_int, default=None, help="batch size limit per instance")
     p.add_argument("--device", default=None, help="cpu or cuda")
     p.add_argument("--gpus-per-instance", type=float, default=None, metavar="N",
                    help="GPUs Ray reserves per instance (default: 1 on cuda, 0 on cpu; 0.5 packs two per GPU)")
-    p.add_argument("--threads-per-instance", type=int, default=None,
+    p.add_argument("--threads-per-instance", type=positive_int, default=None,
                    help="torch threads of each instance (default 1)")
 
 
@@ -124,6 +146,7 @@ def build_config(args: argparse.Namespace) -> Any:
             base[key] = val
     if int(base.get("instances", 2)) < 1:
         raise LlumnixError("--instances must be >= 1")
+    _check_reachable_parts(base)
     base["engine"], base["scheduling"] = engine, scheduling
     from llumnix.policy import SchedulingConfig
 
@@ -133,6 +156,26 @@ def build_config(args: argparse.Namespace) -> Any:
         raise LlumnixError(f"--instances {base.get('instances', 2)} is outside --scaling "
                            f"{sched.scaling.min_instances}:{sched.scaling.max_instances}")
     return ClusterConfig(**base)
+
+
+def _check_reachable_parts(cfg: dict[str, Any]) -> None:
+    """What every instance actor would fail on, checked here in one line each instead of
+    as actor tracebacks after Ray has started: the model path and the meta store."""
+    from llumnix.cluster.meta_store import make_meta_store
+    from llumnix.model.loader import resolve_model_path
+
+    resolve_model_path(str(cfg.get("model", "smollm2")))
+    url = cfg.get("cms")
+    if url is None or url == "memory":
+        return
+    try:
+        store = make_meta_store(str(url))
+    except ValueError as e:
+        raise LlumnixError(str(e)) from None
+    try:
+        store.ping()  # type: ignore[union-attr]
+    except Exception as e:  # noqa: BLE001 - redis raises its own connection errors
+        raise LlumnixError(f"--cms: cannot reach {url}: {e}") from None
 
 
 def is_loopback(host: str) -> bool:
@@ -149,13 +192,11 @@ def main_serve(args: argparse.Namespace) -> int:
     from llumnix.model import load_tokenizer
 
     cfg = build_config(args)
+    # Tokenization happens at the gateway. Loading the tokenizer first also checks the model
+    # file here, in one line, before any instance actor can fail on it inside Ray.
+    tokenizer = load_tokenizer(cfg.model)
     print(f"llumnix serve: starting {cfg.instances} instance(s) of {cfg.model} on Ray ...", flush=True)
     cluster = start_cluster(cfg)
-    try:
-        tokenizer = load_tokenizer(cfg.model)  # tokenization happens at the gateway
-    except BaseException:
-        cluster.shutdown()
-        raise
     return _run_gateway("llumnix serve", cluster, tokenizer, args)
 
 
@@ -166,7 +207,7 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="where to load the tokenizer from (default: the model the instances load)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8001, help="port to listen on (default 8001)")
+    p.add_argument("--port", type=port, default=8001, help="port to listen on (default 8001)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
 
 

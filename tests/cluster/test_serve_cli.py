@@ -1,0 +1,50 @@
+"""`llumnix serve` refuses bad flags with one line before it starts Ray: nothing an
+instance actor would only fail on later, in a traceback from inside Ray."""
+from __future__ import annotations
+
+import pytest
+
+from llumnix.cli import main
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--port", "99999"], "argument --port: 99999 is not a port number (0-65535)"),
+    (["--port", "http"], "argument --port: 'http' is not a port number"),
+    (["--kv-cache-mib", "-5"], "argument --kv-cache-mib: must be >= 1, got -5"),
+    (["--threads-per-instance", "0"], "argument --threads-per-instance: must be >= 1, got 0"),
+    (["--max-num-seqs", "0"], "argument --max-num-seqs: must be >= 1, got 0"),
+    (["--instances", "x"], "argument --instances: 'x' is not an integer"),
+])
+def test_bad_numbers_are_argparse_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        main(["serve", *argv])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"llumnix serve: error: {message}"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "/no/such/model.gguf"], "model '/no/such/model.gguf' is neither 'smollm2' nor an existing file"),
+    (["--cms", "memcached://x"], "--cms must be 'memory' or a redis:// URL"),
+    (["--cms", "redis://127.0.0.1:1"], "--cms: cannot reach redis://127.0.0.1:1"),
+])
+def test_unreachable_parts_fail_in_one_line_before_ray_starts(capsys, monkeypatch, argv, message):
+    import llumnix.cluster.launcher as launcher
+
+    def no_ray(*_a, **_k):
+        raise AssertionError("Ray must not start for a config that cannot work")
+
+    monkeypatch.setattr(launcher, "start_cluster", no_ray)
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("llumnix serve: error: ") and message in err[0], err
+
+
+def test_an_unreadable_model_file_fails_before_ray_starts(capsys, monkeypatch, tmp_path):
+    import llumnix.cluster.launcher as launcher
+
+    monkeypatch.setattr(launcher, "start_cluster", lambda *_a, **_k: pytest.fail("Ray started"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file")
+    assert main(["serve", "--model", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"llumnix serve: error: {bad} is not a readable GGUF file: GGUF magic invalid"]
