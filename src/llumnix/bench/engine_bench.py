@@ -116,7 +116,9 @@ def main_engine_bench(args: argparse.Namespace) -> int:
     import torch
 
     from llumnix.llm import LLM
+    from llumnix.model.loader import resolve_model_path
 
+    resolve_model_path(args.model)  # a one-line error here, not a failed child process below
     torch.set_num_threads(args.threads or 1)
     # First, while this process is small: Linux carries a parent's peak RSS into a
     # forked child's ru_maxrss, so measuring after loading models here would inflate it.

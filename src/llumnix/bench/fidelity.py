@@ -771,6 +771,11 @@ def main_fidelity(args: argparse.Namespace) -> int:
     doc = _Doc(json.loads(path.read_text()).get("runs", {}) if path.exists() else {})
     loads = [ld for ld in setup.loads if not args.loads or ld.name in args.loads.split(",")]
     systems = [s for s in setup.systems if not args.systems or s in args.systems.split(",")]
+    for flag, asked, known in (("--loads", args.loads, [ld.name for ld in setup.loads]),
+                               ("--systems", args.systems, list(setup.systems))):
+        unknown = [x for x in (asked or "").split(",") if asked and x not in known]
+        if unknown:
+            raise LlumnixError(f"{flag}: unknown {unknown[0]!r} (known: {', '.join(known)})")
     from llumnix.sim.latency import get_latency_model
 
     model = get_latency_model(profile)

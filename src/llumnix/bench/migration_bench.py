@@ -222,7 +222,10 @@ def main_migration_bench(args: argparse.Namespace) -> int:
 
     lengths, transports, repeats = _choices(args)
     for t in transports:
-        check_transport(t)
+        try:
+            check_transport(t)
+        except ValueError as e:
+            raise LlumnixError(f"--transport: {e}") from None
     bulk_rate = getattr(args, "bulk_rate", None)
     if bulk_rate is not None and bulk_rate <= 0:
         raise LlumnixError(f"--bulk-rate must be > 0 MB/s, got {bulk_rate:g}")
