@@ -48,3 +48,22 @@ def test_an_unreadable_model_file_fails_before_ray_starts(capsys, monkeypatch, t
     assert main(["serve", "--model", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"llumnix serve: error: {bad} is not a readable GGUF file: GGUF magic invalid"]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("instances: [1\n", "is not valid YAML"),
+    ("- 1\n", "must hold a mapping of ClusterConfig fields"),
+    ("engine: 5\n", "engine must be a mapping, not 5"),
+    ("engine: {device: tpu}\n", "--device must be cpu, cuda or cuda:N, not 'tpu'"),
+])
+def test_a_bad_config_file_is_one_line(capsys, tmp_path, text, message):
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(text)
+    assert main(["serve", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_an_unknown_device_is_one_line(capsys):
+    assert main(["serve", "--device", "tpu"]) == 2
+    assert capsys.readouterr().err.strip() == "llumnix serve: error: --device must be cpu, cuda or cuda:N, not 'tpu'"

@@ -86,6 +86,13 @@ def build_config(args: argparse.Namespace) -> Any:
                 base = yaml.safe_load(f) or {}
         except OSError as e:
             raise LlumnixError(f"cannot read --config: {e}") from e
+        except yaml.YAMLError as e:
+            raise LlumnixError(f"--config {args.config} is not valid YAML: {' '.join(str(e).split())}") from None
+        if not isinstance(base, dict):
+            raise LlumnixError(f"--config {args.config} must hold a mapping of ClusterConfig fields")
+        for key in ("engine", "scheduling", "migration"):
+            if base.get(key) is not None and not isinstance(base[key], dict):
+                raise LlumnixError(f"--config {args.config}: {key} must be a mapping, not {base[key]!r}")
         known = set(ClusterConfig.__dataclass_fields__)
         unknown = sorted(set(base) - known)
         if unknown:
@@ -98,6 +105,8 @@ def build_config(args: argparse.Namespace) -> Any:
         engine["max_num_seqs"] = args.max_num_seqs
     if args.device is not None:
         engine["device"] = args.device
+    if engine.get("device") is not None:
+        _check_device(str(engine["device"]))
     if args.gpus_per_instance is not None:
         if args.gpus_per_instance < 0:
             raise LlumnixError(f"--gpus-per-instance must be >= 0, got {args.gpus_per_instance:g}")
@@ -156,6 +165,18 @@ def build_config(args: argparse.Namespace) -> Any:
         raise LlumnixError(f"--instances {base.get('instances', 2)} is outside --scaling "
                            f"{sched.scaling.min_instances}:{sched.scaling.max_instances}")
     return ClusterConfig(**base)
+
+
+def _check_device(device: str) -> None:
+    """cpu, cuda or cuda:N: what an instance's engine can run on."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise LlumnixError(f"--device must be cpu, cuda or cuda:N, not {device!r}")
 
 
 def _check_reachable_parts(cfg: dict[str, Any]) -> None:
