@@ -185,3 +185,23 @@ def test_their_neutral_values_are_accepted(client):
                "best_of": 1, "response_format": {"type": "text"}, "tools": [], "logit_bias_extra": 5}
     r = client.post("/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 2, **neutral})
     assert r.status_code == 200, r.text
+
+
+def test_max_tokens_beyond_the_context_is_refused_and_the_default_fits_it(client, backend):
+    """The fake model's context is 256 tokens. An explicit max_tokens that cannot fit is a
+    400 (OpenAI's and vLLM's rule) rather than a request that runs to the context's end; the
+    default (256 here too) shrinks to what the prompt leaves."""
+    prompt = "x" * 200
+    r = client.post("/v1/completions", json={"model": "fake", "prompt": prompt, "max_tokens": 57})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "max_tokens" and "at most 56, not 57" in err["message"]
+    assert not backend.engine.requests
+    ok = client.post("/v1/completions", json={"model": "fake", "prompt": prompt, "max_tokens": 56,
+                                              "ignore_eos": True})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 56
+    dflt = client.post("/v1/completions", json={"model": "fake", "prompt": prompt, "ignore_eos": True})
+    assert dflt.status_code == 200 and dflt.json()["usage"]["completion_tokens"] == 56
+    chat = client.post("/v1/chat/completions", json={"model": "fake", "max_completion_tokens": 300,
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "max_tokens", chat.text

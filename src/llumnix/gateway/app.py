@@ -1,6 +1,7 @@
 """The FastAPI app: OpenAI completions and chat completions, streaming or not."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -118,6 +119,14 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         if any(not 0 <= t < backend.vocab_size for t in prompt_ids):
             raise InvalidRequestError("prompt token ids must be in [0, vocab size)", "prompt")
         params = body.sampling_params(default_max_tokens)
+        room = backend.max_model_len - len(prompt_ids)  # < 1: validate names the prompt
+        if room >= 1 and params.max_tokens > room:
+            if body.max_tokens is not None:  # asked for explicitly: refused, as OpenAI and vLLM do
+                raise InvalidRequestError(
+                    f"this model's context is {backend.max_model_len} tokens and the prompt has "
+                    f"{len(prompt_ids)}, so max_tokens can be at most {room}, not {params.max_tokens}",
+                    "max_tokens")
+            params = dataclasses.replace(params, max_tokens=room)  # the default fits what is left
         backend.validate(len(prompt_ids), params)
         header = request.headers.get(PRIORITY_HEADER)
         priority = parse_priority(header if header is not None else body.priority)
