@@ -205,3 +205,15 @@ def test_max_tokens_beyond_the_context_is_refused_and_the_default_fits_it(client
     chat = client.post("/v1/chat/completions", json={"model": "fake", "max_completion_tokens": 300,
                                                      "messages": [{"role": "user", "content": "hi"}]})
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "max_tokens", chat.text
+
+
+def test_unknown_routes_methods_and_non_object_bodies_get_openai_error_bodies(client):
+    r = client.get("/v1/nope")
+    assert r.status_code == 404 and r.json()["error"]["message"] == "no route /v1/nope"
+    r = client.get("/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["message"] == "GET is not allowed on /v1/completions"
+    for content, ctype in ((b"hello", "text/plain"), (b"[1, 2]", "application/json"), (b"", "application/json")):
+        r = client.post("/v1/completions", content=content, headers={"content-type": ctype})
+        assert r.status_code == 400, (content, r.text)
+        assert r.json()["error"]["message"] in ("the request body must be a JSON object",
+                                                "request body is not valid JSON (Expecting value)")

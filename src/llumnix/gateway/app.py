@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llumnix.core.errors import InvalidRequestError, LlumnixError
 from llumnix.gateway.backend import Backend, GenerateRequest
@@ -84,9 +85,23 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         if isinstance(raised, InvalidRequestError) and raised.param:  # a whole-body check naming its field
             return error_response(400, str(raised), param=raised.param)
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if not loc and err.get("type") in ("model_attributes_type", "dict_type", "missing"):
+            return error_response(400, "the request body must be a JSON object")
         msg = str(err.get("msg", "invalid request")).removeprefix("Value error, ")  # our validators' own words
         return error_response(400, f"{'.'.join(loc)}: {msg}" if loc else msg,
                               param=loc[0] if loc else None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown paths and methods get OpenAI's error shape too, not FastAPI's {"detail": ...}.
+        if exc.status_code == 404:
+            message = f"no route {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, message, type_="NotFoundError" if exc.status_code == 404
+                              else "invalid_request_error")
 
     @app.exception_handler(InvalidRequestError)
     async def _bad(_: Request, exc: InvalidRequestError) -> JSONResponse:
