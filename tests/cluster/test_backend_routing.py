@@ -117,3 +117,73 @@ def test_stop_ends_a_poller_whose_cancel_raced_with_its_poll_answer():
 
     poller = asyncio.run(main())
     assert poller.done()
+
+
+class StoppedInstance:
+    """An instance actor that has stopped: its output poll raises, as the real one does."""
+
+    def __init__(self, iid: str) -> None:
+        self.get_outputs = _Remote(self._stopped)
+        self.iid = iid
+
+    def _stopped(self, *args):
+        raise RuntimeError(f"instance {self.iid} stopped: None")
+
+
+class LiveInstance:
+    """A serving instance that holds the requests in ``holds``."""
+
+    def __init__(self, holds: set[str]) -> None:
+        self.num_output_tokens = _Remote(lambda rid: 3 if rid in holds else -1)
+
+
+class FakeLlumSched:
+    def __init__(self, members: dict) -> None:
+        self._members = members
+        self.removed: list[str] = []
+        self.members = _Remote(lambda: self._members)
+        self.remove_instance = _Remote(lambda iid, why: self.removed.append(iid))
+
+
+def test_an_instance_that_scale_in_stopped_is_retired_not_counted_as_failed():
+    """Scale-in drains an instance and stops it once empty; the gateway's poller then
+    sees the stopped actor. That is a planned end: no failure is counted or logged and
+    LlumSched is not asked to remove it again. An instance that stops while serving (or
+    without being drained) is still a failure and its streams are resumed elsewhere."""
+    async def main():
+        a, b, c = StoppedInstance("a"), StoppedInstance("b"), StoppedInstance("c")
+        d = LiveInstance({"m"})
+        sched = FakeLlumSched({"a": {"handle": a, "is_terminating": True},
+                               "b": {"handle": b, "is_terminating": False},
+                               "c": {"handle": c, "is_terminating": True},
+                               "d": {"handle": d, "is_terminating": False}})
+        be = _backend({"a": a, "b": b, "c": c, "d": d})
+        be.llumsched = sched
+        await be.refresh_members()
+        del sched._members["a"]  # scale-in stopped "a"
+        await be.refresh_members()
+        # "m" migrated from "a" to "d" and "a" stopped before "d" sent an output for it
+        moved = GenerateRequest("m", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
+        be._streams["m"] = _Stream(moved)
+        be._streams["m"].instance_id = "a"
+        await be._poll("a", a)
+        counts_after_a = (be.num_retired_instances, be.num_failed_instances, list(sched.removed),
+                          be._streams["m"].instance_id)
+        # "c" is draining but a stream of ours still lives there: it must be resumed
+        req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
+        be._streams["r"] = _Stream(req)
+        be._streams["r"].instance_id = "c"
+        be.max_resumes = 0  # end the resume at once: the test checks which path was taken
+        await be._poll("c", c)
+        await asyncio.gather(*be._tasks)
+        counts_after_c = (be.num_retired_instances, be.num_failed_instances, list(sched.removed))
+        await be._poll("b", b)  # not draining: a failure
+        return counts_after_a, counts_after_c, be, sched
+
+    after_a, after_c, be, sched = asyncio.run(main())
+    assert after_a == (1, 0, [], "d")
+    assert after_c == (1, 1, ["c"])
+    assert (be.num_retired_instances, be.num_failed_instances, sched.removed) == (1, 2, ["c", "b"])
+    assert sorted(be.instances) == ["d"]
+    err = be._streams["r"].queue.get_nowait()
+    assert "instance c failed" in str(err)

@@ -89,6 +89,8 @@ class ClusterBackend:
         self._dead: set[str] = set()  # actor ids of instances found dead: never polled again
         self._dead_ids: set[str] = set()
         self._terminating: set[str] = set()
+        self._retired: set[str] = set()
+        """Terminating instances LlumSched no longer lists: scale-in stopped them once empty."""
         self.client_id = uuid.uuid4().hex
         """This gateway's tag on its requests: instances keep one outbox per tag, so
         gateways sharing a cluster never read each other's outputs."""
@@ -102,6 +104,7 @@ class ClusterBackend:
         self.num_fallback_dispatches = 0
         self.num_resumed = 0
         self.num_failed_instances = 0
+        self.num_retired_instances = 0
         self.num_reaped = 0
         """Request copies stopped because no stream wanted their outputs (see ``_route``)."""
         self._reaping: set[str] = set()
@@ -162,6 +165,9 @@ class ClusterBackend:
                 self.instances[iid] = handle
                 self._dead_ids.discard(iid)
                 self._start_poller(iid, handle)
+        # A terminating instance that is no longer a member was stopped by scale-in; its
+        # poller ends when the stopped actor answers with an error (see _on_instance_failed).
+        self._retired |= {iid for iid in self._terminating if iid not in members}
         self._terminating = {iid for iid, m in members.items() if m["is_terminating"]}
 
     # -- outputs ----------------------------------------------------------------------
@@ -209,13 +215,26 @@ class ClusterBackend:
             return
         import ray
 
-        log.warning("gateway: instance %s failed (%s: %s); resuming its requests elsewhere",
-                    iid, type(err).__name__, err)
-        self.num_failed_instances += 1
         del self.instances[iid]
         self._pollers.pop(iid, None)
         self._dead.add(_actor_key(actor))
         self._dead_ids.add(iid)
+        if iid in self._terminating or iid in self._retired:
+            # Scale-in (or a drain) empties an instance by migration and then stops it: a
+            # planned end, unless a stream of ours is still there. A stream whose request
+            # migrated may not have had an output from its new home yet: look for it.
+            on_it = [s for s in self._streams.values() if s.instance_id == iid and not s.is_finished]
+            homes = await asyncio.gather(*(self._locate(s.request.request_id, {iid}) for s in on_it))
+            for stream, home in zip(on_it, homes, strict=True):
+                if home is not None and stream.instance_id == iid:
+                    stream.instance_id = home
+            if all(home is not None for home in homes):
+                log.info("gateway: instance %s retired (drained and stopped)", iid)
+                self.num_retired_instances += 1
+                return
+        log.warning("gateway: instance %s failed (%s: %s); resuming its requests elsewhere",
+                    iid, type(err).__name__, err)
+        self.num_failed_instances += 1
         with contextlib.suppress(Exception):  # a wedged one must not produce duplicates later
             ray.kill(actor)  # type: ignore[arg-type]
         with contextlib.suppress(Exception):  # LlumSched down: its own health check finds out
@@ -431,6 +450,7 @@ class ClusterBackend:
         info["gateway"] = {"num_fallback_dispatches": self.num_fallback_dispatches,
                            "num_resumed": self.num_resumed,
                            "num_failed_instances": self.num_failed_instances,
+                           "num_retired_instances": self.num_retired_instances,
                            "instances": sorted(self.instances)}
         return info
 
