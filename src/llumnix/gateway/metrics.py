@@ -47,18 +47,38 @@ class GatewayMetrics:
         self.downtime = Histogram("llumnix:migration_downtime_seconds", "Downtime of committed migrations.",
                                   labels, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
                                   registry=r)
+        self.instance_outcomes = Gauge("llumnix:gateway_instances_lost",
+                                       "Instances this gateway stopped polling, by how they ended "
+                                       "(failed: its requests were resumed elsewhere; retired: "
+                                       "drained and stopped by scale-in).",
+                                       labels + ["outcome"], registry=r)
+        self.resumed = Gauge("llumnix:gateway_requests_resumed",
+                             "Requests resumed on another instance after theirs failed.", labels, registry=r)
         self._downtimes_seen = 0
+        self._instance_ids: set[str] = set()
         self.model_name = model_name
 
     def observe_cluster(self, info: dict) -> None:  # type: ignore[type-arg]
         """Refresh the cluster gauges from LlumSched's /admin/cluster view."""
         name = self.model_name
+        per_instance = (self.freeness, self.instance_running, self.instance_kv_usage)
+        ids = set()
         for inst in info.get("instances", []):
             iid = inst["instance_id"]
+            ids.add(iid)
             self.freeness.labels(model_name=name, instance_id=iid).set(inst["freeness"])
             self.instance_running.labels(model_name=name, instance_id=iid).set(inst["num_running"])
             self.instance_kv_usage.labels(model_name=name, instance_id=iid).set(
                 inst["num_used_blocks"] / max(1, inst["num_total_blocks"]))
+        for gone in self._instance_ids - ids:  # scaled in or failed: no frozen last values
+            for gauge in per_instance:
+                gauge.remove(name, gone)
+        self._instance_ids = ids
+        gw = info.get("gateway")
+        if gw:
+            self.instance_outcomes.labels(model_name=name, outcome="failed").set(gw["num_failed_instances"])
+            self.instance_outcomes.labels(model_name=name, outcome="retired").set(gw["num_retired_instances"])
+            self.resumed.labels(model_name=name).set(gw["num_resumed"])
         if "num_dispatched" in info:
             self.dispatched.labels(model_name=name).set(info["num_dispatched"])
         mig = info.get("migrations")
