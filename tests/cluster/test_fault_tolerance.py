@@ -239,3 +239,5 @@ def test_when_no_instance_is_left_the_stream_ends_with_a_clear_error(server, clu
     assert took < 15
     r = httpx.post(f"{url}/v1/completions", json={**_body("nobody", 4), "model": model_name}, timeout=30)
     assert r.status_code == 503 and r.json()["error"]["message"]
+    health = httpx.get(f"{url}/health", timeout=10)
+    assert health.status_code == 503 and health.json()["status"] == "unavailable"  # probes see it

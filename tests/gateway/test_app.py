@@ -95,6 +95,18 @@ def test_api_key_is_required_when_set(backend):
     assert c.get("/health").status_code == 200  # health stays open for probes
 
 
+def test_health_is_503_while_no_instance_can_serve(backend):
+    c = TestClient(build_app(backend))
+    assert c.get("/health").status_code == 200 and c.get("/health").json()["status"] == "ok"
+
+    async def down():
+        return {"status": "unavailable", "instances": {"instance-0": False}}
+
+    backend.health = down  # every instance failed its health call
+    r = c.get("/health")
+    assert r.status_code == 503 and r.json() == {"status": "unavailable", "instances": {"instance-0": False}}
+
+
 def test_admin_needs_a_key_off_loopback(backend):
     c = TestClient(build_app(backend, admin_requires_key=True))
     assert c.get("/admin/cluster").status_code == 403

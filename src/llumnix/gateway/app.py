@@ -147,9 +147,11 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         priority = parse_priority(header if header is not None else body.priority)
         return GenerateRequest(new_id("cmpl"), prompt_ids, params, priority, time.monotonic())
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return await backend.health()
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any] | JSONResponse:
+        state = await backend.health()
+        # Probes and load balancers read the status code: 503 while no instance can serve.
+        return state if state.get("status") == "ok" else JSONResponse(state, status_code=503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
