@@ -25,6 +25,7 @@ def test_completion_non_streaming(client, backend):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] == "length"
+    assert body["id"].startswith("cmpl-")
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
     assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
 
@@ -51,6 +52,7 @@ def test_chat_completion(client):
         "model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
     assert r.status_code == 200
     assert r.json()["choices"][0]["message"]["role"] == "assistant"
+    assert r.json()["object"] == "chat.completion" and r.json()["id"].startswith("chatcmpl-")  # OpenAI's ids
 
 
 @pytest.mark.parametrize("payload,status,param", [

@@ -130,7 +130,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         return None
 
     def _prepare(body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
-                 request: Request) -> GenerateRequest:
+                 request: Request, id_prefix: str = "cmpl") -> GenerateRequest:
         if any(not 0 <= t < backend.vocab_size for t in prompt_ids):
             raise InvalidRequestError("prompt token ids must be in [0, vocab size)", "prompt")
         params = body.sampling_params(default_max_tokens)
@@ -145,7 +145,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         backend.validate(len(prompt_ids), params)
         header = request.headers.get(PRIORITY_HEADER)
         priority = parse_priority(header if header is not None else body.priority)
-        return GenerateRequest(new_id("cmpl"), prompt_ids, params, priority, time.monotonic())
+        return GenerateRequest(new_id(id_prefix), prompt_ids, params, priority, time.monotonic())
 
     @app.get("/health", response_model=None)
     async def health() -> dict[str, Any] | JSONResponse:
@@ -192,7 +192,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         if (bad := _check_model(body.model)) is not None:
             return bad
         text = backend.tokenizer.apply_chat_template([msg.model_dump() for msg in body.messages])
-        gen = _prepare(body, backend.tokenizer.encode(text, add_special_tokens=False), request)
+        gen = _prepare(body, backend.tokenizer.encode(text, add_special_tokens=False), request, "chatcmpl")
         return await _respond(gen, body, chat=True)
 
     async def _respond(gen: GenerateRequest, body: CompletionRequest | ChatCompletionRequest, *, chat: bool,
