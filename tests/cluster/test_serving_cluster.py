@@ -134,6 +134,28 @@ def test_bad_request_never_reaches_an_instance(server):
     assert r.status_code == 400 and "context" in r.json()["error"]["message"]
 
 
+def test_n_choices_sample_as_seeded_single_requests_and_a_hang_up_frees_them_all(server, cluster):
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    base = {"model": name, "prompt": "many ways", "max_tokens": 12, "temperature": 1, "ignore_eos": True}
+    r = httpx.post(f"{url}/v1/completions", json={**base, "seed": 11, "n": 3}, timeout=60).json()
+    singles = [httpx.post(f"{url}/v1/completions", json={**base, "seed": 11 + i}, timeout=60).json()
+               ["choices"][0]["text"] for i in range(3)]
+    assert [c["text"] for c in r["choices"]] == singles and r["usage"]["completion_tokens"] == 36
+    with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
+                      json={**base, "max_tokens": 450, "n": 3, "stream": True}) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: "):
+                break  # the first token of one choice; hang up on all three
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        statuses = ray.get([a.status.remote() for a in cluster.instances.values()])
+        if all(not s.running and not s.waiting and s.num_used_blocks == 0 for s in statuses):
+            break
+        time.sleep(0.1)
+    assert all(not s.running and not s.waiting and s.num_used_blocks == 0 for s in statuses)
+
+
 def test_statuses_reach_the_shared_redis_meta_store(server, redis_url):
     from llumnix.cluster.meta_store import RedisMetaStore
 
@@ -386,8 +408,8 @@ BAD_INPUTS = [  # (endpoint, body, status, param); chat bodies get "messages" un
     ("chat/completions", {"messages": "hi"}, 400, "messages"),
     ("chat/completions", {"messages": []}, 400, "messages"),
     ("chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages"),
-    ("completions", {"prompt": "x", "n": 2}, 400, "n"),
-    ("chat/completions", {"n": 3}, 400, "n"),
+    ("completions", {"prompt": "x", "n": 0}, 400, "n"),
+    ("chat/completions", {"n": 17}, 400, "n"),
 ]
 
 

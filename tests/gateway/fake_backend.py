@@ -34,20 +34,31 @@ class EngineBackend:
         self.engine = make_engine(num_blocks=64, block_size=4, max_model_len=self.max_model_len)
         self.tokenizer = ByteTokenizer()
         self.aborted: list[str] = []
+        self._outbox: dict[str, list[RequestOutput]] = {}
 
     def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         self.engine.check_admissible(num_prompt_tokens, params)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
-                                priority=request.priority)
-        while True:
-            await asyncio.sleep(0)
-            for out in self.engine.step():
-                if out.request_id == request.request_id:
+        """Any caller's turn steps the engine and files every request's outputs, so requests
+        served at once (a request with n > 1) each get all of theirs."""
+        rid = request.request_id
+        self._outbox[rid] = []
+        self.engine.add_request(rid, request.prompt_token_ids, request.params, priority=request.priority)
+        try:
+            while True:
+                await asyncio.sleep(0)
+                if not self._outbox[rid]:
+                    for out in self.engine.step():
+                        if out.request_id in self._outbox:
+                            self._outbox[out.request_id].append(out)
+                while self._outbox[rid]:
+                    out = self._outbox[rid].pop(0)
                     yield out
                     if out.is_finished:
                         return
+        finally:
+            del self._outbox[rid]
 
     async def abort(self, request_id: str) -> None:
         if self.engine.abort_request(request_id):

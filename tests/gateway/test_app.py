@@ -59,7 +59,8 @@ def test_chat_completion(client):
     ({"model": "fake", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ({"model": "fake", "prompt": "x", "temperature": 5}, 400, "temperature"),
     ({"model": "fake", "prompt": "x", "top_p": 0}, 400, "top_p"),
-    ({"model": "fake", "prompt": "x", "n": 2}, 400, "n"),
+    ({"model": "fake", "prompt": "x", "n": 0}, 400, "n"),
+    ({"model": "fake", "prompt": "x", "n": 17}, 400, "n"),
     ({"model": "fake", "prompt": 7}, 400, "prompt"),
     ({"model": "fake"}, 400, "prompt"),
     ({"model": "nope", "prompt": "x"}, 404, "model"),
@@ -231,3 +232,79 @@ def test_unknown_routes_methods_and_non_object_bodies_get_openai_error_bodies(cl
         assert r.status_code == 400, (content, r.text)
         assert r.json()["error"]["message"] in ("the request body must be a JSON object",
                                                 "request body is not valid JSON (Expecting value)")
+
+
+def test_n_choices_are_served_each_on_its_own(client, backend):
+    base = {"model": "fake", "prompt": "hello", "max_tokens": 6}
+    one = client.post("/v1/completions", json={**base, "temperature": 0}).json()
+    r = client.post("/v1/completions", json={**base, "temperature": 0, "n": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert all(c["text"] == one["choices"][0]["text"] and c["finish_reason"] == "length" for c in body["choices"])
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 18, "total_tokens": 23}  # the prompt once
+    # seeded sampling: choice i samples as a single request with seed + i would
+    seeded = client.post("/v1/completions", json={**base, "temperature": 1, "seed": 7, "n": 3}).json()
+    singles = [client.post("/v1/completions", json={**base, "temperature": 1, "seed": 7 + i}).json()
+               ["choices"][0]["text"] for i in range(3)]
+    assert [c["text"] for c in seeded["choices"]] == singles
+    assert len(set(singles)) > 1  # the choices are not copies of one another
+    assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
+    assert not backend.engine.requests
+
+
+def test_streamed_n_choices_join_to_the_non_streamed_ones(client, backend):
+    req = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+           "temperature": 1, "seed": 3, "n": 2}
+    full = client.post("/v1/chat/completions", json=req).json()
+    body = {**req, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    by_index: dict[int, list[dict]] = {0: [], 1: []}
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        by_index[choice["index"]].append(choice)
+    for i in (0, 1):
+        assert by_index[i][0]["delta"] == {"role": "assistant"}  # each choice opens with its role
+        text = "".join(ch["delta"].get("content", "") for ch in by_index[i])
+        assert text == full["choices"][i]["message"]["content"]
+        assert by_index[i][-1]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 10
+    assert all(c["id"] == chunks[0]["id"] and c["id"].startswith("chatcmpl-") for c in chunks)
+    assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
+
+
+def test_echo_of_token_ids_is_their_text(client):
+    r = client.post("/v1/completions", json={"model": "fake", "prompt": [104, 105], "max_tokens": 2,
+                                             "temperature": 0, "echo": True}).json()
+    assert r["choices"][0]["text"].startswith("hi")
+
+
+def test_when_one_of_n_choices_fails_the_others_are_stopped_and_their_kv_freed(backend):
+    from llumnix.core.errors import LlumnixError
+
+    served = backend.generate
+
+    async def second_choice_fails(request):
+        n = 0
+        async for out in served(request):
+            yield out
+            n += 1
+            if request.request_id.endswith("-1") and n == 2:
+                raise LlumnixError("instance-0 failed and no other instance could take the request")
+
+    backend.generate = second_choice_fails
+    c = TestClient(build_app(backend))
+    req = {"model": "fake", "prompt": "hello", "max_tokens": 40, "ignore_eos": True, "n": 3}
+    r = c.post("/v1/completions", json=req)
+    assert r.status_code == 503 and "could take" in r.json()["error"]["message"]
+    # the failed choice and the two still running were aborted in the engine
+    assert sorted(rid[-2:] for rid in backend.aborted) == ["-0", "-1", "-2"]
+    assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
+    with c.stream("POST", "/v1/completions", json={**req, "stream": True}) as s:
+        lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
+    assert "could take" in lines[-2] and lines[-1] == "data: [DONE]"
+    # streamed, the other choices may have finished before the error was read: each one
+    # either finished or was aborted, and nothing holds KV
+    assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
+    assert not backend.engine.requests

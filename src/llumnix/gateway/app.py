@@ -1,6 +1,7 @@
 """The FastAPI app: OpenAI completions and chat completions, streaming or not."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -30,6 +31,8 @@ PRIORITY_HEADER = "x-llumnix-priority"
 log = logging.getLogger(__name__)
 
 TokenLogprob = tuple[int, float, list[tuple[int, float]] | None]
+RunItem = tuple[str, str | None, int, list[TokenLogprob]]
+"""One step of a choice: new text, finish reason, output tokens so far, logprobs of the new tokens."""
 """A generated token, its logprob, and its most likely alternatives when asked for."""
 
 
@@ -130,7 +133,9 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         return None
 
     def _prepare(body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
-                 request: Request, id_prefix: str = "cmpl") -> GenerateRequest:
+                 request: Request, id_prefix: str = "cmpl") -> tuple[str, list[GenerateRequest]]:
+        """The response's id and one engine request per choice (``n`` of them: each is
+        served, and may migrate, on its own; with a seed, choice i samples with seed + i)."""
         if any(not 0 <= t < backend.vocab_size for t in prompt_ids):
             raise InvalidRequestError("prompt token ids must be in [0, vocab size)", "prompt")
         params = body.sampling_params(default_max_tokens)
@@ -145,7 +150,14 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         backend.validate(len(prompt_ids), params)
         header = request.headers.get(PRIORITY_HEADER)
         priority = parse_priority(header if header is not None else body.priority)
-        return GenerateRequest(new_id(id_prefix), prompt_ids, params, priority, time.monotonic())
+        response_id, now = new_id(id_prefix), time.monotonic()
+        if body.n == 1:
+            return response_id, [GenerateRequest(response_id, prompt_ids, params, priority, now)]
+        return response_id, [
+            GenerateRequest(f"{response_id}-{i}", prompt_ids,
+                            params if params.seed is None else dataclasses.replace(params, seed=params.seed + i),
+                            priority, now)
+            for i in range(body.n)]
 
     @app.get("/health", response_model=None)
     async def health() -> dict[str, Any] | JSONResponse:
@@ -183,27 +195,28 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         if not prompt:
             raise InvalidRequestError("prompt must not be empty", "prompt")
         ids = backend.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        gen = _prepare(body, ids, request)
-        echo = prompt if (body.echo and isinstance(prompt, str)) else ""
-        return await _respond(gen, body, chat=False, prefix=echo)
+        response_id, gens = _prepare(body, ids, request)
+        echo = "" if not body.echo else prompt if isinstance(prompt, str) else backend.tokenizer.decode(ids)
+        return await _respond(response_id, gens, body, chat=False, prefix=echo)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         if (bad := _check_model(body.model)) is not None:
             return bad
         text = backend.tokenizer.apply_chat_template([msg.model_dump() for msg in body.messages])
-        gen = _prepare(body, backend.tokenizer.encode(text, add_special_tokens=False), request, "chatcmpl")
-        return await _respond(gen, body, chat=True)
+        response_id, gens = _prepare(body, backend.tokenizer.encode(text, add_special_tokens=False), request,
+                                     "chatcmpl")
+        return await _respond(response_id, gens, body, chat=True)
 
-    async def _respond(gen: GenerateRequest, body: CompletionRequest | ChatCompletionRequest, *, chat: bool,
-                       prefix: str = "") -> Response:
+    async def _respond(response_id: str, gens: list[GenerateRequest],
+                       body: CompletionRequest | ChatCompletionRequest, *, chat: bool, prefix: str = "") -> Response:
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(_sse(gen, chat=chat, prefix=prefix, usage=usage),
+            return StreamingResponse(_sse(response_id, gens, chat=chat, prefix=prefix, usage=usage),
                                      media_type="text/event-stream")
-        return await _complete(gen, chat=chat, prefix=prefix)
+        return await _complete(response_id, gens, chat=chat, prefix=prefix)
 
-    async def _run(gen: GenerateRequest) -> AsyncIterator[tuple[str, str | None, int, list[TokenLogprob]]]:
+    async def _run(gen: GenerateRequest) -> AsyncIterator[RunItem]:
         """Yield (new text, finish reason, output tokens, (token, logprob) of the new tokens
         when logprobs were asked for) and keep the metrics."""
         det = IncrementalDetokenizer(backend.tokenizer, gen.params.stop)
@@ -280,72 +293,110 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in (top or ())]}
                             for t, lp, top in lps]}
 
-    def _usage(gen: GenerateRequest, n_out: int) -> dict[str, int]:
-        n_in = len(gen.prompt_token_ids)
+    def _usage(gens: list[GenerateRequest], n_out: int) -> dict[str, int]:
+        n_in = len(gens[0].prompt_token_ids)  # the prompt counts once, as OpenAI counts it
         return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
 
-    async def _complete(gen: GenerateRequest, *, chat: bool, prefix: str) -> Response:
-        pieces, reason, n_out = [prefix], None, 0
-        lps: list[TokenLogprob] = []
+    async def _choices(gens: list[GenerateRequest]) -> AsyncIterator[tuple[int, RunItem]]:
+        """Every choice's ``_run`` items as they come, tagged with the choice's index. If one
+        choice fails, or the consumer stops (the client left), the others are stopped too:
+        each one's ``_run`` then aborts its request and frees its KV."""
+        if len(gens) == 1:  # no task or queue in the common case
+            async for item in _run(gens[0]):
+                yield 0, item
+            return
+        queue: asyncio.Queue[tuple[int, RunItem | BaseException | None]] = asyncio.Queue()
+
+        async def pump(i: int, gen: GenerateRequest) -> None:
+            try:
+                async for item in _run(gen):
+                    queue.put_nowait((i, item))
+                queue.put_nowait((i, None))
+            except Exception as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+                queue.put_nowait((i, e))
+
+        tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
         try:
-            async for text, last_reason, last_n, new_lps in _run(gen):
-                pieces.append(text)
-                lps += new_lps
-                reason, n_out = last_reason, last_n
+            left = len(tasks)
+            while left:
+                i, got = await queue.get()
+                if got is None:
+                    left -= 1
+                elif isinstance(got, BaseException):
+                    raise got
+                else:
+                    yield i, got
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _complete(response_id: str, gens: list[GenerateRequest], *, chat: bool, prefix: str) -> Response:
+        pieces: list[list[str]] = [[prefix] for _ in gens]
+        reasons: list[str | None] = [None] * len(gens)
+        n_outs = [0] * len(gens)
+        lps: list[list[TokenLogprob]] = [[] for _ in gens]
+        try:
+            async for i, (text, last_reason, last_n, new_lps) in _choices(gens):
+                pieces[i].append(text)
+                lps[i] += new_lps
+                reasons[i], n_outs[i] = last_reason, last_n
         except InvalidRequestError as e:
             return error_response(400, str(e))
         except LlumnixError as e:
             return error_response(503, f"the request failed: {e}", type_="server_error")
-        text = "".join(pieces)
-        if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": _chat_logprobs(lps) if want_logprobs(gen) else None,
-                                      "finish_reason": reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": reason,
-                      "logprobs": _completion_logprobs(lps, len(prefix)) if want_logprobs(gen) else None}
-            obj = "text_completion"
-        return JSONResponse({"id": gen.request_id, "object": obj, "created": now_s(),
-                             "model": backend.model_name, "choices": [choice],
-                             "usage": _usage(gen, n_out)})
+        want_lp = want_logprobs(gens[0])
+        choices: list[dict[str, Any]] = []
+        for i in range(len(gens)):
+            text = "".join(pieces[i])
+            if chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                                "logprobs": _chat_logprobs(lps[i]) if want_lp else None,
+                                "finish_reason": reasons[i]})
+            else:
+                choices.append({"index": i, "text": text, "finish_reason": reasons[i],
+                                "logprobs": _completion_logprobs(lps[i], len(prefix)) if want_lp else None})
+        return JSONResponse({"id": response_id, "object": "chat.completion" if chat else "text_completion",
+                             "created": now_s(), "model": backend.model_name, "choices": choices,
+                             "usage": _usage(gens, sum(n_outs))})
 
-    async def _sse(gen: GenerateRequest, *, chat: bool, prefix: str, usage: bool) -> AsyncIterator[str]:
+    async def _sse(response_id: str, gens: list[GenerateRequest], *, chat: bool, prefix: str,
+                   usage: bool) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = now_s()
 
-        pos = len(prefix)  # text_offset of the next token, over the whole stream
+        pos = [len(prefix)] * len(gens)  # each choice's text_offset of its next token
 
-        def chunk(text: str, reason: str | None, first: bool = False,
+        def chunk(i: int, text: str, reason: str | None, first: bool = False,
                   lps: list[TokenLogprob] | None = None) -> str:
-            nonlocal pos
             if chat:
                 delta: dict[str, str] = {"role": "assistant"} if first else {}
                 if text:
                     delta["content"] = text
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason,
+                choice: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": reason,
                                           "logprobs": _chat_logprobs(lps) if lps else None}
             else:
-                lp = _completion_logprobs(lps, pos) if lps else None
+                lp = _completion_logprobs(lps, pos[i]) if lps else None
                 if lp is not None:
-                    pos += sum(len(tok) for tok in lp["tokens"])
-                choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": lp}
-            return "data: " + json.dumps({"id": gen.request_id, "object": obj, "created": created,
+                    pos[i] += sum(len(tok) for tok in lp["tokens"])
+                choice = {"index": i, "text": text, "finish_reason": reason, "logprobs": lp}
+            return "data: " + json.dumps({"id": response_id, "object": obj, "created": created,
                                           "model": backend.model_name, "choices": [choice]}) + "\n\n"
 
         if chat or prefix:
-            yield chunk(prefix, None, first=True)
-        n_out = 0
+            for i in range(len(gens)):
+                yield chunk(i, prefix, None, first=True)
+        n_outs = [0] * len(gens)
         try:
-            async for text, reason, last_n, lps in _run(gen):
-                n_out = last_n
-                yield chunk(text, reason, lps=lps)
+            async for i, (text, reason, last_n, lps) in _choices(gens):
+                n_outs[i] = last_n
+                yield chunk(i, text, reason, lps=lps)
         except LlumnixError as e:
             err = {"error": {"message": f"the request failed: {e}", "type": "server_error"}}
             yield "data: " + json.dumps(err) + "\n\n"
         if usage:
-            last = {"id": gen.request_id, "object": obj, "created": created,
-                    "model": backend.model_name, "choices": [], "usage": _usage(gen, n_out)}
+            last = {"id": response_id, "object": obj, "created": created,
+                    "model": backend.model_name, "choices": [], "usage": _usage(gens, sum(n_outs))}
             yield "data: " + json.dumps(last) + "\n\n"
         yield "data: [DONE]\n\n"
 

@@ -40,6 +40,10 @@ def parse_priority(value: str | int | None) -> int:
     return Priority.HIGH if value < 0 else Priority.NORMAL
 
 
+MAX_N = 16
+"""Most choices per request: each is an engine request of its own (no shared prefix)."""
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -92,9 +96,9 @@ class _SamplingFields(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _only_one(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
+    def _choices(cls, n: int) -> int:
+        if not 1 <= n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}]")
         return n
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
