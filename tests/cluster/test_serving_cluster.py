@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster.helpers import running_cluster, serve_cluster
+from tests.cluster.helpers import running_cluster, serve_cluster, wait_idle
 
 ray = pytest.importorskip("ray")
 
@@ -147,13 +147,8 @@ def test_n_choices_sample_as_seeded_single_requests_and_a_hang_up_frees_them_all
         for line in s.iter_lines():
             if line.startswith("data: "):
                 break  # the first token of one choice; hang up on all three
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        statuses = ray.get([a.status.remote() for a in cluster.instances.values()])
-        if all(not s.running and not s.waiting and s.num_used_blocks == 0 for s in statuses):
-            break
-        time.sleep(0.1)
-    assert all(not s.running and not s.waiting and s.num_used_blocks == 0 for s in statuses)
+    counts = wait_idle(cluster.instances, timeout=10)
+    assert all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()), counts
 
 
 def test_statuses_reach_the_shared_redis_meta_store(server, redis_url):
@@ -173,13 +168,8 @@ def test_client_disconnect_aborts_and_frees_kv(server, cluster):
         for line in r.iter_lines():
             if line.startswith("data: "):
                 break  # got the first token; hang up
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        statuses = ray.get([a.status.remote() for a in cluster.instances.values()])
-        if all(not s.running and not s.waiting and s.num_used_blocks == 0 for s in statuses):
-            break
-        time.sleep(0.1)
-    assert all(not s.running and s.num_used_blocks == 0 for s in statuses)
+    counts = wait_idle(cluster.instances, timeout=10)
+    assert all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()), counts
     assert "llumnix:requests_aborted_total" in httpx.get(f"{url}/metrics").text
     aborted = [ln for ln in httpx.get(f"{url}/metrics").text.splitlines()
                if ln.startswith("llumnix:requests_aborted_total")]
