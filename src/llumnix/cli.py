@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 from llumnix.core.errors import LlumnixError
 
@@ -159,12 +161,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_writable(path: str, *, is_dir: bool) -> None:
+    """Refuse an output that cannot be written before the work, not after it (a profile
+    takes minutes, a simulation hours). Missing parent directories are created."""
+    target = Path(path) if is_dir else Path(path).parent
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=target):
+            pass
+    except OSError as e:
+        raise LlumnixError(f"cannot write {path!r}: {e.strerror or e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        if getattr(args, "out", None):
+            check_writable(args.out, is_dir=args.command != "profile")
         return func(args)
-    except (LlumnixError, FileNotFoundError) as e:
+    except (LlumnixError, OSError) as e:  # OSError: a file or socket the user named
         if os.environ.get("LLUMNIX_DEBUG"):
             raise
         print(f"llumnix {args.command}: error: {e}", file=sys.stderr)
