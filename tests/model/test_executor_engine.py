@@ -65,3 +65,44 @@ def test_gather_scatter_round_trip_and_size_check(tiny_loaded):
     assert bytes(ex.gather_blocks([5, 6, 7])) == data
     with pytest.raises(ValueError, match="bytes"):
         ex.scatter_blocks([5], data)
+
+
+def test_prompt_logprobs_match_transformers_and_come_once(tiny_llama_dir, tiny_loaded, monkeypatch):
+    """Each prompt token after the first gets its logprob under the tokens before it (and
+    the top alternatives), in a batch beside requests that ask for nothing, over several
+    logits slices, and only on the first output: a recompute after preemption does not
+    report them again."""
+    import torch
+
+    import llumnix.model.executor as executor_mod
+
+    monkeypatch.setattr(executor_mod, "PROMPT_LOGITS_ROWS", 7)  # several slices per prompt
+    _, hf = tiny_llama_dir
+    prompts = {"a": [7] + PROMPT[:20], "b": [9] + PROMPT[5:30], "c": [11] + PROMPT[:12]}
+    eng = real_engine(tiny_loaded, num_blocks=26, block_size=4)  # tight: forces preemptions
+    eng.add_request("a", prompts["a"], SamplingParams(max_tokens=25, prompt_logprobs=3), arrival_time=0.0)
+    eng.add_request("b", prompts["b"], SamplingParams(max_tokens=25), arrival_time=1.0)
+    eng.add_request("c", prompts["c"], SamplingParams(max_tokens=25, prompt_logprobs=0), arrival_time=2.0)
+    got: dict[str, list] = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.prompt_logprobs is not None:
+                assert o.request_id not in got and o.num_output_tokens == 1  # once, with the first token
+                got[o.request_id] = o.prompt_logprobs
+        eng.check_invariants()
+    assert eng.scheduler.num_preemptions > 0
+    assert set(got) == {"a", "c"}
+    for rid, k in (("a", 3), ("c", 0)):
+        ids = prompts[rid]
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        assert [t for t, _, _ in got[rid]] == ids[1:]
+        want = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+        torch.testing.assert_close(torch.tensor([lp for _, lp, _ in got[rid]]), want, atol=1e-4, rtol=1e-4)
+        if k:
+            for pos, (_, _, top) in enumerate(got[rid]):
+                values, top_ids = ref[pos].topk(k)
+                assert [t for t, _ in top] == top_ids.tolist()
+                torch.testing.assert_close(torch.tensor([v for _, v in top]), values, atol=1e-4, rtol=1e-4)
+        else:
+            assert all(top is None for _, _, top in got[rid])

@@ -44,6 +44,11 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+PromptLogprob = tuple[int, float, list[tuple[int, float]] | None]
+"""A prompt token, its logprob under the tokens before it, and (when asked for) the most
+likely tokens at its position with their logprobs, most likely first."""
+
+
 @dataclass(frozen=True)
 class ModelOutput:
     sampled_token_ids: list[int]
@@ -54,6 +59,9 @@ class ModelOutput:
     batch's largest ``logprobs`` asks for), when any request asked for alternatives."""
     elapsed: float | None = None
     """Seconds the step took, when the executor knows (the simulator's latency model)."""
+    prompt_logprobs: list[list[PromptLogprob] | None] | None = None
+    """Per scheduled request, when some request's first prefill asked for them (and the
+    executor computes them): its prompt tokens after the first with their logprobs."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,9 @@ class RequestOutput:
     new_top_logprobs: list[list[tuple[int, float]]] | None = None
     """Per new token, its ``SamplingParams.logprobs`` most likely alternatives (token id,
     logprob), most likely first; None unless alternatives were asked for."""
+    prompt_logprobs: list[PromptLogprob] | None = None
+    """On a request's first output, when ``SamplingParams.prompt_logprobs`` asked for them:
+    each prompt token after the first with its logprob (and alternatives)."""
 
     @property
     def is_finished(self) -> bool:

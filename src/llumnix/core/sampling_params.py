@@ -26,6 +26,9 @@ class SamplingParams:
     """Keep generating past EOS (benchmarks use this for fixed output lengths)."""
     logprobs: int | None = None
     """Return the log-probability of each sampled token and this many top alternatives."""
+    prompt_logprobs: int | None = None
+    """Return the log-probability of each prompt token after the first (under the tokens
+    before it) and this many top alternatives; computed once, at the first prefill."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -38,6 +41,8 @@ class SamplingParams:
             raise InvalidRequestError("top_k must be -1, 0 or a positive integer", "top_k")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise InvalidRequestError("logprobs must be in [0, 20]", "logprobs")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise InvalidRequestError("prompt_logprobs must be in [0, 20]", "prompt_logprobs")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty strings", "stop")
         if len(self.stop) > 4:

@@ -124,6 +124,7 @@ class EngineCore(MigrationOpsMixin):
         outputs: list[RequestOutput] = []
         logprobs = output.logprobs
         tops = output.top_logprobs
+        prompt_lps = output.prompt_logprobs
         requests = self.requests
         running = RequestStatus.RUNNING
         for i, (entry, token) in enumerate(zip(batch.scheduled, output.sampled_token_ids, strict=True)):
@@ -147,12 +148,15 @@ class EngineCore(MigrationOpsMixin):
                 req.preempted_at = None
             status = self._check_stop(req, token)
             if status is None:
-                outputs.append(RequestOutput(req.request_id, [token], len(out_ids), None, lp, req.stop_reason,
-                                             None, req.client, req.epoch, top))
+                ro = RequestOutput(req.request_id, [token], len(out_ids), None, lp, req.stop_reason,
+                                   None, req.client, req.epoch, top)
             else:
                 metrics = self._finish(req, status, now)
-                outputs.append(RequestOutput(req.request_id, [token], len(out_ids), status.finish_reason,
-                                             lp, req.stop_reason, metrics, req.client, req.epoch, top))
+                ro = RequestOutput(req.request_id, [token], len(out_ids), status.finish_reason,
+                                   lp, req.stop_reason, metrics, req.client, req.epoch, top)
+            if prompt_lps is not None:
+                ro.prompt_logprobs = prompt_lps[i]
+            outputs.append(ro)
         return outputs
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:

@@ -8,12 +8,21 @@ from typing import Any
 
 import torch
 
-from llumnix.core.batch import ModelOutput, SchedulerOutput
+from llumnix.core.batch import ModelOutput, PromptLogprob, ScheduledRequest, SchedulerOutput
 from llumnix.model.config import LlamaConfig
 from llumnix.model.llama import ForwardBatch, LlamaModel
 from llumnix.model.sampler import sample, top_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PROMPT_LOGITS_ROWS = 256
+"""Prompt positions whose vocabulary-wide logits are made at once (256 x 49,152 floats is
+50 MB for SmolLM2; a 2k-token prompt at once would be 400 MB)."""
+
+
+def wants_prompt_logprobs(r: ScheduledRequest) -> bool:
+    """Prompt logprobs are computed at a request's first prefill only: a recompute after
+    a preemption (outputs exist by then) has reported them already."""
+    return r.sampling_params.prompt_logprobs is not None and r.start_pos == 0 and r.output_index == 0
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -56,13 +65,56 @@ class ModelExecutor:
         reqs = batch.scheduled
         with torch.inference_mode():
             fb = self._build(batch)
-            logits = self.model.forward(fb, self.kv_cache)
+            scored = [i for i, r in enumerate(reqs) if wants_prompt_logprobs(r)]
+            prompt_lps: list[list[PromptLogprob] | None] | None = None
+            if scored:
+                spans = self._prompt_spans(reqs, scored)
+                rows = torch.cat([torch.arange(a, b, device=self.device) for a, b in spans.values()])
+                logits, hidden = self.model.forward_rows(fb, self.kv_cache, rows)
+                prompt_lps = self._prompt_logprobs(reqs, spans, hidden)
+            else:
+                logits = self.model.forward(fb, self.kv_cache)
             want_lp = any(r.sampling_params.logprobs is not None for r in reqs)
             tokens, logprobs = sample(logits, reqs, want_lp)
             num_top = max((r.sampling_params.logprobs or 0) for r in reqs) if want_lp else 0
             top = top_logprobs(logits, num_top) if num_top else None
         return ModelOutput(sampled_token_ids=tokens, logprobs=logprobs, top_logprobs=top,
-                           elapsed=time.perf_counter() - t0)
+                           elapsed=time.perf_counter() - t0, prompt_logprobs=prompt_lps)
+
+    @staticmethod
+    def _prompt_spans(reqs: list[ScheduledRequest], scored: list[int]) -> dict[int, tuple[int, int]]:
+        """For each scored request, the rows of the flattened batch whose next token is a
+        prompt token: its first token through its second-to-last."""
+        starts, pos = [], 0
+        for r in reqs:
+            starts.append(pos)
+            pos += len(r.token_ids)
+        return {i: (starts[i], starts[i] + len(reqs[i].token_ids) - 1) for i in scored}
+
+    def _prompt_logprobs(self, reqs: list[ScheduledRequest], spans: dict[int, tuple[int, int]],
+                         hidden: torch.Tensor) -> list[list[PromptLogprob] | None]:
+        """Logprob of each prompt token after the first, from the hidden states of the
+        tokens before it; the vocabulary-wide logits are made PROMPT_LOGITS_ROWS at a time."""
+        out: list[list[PromptLogprob] | None] = [None] * len(reqs)
+        at = 0
+        for i, (a, b) in spans.items():
+            r = reqs[i]
+            targets = torch.tensor(r.token_ids[1:], dtype=torch.long, device=self.device)
+            k = r.sampling_params.prompt_logprobs or 0
+            scored: list[PromptLogprob] = []
+            for s in range(0, b - a, PROMPT_LOGITS_ROWS):
+                e = min(b - a, s + PROMPT_LOGITS_ROWS)
+                lp = self.model.logits(hidden[at + s:at + e]).float().log_softmax(-1)
+                chosen = lp.gather(1, targets[s:e].unsqueeze(1)).squeeze(1).tolist()
+                tops: list[list[tuple[int, float]] | None] = [None] * (e - s)
+                if k:
+                    values, ids = lp.topk(k, dim=-1)
+                    tops = [list(zip(ri, rv, strict=True)) for ri, rv in zip(ids.tolist(), values.tolist(),
+                                                                             strict=True)]
+                scored += zip(r.token_ids[1 + s:1 + e], chosen, tops, strict=True)
+            out[i] = scored
+            at += b - a
+        return out
 
     def _build(self, batch: SchedulerOutput) -> ForwardBatch:
         reqs = batch.scheduled

@@ -135,6 +135,21 @@ class LlamaModel:
     def forward(self, fb: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
         """Logits of each request's last token, [B, vocab]. ``kv_cache`` is
         [layers, 2, num_blocks, block_size, kv_heads, head_dim]."""
+        return self.logits(self._final_norm(self._trunk(fb, kv_cache)[fb.last_idx])).float()
+
+    def forward_rows(self, fb: ForwardBatch, kv_cache: torch.Tensor,
+                     rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward``'s logits, and the final hidden states of the batch's tokens at
+        ``rows`` (for prompt logprobs: the caller applies ``logits`` to them in slices,
+        since a long prompt's logits at every position would be large)."""
+        h = self._trunk(fb, kv_cache)
+        return self.logits(self._final_norm(h[fb.last_idx])).float(), self._final_norm(h[rows])
+
+    def _final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(h, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps)
+
+    def _trunk(self, fb: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        """Every token's hidden state after the last layer (before the final norm)."""
         cfg = self.config
         h = self.embed_tokens(fb.input_ids)
         cos = self.cos[fb.positions].unsqueeze(1)
@@ -154,8 +169,7 @@ class LlamaModel:
             x = F.rms_norm(h, (cfg.hidden_size,), lw.ffn_norm, eps)
             gate, up = (x @ lw.w_gate_up).chunk(2, dim=-1)
             h = h + (F.silu(gate) * up) @ lw.w_down
-        h = F.rms_norm(h[fb.last_idx], (cfg.hidden_size,), self.norm, eps)
-        return self.logits(h).float()
+        return h
 
     def _attention(self, fb: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
