@@ -151,6 +151,39 @@ def test_n_choices_sample_as_seeded_single_requests_and_a_hang_up_frees_them_all
     assert all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()), counts
 
 
+def test_scoring_a_prompt_with_echo_gives_the_logprobs_its_generation_had(server):
+    """Eval harnesses score text with echo, max_tokens 0 and logprobs. Score a prompt plus
+    the greedy continuation the cluster generated for it: the continuation's tokens must
+    come back with the logprobs and top alternatives they were generated with."""
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    prompt = [5, 17, 42, 99, 3, 61]
+    gen = httpx.post(f"{url}/v1/completions", timeout=60, json={
+        "model": name, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+        "logprobs": 2, "return_tokens_as_token_ids": True}).json()["choices"][0]["logprobs"]
+    continuation = [int(t.removeprefix("token_id:")) for t in gen["tokens"]]
+    scored = httpx.post(f"{url}/v1/completions", timeout=60, json={
+        "model": name, "prompt": prompt + continuation, "max_tokens": 0,
+        "echo": True, "logprobs": 2, "return_tokens_as_token_ids": True}).json()
+    choice = scored["choices"][0]
+    lp = choice["logprobs"]
+    assert scored["usage"]["completion_tokens"] == 0 and choice["finish_reason"] == "length"
+    assert len(lp["tokens"]) == len(prompt) + 8 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["tokens"][len(prompt):] == gen["tokens"]
+    for mine, theirs in zip(lp["token_logprobs"][len(prompt):], gen["token_logprobs"], strict=True):
+        assert abs(mine - theirs) < 1e-3, (mine, theirs)
+    for mine, theirs in zip(lp["top_logprobs"][len(prompt):], gen["top_logprobs"], strict=True):
+        assert mine.keys() == theirs.keys()
+    assert lp["tokens"][:len(prompt)] == [f"token_id:{t}" for t in prompt]
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "model": name, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "logprobs": True,
+        "top_logprobs": 2, "return_tokens_as_token_ids": True}).json()["choices"][0]["logprobs"]["content"]
+    assert len(chat) == 3 and all(e["token"].startswith("token_id:") and len(e["top_logprobs"]) == 2
+                                  and all(a["token"].startswith("token_id:") for a in e["top_logprobs"])
+                                  for e in chat)
+
+
 def test_statuses_reach_the_shared_redis_meta_store(server, redis_url):
     from llumnix.cluster.meta_store import RedisMetaStore
 

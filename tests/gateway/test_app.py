@@ -308,3 +308,18 @@ def test_when_one_of_n_choices_fails_the_others_are_stopped_and_their_kv_freed(b
     # either finished or was aborted, and nothing holds KV
     assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
     assert not backend.engine.requests
+
+
+def test_echo_with_max_tokens_0_answers_the_prompt_alone_and_streaming_it_is_refused(client, backend):
+    req = {"model": "fake", "prompt": "score me", "max_tokens": 0, "echo": True}
+    r = client.post("/v1/completions", json=req)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["text"] == "score me" and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 8, "completion_tokens": 0, "total_tokens": 8}
+    assert client.post("/v1/completions", json={**req, "echo": False}).status_code == 400  # 0 needs echo
+    for extra in ({}, {"max_tokens": 3, "logprobs": 1}):
+        r = client.post("/v1/completions", json={**req, **extra, "stream": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+    assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
+

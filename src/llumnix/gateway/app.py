@@ -6,7 +6,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,8 +31,11 @@ PRIORITY_HEADER = "x-llumnix-priority"
 log = logging.getLogger(__name__)
 
 TokenLogprob = tuple[int, float, list[tuple[int, float]] | None]
-RunItem = tuple[str, str | None, int, list[TokenLogprob]]
-"""One step of a choice: new text, finish reason, output tokens so far, logprobs of the new tokens."""
+EchoLogprob = tuple[int, float | None, list[tuple[int, float]] | None]
+"""A token of a completions answer's logprobs: an echoed prompt's first token has none."""
+RunItem = tuple[str, str | None, int, list[TokenLogprob], list[TokenLogprob] | None]
+"""One step of a choice: new text, finish reason, output tokens so far, logprobs of the new
+tokens, and (on the first step, when asked for) the prompt's tokens after the first with theirs."""
 """A generated token, its logprob, and its most likely alternatives when asked for."""
 
 
@@ -195,8 +198,14 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         if not prompt:
             raise InvalidRequestError("prompt must not be empty", "prompt")
         ids = backend.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if body.stream and body.echo and (body.logprobs is not None or body.max_tokens == 0):
+            raise InvalidRequestError("echo with logprobs or with max_tokens 0 (scoring a prompt) is not "
+                                      "supported when streaming; send it with stream false", "stream")
         response_id, gens = _prepare(body, ids, request)
         echo = "" if not body.echo else prompt if isinstance(prompt, str) else backend.tokenizer.decode(ids)
+        if body.echo_only:
+            return await _complete(response_id, gens, chat=False, prefix=echo, echo_only=True,
+                                   as_ids=body.return_tokens_as_token_ids)
         return await _respond(response_id, gens, body, chat=False, prefix=echo)
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -210,11 +219,12 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
 
     async def _respond(response_id: str, gens: list[GenerateRequest],
                        body: CompletionRequest | ChatCompletionRequest, *, chat: bool, prefix: str = "") -> Response:
+        as_ids = body.return_tokens_as_token_ids
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(_sse(response_id, gens, chat=chat, prefix=prefix, usage=usage),
+            return StreamingResponse(_sse(response_id, gens, chat=chat, prefix=prefix, usage=usage, as_ids=as_ids),
                                      media_type="text/event-stream")
-        return await _complete(response_id, gens, chat=chat, prefix=prefix)
+        return await _complete(response_id, gens, chat=chat, prefix=prefix, as_ids=as_ids)
 
     async def _run(gen: GenerateRequest) -> AsyncIterator[RunItem]:
         """Yield (new text, finish reason, output tokens, (token, logprob) of the new tokens
@@ -239,17 +249,18 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                     tops = out.new_top_logprobs
                     lps = [(t, lp, tops[j] if tops else None)
                            for j, (t, lp) in enumerate(zip(out.new_token_ids, out.new_logprobs or (), strict=False))]
+                plps = out.prompt_logprobs
                 reason = out.finish_reason
                 if det.stopped and reason is None:
                     reason = "stop"  # the stop string completed before the engine saw it
                 if reason is not None:
                     finished = True
-                    yield text, reason, n_out, lps
+                    yield text, reason, n_out, lps, plps
                     metrics.requests.labels(model_name=backend.model_name,
                                             finished_reason=reason).inc()
                     break
-                if text or lps:
-                    yield text, None, n_out, lps
+                if text or lps or plps is not None:
+                    yield text, None, n_out, lps, plps
         finally:
             metrics.in_flight.labels(model_name=backend.model_name).dec()
             if not finished:
@@ -269,26 +280,33 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
     def _token_text(token_id: int) -> str:
         return backend.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def _completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    def _label(token_id: int, as_ids: bool) -> str:
+        """How a logprobs answer names a token: its text, or (vLLM's
+        ``return_tokens_as_token_ids``) "token_id:N", which survives tokens whose text
+        is not valid UTF-8 alone and lets a client map answers back to ids."""
+        return f"token_id:{token_id}" if as_ids else _token_text(token_id)
+
+    def _completion_logprobs(lps: Sequence[EchoLogprob], offset: int, as_ids: bool = False) -> dict[str, Any]:
         """The legacy completions shape: per token its text, logprob and offset, and with
         ``logprobs`` = N > 0 the N most likely tokens by text, plus the chosen one (as
-        OpenAI does: up to N + 1 entries)."""
-        tokens = [_token_text(t) for t, _, _ in lps]
+        OpenAI does: up to N + 1 entries). An echoed prompt's first token has no logprob
+        (None), as in OpenAI's answers. Offsets count the tokens' text in any case."""
         offsets, pos = [], offset
-        for tok in tokens:
+        for t, _, _ in lps:
             offsets.append(pos)
-            pos += len(tok)
+            pos += len(_token_text(t))
+        tokens = [_label(t, as_ids) for t, _, _ in lps]
         tops = None
-        if lps and lps[0][2] is not None:
-            tops = [{**{_token_text(a): alp for a, alp in (top or ())}, tok: lp}
+        if any(top is not None for _, _, top in lps):
+            tops = [None if lp is None else {**{_label(a, as_ids): alp for a, alp in (top or ())}, tok: lp}
                     for tok, (_, lp, top) in zip(tokens, lps, strict=True)]
         return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in lps], "top_logprobs": tops,
                 "text_offset": offsets}
 
-    def _chat_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
+    def _chat_logprobs(lps: list[TokenLogprob], as_ids: bool = False) -> dict[str, Any]:
         def entry(token_id: int, lp: float) -> dict[str, Any]:
             tok = _token_text(token_id)
-            return {"token": tok, "logprob": lp, "bytes": list(tok.encode())}
+            return {"token": _label(token_id, as_ids), "logprob": lp, "bytes": list(tok.encode())}
 
         return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in (top or ())]}
                             for t, lp, top in lps]}
@@ -331,13 +349,21 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _complete(response_id: str, gens: list[GenerateRequest], *, chat: bool, prefix: str) -> Response:
+    async def _complete(response_id: str, gens: list[GenerateRequest], *, chat: bool, prefix: str,
+                        echo_only: bool = False, as_ids: bool = False) -> Response:
+        """``echo_only``: OpenAI's scoring form (echo, max_tokens 0): the answer is the prompt
+        and its logprobs; the one token the engine generated to get there is left out."""
         pieces: list[list[str]] = [[prefix] for _ in gens]
-        reasons: list[str | None] = [None] * len(gens)
+        reasons: list[str | None] = ["length" if echo_only else None] * len(gens)
         n_outs = [0] * len(gens)
         lps: list[list[TokenLogprob]] = [[] for _ in gens]
+        prompt_lps: list[list[TokenLogprob] | None] = [None] * len(gens)
         try:
-            async for i, (text, last_reason, last_n, new_lps) in _choices(gens):
+            async for i, (text, last_reason, last_n, new_lps, plps) in _choices(gens):
+                if plps is not None:
+                    prompt_lps[i] = plps
+                if echo_only:
+                    continue
                 pieces[i].append(text)
                 lps[i] += new_lps
                 reasons[i], n_outs[i] = last_reason, last_n
@@ -351,17 +377,23 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             text = "".join(pieces[i])
             if chat:
                 choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": _chat_logprobs(lps[i]) if want_lp else None,
+                                "logprobs": _chat_logprobs(lps[i], as_ids) if want_lp else None,
                                 "finish_reason": reasons[i]})
             else:
+                entries: list[EchoLogprob] = list(lps[i])
+                offset = len(prefix)
+                plps = prompt_lps[i]
+                if plps is not None:  # echo: the prompt's tokens lead, from offset 0
+                    entries = [(gens[i].prompt_token_ids[0], None, None), *plps, *entries]
+                    offset = 0
                 choices.append({"index": i, "text": text, "finish_reason": reasons[i],
-                                "logprobs": _completion_logprobs(lps[i], len(prefix)) if want_lp else None})
+                                "logprobs": _completion_logprobs(entries, offset, as_ids) if want_lp else None})
         return JSONResponse({"id": response_id, "object": "chat.completion" if chat else "text_completion",
                              "created": now_s(), "model": backend.model_name, "choices": choices,
                              "usage": _usage(gens, sum(n_outs))})
 
     async def _sse(response_id: str, gens: list[GenerateRequest], *, chat: bool, prefix: str,
-                   usage: bool) -> AsyncIterator[str]:
+                   usage: bool, as_ids: bool = False) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = now_s()
 
@@ -374,11 +406,11 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                 if text:
                     delta["content"] = text
                 choice: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": reason,
-                                          "logprobs": _chat_logprobs(lps) if lps else None}
+                                          "logprobs": _chat_logprobs(lps, as_ids) if lps else None}
             else:
-                lp = _completion_logprobs(lps, pos[i]) if lps else None
-                if lp is not None:
-                    pos[i] += sum(len(tok) for tok in lp["tokens"])
+                lp = _completion_logprobs(lps, pos[i], as_ids) if lps else None
+                if lps:
+                    pos[i] += sum(len(_token_text(t)) for t, _, _ in lps)
                 choice = {"index": i, "text": text, "finish_reason": reason, "logprobs": lp}
             return "data: " + json.dumps({"id": response_id, "object": obj, "created": created,
                                           "model": backend.model_name, "choices": [choice]}) + "\n\n"
@@ -388,7 +420,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                 yield chunk(i, prefix, None, first=True)
         n_outs = [0] * len(gens)
         try:
-            async for i, (text, reason, last_n, lps) in _choices(gens):
+            async for i, (text, reason, last_n, lps, _) in _choices(gens):
                 n_outs[i] = last_n
                 yield chunk(i, text, reason, lps=lps)
         except LlumnixError as e:

@@ -90,6 +90,8 @@ class _SamplingFields(BaseModel):
     """``include_usage``: a last chunk with the usage and no choices (OpenAI's rule: only
     when asked, since a client reading ``choices[0]`` of every chunk would fail on it)."""
     logprobs: int | None = None
+    return_tokens_as_token_ids: bool = False
+    """vLLM's extension: logprobs name tokens "token_id:N" instead of by their text."""
     ignore_eos: bool = False
     priority: str | int | None = None
     user: str | None = None
@@ -116,6 +118,21 @@ class _SamplingFields(BaseModel):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[int]
     echo: bool = False
+
+    @property
+    def echo_only(self) -> bool:
+        """OpenAI's form for scoring a prompt (eval harnesses' loglikelihood): echo with
+        max_tokens 0 answers the prompt, with its logprobs when asked, and nothing more."""
+        return self.echo and self.max_tokens == 0
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        # echo only: the engine generates one token (its prefill makes the prompt's
+        # logprobs), which the answer leaves out
+        fields = self.model_copy(update={"max_tokens": 1}) if self.echo_only else self
+        params = _SamplingFields.sampling_params(fields, default_max_tokens)
+        if self.echo and params.logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=params.logprobs)
+        return params
 
     @field_validator("prompt", mode="before")
     @classmethod
