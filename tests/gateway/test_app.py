@@ -323,3 +323,24 @@ def test_echo_with_max_tokens_0_answers_the_prompt_alone_and_streaming_it_is_ref
         assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
     assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
 
+
+
+def test_tokenize_and_detokenize_round_trip_what_the_server_prefills(backend):
+    c = TestClient(build_app(backend, api_key="k"))
+    key = {"Authorization": "Bearer k"}
+    assert c.post("/tokenize", json={"model": "fake", "prompt": "hi"}).status_code == 401
+    r = c.post("/tokenize", json={"model": "fake", "prompt": "hi there"}, headers=key).json()
+    assert r == {"tokens": list(b"hi there"), "count": 8, "max_model_len": 256}
+    chat = c.post("/tokenize", json={"model": "fake", "messages": [{"role": "user", "content": "yo"}]},
+                  headers=key).json()
+    used = c.post("/v1/chat/completions", json={"model": "fake", "messages": [{"role": "user", "content": "yo"}],
+                                                "max_tokens": 1}, headers=key).json()
+    assert chat["count"] == used["usage"]["prompt_tokens"]  # what the chat route prefilled
+    back = c.post("/detokenize", json={"model": "fake", "tokens": r["tokens"]}, headers=key).json()
+    assert back == {"prompt": "hi there"}
+    for bad, param in (({"model": "fake"}, None), ({"model": "fake", "prompt": "a", "messages": []}, None),
+                       ({"model": "nope", "prompt": "a"}, "model")):
+        res = c.post("/tokenize", json=bad, headers=key)
+        assert res.status_code in (400, 404) and res.json()["error"]["param"] == param, res.text
+    res = c.post("/detokenize", json={"model": "fake", "tokens": [1, 999]}, headers=key)
+    assert res.status_code == 400 and res.json()["error"]["param"] == "tokens"

@@ -22,12 +22,16 @@ from llumnix.gateway.metrics import GatewayMetrics
 from llumnix.gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     new_id,
     now_s,
     parse_priority,
 )
 
 PRIORITY_HEADER = "x-llumnix-priority"
+_KEYED = ("/tokenize", "/detokenize")
+"""Paths outside /v1/ that still need the API key when one is set."""
 log = logging.getLogger(__name__)
 
 TokenLogprob = tuple[int, float, list[tuple[int, float]] | None]
@@ -63,7 +67,7 @@ class _Auth:
             if admin and self.admin_requires_key and self.expected is None:
                 rejection = error_response(403, "admin endpoints need --api-key when not on loopback",
                                            type_="permission_error")
-            elif (self.expected is not None and (admin or path.startswith("/v1/"))
+            elif (self.expected is not None and (admin or path.startswith("/v1/") or path in _KEYED)
                   and dict(scope["headers"]).get(b"authorization", b"") != self.expected):
                 rejection = error_response(401, "missing or wrong API key", type_="authentication_error")
             if rejection is not None:
@@ -207,6 +211,26 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             return await _complete(response_id, gens, chat=False, prefix=echo, echo_only=True,
                                    as_ids=body.return_tokens_as_token_ids)
         return await _respond(response_id, gens, body, chat=False, prefix=echo)
+
+    @app.post("/tokenize", response_model=None)
+    async def tokenize(body: TokenizeRequest) -> Response:
+        """vLLM's: the token ids the server would prefill for this prompt or chat."""
+        if (bad := _check_model(body.model)) is not None:
+            return bad
+        if body.messages is not None:
+            text = backend.tokenizer.apply_chat_template([msg.model_dump() for msg in body.messages])
+            ids = backend.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = backend.tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": backend.max_model_len})
+
+    @app.post("/detokenize", response_model=None)
+    async def detokenize(body: DetokenizeRequest) -> Response:
+        if (bad := _check_model(body.model)) is not None:
+            return bad
+        if any(not 0 <= t < backend.vocab_size for t in body.tokens):
+            raise InvalidRequestError("token ids must be in [0, vocab size)", "tokens")
+        return JSONResponse({"prompt": backend.tokenizer.decode(body.tokens)})
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:

@@ -193,6 +193,26 @@ class ChatCompletionRequest(_SamplingFields):
         return params
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a prompt, or chat messages rendered with the chat template."""
+
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    model: str
+    tokens: list[int]
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
