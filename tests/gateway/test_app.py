@@ -230,8 +230,14 @@ def test_unknown_routes_methods_and_non_object_bodies_get_openai_error_bodies(cl
     for content, ctype in ((b"hello", "text/plain"), (b"[1, 2]", "application/json"), (b"", "application/json")):
         r = client.post("/v1/completions", content=content, headers={"content-type": ctype})
         assert r.status_code == 400, (content, r.text)
-        assert r.json()["error"]["message"] in ("the request body must be a JSON object",
-                                                "request body is not valid JSON (Expecting value)")
+        assert r.json()["error"]["message"] in (
+            "the request body must be a JSON object",
+            "the request body must be a JSON object sent as application/json (this one came as 'text/plain')",
+            "request body is not valid JSON (Expecting value)")
+    # curl -d without -H sends a JSON body as a form: the answer says what to change
+    r = client.post("/v1/completions", content=b'{"model": "fake", "prompt": "x"}',
+                    headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400 and "sent as application/json" in r.json()["error"]["message"]
 
 
 def test_n_choices_are_served_each_on_its_own(client, backend):

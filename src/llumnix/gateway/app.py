@@ -83,7 +83,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
     m = metrics.labels
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
         metrics.rejected.labels(model_name=backend.model_name, status="400").inc()
         if err.get("type") == "json_invalid":  # loc is ("body", <offset>): no parameter to name
@@ -96,7 +96,9 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             return error_response(400, str(raised), param=raised.param)
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         if not loc and err.get("type") in ("model_attributes_type", "dict_type", "missing"):
-            return error_response(400, "the request body must be a JSON object")
+            kind = request.headers.get("content-type", "")
+            hint = "" if "json" in kind else f" sent as application/json (this one came as {kind or 'no type'!r})"
+            return error_response(400, "the request body must be a JSON object" + hint)
         msg = str(err.get("msg", "invalid request")).removeprefix("Value error, ")  # our validators' own words
         return error_response(400, f"{'.'.join(loc)}: {msg}" if loc else msg,
                               param=loc[0] if loc else None)
