@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llumnix.core.batch import RequestMetrics
+from llumnix.core.batch import PromptLogprob, RequestMetrics
 from llumnix.core.clock import Clock
 from llumnix.core.config import CacheConfig, EngineConfig, SchedulerConfig
 from llumnix.core.request import Priority
@@ -26,6 +26,12 @@ class Completion:
     finish_reason: str
     num_prompt_tokens: int
     metrics: RequestMetrics | None
+    logprobs: list[float] | None = None
+    """Per output token, its logprob (``SamplingParams.logprobs`` set)."""
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per output token, the ``logprobs`` most likely tokens with theirs (``logprobs`` > 0)."""
+    prompt_logprobs: list[PromptLogprob] | None = None
+    """Per prompt token after the first, (token, logprob, alternatives) (``prompt_logprobs`` set)."""
 
 
 def finish_text(tokenizer: Tokenizer, token_ids: list[int], params: SamplingParams) -> str:
@@ -79,11 +85,22 @@ class LLM:
             order.append(rid)
             prompt_lens[rid] = len(ids)
         tokens: dict[str, list[int]] = {rid: [] for rid in order}
+        lps: dict[str, list[float]] = {rid: [] for rid in order}
+        tops: dict[str, list[list[tuple[int, float]]]] = {rid: [] for rid in order}
+        prompt_lps: dict[str, list[PromptLogprob]] = {}
         done: dict[str, tuple[str, RequestMetrics | None]] = {}
         while len(done) < len(order):
             for out in self.engine.step():
-                tokens[out.request_id] += out.new_token_ids
+                rid = out.request_id
+                tokens[rid] += out.new_token_ids
+                lps[rid] += out.new_logprobs or ()
+                tops[rid] += out.new_top_logprobs or ()
+                if out.prompt_logprobs is not None:
+                    prompt_lps[rid] = out.prompt_logprobs
                 if out.finish_reason is not None:
-                    done[out.request_id] = (out.finish_reason, out.metrics)
+                    done[rid] = (out.finish_reason, out.metrics)
+        want_lp, want_top = params.logprobs is not None, bool(params.logprobs)
         return [Completion(rid, finish_text(self.tokenizer, tokens[rid], params), tokens[rid],
-                           done[rid][0], prompt_lens[rid], done[rid][1]) for rid in order]
+                           done[rid][0], prompt_lens[rid], done[rid][1],
+                           lps[rid] if want_lp else None, tops[rid] if want_top else None,
+                           prompt_lps.get(rid)) for rid in order]

@@ -106,3 +106,23 @@ def test_prompt_logprobs_match_transformers_and_come_once(tiny_llama_dir, tiny_l
                 torch.testing.assert_close(torch.tensor([v for _, v in top]), values, atol=1e-4, rtol=1e-4)
         else:
             assert all(top is None for _, _, top in got[rid])
+
+
+def test_llm_generate_returns_the_logprobs_it_was_asked_for(tiny_llama_dir):
+    """The offline API carries sampled and prompt logprobs through; the prompt's agree with
+    what generating the same tokens reported (the cache path against the prefill path)."""
+    from llumnix.llm import LLM
+
+    llm = LLM(str(tiny_llama_dir[0]), num_blocks=64, block_size=4)
+    prompt = [5, 17, 42, 99, 3]
+    (gen,) = llm.generate([prompt], SamplingParams(max_tokens=6, logprobs=2))
+    assert gen.logprobs is not None and gen.top_logprobs is not None
+    assert len(gen.logprobs) == len(gen.top_logprobs) == 6 and gen.prompt_logprobs is None
+    assert all(top[0][0] == t for top, t in zip(gen.top_logprobs, gen.token_ids, strict=True))  # greedy
+    (scored,) = llm.generate([prompt + gen.token_ids], SamplingParams(max_tokens=1, prompt_logprobs=0))
+    assert scored.logprobs is None and scored.prompt_logprobs is not None
+    tail = scored.prompt_logprobs[len(prompt) - 1:]
+    assert [t for t, _, _ in tail] == gen.token_ids
+    assert all(abs(lp - want) < 1e-4 for (_, lp, _), want in zip(tail, gen.logprobs, strict=True))
+    (plain,) = llm.generate([prompt], SamplingParams(max_tokens=2))
+    assert plain.logprobs is None and plain.top_logprobs is None and plain.prompt_logprobs is None
