@@ -26,6 +26,24 @@ def test_tiny_model_on_cuda_matches_cpu(tiny_llama_dir):
     assert outs[0] == outs[1]
 
 
+def test_prompt_logprobs_on_cuda_match_cpu(tiny_llama_dir):
+    from llumnix.model import load_model
+
+    got = []
+    for device in ("cpu", "cuda"):
+        eng = real_engine(load_model(str(tiny_llama_dir[0]), device=device))
+        eng.add_request("p", list(range(20, 60)), SamplingParams(max_tokens=2, prompt_logprobs=3))
+        eng.add_request("q", [5, 6, 7], SamplingParams(max_tokens=2))
+        got.append(next(o.prompt_logprobs for o in eng.step() if o.request_id == "p"))
+    (cpu, gpu) = got
+    assert [t for t, _, _ in cpu] == [t for t, _, _ in gpu] == list(range(21, 60))
+    torch.testing.assert_close(torch.tensor([lp for _, lp, _ in gpu]), torch.tensor([lp for _, lp, _ in cpu]),
+                               atol=1e-3, rtol=1e-3)
+    # the alternatives' values (their ids may swap where two are within rounding)
+    torch.testing.assert_close(torch.tensor([[v for _, v in top] for _, _, top in gpu]),
+                               torch.tensor([[v for _, v in top] for _, _, top in cpu]), atol=1e-3, rtol=1e-3)
+
+
 def test_kv_moves_from_cuda_to_cpu_and_continues(tiny_llama_dir):
     from llumnix.model import load_model
 
