@@ -176,6 +176,21 @@ def test_scoring_a_prompt_with_echo_gives_the_logprobs_its_generation_had(server
         assert mine.keys() == theirs.keys()
     assert lp["tokens"][:len(prompt)] == [f"token_id:{t}" for t in prompt]
     assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    # streamed, with a continuation: the prompt's chunk carries the same logprobs, and the
+    # generated tokens' offsets go on from the prompt's
+    both = httpx.post(f"{url}/v1/completions", timeout=60, json={
+        "model": name, "prompt": prompt + continuation, "max_tokens": 3, "echo": True, "logprobs": 2,
+        "temperature": 0, "ignore_eos": True}).json()["choices"][0]
+    with httpx.stream("POST", f"{url}/v1/completions", timeout=60, json={
+            "model": name, "prompt": prompt + continuation, "max_tokens": 3, "echo": True, "logprobs": 2,
+            "temperature": 0, "ignore_eos": True, "stream": True}) as r:
+        chunks = [json.loads(ln[6:])["choices"][0] for ln in r.iter_lines() if ln.startswith("data: {")]
+    assert "".join(c["text"] for c in chunks) == both["text"]
+    for key in ("tokens", "text_offset"):
+        assert [x for c in chunks for x in c["logprobs"][key]] == both["logprobs"][key]
+    streamed = [x for c in chunks for x in c["logprobs"]["token_logprobs"]]
+    assert streamed[0] is None and both["logprobs"]["token_logprobs"][0] is None
+    assert all(abs(a - b) < 1e-4 for a, b in zip(streamed[1:], both["logprobs"]["token_logprobs"][1:], strict=True))
     chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
         "model": name, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "logprobs": True,
         "top_logprobs": 2, "return_tokens_as_token_ids": True}).json()["choices"][0]["logprobs"]["content"]

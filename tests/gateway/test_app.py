@@ -316,7 +316,7 @@ def test_when_one_of_n_choices_fails_the_others_are_stopped_and_their_kv_freed(b
     assert not backend.engine.requests
 
 
-def test_echo_with_max_tokens_0_answers_the_prompt_alone_and_streaming_it_is_refused(client, backend):
+def test_echo_with_max_tokens_0_answers_the_prompt_alone_streamed_or_not(client, backend):
     req = {"model": "fake", "prompt": "score me", "max_tokens": 0, "echo": True}
     r = client.post("/v1/completions", json=req)
     assert r.status_code == 200, r.text
@@ -324,9 +324,12 @@ def test_echo_with_max_tokens_0_answers_the_prompt_alone_and_streaming_it_is_ref
     assert body["choices"][0]["text"] == "score me" and body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 8, "completion_tokens": 0, "total_tokens": 8}
     assert client.post("/v1/completions", json={**req, "echo": False}).status_code == 400  # 0 needs echo
-    for extra in ({}, {"max_tokens": 3, "logprobs": 1}):
-        r = client.post("/v1/completions", json={**req, **extra, "stream": True})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+    body = {**req, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/completions", json=body) as s:
+        chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
+    assert [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in chunks[:-1]] == [
+        ("score me", None), ("", "length")]
+    assert chunks[-1]["usage"] == {"prompt_tokens": 8, "completion_tokens": 0, "total_tokens": 8}
     assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
 
 

@@ -204,14 +204,8 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         if not prompt:
             raise InvalidRequestError("prompt must not be empty", "prompt")
         ids = backend.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if body.stream and body.echo and (body.logprobs is not None or body.max_tokens == 0):
-            raise InvalidRequestError("echo with logprobs or with max_tokens 0 (scoring a prompt) is not "
-                                      "supported when streaming; send it with stream false", "stream")
         response_id, gens = _prepare(body, ids, request)
         echo = "" if not body.echo else prompt if isinstance(prompt, str) else backend.tokenizer.decode(ids)
-        if body.echo_only:
-            return await _complete(response_id, gens, chat=False, prefix=echo, echo_only=True,
-                                   as_ids=body.return_tokens_as_token_ids)
         return await _respond(response_id, gens, body, chat=False, prefix=echo)
 
     @app.post("/tokenize", response_model=None)
@@ -246,11 +240,13 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
     async def _respond(response_id: str, gens: list[GenerateRequest],
                        body: CompletionRequest | ChatCompletionRequest, *, chat: bool, prefix: str = "") -> Response:
         as_ids = body.return_tokens_as_token_ids
+        echo_only = isinstance(body, CompletionRequest) and body.echo_only
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(_sse(response_id, gens, chat=chat, prefix=prefix, usage=usage, as_ids=as_ids),
+            return StreamingResponse(_sse(response_id, gens, chat=chat, prefix=prefix, usage=usage, as_ids=as_ids,
+                                          echo_only=echo_only),
                                      media_type="text/event-stream")
-        return await _complete(response_id, gens, chat=chat, prefix=prefix, as_ids=as_ids)
+        return await _complete(response_id, gens, chat=chat, prefix=prefix, as_ids=as_ids, echo_only=echo_only)
 
     async def _run(gen: GenerateRequest) -> AsyncIterator[RunItem]:
         """Yield (new text, finish reason, output tokens, (token, logprob) of the new tokens
@@ -419,14 +415,16 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                              "usage": _usage(gens, sum(n_outs))})
 
     async def _sse(response_id: str, gens: list[GenerateRequest], *, chat: bool, prefix: str,
-                   usage: bool, as_ids: bool = False) -> AsyncIterator[str]:
+                   usage: bool, as_ids: bool = False, echo_only: bool = False) -> AsyncIterator[str]:
+        """``echo_only``: as in ``_complete``. An echo with logprobs sends its prompt chunk
+        once the prompt's logprobs arrive (with the first output), carrying them."""
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = now_s()
-
-        pos = [len(prefix)] * len(gens)  # each choice's text_offset of its next token
+        scoring = gens[0].params.prompt_logprobs is not None  # set by an echo with logprobs only
+        pos = [0 if scoring else len(prefix)] * len(gens)  # each choice's text_offset of its next token
 
         def chunk(i: int, text: str, reason: str | None, first: bool = False,
-                  lps: list[TokenLogprob] | None = None) -> str:
+                  lps: list[TokenLogprob] | None = None, echo_lps: list[EchoLogprob] | None = None) -> str:
             if chat:
                 delta: dict[str, str] = {"role": "assistant"} if first else {}
                 if text:
@@ -434,19 +432,27 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                 choice: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": reason,
                                           "logprobs": _chat_logprobs(lps, as_ids) if lps else None}
             else:
-                lp = _completion_logprobs(lps, pos[i], as_ids) if lps else None
-                if lps:
-                    pos[i] += sum(len(_token_text(t)) for t, _, _ in lps)
+                entries: Sequence[EchoLogprob] = echo_lps or lps or ()
+                lp = _completion_logprobs(entries, pos[i], as_ids) if entries else None
+                pos[i] += sum(len(_token_text(t)) for t, _, _ in entries)
                 choice = {"index": i, "text": text, "finish_reason": reason, "logprobs": lp}
             return "data: " + json.dumps({"id": response_id, "object": obj, "created": created,
                                           "model": backend.model_name, "choices": [choice]}) + "\n\n"
 
-        if chat or prefix:
+        if (chat or prefix) and not scoring:
             for i in range(len(gens)):
                 yield chunk(i, prefix, None, first=True)
         n_outs = [0] * len(gens)
+        opened = [not scoring] * len(gens)
         try:
-            async for i, (text, reason, last_n, lps, _) in _choices(gens):
+            async for i, (text, reason, last_n, lps, plps) in _choices(gens):
+                if not opened[i]:
+                    opened[i] = True
+                    yield chunk(i, prefix, None, echo_lps=[(gens[i].prompt_token_ids[0], None, None), *(plps or ())])
+                if echo_only:
+                    if reason is not None:
+                        yield chunk(i, "", "length")
+                    continue
                 n_outs[i] = last_n
                 yield chunk(i, text, reason, lps=lps)
         except LlumnixError as e:
