@@ -151,6 +151,26 @@ def test_n_choices_sample_as_seeded_single_requests_and_a_hang_up_frees_them_all
     assert all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()), counts
 
 
+def _aborted(url: str) -> float:
+    lines = [ln for ln in httpx.get(f"{url}/metrics").text.splitlines()
+             if ln.startswith("llumnix:requests_aborted_total")]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+def test_a_client_that_gives_up_on_a_non_streamed_request_stops_it(server, cluster):
+    """Nothing is sent before a non-streamed answer is complete, so a client's timeout is
+    seen only as its disconnect: all its choices must stop then, not run to the end."""
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    before = _aborted(url)
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{url}/v1/completions", timeout=0.3, json={
+            "model": name, "prompt": "patience", "max_tokens": 480, "ignore_eos": True, "n": 4})
+    counts = wait_idle(cluster.instances, timeout=10)
+    assert all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()), counts
+    assert _aborted(url) - before == 4
+
+
 def test_scoring_a_prompt_with_echo_gives_the_logprobs_its_generation_had(server):
     """Eval harnesses score text with echo, max_tokens 0 and logprobs. Score a prompt plus
     the greedy continuation the cluster generated for it: the continuation's tokens must

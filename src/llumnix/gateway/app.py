@@ -206,7 +206,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         ids = backend.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         response_id, gens = _prepare(body, ids, request)
         echo = "" if not body.echo else prompt if isinstance(prompt, str) else backend.tokenizer.decode(ids)
-        return await _respond(response_id, gens, body, chat=False, prefix=echo)
+        return await _respond(request, response_id, gens, body, chat=False, prefix=echo)
 
     @app.post("/tokenize", response_model=None)
     async def tokenize(body: TokenizeRequest) -> Response:
@@ -235,9 +235,9 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         text = backend.tokenizer.apply_chat_template([msg.model_dump() for msg in body.messages])
         response_id, gens = _prepare(body, backend.tokenizer.encode(text, add_special_tokens=False), request,
                                      "chatcmpl")
-        return await _respond(response_id, gens, body, chat=True)
+        return await _respond(request, response_id, gens, body, chat=True)
 
-    async def _respond(response_id: str, gens: list[GenerateRequest],
+    async def _respond(request: Request, response_id: str, gens: list[GenerateRequest],
                        body: CompletionRequest | ChatCompletionRequest, *, chat: bool, prefix: str = "") -> Response:
         as_ids = body.return_tokens_as_token_ids
         echo_only = isinstance(body, CompletionRequest) and body.echo_only
@@ -246,7 +246,24 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             return StreamingResponse(_sse(response_id, gens, chat=chat, prefix=prefix, usage=usage, as_ids=as_ids,
                                           echo_only=echo_only),
                                      media_type="text/event-stream")
-        return await _complete(response_id, gens, chat=chat, prefix=prefix, as_ids=as_ids, echo_only=echo_only)
+        # Not streamed: nothing is sent until the end, so a client that gives up (a
+        # timeout) is noticed only by watching for its disconnect; then its requests stop.
+        work = asyncio.ensure_future(_complete(response_id, gens, chat=chat, prefix=prefix, as_ids=as_ids,
+                                               echo_only=echo_only))
+        watch = asyncio.ensure_future(_disconnected(request))
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        watch.cancel()
+        if not work.done():
+            work.cancel()  # each choice's _run aborts its request and frees its KV
+            await asyncio.gather(work, return_exceptions=True)
+            return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
+        return work.result()
+
+    async def _disconnected(request: Request) -> None:
+        """Returns when the client goes away. The body has been read, so the next ASGI
+        message is the disconnect: waiting for it costs nothing (no polling)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
 
     async def _run(gen: GenerateRequest) -> AsyncIterator[RunItem]:
         """Yield (new text, finish reason, output tokens, (token, logprob) of the new tokens
