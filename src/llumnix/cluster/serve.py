@@ -41,6 +41,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
+    p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM/Ctrl-C, stop taking requests and let running ones finish for up "
+                        "to S seconds (default 30)")
     p.add_argument("--dispatch", default=None, help="llumnix | infaas++ | round-robin | random | "
                    "least-requests | power-of-two | llm-d")
     p.add_argument("--migration", action=argparse.BooleanOptionalAction, default=None,
@@ -230,6 +233,9 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8001, help="port to listen on (default 8001)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
+    p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM/Ctrl-C, stop taking requests and let running ones finish for up "
+                        "to S seconds (default 30)")
 
 
 def main_gateway(args: argparse.Namespace) -> int:
@@ -270,7 +276,8 @@ def _run_gateway(title: str, cluster: Any, tokenizer: Any, args: argparse.Namesp
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=args.shutdown_grace)
     finally:
         cluster.shutdown()
     return 0

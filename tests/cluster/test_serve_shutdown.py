@@ -1,0 +1,72 @@
+"""`llumnix serve` as a real process: SIGTERM (what Kubernetes sends) stops it taking new
+requests and lets a running stream finish before it exits."""
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("grace", [30.0, 0.1])
+def test_sigterm_lets_a_running_stream_finish_within_the_grace_then_exits(tiny_model_dir, tmp_path, grace):
+    """With the default grace the stream gets every token; with 0.1 s it is cut (its 480
+    tokens take about a second here) and the server still exits."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "serve", "--model", str(tiny_model_dir),
+                             "--instances", "1", "--port", str(port), "--kv-cache-mib", "8",
+                             "--shutdown-grace", str(grace)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.time() < deadline, "llumnix serve did not come up in 120 s"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        body = {"model": name, "prompt": "last words", "max_tokens": 480, "ignore_eos": True,
+                "temperature": 0, "stream": True}
+        chunks, done = 0, False
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        chunks += 1
+                        if chunks == 3:
+                            proc.send_signal(signal.SIGTERM)
+                    elif line == "data: [DONE]":
+                        done = True
+        except httpx.HTTPError:
+            assert grace < 1  # only a short grace cuts the stream
+        if grace > 1:
+            assert done and chunks == 480  # every token, after the signal too
+        else:
+            assert not done and 3 <= chunks < 480
+        with pytest.raises(httpx.HTTPError):  # no new requests once it stops
+            httpx.get(f"{url}/health", timeout=2)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
