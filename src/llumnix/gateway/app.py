@@ -251,7 +251,12 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         work = asyncio.ensure_future(_complete(response_id, gens, chat=chat, prefix=prefix, as_ids=as_ids,
                                                echo_only=echo_only))
         watch = asyncio.ensure_future(_disconnected(request))
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the handler itself stopped (shutdown): so does the work
+            work.cancel()
+            watch.cancel()
+            raise
         watch.cancel()
         if not work.done():
             work.cancel()  # each choice's _run aborts its request and frees its KV
