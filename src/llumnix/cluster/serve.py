@@ -34,16 +34,21 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML file with ClusterConfig fields (flags override it)")
-    p.add_argument("--model", default=None, help="'smollm2' (default), a .gguf file or an HF directory")
-    p.add_argument("--instances", type=positive_int, default=None, help="instance actors (default 2)")
+def _add_http_args(p: argparse.ArgumentParser, default_port: int) -> None:
+    """The gateway's HTTP flags, the same for `serve` and `gateway`."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=port, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--port", type=port, default=default_port, help=f"port to listen on (default {default_port})")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
     p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
                    help="on SIGTERM/Ctrl-C, stop taking requests and let running ones finish for up "
                         "to S seconds (default 30)")
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file with ClusterConfig fields (flags override it)")
+    p.add_argument("--model", default=None, help="'smollm2' (default), a .gguf file or an HF directory")
+    p.add_argument("--instances", type=positive_int, default=None, help="instance actors (default 2)")
+    _add_http_args(p, 8000)
     p.add_argument("--dispatch", default=None, help="llumnix | infaas++ | round-robin | random | "
                    "least-requests | power-of-two | llm-d")
     p.add_argument("--migration", action=argparse.BooleanOptionalAction, default=None,
@@ -230,12 +235,7 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", default="llumnix", help="its Ray namespace (default llumnix)")
     p.add_argument("--model", default=None,
                    help="where to load the tokenizer from (default: the model the instances load)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=port, default=8001, help="port to listen on (default 8001)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
-    p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
-                   help="on SIGTERM/Ctrl-C, stop taking requests and let running ones finish for up "
-                        "to S seconds (default 30)")
+    _add_http_args(p, 8001)
 
 
 def main_gateway(args: argparse.Namespace) -> int:

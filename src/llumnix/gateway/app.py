@@ -21,6 +21,7 @@ from llumnix.gateway.detokenizer import IncrementalDetokenizer
 from llumnix.gateway.metrics import GatewayMetrics
 from llumnix.gateway.protocol import (
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
@@ -35,12 +36,12 @@ _KEYED = ("/tokenize", "/detokenize")
 log = logging.getLogger(__name__)
 
 TokenLogprob = tuple[int, float, list[tuple[int, float]] | None]
+"""A generated token, its logprob, and its most likely alternatives when asked for."""
 EchoLogprob = tuple[int, float | None, list[tuple[int, float]] | None]
 """A token of a completions answer's logprobs: an echoed prompt's first token has none."""
 RunItem = tuple[str, str | None, int, list[TokenLogprob], list[TokenLogprob] | None]
 """One step of a choice: new text, finish reason, output tokens so far, logprobs of the new
 tokens, and (on the first step, when asked for) the prompt's tokens after the first with theirs."""
-"""A generated token, its logprob, and its most likely alternatives when asked for."""
 
 
 def error_response(status: int, message: str, *, type_: str = "invalid_request_error",
@@ -208,14 +209,18 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         echo = "" if not body.echo else prompt if isinstance(prompt, str) else backend.tokenizer.decode(ids)
         return await _respond(request, response_id, gens, body, chat=False, prefix=echo)
 
+    def _chat_prompt_ids(messages: list[ChatMessage]) -> list[int]:
+        """The token ids a chat prefills: the messages through the model's chat template."""
+        text = backend.tokenizer.apply_chat_template([msg.model_dump() for msg in messages])
+        return backend.tokenizer.encode(text, add_special_tokens=False)
+
     @app.post("/tokenize", response_model=None)
     async def tokenize(body: TokenizeRequest) -> Response:
         """vLLM's: the token ids the server would prefill for this prompt or chat."""
         if (bad := _check_model(body.model)) is not None:
             return bad
         if body.messages is not None:
-            text = backend.tokenizer.apply_chat_template([msg.model_dump() for msg in body.messages])
-            ids = backend.tokenizer.encode(text, add_special_tokens=False)
+            ids = _chat_prompt_ids(body.messages)
         else:
             ids = backend.tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": backend.max_model_len})
@@ -232,9 +237,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         if (bad := _check_model(body.model)) is not None:
             return bad
-        text = backend.tokenizer.apply_chat_template([msg.model_dump() for msg in body.messages])
-        response_id, gens = _prepare(body, backend.tokenizer.encode(text, add_special_tokens=False), request,
-                                     "chatcmpl")
+        response_id, gens = _prepare(body, _chat_prompt_ids(body.messages), request, "chatcmpl")
         return await _respond(request, response_id, gens, body, chat=True)
 
     async def _respond(request: Request, response_id: str, gens: list[GenerateRequest],
@@ -330,22 +333,29 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         is not valid UTF-8 alone and lets a client map answers back to ids."""
         return f"token_id:{token_id}" if as_ids else _token_text(token_id)
 
-    def _completion_logprobs(lps: Sequence[EchoLogprob], offset: int, as_ids: bool = False) -> dict[str, Any]:
+    def _completion_logprobs(lps: Sequence[EchoLogprob], offset: int,
+                             as_ids: bool = False) -> tuple[dict[str, Any], int]:
         """The legacy completions shape: per token its text, logprob and offset, and with
         ``logprobs`` = N > 0 the N most likely tokens by text, plus the chosen one (as
         OpenAI does: up to N + 1 entries). An echoed prompt's first token has no logprob
-        (None), as in OpenAI's answers. Offsets count the tokens' text in any case."""
+        (None), as in OpenAI's answers. Offsets count the tokens' text in any case; the
+        second value is the offset after the last token."""
+        texts = [_token_text(t) for t, _, _ in lps]
         offsets, pos = [], offset
-        for t, _, _ in lps:
+        for text in texts:
             offsets.append(pos)
-            pos += len(_token_text(t))
-        tokens = [_label(t, as_ids) for t, _, _ in lps]
+            pos += len(text)
+        tokens = [f"token_id:{t}" for t, _, _ in lps] if as_ids else texts
         tops = None
         if any(top is not None for _, _, top in lps):
             tops = [None if lp is None else {**{_label(a, as_ids): alp for a, alp in (top or ())}, tok: lp}
                     for tok, (_, lp, top) in zip(tokens, lps, strict=True)]
         return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in lps], "top_logprobs": tops,
-                "text_offset": offsets}
+                "text_offset": offsets}, pos
+
+    def _echo_entries(gen: GenerateRequest, prompt_lps: list[TokenLogprob] | None) -> list[EchoLogprob]:
+        """An echoed prompt's logprobs entries: its first token (no logprob), then the rest."""
+        return [(gen.prompt_token_ids[0], None, None), *(prompt_lps or ())]
 
     def _chat_logprobs(lps: list[TokenLogprob], as_ids: bool = False) -> dict[str, Any]:
         def entry(token_id: int, lp: float) -> dict[str, Any]:
@@ -426,12 +436,11 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             else:
                 entries: list[EchoLogprob] = list(lps[i])
                 offset = len(prefix)
-                plps = prompt_lps[i]
-                if plps is not None:  # echo: the prompt's tokens lead, from offset 0
-                    entries = [(gens[i].prompt_token_ids[0], None, None), *plps, *entries]
+                if prompt_lps[i] is not None:  # echo: the prompt's tokens lead, from offset 0
+                    entries = [*_echo_entries(gens[i], prompt_lps[i]), *entries]
                     offset = 0
                 choices.append({"index": i, "text": text, "finish_reason": reasons[i],
-                                "logprobs": _completion_logprobs(entries, offset, as_ids) if want_lp else None})
+                                "logprobs": _completion_logprobs(entries, offset, as_ids)[0] if want_lp else None})
         return JSONResponse({"id": response_id, "object": "chat.completion" if chat else "text_completion",
                              "created": now_s(), "model": backend.model_name, "choices": choices,
                              "usage": _usage(gens, sum(n_outs))})
@@ -455,8 +464,9 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                                           "logprobs": _chat_logprobs(lps, as_ids) if lps else None}
             else:
                 entries: Sequence[EchoLogprob] = echo_lps or lps or ()
-                lp = _completion_logprobs(entries, pos[i], as_ids) if entries else None
-                pos[i] += sum(len(_token_text(t)) for t, _, _ in entries)
+                lp = None
+                if entries:
+                    lp, pos[i] = _completion_logprobs(entries, pos[i], as_ids)
                 choice = {"index": i, "text": text, "finish_reason": reason, "logprobs": lp}
             return "data: " + json.dumps({"id": response_id, "object": obj, "created": created,
                                           "model": backend.model_name, "choices": [choice]}) + "\n\n"
@@ -470,7 +480,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             async for i, (text, reason, last_n, lps, plps) in _choices(gens):
                 if not opened[i]:
                     opened[i] = True
-                    yield chunk(i, prefix, None, echo_lps=[(gens[i].prompt_token_ids[0], None, None), *(plps or ())])
+                    yield chunk(i, prefix, None, echo_lps=_echo_entries(gens[i], plps))
                 if echo_only:
                     if reason is not None:
                         yield chunk(i, "", "length")

@@ -11,7 +11,7 @@ import torch
 from llumnix.core.batch import ModelOutput, PromptLogprob, ScheduledRequest, SchedulerOutput
 from llumnix.model.config import LlamaConfig
 from llumnix.model.llama import ForwardBatch, LlamaModel
-from llumnix.model.sampler import sample, top_logprobs
+from llumnix.model.sampler import sample, top_logprobs, top_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PROMPT_LOGITS_ROWS = 256
@@ -106,11 +106,7 @@ class ModelExecutor:
                 e = min(b - a, s + PROMPT_LOGITS_ROWS)
                 lp = self.model.logits(hidden[at + s:at + e]).float().log_softmax(-1)
                 chosen = lp.gather(1, targets[s:e].unsqueeze(1)).squeeze(1).tolist()
-                tops: list[list[tuple[int, float]] | None] = [None] * (e - s)
-                if k:
-                    values, ids = lp.topk(k, dim=-1)
-                    tops = [list(zip(ri, rv, strict=True)) for ri, rv in zip(ids.tolist(), values.tolist(),
-                                                                             strict=True)]
+                tops: list[list[tuple[int, float]]] | list[None] = top_of(lp, k) if k else [None] * (e - s)
                 scored += zip(r.token_ids[1 + s:1 + e], chosen, tops, strict=True)
             out[i] = scored
             at += b - a

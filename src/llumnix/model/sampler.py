@@ -64,6 +64,11 @@ def sample(logits: torch.Tensor, requests: list[ScheduledRequest],
 def top_logprobs(logits: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
     """The ``k`` most likely tokens of each row with their logprobs, most likely first,
     of the model's own distribution (as ``sample`` reports the chosen token's)."""
-    values, ids = logits.log_softmax(-1).topk(k, dim=-1)
+    return top_of(logits.log_softmax(-1), k)
+
+
+def top_of(logprobs: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
+    """The ``k`` largest entries of each row of ``logprobs``, as (token id, logprob)."""
+    values, ids = logprobs.topk(k, dim=-1)
     return [list(zip(row_ids, row_vals, strict=True)) for row_ids, row_vals in zip(ids.tolist(), values.tolist(),
                                                                                    strict=True)]
