@@ -27,7 +27,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                            stop=tuple(args.stop or ()))
+                            stop=tuple(args.stop or ()), presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty,
+                            repetition_penalty=args.repetition_penalty)
     llm = LLM(args.model, device=args.device, dtype=args.dtype)
     (out,) = llm.generate([args.prompt], params, chat=args.chat)
     print(out.text)
@@ -99,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2]")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2]")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="transformers' rule, in (0, 2]")
     g.set_defaults(func=_cmd_generate)
 
     s = sub.add_parser("serve", help="serve an OpenAI-compatible API from a cluster of instances on Ray")

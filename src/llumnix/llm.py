@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from llumnix.core.batch import PromptLogprob, RequestMetrics
 from llumnix.core.clock import Clock
 from llumnix.core.config import CacheConfig, EngineConfig, SchedulerConfig
+from llumnix.core.errors import InvalidRequestError
 from llumnix.core.request import Priority
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.stop import find_stop
@@ -78,8 +79,13 @@ class LLM:
         """Run prompts to completion in one continuous batch; results in input order."""
         order: list[str] = []
         prompt_lens: dict[str, int] = {}
+        vocab = self.loaded.config.vocab_size
+        if any(t >= vocab for t, _ in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias keys must be token ids below {vocab}", "logit_bias")
         for p in prompts:
             ids = p if isinstance(p, list) else self.encode_prompt(p, chat=chat)
+            if any(not 0 <= t < vocab for t in ids):
+                raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
             rid = f"gen-{next(self._ids)}"
             self.engine.add_request(rid, ids, params, priority=priority)
             order.append(rid)

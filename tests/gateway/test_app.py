@@ -181,8 +181,7 @@ def test_chat_content_parts_are_joined_and_non_text_parts_refused(client, backen
 
 
 @pytest.mark.parametrize("field,value", [
-    ("frequency_penalty", 0.5), ("presence_penalty", -1), ("repetition_penalty", 1.2),
-    ("logit_bias", {"50": 10}), ("best_of", 3), ("suffix", "tail"),
+    ("best_of", 3), ("suffix", "tail"),
     ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
 ])
 def test_fields_we_do_not_implement_are_refused_not_ignored(client, backend, field, value):
@@ -200,6 +199,41 @@ def test_their_neutral_values_are_accepted(client):
                "best_of": 1, "response_format": {"type": "text"}, "tools": [], "logit_bias_extra": 5}
     r = client.post("/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 2, **neutral})
     assert r.status_code == 200, r.text
+
+
+def test_penalties_and_logit_bias_reach_the_engine(client, backend, monkeypatch):
+    seen = []
+    generate = backend.generate
+
+    def spy(request):
+        seen.append(request.params)
+        return generate(request)
+
+    monkeypatch.setattr(backend, "generate", spy)
+    asked = {"frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.2,
+             "logit_bias": {"50": 10, "7": -100}}
+    for path, body in (("/v1/completions", {"prompt": "x"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
+        r = client.post(path, json={"model": "fake", "max_tokens": 2, **body, **asked})
+        assert r.status_code == 200, r.text
+    assert len(seen) == 2
+    for p in seen:
+        assert (p.frequency_penalty, p.presence_penalty, p.repetition_penalty) == (0.5, -1.0, 1.2)
+        assert p.logit_bias == ((7, -100.0), (50, 10.0))
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("frequency_penalty", 2.5, "in [-2, 2]"), ("presence_penalty", -3, "in [-2, 2]"),
+    ("repetition_penalty", 0, "in (0, 2]"), ("logit_bias", {"x1": 3}, "must be token ids"),
+    ("logit_bias", {"-4": 3}, "must be token ids"), ("logit_bias", {"256": 3}, "vocab size"),
+    ("logit_bias", {"5": 200}, "in [-100, 100]"),
+])
+def test_bad_penalties_and_biases_are_400s(client, backend, field, value, says):
+    r = client.post("/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 2, field: value})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and says in err["message"], err
+    assert not backend.engine.requests
 
 
 def test_max_tokens_beyond_the_context_is_refused_and_the_default_fits_it(client, backend):

@@ -9,12 +9,18 @@ from tests.model.helpers import drain, real_engine
 PROMPT = list(range(10, 47))
 
 
-def test_recompute_preemption_gives_the_same_greedy_tokens(tiny_loaded):
+PENALISED = SamplingParams(max_tokens=30, temperature=0.8, seed=5, frequency_penalty=0.6, presence_penalty=0.4,
+                           repetition_penalty=1.3, logit_bias=((3, 2.0), (11, -5.0)))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=30), PENALISED])
+def test_recompute_preemption_gives_the_same_tokens(tiny_loaded, params):
+    """A recomputed request resumes its token stream exactly, greedy or sampled with
+    penalties (which read the output so far)."""
     def run(num_blocks):
         eng = real_engine(tiny_loaded, num_blocks=num_blocks, block_size=4)
         for i in range(3):
-            eng.add_request(f"r{i}", [7 + i] + PROMPT[: 10 + 3 * i], SamplingParams(max_tokens=30),
-                            arrival_time=float(i))
+            eng.add_request(f"r{i}", [7 + i] + PROMPT[: 10 + 3 * i], params, arrival_time=float(i))
         return eng, drain(eng)
 
     roomy, expected = run(128)
@@ -24,8 +30,22 @@ def test_recompute_preemption_gives_the_same_greedy_tokens(tiny_loaded):
     assert tight.kv.num_free_blocks == 26
 
 
+def test_penalties_change_the_output_as_asked(tiny_loaded):
+    """Frequency penalty thins out repeats; a large bias forces its token."""
+    def tokens(params):
+        eng = real_engine(tiny_loaded)
+        eng.add_request("r", PROMPT, params)
+        return drain(eng)["r"]
+
+    plain = tokens(SamplingParams(max_tokens=40, ignore_eos=True))
+    thinned = tokens(SamplingParams(max_tokens=40, ignore_eos=True, frequency_penalty=2.0))
+    assert len(set(thinned)) > len(set(plain)), (plain, thinned)
+    assert tokens(SamplingParams(max_tokens=5, logit_bias=((77, 100.0),))) == [77] * 5
+
+
 @pytest.mark.parametrize("params", [SamplingParams(max_tokens=24),
-                                    SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, seed=3)])
+                                    SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, seed=3),
+                                    PENALISED])
 def test_kv_export_import_into_a_second_engine_continues_identically(tiny_loaded, params):
     ref = real_engine(tiny_loaded)
     ref.add_request("x", PROMPT, params)

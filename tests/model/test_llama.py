@@ -59,14 +59,17 @@ def test_logits_match_transformers_and_the_reference(tiny_llama_dir, tiny_loaded
         torch.testing.assert_close(logits_prefill[0], theirs[-2], atol=1e-4, rtol=1e-4)
 
 
-def test_greedy_tokens_match_transformers_generate(tiny_llama_dir, tiny_loaded):
+@pytest.mark.parametrize("repetition_penalty", [1.0, 1.5])
+def test_greedy_tokens_match_transformers_generate(tiny_llama_dir, tiny_loaded, repetition_penalty):
+    """Plain greedy, and with transformers' repetition penalty (prompt and output tokens)."""
     _, hf = tiny_llama_dir
     for ids in PROMPTS:
         with torch.inference_mode():
             out = hf.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)
+                              eos_token_id=None, pad_token_id=0, repetition_penalty=repetition_penalty)
         eng = real_engine(tiny_loaded)
-        eng.add_request("r", ids, SamplingParams(max_tokens=20, ignore_eos=True))
+        eng.add_request("r", ids, SamplingParams(max_tokens=20, ignore_eos=True,
+                                                 repetition_penalty=repetition_penalty))
         assert drain(eng)["r"] == out[0, len(ids):].tolist()
 
 

@@ -5,6 +5,7 @@ sampled, and ``EngineCore.update`` joins them.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,6 +24,10 @@ class ScheduledRequest:
     seed: int
     output_index: int
     """Index of the token about to be sampled; with ``seed`` it fixes the random draw."""
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+    """The request's whole sequence so far (live lists, read by the penalties before the
+    step's token is appended; left empty where no sampler reads them)."""
 
     @property
     def context_len(self) -> int:

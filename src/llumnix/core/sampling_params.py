@@ -5,6 +5,9 @@ from dataclasses import dataclass
 
 from llumnix.core.errors import InvalidRequestError
 
+MAX_LOGIT_BIAS = 1024
+"""Most tokens one request's ``logit_bias`` may name."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -29,6 +32,15 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     """Return the log-probability of each prompt token after the first (under the tokens
     before it) and this many top alternatives; computed once, at the first prefill."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the output already holds (OpenAI's; in [-2, 2])."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time the output holds it (OpenAI's; in [-2, 2])."""
+    repetition_penalty: float = 1.0
+    """The logit of every token in the prompt or the output is divided by this when positive
+    and multiplied by it when negative (vLLM's and transformers'; in (0, 2], 1 is off)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits before sampling (OpenAI's; bias in [-100, 100])."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -47,7 +59,25 @@ class SamplingParams:
             raise InvalidRequestError("stop strings must be non-empty strings", "stop")
         if len(self.stop) > 4:
             raise InvalidRequestError("at most 4 stop strings", "stop")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidRequestError(f"{name} must be in [-2, 2]", name)
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise InvalidRequestError("repetition_penalty must be in (0, 2]", "repetition_penalty")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
+        for token, bias in self.logit_bias:
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise InvalidRequestError("logit_bias keys must be token ids (integers >= 0)", "logit_bias")
+            if not -100.0 <= bias <= 100.0:
+                raise InvalidRequestError("logit_bias values must be in [-100, 100]", "logit_bias")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether penalties or biases change the logits this request samples from."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)

@@ -155,4 +155,5 @@ class LocalScheduler:
             # simulator's hottest cost.
             self.kv.block_table(req.request_id),
             req.sampling_params, req.seed, len(req.output_token_ids),
+            req.prompt_token_ids, req.output_token_ids,
         )

@@ -49,10 +49,6 @@ class StreamOptions(BaseModel):
 
 
 _UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1),
-    "logit_bias": (None, {}),
     "best_of": (None, 1),
     "suffix": (None, ""),
     "response_format": (None, {"type": "text"}),
@@ -93,6 +89,12 @@ class _SamplingFields(BaseModel):
     return_tokens_as_token_ids: bool = False
     """vLLM's extension: logprobs name tokens "token_id:N" instead of by their text."""
     ignore_eos: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    """vLLM's extension (transformers' rule): > 1 discourages every token already seen."""
+    logit_bias: dict[str, float] | None = None
+    """OpenAI's: token ids (as strings, JSON's keys) mapped to a bias added to their logits."""
     priority: str | int | None = None
     user: str | None = None
 
@@ -112,7 +114,18 @@ class _SamplingFields(BaseModel):
             max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
             stop=stop, ignore_eos=self.ignore_eos, logprobs=logprobs,
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=self._logit_bias(),
         )
+
+    def _logit_bias(self) -> tuple[tuple[int, float], ...]:
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+            pairs.append((int(key), float(bias)))
+        return tuple(sorted(pairs))
 
 
 class CompletionRequest(_SamplingFields):

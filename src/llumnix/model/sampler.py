@@ -1,4 +1,5 @@
-"""Per-request sampling: greedy, temperature, top-k, top-p, seeded.
+"""Per-request sampling: penalties and logit biases, then greedy or temperature,
+top-k, top-p, seeded.
 
 Each random draw uses a fresh generator seeded from (request seed, output
 index), so the random stream is a pure function of counters the request
@@ -36,21 +37,58 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
+def shape_logits(logits: torch.Tensor, requests: list[ScheduledRequest]) -> torch.Tensor:
+    """The logits each request samples from: ``logits`` itself when no request has
+    penalties or biases, else a copy with them applied to those requests' rows.
+
+    Everything here is a function of the request's tokens so far (prompt and output), which
+    travel with it, so a migrated or recomputed request samples as it would have in place.
+    """
+    rows = [i for i, r in enumerate(requests) if r.sampling_params.shapes_logits]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    for i in rows:
+        _shape_row(logits[i], requests[i])
+    return logits
+
+
+def _shape_row(row: torch.Tensor, r: ScheduledRequest) -> None:
+    """Penalties and biases, in place, on one request's row: repetition (prompt and
+    output), then frequency and presence (output), then the biases. Entry points refuse
+    bias ids beyond the vocabulary; any that got here are left out, not a crash of the batch."""
+    p, dev = r.sampling_params, row.device
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted({*r.prompt_token_ids, *r.output_token_ids}), dtype=torch.long, device=dev)
+        v = row[seen]
+        row[seen] = torch.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+    if (p.frequency_penalty or p.presence_penalty) and r.output_token_ids:
+        out = torch.tensor(r.output_token_ids, dtype=torch.long, device=dev)
+        counts = torch.bincount(out, minlength=row.shape[0])[:row.shape[0]].to(row.dtype)
+        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+    bias = [(t, b) for t, b in p.logit_bias if t < row.shape[0]]
+    if bias:
+        ids = torch.tensor([t for t, _ in bias], dtype=torch.long, device=dev)
+        row.index_add_(0, ids, torch.tensor([b for _, b in bias], dtype=row.dtype, device=dev))
+
+
 def sample(logits: torch.Tensor, requests: list[ScheduledRequest],
            want_logprobs: bool = False) -> tuple[list[int], list[float] | None]:
     """One token per row of ``logits`` [B, vocab] (float32).
 
     Logprobs, when asked for, are of the model's own distribution (log-softmax
-    of the raw logits, before temperature and filtering), as vLLM reports them.
+    of the raw logits, before penalties, biases, temperature and filtering), as
+    vLLM reports them by default.
     """
-    tokens = logits.argmax(dim=-1)
+    shaped = shape_logits(logits, requests)
+    tokens = shaped.argmax(dim=-1)
     sampled_rows = [i for i, r in enumerate(requests) if not r.sampling_params.is_greedy]
     if sampled_rows:
         tokens = tokens.clone()
         for i in sampled_rows:
             r = requests[i]
             p = r.sampling_params
-            row = _filter(logits[i] / p.temperature, p.top_k, p.top_p)
+            row = _filter(shaped[i] / p.temperature, p.top_k, p.top_p)
             gen = torch.Generator(device=logits.device)
             gen.manual_seed(mix_seed(r.seed, r.output_index))
             tokens[i] = torch.multinomial(row.softmax(-1), 1, generator=gen)[0]
