@@ -8,13 +8,14 @@ from tests.fakes import TokenCacheExecutor
 
 def make_engine(num_blocks: int = 64, block_size: int = 4, *, max_num_seqs: int = 8,
                 max_batched: int = 256, watermark: float = 0.0, max_model_len: int = 1024,
-                eos: int | None = None, instance_id: str = "i0", detokenizer=None) -> EngineCore:
+                eos: int | None = None, instance_id: str = "i0", detokenizer=None,
+                vocab_size: int = 1000) -> EngineCore:
     config = EngineConfig(
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, watermark=watermark),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched),
         max_model_len=max_model_len,
     )
-    executor = TokenCacheExecutor(num_blocks, block_size)
+    executor = TokenCacheExecutor(num_blocks, block_size, vocab_size)
     return EngineCore(config, executor, num_blocks, clock=VirtualClock(), instance_id=instance_id,
                       eos_token_id=eos, detokenizer=detokenizer)
 

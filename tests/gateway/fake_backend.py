@@ -31,7 +31,8 @@ class EngineBackend:
     vocab_size = 256
 
     def __init__(self) -> None:
-        self.engine = make_engine(num_blocks=64, block_size=4, max_model_len=self.max_model_len)
+        self.engine = make_engine(num_blocks=64, block_size=4, max_model_len=self.max_model_len,
+                                  vocab_size=self.vocab_size)
         self.tokenizer = ByteTokenizer()
         self.aborted: list[str] = []
         self._outbox: dict[str, list[RequestOutput]] = {}

@@ -5,6 +5,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
+from llumnix.core.sampling_params import SamplingParams
 from llumnix.gateway.app import build_app
 from tests.gateway.fake_backend import EngineBackend
 
@@ -201,6 +202,23 @@ def test_their_neutral_values_are_accepted(client):
     assert r.status_code == 200, r.text
 
 
+def test_stop_token_ids_end_the_output_with_reason_stop(client):
+    """The fake engine's tokens are a hash of the sequence (deterministic): a stop token id
+    that first comes k-th ends the output there, kept in it."""
+    from tests.engine.helpers import make_engine, run_to_completion
+
+    body = {"model": "fake", "prompt": "abcdefgh", "max_tokens": 8, "temperature": 0}
+    eng = make_engine(num_blocks=64, block_size=4, max_model_len=256, vocab_size=EngineBackend.vocab_size)
+    eng.add_request("r", list(b"abcdefgh"), SamplingParams(max_tokens=8))
+    ids = run_to_completion(eng)["r"]
+    full = client.post("/v1/completions", json=body).json()
+    assert full["choices"][0]["finish_reason"] == "length" and full["usage"]["completion_tokens"] == 8
+    k = next(i for i in range(1, 8) if ids[i] not in ids[:i])
+    cut = client.post("/v1/completions", json={**body, "stop_token_ids": [ids[k]]}).json()
+    assert cut["choices"][0]["finish_reason"] == "stop" and cut["usage"]["completion_tokens"] == k + 1
+    assert cut["choices"][0]["text"] == full["choices"][0]["text"][:k + 1]
+
+
 def test_penalties_and_logit_bias_reach_the_engine(client, backend, monkeypatch):
     seen = []
     generate = backend.generate
@@ -226,7 +244,8 @@ def test_penalties_and_logit_bias_reach_the_engine(client, backend, monkeypatch)
     ("frequency_penalty", 2.5, "in [-2, 2]"), ("presence_penalty", -3, "in [-2, 2]"),
     ("repetition_penalty", 0, "in (0, 2]"), ("logit_bias", {"x1": 3}, "must be token ids"),
     ("logit_bias", {"-4": 3}, "must be token ids"), ("logit_bias", {"256": 3}, "vocab size"),
-    ("logit_bias", {"5": 200}, "in [-100, 100]"),
+    ("logit_bias", {"5": 200}, "in [-100, 100]"), ("stop_token_ids", [3, 999], "vocab size"),
+    ("stop_token_ids", [-1], "vocab size"),
 ])
 def test_bad_penalties_and_biases_are_400s(client, backend, field, value, says):
     r = client.post("/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 2, field: value})

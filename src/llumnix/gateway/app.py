@@ -151,6 +151,8 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         params = body.sampling_params(default_max_tokens)
         if any(t >= backend.vocab_size for t, _ in params.logit_bias):
             raise InvalidRequestError("logit_bias keys must be token ids in [0, vocab size)", "logit_bias")
+        if any(not 0 <= t < backend.vocab_size for t in params.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids must be token ids in [0, vocab size)", "stop_token_ids")
         room = backend.max_model_len - len(prompt_ids)  # < 1: validate names the prompt
         if room >= 1 and params.max_tokens > room:
             if body.max_tokens is not None:  # asked for explicitly: refused, as OpenAI and vLLM do
