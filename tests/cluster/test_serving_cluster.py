@@ -15,7 +15,9 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, redis_url):
-    with running_cluster(tiny_model_dir, "test", instances=2, cms=redis_url, engine={"num_blocks": 512}) as c:
+    # prefix caching on, as `llumnix serve` runs by default
+    engine = {"num_blocks": 512, "enable_prefix_caching": True}
+    with running_cluster(tiny_model_dir, "test", instances=2, cms=redis_url, engine=engine) as c:
         yield c
 
 

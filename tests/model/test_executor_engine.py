@@ -30,6 +30,35 @@ def test_recompute_preemption_gives_the_same_tokens(tiny_loaded, params):
     assert tight.kv.num_free_blocks == 26
 
 
+@pytest.mark.parametrize("num_blocks", [128, 20])
+def test_prefix_caching_gives_the_same_tokens_with_the_real_model(tiny_loaded, num_blocks):
+    """Requests that share a 24-token prefix, arriving while earlier ones run or after they
+    finished: with the cache their prefix's KV is read, not recomputed, and every output
+    is what the engine without a cache produces (20 blocks: with preemptions too)."""
+    shared = PROMPT[:24]
+    prompts = [shared + [3, 4, 5], shared + [6], shared + PROMPT[24:30], PROMPT[5:20], shared + [3, 4, 5, 7]]
+
+    def run(caching):
+        eng = real_engine(tiny_loaded, num_blocks=num_blocks, block_size=4, prefix_caching=caching)
+        out: dict[str, list[int]] = {}
+        for i, p in enumerate(prompts):
+            eng.add_request(f"r{i}", p, SamplingParams(max_tokens=20, ignore_eos=True))
+            for _ in range(3 + 10 * (i == 2)):  # r3 and r4 come after the first three finished
+                for o in eng.step():
+                    out.setdefault(o.request_id, []).extend(o.new_token_ids)
+                eng.check_invariants()
+        for rid, toks in drain(eng).items():
+            out.setdefault(rid, []).extend(toks)
+        assert eng.kv.num_free_blocks == num_blocks
+        return eng, out
+
+    _, expected = run(False)
+    eng, got = run(True)
+    assert got == expected
+    assert eng.kv.prefix is not None and eng.kv.prefix.num_hit_tokens >= 3 * 24  # r1, r2, r4
+    assert (eng.scheduler.num_preemptions > 0) == (num_blocks == 20)
+
+
 def test_penalties_change_the_output_as_asked(tiny_loaded):
     """Frequency penalty thins out repeats; a large bias forces its token."""
     def tokens(params):
@@ -43,33 +72,46 @@ def test_penalties_change_the_output_as_asked(tiny_loaded):
     assert tokens(SamplingParams(max_tokens=5, logit_bias=((77, 100.0),))) == [77] * 5
 
 
-@pytest.mark.parametrize("params", [SamplingParams(max_tokens=24),
-                                    SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, seed=3),
-                                    PENALISED])
-def test_kv_export_import_into_a_second_engine_continues_identically(tiny_loaded, params):
+@pytest.mark.parametrize("params,caching", [
+    (SamplingParams(max_tokens=24), False),
+    (SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, seed=3), False),
+    (PENALISED, False),
+    (SamplingParams(max_tokens=24), True),
+])
+def test_kv_export_import_into_a_second_engine_continues_identically(tiny_loaded, params, caching):
+    """With prefix caching the migrating request's table starts with blocks it shares
+    with a request that stays on the source."""
     ref = real_engine(tiny_loaded)
     ref.add_request("x", PROMPT, params)
     expected = drain(ref)["x"]
 
-    src = real_engine(tiny_loaded, instance_id="src")
-    dst = real_engine(tiny_loaded, instance_id="dst")
+    src = real_engine(tiny_loaded, instance_id="src", prefix_caching=caching)
+    dst = real_engine(tiny_loaded, instance_id="dst", prefix_caching=caching)
     dst.add_request("other", [3] * 9, SamplingParams(max_tokens=40))  # shifts dst's block ids
     dst.step()
+    if caching:
+        src.add_request("stays", PROMPT + [1, 2], SamplingParams(max_tokens=30))
+        src.step()
     src.add_request("x", PROMPT, params)
-    produced = [t for _ in range(6) for o in src.step() for t in o.new_token_ids]
+    produced = [t for _ in range(6) for o in src.step() for t in o.new_token_ids if o.request_id == "x"]
+    if caching:
+        shared = set(src.kv.block_table("x")) & set(src.kv.block_table("stays"))
+        assert len(shared) == len(PROMPT) // 4 and src.requests["x"].num_cached_tokens == 36
     # pre-copy the full blocks while x keeps decoding, then stop and copy the rest
     first = src.blocks_since("x", 0, full_only=True)
     got = dst.try_reserve("x", len(first))
     dst.executor.scatter_blocks(got, src.executor.gather_blocks(first))
-    produced += [t for _ in range(5) for o in src.step() for t in o.new_token_ids]
+    produced += [t for _ in range(5) for o in src.step() for t in o.new_token_ids if o.request_id == "x"]
     src.pause_request("x")
     rest = src.blocks_since("x", len(first))
     got = dst.try_reserve("x", len(rest))
     dst.executor.scatter_blocks(got, src.executor.gather_blocks(rest))
     dst.install_request(src.snapshot_request("x"))
     src.remove_request("x")
+    src.check_invariants()
     out = drain(dst)
     assert produced + out["x"] == expected
+    drain(src)
     assert src.kv.num_free_blocks == src.kv.num_total_blocks
     assert dst.kv.num_free_blocks == dst.kv.num_total_blocks
 

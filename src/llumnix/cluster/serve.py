@@ -77,6 +77,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
     p.add_argument("--kv-cache-mib", type=positive_int, default=None, help="KV cache per instance (default 512)")
     p.add_argument("--max-num-seqs", type=positive_int, default=None, help="batch size limit per instance")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="share the KV of common prompt prefixes between requests on an instance (default: on)")
     p.add_argument("--device", default=None, help="cpu or cuda")
     p.add_argument("--gpus-per-instance", type=float, default=None, metavar="N",
                    help="GPUs Ray reserves per instance (default: 1 on cuda, 0 on cpu; 0.5 packs two per GPU)")
@@ -111,6 +113,9 @@ def build_config(args: argparse.Namespace) -> Any:
         engine["kv_cache_bytes"] = args.kv_cache_mib * 2**20
     if args.max_num_seqs is not None:
         engine["max_num_seqs"] = args.max_num_seqs
+    if args.prefix_caching is not None:
+        engine["enable_prefix_caching"] = args.prefix_caching
+    engine.setdefault("enable_prefix_caching", True)
     if args.device is not None:
         engine["device"] = args.device
     if engine.get("device") is not None:

@@ -82,6 +82,8 @@ class RequestMetrics:
     num_preemptions: int
     preemption_loss: float
     priority: int
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV the prefix cache held at the first admission."""
 
     @property
     def ttft(self) -> float | None:

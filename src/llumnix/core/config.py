@@ -16,6 +16,9 @@ class CacheConfig:
     """Bytes of KV cache when num_blocks is not given."""
     watermark: float = 0.01
     """Fraction of the pool an admission (or an incoming migration) must leave free."""
+    enable_prefix_caching: bool = False
+    """Share the KV of full blocks between requests whose sequences start alike, and keep
+    released blocks findable until their space is needed (``kv/prefix_cache.py``)."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -65,6 +65,8 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV the prefix cache held at the first admission (not computed)."""
     num_preemptions: int = 0
     preemption_loss: float = 0.0
     """Seconds from each preemption until the recompute finished, summed."""

@@ -39,7 +39,8 @@ class EngineCore(MigrationOpsMixin):
         self.instance_id = instance_id
         self.eos_token_id = eos_token_id
         self.detokenizer = detokenizer
-        self.kv = KVManager(num_blocks, config.cache.block_size, config.cache.watermark)
+        self.kv = KVManager(num_blocks, config.cache.block_size, config.cache.watermark,
+                            prefix_caching=config.cache.enable_prefix_caching)
         self.scheduler = LocalScheduler(config.scheduler, self.kv, self.clock.now)
         self.requests: dict[str, Request] = {}
         self.step_id = 0
@@ -127,12 +128,15 @@ class EngineCore(MigrationOpsMixin):
         prompt_lps = output.prompt_logprobs
         requests = self.requests
         running = RequestStatus.RUNNING
+        caching = self.kv.prefix is not None
         for i, (entry, token) in enumerate(zip(batch.scheduled, output.sampled_token_ids, strict=True)):
             req = requests.get(entry.request_id)
             if req is None or req.status != running:
                 continue  # aborted or paused while the step ran
             out_ids = req.output_token_ids
             req.num_computed_tokens = len(req.prompt_token_ids) + len(out_ids)  # not the new token
+            if caching:
+                self.kv.cache_computed(req.request_id, req.prompt_token_ids, out_ids, req.num_computed_tokens)
             out_ids.append(token)
             lp = top = None
             if logprobs is not None:
@@ -187,7 +191,7 @@ class EngineCore(MigrationOpsMixin):
             first_token_time=req.first_token_time, finish_time=now,
             num_prompt_tokens=req.num_prompt_tokens, num_output_tokens=req.num_output_tokens,
             num_preemptions=req.num_preemptions, preemption_loss=req.preemption_loss,
-            priority=req.priority,
+            priority=req.priority, num_cached_tokens=req.num_cached_tokens,
         )
 
     # -- introspection ---------------------------------------------------------

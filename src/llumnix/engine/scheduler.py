@@ -77,19 +77,30 @@ class LocalScheduler:
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
         num_tokens = 0
+        caching = self.kv.prefix is not None
         while self.waiting:
             req = self.waiting[0]
-            n = req.num_new_tokens
+            # With prefix caching the blocks that already hold the sequence's leading
+            # tokens are taken as they are (not for prompt logprobs: those need the
+            # prompt's every position computed).
+            cached = (self.kv.match_prefix(req.prompt_token_ids, req.output_token_ids)
+                      if caching and req.sampling_params.prompt_logprobs is None else None)
+            hit = len(cached[0]) * self.kv.block_size if cached else 0
+            n = req.num_new_tokens - hit
             # The budget limits batching, never a lone request: a sequence grown
             # past the budget must still be re-prefillable after a preemption.
             if admitted and num_tokens + n > self.config.max_num_batched_tokens:
                 break
             if len(self.running) + len(admitted) >= self.config.max_num_seqs:
                 break
-            if not self.kv.can_allocate(req.num_tokens):
+            if not self.kv.can_allocate(req.num_tokens, cached):
                 break  # head-of-line blocking is deliberate (FCFS)
             self._pop_waiting_head()
-            self.kv.allocate(req.request_id, req.num_tokens)
+            self.kv.allocate(req.request_id, req.num_tokens, cached)
+            if hit:
+                req.num_computed_tokens = hit
+                if req.first_scheduled_time is None:
+                    req.num_cached_tokens = hit
             req.status = RequestStatus.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = self._now()

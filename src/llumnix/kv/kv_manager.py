@@ -8,20 +8,29 @@ A table's blocks cover the request's tokens in order::
 Tables also hold *reservations*: blocks taken for a request that is
 migrating in and not yet installed. They count as used; ``free`` releases
 either kind.
+
+With ``prefix_caching`` (``kv/prefix_cache.py``) a table may start with full blocks
+that other tables share, and released full blocks stay findable until an allocation
+needs them; such evictable blocks count as free everywhere (admission, freeness).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from llumnix.core.errors import OutOfBlocksError, UnknownRequestError
 from llumnix.kv.block_pool import BlockPool
+from llumnix.kv.prefix_cache import PrefixCache
 
 
 class KVManager:
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01) -> None:
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.01,
+                 prefix_caching: bool = False) -> None:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.num_watermark_blocks = int(watermark * num_blocks)
         self._tables: dict[str, list[int]] = {}
         self._reserved: set[str] = set()
+        self.prefix: PrefixCache | None = PrefixCache(block_size) if prefix_caching else None
 
     # -- sizes -------------------------------------------------------------
     @property
@@ -30,11 +39,14 @@ class KVManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return self.pool.num_free
+        """Blocks an allocation can take: the pool's, and cached blocks no table holds."""
+        if self.prefix is None:
+            return self.pool.num_free
+        return self.pool.num_free + len(self.prefix.evictable)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.pool.num_used
+        return self.pool.num_blocks - self.num_free_blocks
 
     @property
     def num_reserved_blocks(self) -> int:
@@ -57,17 +69,50 @@ class KVManager:
         table = self._tables.get(request_id)
         return 0 if table is None else len(table)
 
-    # -- admission ---------------------------------------------------------
-    def can_allocate(self, num_tokens: int) -> bool:
-        need = self.num_blocks_for(num_tokens)
-        return self.pool.num_free - need >= self.num_watermark_blocks
+    def _take(self, n: int) -> list[int]:
+        """``n`` blocks from the pool, evicting cached blocks when it runs short."""
+        if self.prefix is not None and n > self.pool.num_free:
+            short = min(n - self.pool.num_free, len(self.prefix.evictable))
+            self.pool.free([self.prefix.evict() for _ in range(short)])
+        return self.pool.allocate(n)
 
-    def allocate(self, request_id: str, num_tokens: int) -> list[int]:
+    # -- admission ---------------------------------------------------------
+    def match_prefix(self, prompt: Sequence[int], output: Sequence[int] = ()) -> tuple[list[int], bytes]:
+        """The cached blocks that already hold the sequence's leading tokens (none
+        without prefix caching); pass them to ``can_allocate`` and ``allocate``."""
+        if self.prefix is None:
+            return [], b""
+        return self.prefix.match(prompt, output)
+
+    def can_allocate(self, num_tokens: int, cached: tuple[list[int], bytes] | None = None) -> bool:
+        need = self.num_blocks_for(num_tokens)
+        if cached is not None and cached[0]:
+            assert self.prefix is not None
+            # matched blocks need no new block, but evictable ones leave the free count
+            need += self.prefix.num_evictable_in(cached[0]) - len(cached[0])
+        return self.num_free_blocks - need >= self.num_watermark_blocks
+
+    def allocate(self, request_id: str, num_tokens: int, cached: tuple[list[int], bytes] | None = None,
+                 ) -> list[int]:
+        """A table for ``num_tokens`` tokens; with ``cached`` (``match_prefix``'s answer)
+        it starts with those blocks, whose tokens need no computing."""
         if request_id in self._tables:
             raise ValueError(f"request {request_id} already has blocks")
-        table = self.pool.allocate(self.num_blocks_for(num_tokens))
+        head: list[int] = []
+        if cached is not None:
+            assert self.prefix is not None
+            head = list(cached[0])
+            self.prefix.acquire(request_id, num_tokens, head, cached[1])
+        table = head + self._take(self.num_blocks_for(num_tokens) - len(head))
         self._tables[request_id] = table
         return table
+
+    def cache_computed(self, request_id: str, prompt: Sequence[int], output: Sequence[int],
+                       num_computed: int) -> None:
+        """The request's KV is computed up to ``num_computed`` tokens: its full blocks
+        become findable by other requests (a no-op without prefix caching)."""
+        if self.prefix is not None and request_id in self._tables and request_id not in self._reserved:
+            self.prefix.add(request_id, self._tables[request_id], prompt, output, num_computed)
 
     # -- growth during decode ----------------------------------------------
     def num_missing_blocks(self, request_id: str, num_tokens: int) -> int:
@@ -75,26 +120,26 @@ class KVManager:
 
     def can_append(self, request_id: str, num_tokens: int) -> bool:
         """Can the table grow to hold ``num_tokens``? Running requests may use the watermark."""
-        return self.num_missing_blocks(request_id, num_tokens) <= self.pool.num_free
+        return self.num_missing_blocks(request_id, num_tokens) <= self.num_free_blocks
 
     def append_slot(self, request_id: str, num_tokens: int) -> list[int]:
         """Grow the table to hold ``num_tokens``; returns the blocks added."""
         missing = self.num_missing_blocks(request_id, num_tokens)
-        if missing > self.pool.num_free:
-            raise OutOfBlocksError(f"{request_id} needs {missing} blocks, {self.pool.num_free} free")
-        new = self.pool.allocate(missing)
+        if missing > self.num_free_blocks:
+            raise OutOfBlocksError(f"{request_id} needs {missing} blocks, {self.num_free_blocks} free")
+        new = self._take(missing)
         self._tables[request_id].extend(new)
         return new
 
     def grow(self, request_id: str, num_blocks: int) -> list[int]:
         """Add ``num_blocks`` blocks to a live table (the scheduler checked they exist)."""
-        new = self.pool.allocate(num_blocks)
+        new = self._take(num_blocks)
         self._tables[request_id].extend(new)
         return new
 
     # -- migration reservations --------------------------------------------
     def can_reserve(self, num_blocks: int) -> bool:
-        return self.pool.num_free - num_blocks >= self.num_watermark_blocks
+        return self.num_free_blocks - num_blocks >= self.num_watermark_blocks
 
     def reserve(self, request_id: str, num_blocks: int) -> list[int]:
         """Take ``num_blocks`` more blocks for an incoming request; returns them."""
@@ -102,7 +147,7 @@ class KVManager:
             raise ValueError(f"request {request_id} is live here, not incoming")
         if not self.can_reserve(num_blocks):
             raise OutOfBlocksError(f"cannot reserve {num_blocks} blocks above the watermark")
-        new = self.pool.allocate(num_blocks)
+        new = self._take(num_blocks)
         self._tables.setdefault(request_id, []).extend(new)
         self._reserved.add(request_id)
         return new
@@ -127,16 +172,24 @@ class KVManager:
         self._reserved.discard(request_id)
         if table is None:
             return 0
-        self.pool.free(table)
+        self.pool.free(table if self.prefix is None else self.prefix.release(request_id, table))
         return len(table)
 
     def check_invariants(self) -> None:
         self.pool.check_invariants()
         owned = [b for table in self._tables.values() for b in table]
-        assert len(owned) == len(set(owned)), "a block is in two tables"
-        assert len(owned) == self.pool.num_used, (
-            f"tables hold {len(owned)} blocks but the pool has {self.pool.num_used} in use"
-        )
+        holders: dict[int, int] = {}
+        for b in owned:
+            holders[b] = holders.get(b, 0) + 1
+        if self.prefix is None:
+            assert len(owned) == len(holders), "a block is in two tables"
+            cached = 0
+        else:
+            self.prefix.check_invariants(holders)
+            cached = len(self.prefix.evictable)
+        assert len(holders) + cached == self.pool.num_used, (
+            f"tables hold {len(holders)} blocks and the cache {cached} but the pool has "
+            f"{self.pool.num_used} in use")
         assert self._reserved <= self._tables.keys(), "a reservation without a table"
         if owned:
             assert min(owned) >= 0 and max(owned) < self.pool.num_blocks, "block id out of range"
