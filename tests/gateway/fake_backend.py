@@ -30,9 +30,9 @@ class EngineBackend:
     max_model_len = 256
     vocab_size = 256
 
-    def __init__(self) -> None:
+    def __init__(self, prefix_caching: bool = False) -> None:
         self.engine = make_engine(num_blocks=64, block_size=4, max_model_len=self.max_model_len,
-                                  vocab_size=self.vocab_size)
+                                  vocab_size=self.vocab_size, prefix_caching=prefix_caching)
         self.tokenizer = ByteTokenizer()
         self.aborted: list[str] = []
         self._outbox: dict[str, list[RequestOutput]] = {}

@@ -219,6 +219,18 @@ def test_stop_token_ids_end_the_output_with_reason_stop(client):
     assert cut["choices"][0]["text"] == full["choices"][0]["text"][:k + 1]
 
 
+def test_prompt_tokens_read_from_the_prefix_cache_are_counted():
+    backend = EngineBackend(prefix_caching=True)
+    client = TestClient(build_app(backend))
+    body = {"model": "fake", "prompt": "a shared prefix, then", "max_tokens": 2, "temperature": 0}
+    first = client.post("/v1/completions", json=body).json()
+    again = client.post("/v1/completions", json=body).json()
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
+    line = next(x for x in client.get("/metrics").text.splitlines()
+                if x.startswith("llumnix:prompt_tokens_cached_total"))
+    assert float(line.split()[-1]) == 20  # 21 prompt tokens: 5 full blocks of 4 from the first request
+
+
 def test_penalties_and_logit_bias_reach_the_engine(client, backend, monkeypatch):
     seen = []
     generate = backend.generate

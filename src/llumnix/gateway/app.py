@@ -284,7 +284,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         metrics.in_flight.labels(model_name=backend.model_name).inc()
         first = last = None
         finished = False
-        n_out = 0
+        n_out = n_cached = 0
         want_lp = gen.params.logprobs is not None
         try:
             async for out in backend.generate(gen):
@@ -294,6 +294,8 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                     m(metrics.ttft).observe(now - gen.arrival_time)
                 last = now
                 n_out = out.num_output_tokens
+                if out.metrics is not None:
+                    n_cached = out.metrics.num_cached_tokens
                 text = det.add(out.new_token_ids, final=out.is_finished)
                 lps: list[TokenLogprob] = []
                 if want_lp:
@@ -319,6 +321,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                 await backend.abort(gen.request_id)  # client gone or error: free the KV
             else:
                 m(metrics.prompt_tokens).inc(len(gen.prompt_token_ids))
+                m(metrics.prompt_tokens_cached).inc(n_cached)
                 m(metrics.generation_tokens).inc(n_out)
                 if first is not None and last is not None:
                     m(metrics.e2e).observe(last - gen.arrival_time)

@@ -25,6 +25,9 @@ class GatewayMetrics:
                                      registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels,
                                          registry=r)
+        self.prompt_tokens_cached = Counter("llumnix:prompt_tokens_cached", "Prompt tokens of finished "
+                                            "requests whose KV came from an instance's prefix cache.",
+                                            labels, registry=r)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels,
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("vllm:time_per_output_token_seconds", "Time per output token.",
