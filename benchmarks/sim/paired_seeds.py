@@ -63,7 +63,8 @@ def main() -> None:
     ap.add_argument("a", help="the baseline system")
     ap.add_argument("b", help="the system compared with it")
     args = ap.parse_args()
-    records = json.load(open(args.metrics))["records"]
+    with open(args.metrics) as f:
+        records = json.load(f)["records"]
     print(markdown(paired_rows(records, args.a, args.b), args.a, args.b))
 
 
