@@ -75,6 +75,15 @@ def test_shield_steps_aside_on_a_loaded_cluster():
     assert shield_pick([young, roomier], [1.0, 0.9], 512).instance_id == "b"
 
 
+def test_shield_steps_aside_while_any_candidate_has_a_queue():
+    young = inst("a", total=1000, running=[dec("y", 100, 1)])
+    old = inst("b", total=1000, running=[dec("o", 100, 300)])
+    assert shield_pick([young, old], [1.0, 0.9], 512).instance_id == "b"
+    queued = inst("c", total=1000, running=[dec("q", 900, 300)], waiting=[wait("w", 16)])
+    assert is_loaded([young, old, queued])
+    assert shield_pick([young, old, queued], [1.0, 0.9, 0.0], 512).instance_id == "a"
+
+
 def test_llumnix_dispatch_with_the_shield_routes_long_prompts_only():
     cfg = SchedulingConfig.from_dict({"freeness": {"headroom_tokens": {}},
                                       "dispatch": {"policy": "llumnix", "params": {"queued": "all", "shield": True},

@@ -18,12 +18,14 @@ best and where the prompt fits now (free blocks beyond the queue's demand and th
 watermark), so it never waits for memory the freest instance has; among them it
 picks the lowest harm, then the highest score, then the lowest id.
 
-The shield adapts to load: when the candidates together have less than
-``MIN_FREE_FRACTION`` of their blocks free (a loaded cluster, where memory and
-preemptions, not stalls, decide the tail), or for a prompt shorter than
-``MIN_PROMPT_TOKENS`` (a prefill no longer than about two decode steps), it picks
-exactly as ``max-score`` does. The constants were set on a few single-seed runs
-(``benchmarks/sim/beyond.md``), not tuned per trace.
+The shield adapts to load: it picks exactly as ``max-score`` does while any candidate
+has a queue (requests wait, so time to first token, not stalls, decides the tail, and a
+request is best sent where the freeness points), when the candidates together have less
+than ``MIN_FREE_FRACTION`` of their blocks free (memory and preemptions decide it), and
+for a prompt shorter than ``MIN_PROMPT_TOKENS`` (a prefill no longer than about two
+decode steps). The constants were set on a few single-seed runs, not tuned per trace;
+the queue rule was added after ten seeds showed the shield cost S-S, a trace that
+queues, 3.7% of P99 decode at its lower rate (``benchmarks/sim/beyond.md``).
 """
 from __future__ import annotations
 
@@ -41,7 +43,10 @@ MIN_FREE_FRACTION = 0.2
 
 
 def is_loaded(cands: list[InstanceStatus]) -> bool:
-    """Too little free memory across the candidates to trade any of its balance for stalls."""
+    """A queue somewhere, or too little free memory across the candidates, to trade any
+    of the freeness's balance for stalls."""
+    if any(s.num_waiting for s in cands):
+        return True
     free = sum(s.num_free_blocks for s in cands)
     return free < MIN_FREE_FRACTION * sum(s.num_total_blocks for s in cands)
 
