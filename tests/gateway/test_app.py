@@ -27,7 +27,8 @@ def test_completion_non_streaming(client, backend):
     body = r.json()
     assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] == "length"
     assert body["id"].startswith("cmpl-")
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
 
 
@@ -226,9 +227,16 @@ def test_prompt_tokens_read_from_the_prefix_cache_are_counted():
     first = client.post("/v1/completions", json=body).json()
     again = client.post("/v1/completions", json=body).json()
     assert again["choices"][0]["text"] == first["choices"][0]["text"]
+    # 21 prompt tokens: 5 full blocks of 4 from the first request
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": 20}
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True,
+                                                        "stream_options": {"include_usage": True}}) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    assert chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 20}
     line = next(x for x in client.get("/metrics").text.splitlines()
                 if x.startswith("llumnix:prompt_tokens_cached_total"))
-    assert float(line.split()[-1]) == 20  # 21 prompt tokens: 5 full blocks of 4 from the first request
+    assert float(line.split()[-1]) == 40
 
 
 def test_penalties_and_logit_bias_reach_the_engine(client, backend, monkeypatch):
@@ -313,7 +321,8 @@ def test_n_choices_are_served_each_on_its_own(client, backend):
     body = r.json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     assert all(c["text"] == one["choices"][0]["text"] and c["finish_reason"] == "length" for c in body["choices"])
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 18, "total_tokens": 23}  # the prompt once
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 18, "total_tokens": 23,  # the prompt once
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     # seeded sampling: choice i samples as a single request with seed + i would
     seeded = client.post("/v1/completions", json={**base, "temperature": 1, "seed": 7, "n": 3}).json()
     singles = [client.post("/v1/completions", json={**base, "temperature": 1, "seed": 7 + i}).json()
@@ -387,14 +396,16 @@ def test_echo_with_max_tokens_0_answers_the_prompt_alone_streamed_or_not(client,
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["choices"][0]["text"] == "score me" and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 8, "completion_tokens": 0, "total_tokens": 8}
+    assert body["usage"] == {"prompt_tokens": 8, "completion_tokens": 0, "total_tokens": 8,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert client.post("/v1/completions", json={**req, "echo": False}).status_code == 400  # 0 needs echo
     body = {**req, "stream": True, "stream_options": {"include_usage": True}}
     with client.stream("POST", "/v1/completions", json=body) as s:
         chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
     assert [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in chunks[:-1]] == [
         ("score me", None), ("", "length")]
-    assert chunks[-1]["usage"] == {"prompt_tokens": 8, "completion_tokens": 0, "total_tokens": 8}
+    assert chunks[-1]["usage"] == {"prompt_tokens": 8, "completion_tokens": 0, "total_tokens": 8,
+                                   "prompt_tokens_details": {"cached_tokens": 0}}
     assert backend.engine.kv.num_free_blocks == backend.engine.kv.num_total_blocks
 
 

@@ -39,7 +39,9 @@ TokenLogprob = tuple[int, float, list[tuple[int, float]] | None]
 """A generated token, its logprob, and its most likely alternatives when asked for."""
 EchoLogprob = tuple[int, float | None, list[tuple[int, float]] | None]
 """A token of a completions answer's logprobs: an echoed prompt's first token has none."""
-RunItem = tuple[str, str | None, int, list[TokenLogprob], list[TokenLogprob] | None]
+# (new text, finish reason, output tokens so far, new tokens' logprobs, prompt logprobs,
+# prompt tokens served from the prefix cache)
+RunItem = tuple[str, str | None, int, list[TokenLogprob], list[TokenLogprob] | None, int]
 """One step of a choice: new text, finish reason, output tokens so far, logprobs of the new
 tokens, and (on the first step, when asked for) the prompt's tokens after the first with theirs."""
 
@@ -279,7 +281,8 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
 
     async def _run(gen: GenerateRequest) -> AsyncIterator[RunItem]:
         """Yield (new text, finish reason, output tokens, (token, logprob) of the new tokens
-        when logprobs were asked for) and keep the metrics."""
+        when logprobs were asked for, prompt logprobs, cached prompt tokens) and keep the
+        metrics."""
         det = IncrementalDetokenizer(backend.tokenizer, gen.params.stop)
         metrics.in_flight.labels(model_name=backend.model_name).inc()
         first = last = None
@@ -308,12 +311,12 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                     reason = "stop"  # the stop string completed before the engine saw it
                 if reason is not None:
                     finished = True
-                    yield text, reason, n_out, lps, plps
+                    yield text, reason, n_out, lps, plps, n_cached
                     metrics.requests.labels(model_name=backend.model_name,
                                             finished_reason=reason).inc()
                     break
                 if text or lps or plps is not None:
-                    yield text, None, n_out, lps, plps
+                    yield text, None, n_out, lps, plps, n_cached
         finally:
             metrics.in_flight.labels(model_name=backend.model_name).dec()
             if not finished:
@@ -372,9 +375,13 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in (top or ())]}
                             for t, lp, top in lps]}
 
-    def _usage(gens: list[GenerateRequest], n_out: int) -> dict[str, int]:
-        n_in = len(gens[0].prompt_token_ids)  # the prompt counts once, as OpenAI counts it
-        return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+    def _usage(gens: list[GenerateRequest], n_out: int, n_cached: int) -> dict[str, Any]:
+        """OpenAI's usage block. The prompt counts once, as OpenAI counts it, and so do its
+        cached tokens: those of the first choice (the prompt tokens whose KV the prefix
+        cache supplied, so they were not computed)."""
+        n_in = len(gens[0].prompt_token_ids)
+        return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out,
+                "prompt_tokens_details": {"cached_tokens": n_cached}}
 
     async def _choices(gens: list[GenerateRequest]) -> AsyncIterator[tuple[int, RunItem]]:
         """Every choice's ``_run`` items as they come, tagged with the choice's index. If one
@@ -419,8 +426,11 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         n_outs = [0] * len(gens)
         lps: list[list[TokenLogprob]] = [[] for _ in gens]
         prompt_lps: list[list[TokenLogprob] | None] = [None] * len(gens)
+        n_cached = 0
         try:
-            async for i, (text, last_reason, last_n, new_lps, plps) in _choices(gens):
+            async for i, (text, last_reason, last_n, new_lps, plps, cached) in _choices(gens):
+                if i == 0:
+                    n_cached = cached
                 if plps is not None:
                     prompt_lps[i] = plps
                 if echo_only:
@@ -450,7 +460,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
                                 "logprobs": _completion_logprobs(entries, offset, as_ids)[0] if want_lp else None})
         return JSONResponse({"id": response_id, "object": "chat.completion" if chat else "text_completion",
                              "created": now_s(), "model": backend.model_name, "choices": choices,
-                             "usage": _usage(gens, sum(n_outs))})
+                             "usage": _usage(gens, sum(n_outs), n_cached)})
 
     async def _sse(response_id: str, gens: list[GenerateRequest], *, chat: bool, prefix: str,
                    usage: bool, as_ids: bool = False, echo_only: bool = False) -> AsyncIterator[str]:
@@ -482,9 +492,12 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             for i in range(len(gens)):
                 yield chunk(i, prefix, None, first=True)
         n_outs = [0] * len(gens)
+        n_cached = 0
         opened = [not scoring] * len(gens)
         try:
-            async for i, (text, reason, last_n, lps, plps) in _choices(gens):
+            async for i, (text, reason, last_n, lps, plps, cached) in _choices(gens):
+                if i == 0:
+                    n_cached = cached
                 if not opened[i]:
                     opened[i] = True
                     yield chunk(i, prefix, None, echo_lps=_echo_entries(gens[i], plps))
@@ -499,7 +512,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
             yield "data: " + json.dumps(err) + "\n\n"
         if usage:
             last = {"id": response_id, "object": obj, "created": created,
-                    "model": backend.model_name, "choices": [], "usage": _usage(gens, sum(n_outs))}
+                    "model": backend.model_name, "choices": [], "usage": _usage(gens, sum(n_outs), n_cached)}
             yield "data: " + json.dumps(last) + "\n\n"
         yield "data: [DONE]\n\n"
 
