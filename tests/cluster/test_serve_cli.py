@@ -67,3 +67,26 @@ def test_a_bad_config_file_is_one_line(capsys, tmp_path, text, message):
 def test_an_unknown_device_is_one_line(capsys):
     assert main(["serve", "--device", "tpu"]) == 2
     assert capsys.readouterr().err.strip() == "llumnix serve: error: --device must be cpu, cuda or cuda:N, not 'tpu'"
+
+
+def test_prefix_affinity_flag_sets_the_llumnix_dispatch_param(capsys):
+    import argparse
+
+    from llumnix.cluster.serve import add_serve_args, build_config
+
+    def config(*argv: str):
+        p = argparse.ArgumentParser()
+        add_serve_args(p)
+        return build_config(p.parse_args(list(argv)))
+
+    def params(*argv: str):
+        return config(*argv).scheduling.get("dispatch", {}).get("params")
+
+    assert params() == {"prefix": True}  # on with the prefix cache and the llumnix policy
+    assert params("--no-prefix-affinity") == {"prefix": False}
+    assert params("--no-prefix-caching") is None
+    assert params("--dispatch", "infaas++") is None
+    assert params("--no-prefix-caching", "--prefix-affinity") == {"prefix": True}
+    assert main(["serve", "--dispatch", "round-robin", "--prefix-affinity"]) == 2
+    assert capsys.readouterr().err.strip() == ("llumnix serve: error: --prefix-affinity needs the llumnix "
+                                               "dispatch policy, not 'round-robin'")

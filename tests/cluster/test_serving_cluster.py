@@ -15,9 +15,11 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, redis_url):
-    # prefix caching on, as `llumnix serve` runs by default
+    # prefix caching and prefix affinity on, as `llumnix serve` runs by default
     engine = {"num_blocks": 512, "enable_prefix_caching": True}
-    with running_cluster(tiny_model_dir, "test", instances=2, cms=redis_url, engine=engine) as c:
+    scheduling = {"dispatch": {"params": {"prefix": True}}}
+    with running_cluster(tiny_model_dir, "test", instances=2, cms=redis_url, engine=engine,
+                         scheduling=scheduling) as c:
         yield c
 
 
@@ -55,6 +57,25 @@ def test_concurrent_streams_spread_over_instances_and_complete(server, cluster):
     time.sleep(0.3)
     statuses = ray.get([a.status.remote() for a in cluster.instances.values()])
     assert all(s.num_used_blocks == 0 for s in statuses)
+
+
+def test_a_repeated_prompt_goes_back_to_its_cached_prefix(server, cluster):
+    """The prompt's tokens reach LlumSched's prefix index, and the repeat reads the first
+    one's blocks from the cache of the instance it went to (the answer's usage says so)."""
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    before = {i["instance_id"]: i["prefix_blocks_sent"] for i in httpx.get(f"{url}/admin/cluster").json()["instances"]}
+    body = {"model": name, "prompt": "a long shared prefix " * 12, "max_tokens": 4, "ignore_eos": True,
+            "temperature": 0}
+    first = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+    info = httpx.get(f"{url}/admin/cluster").json()
+    assert info["prefix_affinity"] is True
+    grown = {i["instance_id"]: i["prefix_blocks_sent"] - before[i["instance_id"]] for i in info["instances"]}
+    n_prompt = first["usage"]["prompt_tokens"]
+    assert sorted(grown.values()) == [0, n_prompt // 4]  # every full 4-token block, on one instance
+    again = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == (n_prompt - 1) // 4 * 4
 
 
 def test_two_gateways_on_one_cluster_each_get_all_of_their_own_tokens(server, cluster, tiny_model_dir):

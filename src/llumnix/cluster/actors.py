@@ -545,7 +545,8 @@ class LlumSchedActor:
         the gateway checks off its critical path. ``[]`` when the instance's handle is
         unknown here (the gateway adds the request itself); None when nothing can take it."""
         iid = self.dispatch(DispatchRequest(request.request_id, len(request.prompt_token_ids),
-                                            request.priority, request.arrival_time))
+                                            request.priority, request.arrival_time,
+                                            request.prompt_token_ids))
         if iid is None:
             return None
         handle = self.handles.get(iid)
@@ -557,7 +558,9 @@ class LlumSchedActor:
         with self._lock:
             fcfg = self.gs.config.freeness
             committed = [m for m in self.migrations if m.get("committed")]
+            index = self.gs.prefix_index
             return {"dispatch_policy": self.gs.config.dispatch.policy,
+                    "prefix_affinity": index is not None,
                     "num_dispatched": self.num_dispatched,
                     "migrations": {"committed": len(committed),
                                    "aborted": len(self.migrations) - len(committed),
@@ -578,5 +581,7 @@ class LlumSchedActor:
                                    "num_total_blocks": s.num_total_blocks,
                                    "is_terminating": s.is_terminating,
                                    "is_schedulable": s.is_schedulable,
-                                   "age_s": time.time() - s.timestamp}
+                                   "age_s": time.time() - s.timestamp,
+                                   # prompt blocks LlumSched remembers sending there (prefix affinity)
+                                   "prefix_blocks_sent": None if index is None else index.size(s.instance_id)}
                                   for s in self.gs.statuses.values()]}

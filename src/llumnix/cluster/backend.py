@@ -313,7 +313,7 @@ class ClusterBackend:
         with contextlib.suppress(Exception):
             first = await asyncio.wait_for(self.llumsched.dispatch.remote(DispatchRequest(
                 request.request_id, len(request.prompt_token_ids), request.priority,
-                request.arrival_time)), timeout=self.dispatch_timeout_s)
+                request.arrival_time, request.prompt_token_ids)), timeout=self.dispatch_timeout_s)
         rest = sorted(live, key=lambda i: (i in self._terminating, i))
         return ([first] if first in live else []) + [i for i in rest if i != first]
 

@@ -51,6 +51,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     _add_http_args(p, 8000)
     p.add_argument("--dispatch", default=None, help="llumnix | infaas++ | round-robin | random | "
                    "least-requests | power-of-two | llm-d")
+    p.add_argument("--prefix-affinity", action=argparse.BooleanOptionalAction, default=None,
+                   help="llumnix dispatch: send a prompt where its longest prefix was sent before, among "
+                   "instances with no queue and at most 4 more requests than the least loaded (default: on "
+                   "with prefix caching and the llumnix policy)")
     p.add_argument("--migration", action=argparse.BooleanOptionalAction, default=None,
                    help="continuous rescheduling by live migration (default on)")
     p.add_argument("--migrate-out-threshold", type=float, default=None,
@@ -162,6 +166,17 @@ def build_config(args: argparse.Namespace) -> Any:
         base["reschedule_interval_s"] = args.reschedule_interval
     if args.dispatch is not None:
         scheduling["dispatch"] = {**(scheduling.get("dispatch") or {}), "policy": args.dispatch}
+    dispatch = dict(scheduling.get("dispatch") or {})
+    params = dict(dispatch.get("params") or {})
+    llumnix = dispatch.get("policy", "llumnix") == "llumnix"
+    if args.prefix_affinity is not None:
+        if not llumnix:
+            raise LlumnixError(f"--prefix-affinity needs the llumnix dispatch policy, not {dispatch['policy']!r}")
+        params["prefix"] = args.prefix_affinity
+    elif llumnix and engine["enable_prefix_caching"] and "prefix" not in params and not params.get("shield"):
+        params["prefix"] = True  # the caches are only worth as much as the hits dispatch finds them
+    if params:
+        scheduling["dispatch"] = {**dispatch, "params": params}
     for key, val in (("model", args.model), ("instances", args.instances), ("cms", args.cms),
                      ("ray_address", args.ray_address), ("threads_per_instance", args.threads_per_instance)):
         if val is not None:

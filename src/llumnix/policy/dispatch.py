@@ -34,6 +34,13 @@ dispatch load does; the default ``head`` is Algorithm 1 exactly.
 ``llumnix`` with ``params: {shield: true}`` (not the paper's, off by default) picks with
 ``decode-shield``: a long prompt goes, among the near-freest instances, to the one where
 its prefill stalls the fewest young decoding requests (``policy/decode_shield.py``).
+
+``llumnix`` with ``params: {prefix: true}`` (not the paper's, off by default; optional
+``prefix_slack``, default 4 requests, and ``prefix_min_tokens``, default 64) picks with
+``prefix-affinity``: a request goes where the longest prefix of its prompt was sent before,
+among the instances with no queue and at most ``prefix_slack`` more requests than the
+least loaded one (``policy/prefix_affinity.py``). It needs the prompt's tokens in the
+``DispatchRequest``; without them it picks as plain ``llumnix``.
 """
 from __future__ import annotations
 
@@ -42,10 +49,11 @@ from typing import Any
 from llumnix.policy import plugins as _plugins  # noqa: F401 - registers the built-ins
 from llumnix.policy.config import DISPATCH_POLICIES, PolicyConfigError, bad_value
 from llumnix.policy.pipeline import Pipeline
+from llumnix.policy.prefix_affinity import PrefixOptions
 
 _TIE = ("tie_break",)
 POLICY_PARAMS: dict[str, tuple[str, ...]] = {
-    "llumnix": ("queued", "shield", *_TIE),
+    "llumnix": ("queued", "shield", "prefix", "prefix_slack", "prefix_min_tokens", *_TIE),
     "infaas++": ("metric", *_TIE),
     "round-robin": _TIE,
     "least-requests": _TIE,
@@ -71,6 +79,29 @@ def _weight(p: dict[str, Any], key: str) -> float:
         raise bad_value(f"dispatch.params.{key}", f"must be a number, got {p[key]!r}") from None
 
 
+def _flag(p: dict[str, Any], key: str) -> bool:
+    v = p.get(key, False)
+    if not isinstance(v, bool):
+        raise bad_value(f"dispatch.params.{key}", f"must be true or false, got {v!r}")
+    return v
+
+
+def _count(p: dict[str, Any], key: str, default: int, least: int) -> int:
+    v = p.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise bad_value(f"dispatch.params.{key}", f"must be an integer >= {least}, got {v!r}")
+    return v
+
+
+def prefix_options(name: str, params: dict[str, Any] | None) -> PrefixOptions | None:
+    """The prefix-affinity settings of a policy, or None when it does not use them."""
+    p = params or {}
+    if name != "llumnix" or not _flag(p, "prefix"):
+        return None
+    return PrefixOptions(slack=_count(p, "prefix_slack", PrefixOptions.slack, 0),
+                         min_tokens=_count(p, "prefix_min_tokens", PrefixOptions.min_tokens, 1))
+
+
 def make_pipeline(name: str, params: dict[str, Any] | None = None) -> Pipeline:
     """The pipeline of a named policy; unknown names or params raise PolicyConfigError."""
     if name not in POLICY_PARAMS:
@@ -87,10 +118,15 @@ def make_pipeline(name: str, params: dict[str, Any] | None = None) -> Pipeline:
         if queued not in ("head", "all"):
             raise bad_value("dispatch.params.queued", f"must be 'head' or 'all', got {queued!r}")
         scorer = "freeness" if queued == "head" else "queue-aware-freeness"
-        shield = p.get("shield", False)
-        if not isinstance(shield, bool):
-            raise bad_value("dispatch.params.shield", f"must be true or false, got {shield!r}")
-        return Pipeline(scorers=((scorer, 1.0),), picker="decode-shield" if shield else _picker(p))
+        shield = _flag(p, "shield")
+        prefix = prefix_options(name, p) is not None
+        if shield and prefix:
+            raise bad_value("dispatch.params.prefix", "cannot be combined with shield (both choose the pick)")
+        for key in ("prefix_slack", "prefix_min_tokens"):
+            if key in p and not prefix:
+                raise bad_value(f"dispatch.params.{key}", "applies only with prefix: true")
+        picker = "decode-shield" if shield else "prefix-affinity" if prefix else _picker(p)
+        return Pipeline(scorers=((scorer, 1.0),), picker=picker)
     if name == "infaas++":
         metric = p.get("metric", "memory-load")
         if metric not in ("memory-load", "freeness"):

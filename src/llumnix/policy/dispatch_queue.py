@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 
@@ -16,6 +16,9 @@ class DispatchRequest:
     num_prompt_tokens: int
     priority: int = 0
     arrival_time: float = 0.0
+    prompt_token_ids: Sequence[int] | None = None
+    """The prompt itself, for prefix affinity (``policy/prefix_affinity.py``); None where
+    the caller has no tokens (the simulator's traces are lengths only)."""
 
 
 def dispatch_order(req: DispatchRequest) -> tuple[int, float]:

@@ -9,13 +9,14 @@ from collections.abc import MutableMapping
 
 from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import SchedulingConfig
-from llumnix.policy.dispatch import make_pipeline
+from llumnix.policy.dispatch import make_pipeline, prefix_options
 from llumnix.policy.dispatch_index import FALLBACK, DispatchIndex
 from llumnix.policy.dispatch_queue import DispatchQueue, DispatchRequest
 from llumnix.policy.freeness import average_normal_freeness
 from llumnix.policy.pairing import MigrationOrder, pair_migrations
 from llumnix.policy.pending import PendingDispatches
 from llumnix.policy.pipeline import DispatchContext
+from llumnix.policy.prefix_affinity import PrefixIndex, block_keys
 from llumnix.policy.scaling import ScaleAction, scaling_decision
 
 __all__ = ["DispatchQueue", "DispatchRequest", "GlobalScheduler"]
@@ -49,6 +50,11 @@ class GlobalScheduler:
                                     sent=self.sent, rng=self._rng)
         """One context for every dispatch: its memo keeps metrics per status object."""
         self._index = DispatchIndex(self.pipeline) if DispatchIndex.supports(self.pipeline) else None
+        prefix = prefix_options(self.config.dispatch.policy, self.config.dispatch.params)
+        self.prefix_index = None if prefix is None else PrefixIndex()
+        """Where each prompt prefix was sent (prefix affinity only)."""
+        if prefix is not None:
+            self._ctx.prefix_options = prefix
 
     # -- membership ------------------------------------------------------------
     def add_instance(self, status: InstanceStatus) -> None:
@@ -67,6 +73,8 @@ class GlobalScheduler:
         self._ctx.memo.pop(instance_id, None)
         if self._index is not None:
             self._index.remove(instance_id)
+        if self.prefix_index is not None:
+            self.prefix_index.remove(instance_id)
         self.sent.pop(instance_id, None)
         self.pending.remove_instance(instance_id)
         self._terminating.discard(instance_id)
@@ -127,11 +135,20 @@ class GlobalScheduler:
         ctx = self._ctx
         ctx.now = now
         ctx.num_prompt_tokens = req.num_prompt_tokens
+        keys = None
+        if self.prefix_index is not None and req.prompt_token_ids and self._views:
+            block_size = next(iter(self._views.values())).block_size
+            keys = block_keys(req.prompt_token_ids, block_size)
+            ctx.prefix_hits = self.prefix_index.matches(keys, self._views)
+        else:
+            ctx.prefix_hits = None
         iid = FALLBACK if self._index is None else self._index.pick(self._views, ctx)
         if iid == FALLBACK:
             iid = self.pipeline.pick(self.view(), ctx)
         if iid is None:
             return None
+        if keys and self.prefix_index is not None:
+            self.prefix_index.record(iid, keys, self.statuses[iid].num_total_blocks)
         self.sent[iid] = self.sent.get(iid, 0) + 1
         self.pending.add(iid, req, self.statuses[iid].block_size, now)
         self._refresh(iid)

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import FreenessConfig, PolicyConfigError
+from llumnix.policy.prefix_affinity import PrefixOptions
 
 _by_id = operator.attrgetter("instance_id")
 
@@ -42,6 +43,10 @@ class DispatchContext:
     num_prompt_tokens: int | None = None
     """Prompt length of the request being dispatched (None when the caller does not say);
     read by request-aware plugins such as the ``decode-shield`` picker."""
+    prefix_hits: dict[str, int] | None = None
+    """Per instance id: leading blocks of the request's prompt sent there before (only
+    instances with a match; None without prefix affinity), for the ``prefix-affinity`` picker."""
+    prefix_options: PrefixOptions = field(default_factory=PrefixOptions)
 
     def metric(self, name: str, status: InstanceStatus, fn: Callable[[InstanceStatus], float]) -> float:
         """``fn(status)``, computed once per status object (statuses are immutable)."""

@@ -12,6 +12,7 @@ from llumnix.policy.pipeline import (
     register,
     register_key,
 )
+from llumnix.policy.prefix_affinity import affinity_pick
 
 
 @register(FILTERS, "schedulable")
@@ -101,3 +102,10 @@ def decode_shield(cands: list[InstanceStatus], scores: list[float], ctx: Dispatc
     """Not the paper's: a long prompt goes where its prefill stalls the fewest young
     decoding requests, among the near-best scores (``policy/decode_shield.py``)."""
     return shield_pick(cands, scores, ctx.num_prompt_tokens)
+
+
+@register(PICKERS, "prefix-affinity")
+def prefix_affinity(cands: list[InstanceStatus], scores: list[float], ctx: DispatchContext) -> InstanceStatus:
+    """Not the paper's: among the candidates near the least loaded, the one the longest
+    prefix of the prompt was sent to before (``policy/prefix_affinity.py``)."""
+    return affinity_pick(cands, scores, ctx.prefix_hits, ctx.prefix_options)

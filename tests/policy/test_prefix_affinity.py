@@ -1,0 +1,132 @@
+"""Prefix affinity at dispatch (``llumnix`` with ``prefix: true``): the index of what was sent
+where, the pick over literal snapshots, and the scheduler sending a prompt back to its prefix."""
+from __future__ import annotations
+
+import pytest
+
+from llumnix.kv.prefix_cache import PrefixCache
+from llumnix.policy import DispatchRequest, GlobalScheduler, PolicyConfigError, SchedulingConfig
+from llumnix.policy.prefix_affinity import PrefixIndex, PrefixOptions, affinity_pick, block_keys
+from tests.policy.snapshots import BS, inst, run, wait
+
+
+def test_block_keys_are_the_engine_caches_keys():
+    prompt = list(range(100, 100 + 3 * BS + 5))  # three full blocks and a partial one
+    cache = PrefixCache(BS)
+    cache.add("r", [7, 8, 9, 10], prompt, [], num_computed=len(prompt))
+    keys = block_keys(prompt, BS)
+    assert len(keys) == 3
+    assert [cache.by_key[k] for k in keys] == [7, 8, 9]
+    assert block_keys(prompt[:BS - 1], BS) == []
+
+
+def test_index_matches_leading_blocks_only():
+    a, b = list(range(4 * BS)), [*range(2 * BS), *range(900, 900 + 2 * BS)]
+    index = PrefixIndex()
+    index.record("i0", block_keys(a, BS), capacity=100)
+    assert index.matches(block_keys(a, BS), ["i0", "i1"]) == {"i0": 4}
+    assert index.matches(block_keys(b, BS), ["i0", "i1"]) == {"i0": 2}  # diverges at block 2
+    assert index.matches(block_keys(list(range(500, 600)), BS), ["i0"]) == {}
+    index.remove("i0")
+    assert index.matches(block_keys(a, BS), ["i0"]) == {}
+
+
+def test_index_forgets_the_least_recent_prompt_from_its_tail():
+    old, new = list(range(4 * BS)), list(range(1000, 1000 + 4 * BS))
+    index = PrefixIndex()
+    index.record("i0", block_keys(old, BS), capacity=6)
+    index.record("i0", block_keys(new, BS), capacity=6)
+    assert index.size("i0") == 6
+    # the old prompt lost its last two blocks, not its first two (which would lose all four)
+    assert index.matches(block_keys(old, BS), ["i0"]) == {"i0": 2}
+    assert index.matches(block_keys(new, BS), ["i0"]) == {"i0": 4}
+
+
+def _busy(iid, n, total=100, waiting=()):
+    return inst(iid, total=total, running=[run(f"{iid}-{k}", 2) for k in range(n)], waiting=waiting)
+
+
+OPTS = PrefixOptions(slack=4, min_tokens=64)
+
+
+@pytest.mark.parametrize(("cands", "scores", "hits", "expected"), [
+    # no hits anywhere: the freest
+    ([_busy("a", 1), _busy("b", 2)], [1.0, 0.0], {}, "a"),
+    ([_busy("a", 1), _busy("b", 2)], [1.0, 0.0], None, "a"),
+    # b holds 8 blocks (128 tokens) of the prompt and one more request: b
+    ([_busy("a", 1), _busy("b", 2)], [1.0, 0.0], {"b": 8}, "b"),
+    # ... but not with 4 more requests than the least loaded plus one (slack 4)
+    ([_busy("a", 1), _busy("b", 6)], [1.0, 0.0], {"b": 8}, "a"),
+    ([_busy("a", 1), _busy("b", 5)], [1.0, 0.0], {"b": 8}, "b"),
+    # nor when b has a queue
+    ([_busy("a", 1), _busy("b", 2, waiting=[wait("q", 32)])], [1.0, 0.0], {"b": 8}, "a"),
+    # 3 blocks (48 tokens) save less than min_tokens 64 over the freest's none: the freest
+    ([_busy("a", 1), _busy("b", 2)], [1.0, 0.0], {"b": 3}, "a"),
+    # the gain counts over the freest's own match: 10 against 6 blocks is 64 tokens
+    ([_busy("a", 1), _busy("b", 2)], [1.0, 0.0], {"a": 6, "b": 10}, "b"),
+    ([_busy("a", 1), _busy("b", 2)], [1.0, 0.0], {"a": 6, "b": 9}, "a"),
+    # the longest match wins, then the score, then the id
+    ([_busy("a", 0), _busy("b", 1), _busy("c", 1)], [1.0, 0.2, 0.5], {"b": 10, "c": 9}, "b"),
+    ([_busy("a", 0), _busy("b", 1), _busy("c", 1)], [1.0, 0.2, 0.5], {"b": 9, "c": 9}, "c"),
+    ([_busy("a", 0), _busy("b", 1), _busy("c", 1)], [1.0, 0.5, 0.5], {"b": 9, "c": 9}, "b"),
+])
+def test_affinity_pick(cands, scores, hits, expected):
+    assert affinity_pick(cands, scores, hits, OPTS).instance_id == expected
+
+
+def _gs(prefix=True, **params):
+    dispatch = {"policy": "llumnix", "pending_grace_s": 0.0, "params": {"prefix": prefix, **params}}
+    gs = GlobalScheduler(SchedulingConfig.from_dict({"freeness": {"headroom_tokens": {}},
+                                                     "dispatch": dispatch}))
+    for i in range(2):
+        gs.add_instance(inst(f"i{i}", total=1000))
+    return gs
+
+
+def _send(gs, rid, prompt, now=0.01):
+    return gs.dispatch(DispatchRequest(rid, len(prompt), 0, now, prompt), now)
+
+
+def test_a_shared_prefix_follows_its_first_request():
+    system = list(range(10, 10 + 20 * BS))  # a 320-token system prompt
+    plain = _gs(prefix=False)
+    assert [_send(plain, f"r{k}", [*system, 500 + k]) for k in range(4)] == ["i0", "i1", "i0", "i1"]
+    gs = _gs()
+    assert _send(gs, "r0", [*system, 500]) == "i0"
+    # i1 is freer, but i0 was sent the system prompt: the next four go there too (slack 4)
+    assert [_send(gs, f"r{k}", [*system, 500 + k]) for k in range(1, 5)] == ["i0"] * 4
+    # i0 now holds 5 requests, i1 none: beyond the slack, so the freest; i1 then has it too
+    assert _send(gs, "r5", [*system, 505]) == "i1"
+    assert gs.prefix_index.matches(block_keys([*system, 1], BS), ["i0", "i1"]) == {"i0": 20, "i1": 20}
+    # another prompt is dispatched by freeness alone
+    assert _send(gs, "other", list(range(5000, 5400))) == "i1"
+
+
+def test_without_tokens_prefix_affinity_dispatches_as_llumnix():
+    gs, plain = _gs(), _gs(prefix=False)
+    picks = [g.dispatch(DispatchRequest(f"r{k}", 320, 0, 0.01), 0.01) for g in (gs, plain) for k in range(6)]
+    assert picks[:6] == picks[6:]
+    assert gs.prefix_index.size("i0") == 0
+
+
+def test_removed_instance_is_forgotten():
+    gs = _gs()
+    prompt = list(range(10 * BS))
+    assert _send(gs, "r0", prompt) == "i0"
+    gs.remove_instance("i0")
+    assert gs.prefix_index.size("i0") == 0
+    assert _send(gs, "r1", prompt) == "i1"
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"prefix": "yes"}, "dispatch.params.prefix"),
+    ({"prefix": True, "shield": True}, "dispatch.params.prefix"),
+    ({"prefix_slack": 2}, "dispatch.params.prefix_slack"),
+    ({"prefix": True, "prefix_slack": -1}, "dispatch.params.prefix_slack"),
+    ({"prefix": True, "prefix_min_tokens": 0}, "dispatch.params.prefix_min_tokens"),
+    ({"prefix": True, "prefix_min_tokens": 1.5}, "dispatch.params.prefix_min_tokens"),
+])
+def test_bad_prefix_params_name_the_field(params, field):
+    with pytest.raises(PolicyConfigError) as e:
+        GlobalScheduler(SchedulingConfig.from_dict({"dispatch": {"policy": "llumnix", "params": params}}))
+    assert field in str(e.value)
