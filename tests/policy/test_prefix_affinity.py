@@ -24,11 +24,16 @@ def test_index_matches_leading_blocks_only():
     a, b = list(range(4 * BS)), [*range(2 * BS), *range(900, 900 + 2 * BS)]
     index = PrefixIndex()
     index.record("i0", block_keys(a, BS), capacity=100)
-    assert index.matches(block_keys(a, BS), ["i0", "i1"]) == {"i0": 4}
-    assert index.matches(block_keys(b, BS), ["i0", "i1"]) == {"i0": 2}  # diverges at block 2
-    assert index.matches(block_keys(list(range(500, 600)), BS), ["i0"]) == {}
+    assert index.matches(block_keys(a, BS)) == {"i0": 4}
+    assert index.matches(block_keys(b, BS)) == {"i0": 2}  # diverges at block 2
+    assert index.matches(block_keys(list(range(500, 600)), BS)) == {}
+    index.record("i1", block_keys(b, BS), capacity=100)
+    assert index.matches(block_keys(b, BS)) == {"i0": 2, "i1": 4}
+    assert index.matches(block_keys(a, BS)) == {"i0": 4, "i1": 2}
     index.remove("i0")
-    assert index.matches(block_keys(a, BS), ["i0"]) == {}
+    assert index.matches(block_keys(a, BS)) == {"i1": 2}
+    index.remove("i1")
+    assert index.matches(block_keys(b, BS)) == {} and index._holders == {}  # nothing left behind
 
 
 def test_index_forgets_the_least_recent_prompt_from_its_tail():
@@ -36,10 +41,10 @@ def test_index_forgets_the_least_recent_prompt_from_its_tail():
     index = PrefixIndex()
     index.record("i0", block_keys(old, BS), capacity=6)
     index.record("i0", block_keys(new, BS), capacity=6)
-    assert index.size("i0") == 6
+    assert index.size("i0") == 6 and len(index._holders) == 6
     # the old prompt lost its last two blocks, not its first two (which would lose all four)
-    assert index.matches(block_keys(old, BS), ["i0"]) == {"i0": 2}
-    assert index.matches(block_keys(new, BS), ["i0"]) == {"i0": 4}
+    assert index.matches(block_keys(old, BS)) == {"i0": 2}
+    assert index.matches(block_keys(new, BS)) == {"i0": 4}
 
 
 def _busy(iid, n, total=100, waiting=()):
@@ -97,7 +102,7 @@ def test_a_shared_prefix_follows_its_first_request():
     assert [_send(gs, f"r{k}", [*system, 500 + k]) for k in range(1, 5)] == ["i0"] * 4
     # i0 now holds 5 requests, i1 none: beyond the slack, so the freest; i1 then has it too
     assert _send(gs, "r5", [*system, 505]) == "i1"
-    assert gs.prefix_index.matches(block_keys([*system, 1], BS), ["i0", "i1"]) == {"i0": 20, "i1": 20}
+    assert gs.prefix_index.matches(block_keys([*system, 1], BS)) == {"i0": 20, "i1": 20}
     # another prompt is dispatched by freeness alone
     assert _send(gs, "other", list(range(5000, 5400))) == "i1"
 
@@ -130,3 +135,32 @@ def test_bad_prefix_params_name_the_field(params, field):
     with pytest.raises(PolicyConfigError) as e:
         GlobalScheduler(SchedulingConfig.from_dict({"dispatch": {"policy": "llumnix", "params": params}}))
     assert field in str(e.value)
+
+
+def test_the_index_fast_path_picks_as_the_full_pipeline():
+    """GlobalScheduler answers prefix affinity from its dispatch index plus the matched
+    instances; the ``prefix-affinity`` picker over the full pipeline must agree, through
+    reports with queues, stale and terminating instances, and repeated prefixes."""
+    import random
+
+    rng = random.Random(7)
+    fast, full = _gs(), _gs()
+    full._index = None  # every pick through the pipeline and its picker
+    for g in (fast, full):
+        for i in range(2, 8):
+            g.add_instance(inst(f"i{i}", total=1000))
+    prefixes = [list(range(1000 * p, 1000 * p + rng.randint(1, 12) * BS)) for p in range(6)]
+    now = 0.0
+    for k in range(600):
+        now += 0.01
+        if k % 7 == 0:
+            i = rng.randrange(8)
+            s = inst(f"i{i}", total=1000, ts=now - (3.0 if rng.random() < 0.1 else 0.0),
+                     running=[run(f"x{i}-{j}", rng.randint(1, 30)) for j in range(rng.randint(0, 9))],
+                     waiting=[wait(f"w{i}", 64)] if rng.random() < 0.2 else (),
+                     term=rng.random() < 0.05)
+            for g in (fast, full):
+                g.update_status(s)
+        prompt = [*rng.choice(prefixes), *range(rng.randint(0, 40))]
+        picks = [_send(g, f"r{k}", prompt, now) for g in (fast, full)]
+        assert picks[0] == picks[1], (k, picks)

@@ -275,15 +275,22 @@ def measure_dispatch(sizes: tuple[int, ...] = (64, 1024), policies: tuple[str, .
     ``num_running`` requests each, every instance reporting once per 20 dispatches and
     virtual time advancing 10 ms per dispatch, as in a cluster taking 100 req/s. Taking a
     report (``update_status``: the instance's view and its dispatch key) is timed apart,
-    since the scheduler does that work per report instead of per dispatch."""
+    since the scheduler does that work per report instead of per dispatch. A policy named
+    ``llumnix+prefix`` is ``llumnix`` with prefix affinity, its requests carrying their
+    prompts: one of 32 shared 256-token prefixes and a suffix of their own, so the timing
+    includes hashing the prompt's blocks and matching them per instance."""
     from llumnix.core.status import InstanceStatus, RequestBrief
     from llumnix.policy import DispatchRequest, GlobalScheduler, SchedulingConfig
 
     rng = random.Random(seed)
     out: dict[str, Any] = {}
+    prefixes = [[rng.randrange(50_000) for _ in range(256)] for _ in range(32)]
     for policy in policies:
+        name = policy.removesuffix("+prefix")
+        params = {"prefix": True} if name != policy else {}
         for n in sizes:
-            gs = GlobalScheduler(SchedulingConfig.from_dict({"dispatch": {"policy": policy}}), seed=seed)
+            gs = GlobalScheduler(SchedulingConfig.from_dict({"dispatch": {"policy": name, "params": params}}),
+                                 seed=seed)
             now = 1000.0
 
             def snapshot(i: int, t: float) -> InstanceStatus:
@@ -305,6 +312,9 @@ def measure_dispatch(sizes: tuple[int, ...] = (64, 1024), policies: tuple[str, .
                         gs.update_status(s)
                         report_times.append(time.perf_counter() - t0)
                 req = DispatchRequest(f"req-{k}", rng.randint(20, 600), 0, now)
+                if params:
+                    prompt = prefixes[k % 32] + [rng.randrange(50_000) for _ in range(req.num_prompt_tokens)]
+                    req = DispatchRequest(req.request_id, len(prompt), 0, now, prompt)
                 t0 = time.perf_counter()
                 gs.dispatch(req, now)
                 times.append(time.perf_counter() - t0)
@@ -478,7 +488,7 @@ def main_serve_bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     path = out / "serve.json"
     if args.measure == "dispatch":
-        res = measure_dispatch(policies=("llumnix", "infaas++", "round-robin"),
+        res = measure_dispatch(policies=("llumnix", "llumnix+prefix", "infaas++", "round-robin"),
                                budget_s=0.5 if args.quick else 2.0)
         for k, v in res.items():
             print(f"dispatch {k:>20}: mean {v['mean_us']:8.1f} us  P50 {v['p50_us']:8.1f} us  "

@@ -20,6 +20,7 @@ first. Blocks that are not keyed belong to exactly one table, as without the cac
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -39,7 +40,7 @@ def block_tokens(prompt: Sequence[int], output: Sequence[int], i: int, block_siz
 
 def chain(parent: bytes, tokens: Sequence[int]) -> bytes:
     h = hashlib.blake2b(parent, digest_size=16)
-    h.update(b"".join(t.to_bytes(4, "little", signed=False) for t in tokens))
+    h.update(struct.pack(f"<{len(tokens)}I", *tokens))  # 4 bytes per token, little-endian
     return h.digest()
 
 

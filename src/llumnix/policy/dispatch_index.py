@@ -58,6 +58,13 @@ class DispatchIndex:
     def remove(self, instance_id: str) -> None:
         self._keys.pop(instance_id, None)
 
+    def passing(self) -> dict[str, tuple[float, str]]:
+        """Per instance that passes the static filters: its key (smaller is better). Read only."""
+        return self._keys
+
+    def passes_dynamic(self, view: InstanceStatus, ctx: DispatchContext) -> bool:
+        return all(f(view, ctx) for f in self._dynamic)
+
     def pick(self, views: dict[str, InstanceStatus], ctx: DispatchContext) -> str | None:
         """The winner, None when no instance passes the static filters, or FALLBACK."""
         if not self._keys:

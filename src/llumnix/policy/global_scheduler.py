@@ -16,7 +16,7 @@ from llumnix.policy.freeness import average_normal_freeness
 from llumnix.policy.pairing import MigrationOrder, pair_migrations
 from llumnix.policy.pending import PendingDispatches
 from llumnix.policy.pipeline import DispatchContext
-from llumnix.policy.prefix_affinity import PrefixIndex, block_keys
+from llumnix.policy.prefix_affinity import PrefixIndex, affinity_choice, block_keys
 from llumnix.policy.scaling import ScaleAction, scaling_decision
 
 __all__ = ["DispatchQueue", "DispatchRequest", "GlobalScheduler"]
@@ -49,10 +49,13 @@ class GlobalScheduler:
                                     staleness_s=self.config.dispatch.staleness_s,
                                     sent=self.sent, rng=self._rng)
         """One context for every dispatch: its memo keeps metrics per status object."""
-        self._index = DispatchIndex(self.pipeline) if DispatchIndex.supports(self.pipeline) else None
         prefix = prefix_options(self.config.dispatch.policy, self.config.dispatch.params)
         self.prefix_index = None if prefix is None else PrefixIndex()
         """Where each prompt prefix was sent (prefix affinity only)."""
+        # With prefix affinity the index answers the policy's own max-score pick, and
+        # ``_with_affinity`` applies the affinity rule to it (as the picker would).
+        base = self.pipeline if prefix is None else dataclasses.replace(self.pipeline, picker="max-score")
+        self._index = DispatchIndex(base) if DispatchIndex.supports(base) else None
         if prefix is not None:
             self._ctx.prefix_options = prefix
 
@@ -139,12 +142,14 @@ class GlobalScheduler:
         if self.prefix_index is not None and req.prompt_token_ids and self._views:
             block_size = next(iter(self._views.values())).block_size
             keys = block_keys(req.prompt_token_ids, block_size)
-            ctx.prefix_hits = self.prefix_index.matches(keys, self._views)
+            ctx.prefix_hits = {i: n for i, n in self.prefix_index.matches(keys).items() if i in self._views}
         else:
             ctx.prefix_hits = None
         iid = FALLBACK if self._index is None else self._index.pick(self._views, ctx)
         if iid == FALLBACK:
             iid = self.pipeline.pick(self.view(), ctx)
+        elif iid is not None and ctx.prefix_hits:
+            iid = self._with_affinity(iid, ctx)
         if iid is None:
             return None
         if keys and self.prefix_index is not None:
@@ -153,6 +158,16 @@ class GlobalScheduler:
         self.pending.add(iid, req, self.statuses[iid].block_size, now)
         self._refresh(iid)
         return iid
+
+    def _with_affinity(self, freest: str, ctx: DispatchContext) -> str:
+        """The ``prefix-affinity`` pick from the index's answer: only the instances with a
+        match are looked at, so a dispatch stays O(matches) (the picker over the full
+        pipeline decides the same; a test checks it)."""
+        assert self._index is not None and ctx.prefix_hits
+        index, views, passing = self._index, self._views, self._index.passing()
+        matched = [(views[i], -passing[i][0]) for i in sorted(ctx.prefix_hits)
+                   if i in passing and index.passes_dynamic(views[i], ctx)]
+        return affinity_choice(views[freest], matched, ctx.prefix_hits, ctx.prefix_options).instance_id
 
     # -- rescheduler role ----------------------------------------------------------
     def reschedule(self, now: float) -> list[MigrationOrder]:

@@ -14,8 +14,8 @@ The pick (``affinity_pick``), over the candidates the filters left:
 
     freest   = what the policy's scores pick (Llumnix: the highest freeness)
     eligible = candidates with no queue and at most ``slack`` more requests
-               (running, queued and just sent) than the least loaded candidate,
-               whose remembered prefix is at least ``min_tokens`` longer than freest's
+               (running, queued and just sent) than freest, whose remembered
+               prefix is at least ``min_tokens`` longer than freest's
     pick     = the eligible one with the longest remembered prefix (ties: score, id),
                or freest when none is eligible
 
@@ -23,14 +23,17 @@ Why a request-count bound and not freeness: while memory is plentiful every
 instance is about equally free, and freeness says nothing of how busy an instance
 is in compute, so a popular prefix would pile onto one instance. With the bound it
 stays on one instance until that instance holds ``slack`` more requests than the
-least loaded one; then a request goes elsewhere, and that instance caches the
+one freeness would pick; then a request goes there, and that instance caches the
 prefix too. Under memory pressure queues form, and queued instances are not
-eligible, so Llumnix's freeness decides as without the option.
+eligible, so Llumnix's freeness decides as without the option. The bound is
+against freest, not the least loaded instance, because freest is where the request
+would go without affinity: what affinity costs is the difference between the two
+(and it keeps a dispatch from scanning every instance).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llumnix.core.status import InstanceStatus
@@ -55,26 +58,29 @@ def block_keys(prompt: Sequence[int], block_size: int) -> list[bytes]:
     return keys
 
 
+_NONE: frozenset[str] = frozenset()
+
+
 class PrefixIndex:
     """Per instance, the block keys of the prompts sent there, least recently sent first."""
 
     def __init__(self) -> None:
         self._sent: dict[str, OrderedDict[bytes, None]] = {}
+        self._holders: dict[bytes, set[str]] = {}
+        """Key -> the instances it was sent to: a lookup touches only those."""
 
-    def matches(self, keys: list[bytes], instance_ids: Iterable[str]) -> dict[str, int]:
+    def matches(self, keys: list[bytes]) -> dict[str, int]:
         """Per instance with a match: how many leading blocks of ``keys`` were sent there."""
-        hits = {}
-        for iid in instance_ids:
-            sent = self._sent.get(iid)
-            if not sent:
-                continue
-            n = 0
-            for k in keys:
-                if k not in sent:
-                    break
-                n += 1
-            if n:
-                hits[iid] = n
+        hits: dict[str, int] = {}
+        current = set(self._holders.get(keys[0], ())) if keys else set()
+        depth = 1  # every instance in ``current`` was sent keys[:depth]
+        while current and depth < len(keys):
+            still = current & self._holders.get(keys[depth], _NONE)
+            for iid in current - still:
+                hits[iid] = depth
+            current, depth = still, depth + 1
+        for iid in current:
+            hits[iid] = depth
         return hits
 
     def record(self, instance_id: str, keys: list[bytes], capacity: int) -> None:
@@ -83,29 +89,51 @@ class PrefixIndex:
         make every block after it unreachable (matching stops at the first miss)."""
         sent = self._sent.setdefault(instance_id, OrderedDict())
         for k in reversed(keys):
-            sent[k] = None
-            sent.move_to_end(k)
+            if k in sent:
+                sent.move_to_end(k)
+            else:
+                sent[k] = None
+                self._holders.setdefault(k, set()).add(instance_id)
         while len(sent) > capacity:
-            sent.popitem(last=False)
+            self._forget(instance_id, sent.popitem(last=False)[0])
+
+    def _forget(self, instance_id: str, key: bytes) -> None:
+        holders = self._holders[key]
+        holders.discard(instance_id)
+        if not holders:
+            del self._holders[key]
 
     def remove(self, instance_id: str) -> None:
-        self._sent.pop(instance_id, None)
+        for k in self._sent.pop(instance_id, ()):
+            self._forget(instance_id, k)
 
     def size(self, instance_id: str) -> int:
         return len(self._sent.get(instance_id, ()))
 
 
+def affinity_choice(freest: InstanceStatus, matched: Sequence[tuple[InstanceStatus, float]],
+                    hits: dict[str, int], options: PrefixOptions) -> InstanceStatus:
+    """The rule in the module doc. ``freest``: what the policy's scores pick; ``matched``:
+    (candidate, its score, higher is better) for the candidates with a match, in id order."""
+    base = hits.get(freest.instance_id, 0)
+    limit = freest.num_running + freest.num_waiting + options.slack
+    best: tuple[tuple[int, float], InstanceStatus] | None = None
+    for s, v in matched:
+        n = hits[s.instance_id]
+        if (n <= base or (n - base) * s.block_size < options.min_tokens
+                or s.num_waiting or s.num_running > limit):
+            continue
+        key = (-n, -v)
+        if best is None or key < best[0]:  # strict: ties keep the lower id
+            best = (key, s)
+    return freest if best is None else best[1]
+
+
 def affinity_pick(cands: list[InstanceStatus], scores: list[float], hits: dict[str, int] | None,
                   options: PrefixOptions) -> InstanceStatus:
-    """The candidate to dispatch to (``cands`` sorted by id; the rule in the module doc)."""
-    best = max(scores)
-    freest = cands[scores.index(best)]  # what max-score picks: the first best
+    """The ``prefix-affinity`` picker over a pipeline's candidates (sorted by id) and scores."""
+    freest = cands[scores.index(max(scores))]  # what max-score picks: the first best
     if not hits:
         return freest
-    least = min(s.num_running + s.num_waiting for s in cands)
-    base = hits.get(freest.instance_id, 0)
-    eligible = [(-n, -v, k) for k, (s, v) in enumerate(zip(cands, scores, strict=True))
-                if (n := hits.get(s.instance_id, 0)) > base
-                and (n - base) * s.block_size >= options.min_tokens
-                and s.num_waiting == 0 and s.num_running <= least + options.slack]
-    return cands[min(eligible)[2]] if eligible else freest
+    matched = [(s, v) for s, v in zip(cands, scores, strict=True) if s.instance_id in hits]
+    return affinity_choice(freest, matched, hits, options)
