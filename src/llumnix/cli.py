@@ -25,7 +25,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from llumnix.llm import LLM
 
     _set_threads(args.threads)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+    params = SamplingParams(max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             stop=tuple(args.stop or ()), presence_penalty=args.presence_penalty,
                             frequency_penalty=args.frequency_penalty,
@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--min-tokens", type=int, default=0, help="no EOS or stop string before this many tokens")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)

@@ -36,9 +36,11 @@ class Completion:
 
 
 def finish_text(tokenizer: Tokenizer, token_ids: list[int], params: SamplingParams) -> str:
-    """The completion text: decoded, cut before the first stop string."""
+    """The completion text: decoded, cut before the first stop string (one that ends
+    in the text of the ``min_tokens``-th token or later, as the engine rules)."""
     text = tokenizer.decode(token_ids)
-    hit = find_stop(text, params.stop) if params.stop else None
+    floor = len(tokenizer.decode(token_ids[:params.min_tokens - 1])) if params.min_tokens > 1 else 0
+    hit = find_stop(text, params.stop, floor) if params.stop else None
     return text if hit is None else text[:hit[0]]
 
 

@@ -148,6 +148,30 @@ def test_stop_conditions():
     assert len(run_to_completion(eng)["a"]) == 50
 
 
+def test_min_tokens_holds_off_eos_and_stop_ids():
+    """The fake model ignores the sampler's mask, so EOS may come early: it does not end
+    the output before min_tokens tokens, and does after."""
+    eng = make_engine(eos=None)
+    eng.add_request("a", [1, 2, 3], greedy(50))
+    probe = run_to_completion(eng)["a"]
+    for n_min in (1, 3, 6):
+        eng = make_engine(eos=probe[1])
+        eng.add_request("a", [1, 2, 3], greedy(50, min_tokens=n_min))
+        j = next((i for i in range(n_min - 1, 50) if probe[i] == probe[1]), 49)
+        assert run_to_completion(eng)["a"] == probe[:j + 1]
+        eng = make_engine()
+        eng.add_request("a", [1, 2, 3], greedy(50, min_tokens=n_min, stop_token_ids=(probe[1],)))
+        assert run_to_completion(eng)["a"] == probe[:j + 1]
+    entries = []
+    eng = make_engine(eos=7)
+    eng.add_request("b", [1, 2, 3], greedy(4, min_tokens=2, stop_token_ids=(9,)))
+    while eng.has_unfinished_requests():
+        batch = eng.schedule()
+        entries += [e.banned_token_ids for e in batch.scheduled]
+        eng.update(batch, eng.executor.execute(batch))
+    assert entries == [(7, 9), (7, 9), (), ()]
+
+
 class DigitsDetokenizer:
     def decode(self, token_ids):
         return "".join(f"<{t}>" for t in token_ids)
@@ -164,6 +188,23 @@ def test_stop_strings_use_the_detokenizer():
         outs += eng.step()
     assert [o.new_token_ids[0] for o in outs if o.request_id == "a"] == probe[:5]
     assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == f"<{probe[4]}>"
+
+
+def test_min_tokens_holds_off_stop_strings_too():
+    """A stop string that ends in the first min_tokens - 1 tokens' text does not count, even
+    when it is still in the window the engine decodes once min_tokens is reached; one that a
+    two-token string completes at the min_tokens-th token does."""
+    eng = make_engine()
+    eng.add_request("a", [1, 2, 3], greedy(50))
+    probe = run_to_completion(eng)["a"]
+    for stop, n_min in ((f"<{probe[0]}>", 3), (f"<{probe[1]}><{probe[2]}>", 3), (f"<{probe[0]}><{probe[1]}>", 3)):
+        eng = make_engine(detokenizer=DigitsDetokenizer())
+        eng.add_request("a", [1, 2, 3], greedy(50, stop=(stop,), min_tokens=n_min))
+        text = "".join(f"<{t}>" for t in probe)
+        floor = len("".join(f"<{t}>" for t in probe[:n_min - 1]))
+        at = text.find(stop, floor - len(stop) + 1)
+        end = 50 if at < 0 else next(i + 1 for i in range(50) if len("".join(f"<{t}>" for t in probe[:i + 1])) >= at + len(stop))
+        assert run_to_completion(eng)["a"] == probe[:end], stop
 
 
 def test_abort_frees_blocks_in_any_state():
@@ -189,3 +230,12 @@ def test_status_snapshot():
     assert [r.request_id for r in st.waiting] == ["a", "c"]
     assert st.head_of_line_demand == 2  # "a": 6 tokens in blocks of 4
     assert st.batch_size == 1 and st.step_id == 1
+
+
+def test_min_tokens_must_be_within_max_tokens():
+    from llumnix.core.errors import InvalidRequestError
+
+    assert SamplingParams(max_tokens=4, min_tokens=4).min_tokens == 4
+    for bad in ({"max_tokens": 4, "min_tokens": 5}, {"min_tokens": -1}, {"min_tokens": True}, {"min_tokens": 1.5}):
+        with pytest.raises(InvalidRequestError, match="min_tokens"):
+            SamplingParams(**bad)

@@ -59,6 +59,8 @@ def test_chat_completion(client):
 
 @pytest.mark.parametrize("payload,status,param", [
     ({"model": "fake", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": "fake", "prompt": "x", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens"),
+    ({"model": "fake", "prompt": "x", "min_tokens": -1}, 400, "min_tokens"),
     ({"model": "fake", "prompt": "x", "temperature": 5}, 400, "temperature"),
     ({"model": "fake", "prompt": "x", "top_p": 0}, 400, "top_p"),
     ({"model": "fake", "prompt": "x", "n": 0}, 400, "n"),
@@ -218,6 +220,34 @@ def test_stop_token_ids_end_the_output_with_reason_stop(client):
     cut = client.post("/v1/completions", json={**body, "stop_token_ids": [ids[k]]}).json()
     assert cut["choices"][0]["finish_reason"] == "stop" and cut["usage"]["completion_tokens"] == k + 1
     assert cut["choices"][0]["text"] == full["choices"][0]["text"][:k + 1]
+
+
+def test_min_tokens_holds_off_stop_ids_and_stop_strings(client):
+    """The fake engine ignores the sampler's mask: a stop id or a stop string that comes
+    before min_tokens tokens does not end the output; the next one after does."""
+    from tests.engine.helpers import make_engine, run_to_completion
+
+    body = {"model": "fake", "prompt": "abcdefgh", "max_tokens": 12, "temperature": 0}
+    eng = make_engine(num_blocks=64, block_size=4, max_model_len=256, vocab_size=EngineBackend.vocab_size)
+    eng.add_request("r", list(b"abcdefgh"), SamplingParams(max_tokens=12))
+    ids = run_to_completion(eng)["r"]
+    full = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    for n_min in (1, 4):
+        j = next((i for i in range(n_min - 1, 12) if ids[i] == ids[0]), None)
+        got = client.post("/v1/completions", json={**body, "min_tokens": n_min, "stop_token_ids": [ids[0]]}).json()
+        assert got["usage"]["completion_tokens"] == (12 if j is None else j + 1)
+        assert got["choices"][0]["finish_reason"] == ("length" if j is None else "stop")
+    # a stop string: the first token's text, then again with min_tokens 3
+    tok = EngineBackend().tokenizer
+    first = tok.decode([ids[0]])
+    assert first and full.startswith(first)
+    cut = client.post("/v1/completions", json={**body, "stop": [first]}).json()["choices"][0]
+    assert cut["text"] == "" and cut["finish_reason"] == "stop"
+    held = client.post("/v1/completions", json={**body, "stop": [first], "min_tokens": 3}).json()["choices"][0]
+    floor = len(tok.decode(ids[:2]))
+    at = full.find(first, floor - len(first) + 1)
+    assert held["text"] == (full if at < 0 else full[:at])
+    assert held["finish_reason"] == ("length" if at < 0 else "stop")
 
 
 def test_prompt_tokens_read_from_the_prefix_cache_are_counted():

@@ -33,3 +33,13 @@ def test_stop_string_is_cut_and_never_leaked():
 def test_earliest_of_several_stops_wins():
     pieces, _ = _stream("abc;def.", stop=(".", ";"))
     assert "".join(pieces) == "abc"
+
+
+def test_min_tokens_keeps_early_stops_in_the_text():
+    det = IncrementalDetokenizer(BytesTok(), ("ab",), min_tokens=4)
+    pieces = [det.add([t]) for t in b"abxabyab"]
+    pieces.append(det.add([], final=True))
+    # "ab" ending at the 2nd token is too early; the one ending at the 5th counts
+    assert "".join(pieces) == "abx" and det.stopped
+    det = IncrementalDetokenizer(BytesTok(), ("ab",), min_tokens=2)
+    assert "".join([det.add([t]) for t in b"abab"] + [det.add([], final=True)]) == ""  # ends at the 2nd: counts

@@ -72,6 +72,23 @@ def test_penalties_change_the_output_as_asked(tiny_loaded):
     assert tokens(SamplingParams(max_tokens=5, logit_bias=((77, 100.0),))) == [77] * 5
 
 
+def test_min_tokens_masks_eos_and_stop_ids_until_the_output_is_long_enough(tiny_loaded):
+    """Greedy output whose first token is made a stop id: without min_tokens it ends there;
+    with min_tokens 3 the first three tokens cannot be it, and it may end the output after."""
+    def tokens(params):
+        eng = real_engine(tiny_loaded)
+        eng.add_request("r", PROMPT, params)
+        return drain(eng)["r"]
+
+    probe = tokens(SamplingParams(max_tokens=12, ignore_eos=True))
+    stop = probe[0]
+    assert tokens(SamplingParams(max_tokens=12, stop_token_ids=(stop,))) == [stop]
+    out = tokens(SamplingParams(max_tokens=12, min_tokens=3, stop_token_ids=(stop,)))
+    assert stop not in out[:3] and 3 <= len(out) <= 12
+    assert stop not in out[3:-1]  # it ends the output where it first comes after the third
+    assert out[-1] == stop or len(out) == 12
+
+
 @pytest.mark.parametrize("params,caching", [
     (SamplingParams(max_tokens=24), False),
     (SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, seed=3), False),

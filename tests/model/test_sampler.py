@@ -123,3 +123,19 @@ def test_penalty_and_bias_values_are_checked():
             SamplingParams(**bad)
         assert e.value.param == next(iter(bad))
     assert not SamplingParams().shapes_logits and SamplingParams(repetition_penalty=1.1).shapes_logits
+
+
+def test_banned_tokens_cannot_be_sampled_but_keep_their_logprobs():
+    from llumnix.core.batch import ScheduledRequest
+
+    logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(5))
+    best = int(logits[0].argmax())
+    for p in (SamplingParams(), SamplingParams(temperature=1.0)):
+        for seed in range(20 if p.temperature else 1):  # each seed its own draw
+            banned = ScheduledRequest("a", [1], 0, [0], p, seed, 0, [1], [], (best, 99))  # 99: beyond the vocab
+            free = ScheduledRequest("b", [1], 0, [0], p, seed, 0, [1], [])
+            toks, lps = sample(logits, [banned, free], want_logprobs=True)
+            assert toks[0] != best
+            assert lps[0] == pytest.approx(float(logits.log_softmax(-1)[0, toks[0]]))  # the model's own
+    greedy = ScheduledRequest("b", [1], 0, [0], SamplingParams(), 1, 0, [1], [])
+    assert sample(logits, [greedy, greedy])[0][0] == best

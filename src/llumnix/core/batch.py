@@ -28,6 +28,9 @@ class ScheduledRequest:
     output_token_ids: Sequence[int] = ()
     """The request's whole sequence so far (live lists, read by the penalties before the
     step's token is appended; left empty where no sampler reads them)."""
+    banned_token_ids: tuple[int, ...] = ()
+    """Tokens this step may not sample: EOS and the stop token ids while the output is
+    shorter than ``min_tokens``."""
 
     @property
     def context_len(self) -> int:

@@ -13,6 +13,9 @@ MAX_LOGIT_BIAS = 1024
 class SamplingParams:
     max_tokens: int = 16
     """Most output tokens to generate."""
+    min_tokens: int = 0
+    """Fewest output tokens (vLLM's): until there are this many, EOS and the stop token ids
+    are masked out of sampling, and no stop string ends the output."""
     temperature: float = 0.0
     """0 means greedy."""
     top_p: float = 1.0
@@ -45,6 +48,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError("max_tokens must be an integer >= 1", "max_tokens")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:
+            raise InvalidRequestError("min_tokens must be an integer >= 0", "min_tokens")
+        if self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must be at most max_tokens "
+                                      f"({self.max_tokens})", "min_tokens")
         if not 0.0 <= self.temperature <= 2.0:
             raise InvalidRequestError("temperature must be in [0, 2]", "temperature")
         if not 0.0 < self.top_p <= 1.0:

@@ -8,11 +8,12 @@ class Detokenizer(Protocol):
     def decode(self, token_ids: list[int]) -> str: ...
 
 
-def find_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
-    """Earliest stop string in ``text``: (index, stop) or None."""
+def find_stop(text: str, stops: tuple[str, ...], floor: int = 0) -> tuple[int, str] | None:
+    """Earliest stop string in ``text`` that ends beyond its first ``floor`` characters
+    (the text of tokens that may not end the output: ``min_tokens``): (index, stop) or None."""
     best: tuple[int, str] | None = None
     for s in stops:
-        i = text.find(s)
+        i = text.find(s, max(0, floor - len(s) + 1))
         if i >= 0 and (best is None or i < best[0]):
             best = (i, s)
     return best

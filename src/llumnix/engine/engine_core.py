@@ -165,14 +165,21 @@ class EngineCore(MigrationOpsMixin):
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         params = req.sampling_params
-        if token == req.eos_token_id and not params.ignore_eos:
+        n_out = req.num_output_tokens  # the new token included
+        if n_out < params.min_tokens:
+            pass  # nothing but the length ends it yet
+        elif token == req.eos_token_id and not params.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
-        if token in params.stop_token_ids:
+        elif token in params.stop_token_ids:
             req.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
-        if params.stop and self.detokenizer is not None:
+        elif params.stop and self.detokenizer is not None:
             tail = max(len(s) for s in params.stop) + 4
-            hit = find_stop(self.detokenizer.decode(req.output_token_ids[-tail:]), params.stop)
+            window = req.output_token_ids[-tail:]
+            # A stop string must end in the text of the min_tokens-th token or later.
+            early = max(0, params.min_tokens - 1 - (n_out - len(window)))
+            floor = len(self.detokenizer.decode(window[:early])) if early else 0
+            hit = find_stop(self.detokenizer.decode(window), params.stop, floor)
             if hit is not None:
                 req.stop_reason = hit[1]
                 return RequestStatus.FINISHED_STOPPED

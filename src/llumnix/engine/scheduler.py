@@ -159,6 +159,11 @@ class LocalScheduler:
         self.enqueue(req)
 
     def _entry(self, req: Request) -> ScheduledRequest:
+        p = req.sampling_params
+        banned: tuple[int, ...] = ()
+        if len(req.output_token_ids) < p.min_tokens:
+            eos = () if req.eos_token_id is None or p.ignore_eos else (req.eos_token_id,)
+            banned = (*eos, *p.stop_token_ids)
         return ScheduledRequest(
             req.request_id, req.new_token_ids(), req.num_computed_tokens,
             # The live table, not a copy: the batch is executed before the
@@ -166,5 +171,5 @@ class LocalScheduler:
             # simulator's hottest cost.
             self.kv.block_table(req.request_id),
             req.sampling_params, req.seed, len(req.output_token_ids),
-            req.prompt_token_ids, req.output_token_ids,
+            req.prompt_token_ids, req.output_token_ids, banned,
         )

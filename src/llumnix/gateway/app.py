@@ -283,7 +283,7 @@ def build_app(backend: Backend, *, api_key: str | None = None, admin_requires_ke
         """Yield (new text, finish reason, output tokens, (token, logprob) of the new tokens
         when logprobs were asked for, prompt logprobs, cached prompt tokens) and keep the
         metrics."""
-        det = IncrementalDetokenizer(backend.tokenizer, gen.params.stop)
+        det = IncrementalDetokenizer(backend.tokenizer, gen.params.stop, gen.params.min_tokens)
         metrics.in_flight.labels(model_name=backend.model_name).inc()
         first = last = None
         finished = False

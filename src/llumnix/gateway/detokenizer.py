@@ -10,9 +10,13 @@ from llumnix.core.stop import Detokenizer, find_stop
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Detokenizer, stop: tuple[str, ...] = ()) -> None:
+    def __init__(self, tokenizer: Detokenizer, stop: tuple[str, ...] = (), min_tokens: int = 0) -> None:
         self._tok = tokenizer
         self._stop = stop
+        self._min_tokens = min_tokens
+        self._floor: int | None = 0 if min_tokens <= 1 else None
+        """Characters of text a stop string may not end in (those of the first
+        ``min_tokens`` - 1 tokens, as the engine rules); None until that many tokens came."""
         self._hold = max((len(s) for s in stop), default=1) - 1
         self.token_ids: list[int] = []
         self._text = ""
@@ -30,7 +34,9 @@ class IncrementalDetokenizer:
             return ""
         self.token_ids += token_ids
         text = self._tok.decode(self.token_ids)
-        hit = find_stop(text, self._stop) if self._stop else None
+        if self._floor is None and len(self.token_ids) >= self._min_tokens:
+            self._floor = len(self._tok.decode(self.token_ids[:self._min_tokens - 1]))
+        hit = find_stop(text, self._stop, self._floor) if self._stop and self._floor is not None else None
         if hit is not None:
             text = text[: hit[0]]
             self.stopped = True

@@ -89,6 +89,9 @@ class _SamplingFields(BaseModel):
     return_tokens_as_token_ids: bool = False
     """vLLM's extension: logprobs name tokens "token_id:N" instead of by their text."""
     ignore_eos: bool = False
+    min_tokens: int = 0
+    """vLLM's extension: until the output has this many tokens, neither EOS nor a stop
+    token id nor a stop string ends it."""
     stop_token_ids: list[int] | None = None
     """vLLM's extension: token ids that end the output (kept in it, as EOS is)."""
     presence_penalty: float | None = None
@@ -115,7 +118,7 @@ class _SamplingFields(BaseModel):
         return SamplingParams(
             max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
-            stop=stop, ignore_eos=self.ignore_eos, logprobs=logprobs,
+            stop=stop, ignore_eos=self.ignore_eos, logprobs=logprobs, min_tokens=self.min_tokens,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,

@@ -39,12 +39,13 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 def shape_logits(logits: torch.Tensor, requests: list[ScheduledRequest]) -> torch.Tensor:
     """The logits each request samples from: ``logits`` itself when no request has
-    penalties or biases, else a copy with them applied to those requests' rows.
+    penalties, biases or banned tokens (``min_tokens``), else a copy with them applied to
+    those requests' rows.
 
     Everything here is a function of the request's tokens so far (prompt and output), which
     travel with it, so a migrated or recomputed request samples as it would have in place.
     """
-    rows = [i for i, r in enumerate(requests) if r.sampling_params.shapes_logits]
+    rows = [i for i, r in enumerate(requests) if r.sampling_params.shapes_logits or r.banned_token_ids]
     if not rows:
         return logits
     logits = logits.clone()
@@ -55,7 +56,8 @@ def shape_logits(logits: torch.Tensor, requests: list[ScheduledRequest]) -> torc
 
 def _shape_row(row: torch.Tensor, r: ScheduledRequest) -> None:
     """Penalties and biases, in place, on one request's row: repetition (prompt and
-    output), then frequency and presence (output), then the biases. Entry points refuse
+    output), then frequency and presence (output), then the biases, then the banned
+    tokens (``min_tokens``: EOS and stop ids may not come yet). Entry points refuse
     bias ids beyond the vocabulary; any that got here are left out, not a crash of the batch."""
     p, dev = r.sampling_params, row.device
     if p.repetition_penalty != 1.0:
@@ -70,6 +72,9 @@ def _shape_row(row: torch.Tensor, r: ScheduledRequest) -> None:
     if bias:
         ids = torch.tensor([t for t, _ in bias], dtype=torch.long, device=dev)
         row.index_add_(0, ids, torch.tensor([b for _, b in bias], dtype=row.dtype, device=dev))
+    banned = [t for t in r.banned_token_ids if t < row.shape[0]]
+    if banned:
+        row[torch.tensor(banned, dtype=torch.long, device=dev)] = float("-inf")
 
 
 def sample(logits: torch.Tensor, requests: list[ScheduledRequest],
