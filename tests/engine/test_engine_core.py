@@ -232,6 +232,31 @@ def test_status_snapshot():
     assert st.batch_size == 1 and st.step_id == 1
 
 
+@pytest.mark.parametrize("caching", [False, True])
+def test_head_of_line_demand_counts_only_the_blocks_its_cached_prefix_does_not_cover(caching):
+    """"b" shares 7 full blocks with running "a": with prefix caching it needs 2 free blocks
+    to be admitted, not its 9, and freeness must see 2 (Algorithm 1's head-of-line demand)."""
+    eng = make_engine(num_blocks=12, block_size=4, prefix_caching=caching)
+    shared = list(range(100, 128))
+    eng.add_request("a", [*shared, 1, 2, 3], greedy(8))
+    eng.step()  # a's prefill: 8 blocks, 7 of them full and cached
+    eng.add_request("c", list(range(300, 312)), greedy(8))
+    eng.step()  # c's prefill: 3 blocks, 1 left
+    eng.add_request("b", [*shared, *range(500, 508)], greedy(4))
+    eng.step()  # b waits: it needs 2 free blocks with the cache, 9 without
+    st = eng.get_status()
+    assert [r.request_id for r in st.waiting] == ["b"]
+    assert st.head_of_line_demand == (2 if caching else 9)
+    eng.abort_request("c")
+    eng.step()  # 4 free blocks: with the cache b is admitted on a's blocks, without it still waits
+    st = eng.get_status()
+    if caching:
+        assert st.head_of_line_demand == 0 and eng.get_request("b").num_cached_tokens == 28
+    else:
+        assert [r.request_id for r in st.waiting] == ["b"] and st.head_of_line_demand == 9
+    eng.check_invariants()
+
+
 def test_min_tokens_must_be_within_max_tokens():
     from llumnix.core.errors import InvalidRequestError
 

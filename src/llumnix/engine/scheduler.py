@@ -35,6 +35,9 @@ class LocalScheduler:
         self.num_preemptions = 0
         self._waiting_keys: list[tuple[int, float, int]] = []
         self._seq = itertools.count()
+        self._blocked: tuple[Request, int] | None = None
+        """The head of line the last admission left waiting for memory, and the free
+        blocks it needs (fewer than its size when cached blocks hold its prefix)."""
 
     # -- queues ------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
@@ -62,6 +65,16 @@ class LocalScheduler:
     @property
     def head_of_line(self) -> Request | None:
         return self.waiting[0] if self.waiting else None
+
+    def head_of_line_demand(self) -> int:
+        """Free blocks the head of line needs to be admitted (0 with an empty queue): as
+        the last admission counted them when memory stopped it, else its size in blocks."""
+        head = self.head_of_line
+        if head is None:
+            return 0
+        if self._blocked is not None and self._blocked[0] is head:
+            return self._blocked[1]
+        return self.kv.num_blocks_for(head.num_tokens)
 
     # -- one step ------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -94,6 +107,7 @@ class LocalScheduler:
             if len(self.running) + len(admitted) >= self.config.max_num_seqs:
                 break
             if not self.kv.can_allocate(req.num_tokens, cached):
+                self._blocked = (req, self.kv.blocks_needed(req.num_tokens, cached))
                 break  # head-of-line blocking is deliberate (FCFS)
             self._pop_waiting_head()
             self.kv.allocate(req.request_id, req.num_tokens, cached)

@@ -27,7 +27,6 @@ def build_status(engine: EngineCore, *, migrating: Collection[str] = (), **field
     running = _briefs(engine, sched.running, running=True, migrating=migrating)
     if sched.paused:
         running += _briefs(engine, sched.paused.values(), running=True, all_migrating=True)
-    head = sched.head_of_line
     values: dict[str, Any] = {
         "instance_id": engine.instance_id,
         "timestamp": engine.clock.now(),
@@ -38,7 +37,7 @@ def build_status(engine: EngineCore, *, migrating: Collection[str] = (), **field
         "max_num_seqs": engine.config.scheduler.max_num_seqs,
         "running": tuple(running),
         "waiting": tuple(_briefs(engine, sched.waiting, running=False, migrating=migrating)),
-        "head_of_line_demand": 0 if head is None else kv.num_blocks_for(head.num_tokens),
+        "head_of_line_demand": sched.head_of_line_demand(),
         "num_preemptions": sched.num_preemptions,
         "num_reserved_blocks": kv.num_reserved_blocks,
         "num_migrating_in": len(kv.reserved_ids()),

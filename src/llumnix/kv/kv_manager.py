@@ -84,13 +84,17 @@ class KVManager:
             return [], b""
         return self.prefix.match(prompt, output)
 
-    def can_allocate(self, num_tokens: int, cached: tuple[list[int], bytes] | None = None) -> bool:
+    def blocks_needed(self, num_tokens: int, cached: tuple[list[int], bytes] | None = None) -> int:
+        """Free blocks a table for ``num_tokens`` tokens would take: matched blocks that
+        other tables hold take none; matched evictable ones leave the free count too."""
         need = self.num_blocks_for(num_tokens)
         if cached is not None and cached[0]:
             assert self.prefix is not None
-            # matched blocks need no new block, but evictable ones leave the free count
             need += self.prefix.num_evictable_in(cached[0]) - len(cached[0])
-        return self.num_free_blocks - need >= self.num_watermark_blocks
+        return need
+
+    def can_allocate(self, num_tokens: int, cached: tuple[list[int], bytes] | None = None) -> bool:
+        return self.num_free_blocks - self.blocks_needed(num_tokens, cached) >= self.num_watermark_blocks
 
     def allocate(self, request_id: str, num_tokens: int, cached: tuple[list[int], bytes] | None = None,
                  ) -> list[int]:
