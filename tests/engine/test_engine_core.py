@@ -252,6 +252,9 @@ def test_head_of_line_demand_counts_only_the_blocks_its_cached_prefix_does_not_c
     st = eng.get_status()
     if caching:
         assert st.head_of_line_demand == 0 and eng.get_request("b").num_cached_tokens == 28
+        # a and b share 7 blocks: their lengths count them twice, the pool once
+        assert st.num_shared_block_holds == 7
+        assert sum(r.num_blocks for r in st.running) - st.num_shared_block_holds == st.num_used_blocks
     else:
         assert [r.request_id for r in st.waiting] == ["b"] and st.head_of_line_demand == 9
     eng.check_invariants()

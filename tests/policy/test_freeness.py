@@ -184,3 +184,16 @@ def test_the_total_is_the_sum_of_every_virtual_usage_exactly():
             for fake in (True, False):
                 want = sum(virtual_usages(st, cfg, fake=fake)) + st.num_reserved_blocks
                 assert total_virtual_usage(st, cfg, fake=fake) == want
+
+
+def test_blocks_shared_by_running_requests_count_once():
+    """Two requests of 10 blocks that share 6 (prefix caching) hold 14 blocks, not 20."""
+    import dataclasses
+
+    from llumnix.policy.freeness import freeness, queue_aware_freeness
+
+    s = inst("a", total=100, running=[run("x", 10), run("y", 10)])
+    shared = dataclasses.replace(s, num_used_blocks=14, num_shared_block_holds=6)
+    assert freeness(s, NO_HEADROOM) == (100 - 20) / 2
+    assert freeness(shared, NO_HEADROOM) == (100 - 14) / 2
+    assert queue_aware_freeness(shared, NO_HEADROOM) == (100 - 14) / 2

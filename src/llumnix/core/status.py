@@ -44,6 +44,10 @@ class InstanceStatus:
     """Preemptions since the instance started."""
     num_reserved_blocks: int = 0
     """Blocks held for incoming migrations (included in num_used_blocks)."""
+    num_shared_block_holds: int = 0
+    """With prefix caching, how many more blocks the running requests' ``num_blocks`` add
+    up to than they hold (a block shared by k requests is in k of them): virtual usage
+    subtracts it, so each physical block counts once."""
     num_migrating_in: int = 0
     num_migrating_out: int = 0
     is_terminating: bool = False

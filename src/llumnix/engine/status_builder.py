@@ -40,6 +40,7 @@ def build_status(engine: EngineCore, *, migrating: Collection[str] = (), **field
         "head_of_line_demand": sched.head_of_line_demand(),
         "num_preemptions": sched.num_preemptions,
         "num_reserved_blocks": kv.num_reserved_blocks,
+        "num_shared_block_holds": kv.num_shared_block_holds,
         "num_migrating_in": len(kv.reserved_ids()),
         "step_id": engine.step_id,
     }

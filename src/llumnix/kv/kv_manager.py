@@ -49,6 +49,12 @@ class KVManager:
         return self.pool.num_blocks - self.num_free_blocks
 
     @property
+    def num_shared_block_holds(self) -> int:
+        """How many more blocks the tables' lengths add up to than they hold: a block
+        shared by k tables (prefix caching) counts k times in their lengths, once here."""
+        return 0 if self.prefix is None else self.prefix.num_extra_holds
+
+    @property
     def num_reserved_blocks(self) -> int:
         return sum(len(self._tables[r]) for r in self._reserved)
 

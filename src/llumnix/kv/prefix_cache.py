@@ -59,6 +59,10 @@ class PrefixCache:
         """Tokens of the sequences admitted with a lookup (the hit rate's denominator)."""
         self.num_hit_tokens = 0
         """Of those, tokens whose KV came from the cache."""
+        self.num_extra_holds = 0
+        """Holds of keyed blocks beyond each block's first: sum over blocks of (refs - 1)
+        where refs >= 1. Summing every table's length counts shared blocks that many
+        times more than the pool does."""
 
     def match(self, prompt: Sequence[int], output: Sequence[int]) -> tuple[list[int], bytes]:
         """The cached blocks that hold this sequence's leading tokens, longest run first
@@ -87,6 +91,8 @@ class PrefixCache:
         for b in blocks:
             if self.refs[b] == 0:
                 del self.evictable[b]
+            else:
+                self.num_extra_holds += 1
             self.refs[b] += 1
         self.progress[request_id] = (len(blocks), key)
 
@@ -106,6 +112,7 @@ class PrefixCache:
                 self.evictable[b] = None
             else:
                 self.refs[b] = n - 1
+                self.num_extra_holds -= 1
         unkeyed.reverse()
         return unkeyed
 
@@ -141,3 +148,4 @@ class PrefixCache:
             assert (n == 0) == (b in self.evictable), f"block {b}: evictable iff no holder"
         for b, n in holders.items():
             assert n == 1 or b in self.refs, f"unkeyed block {b} is in {n} tables"
+        assert self.num_extra_holds == sum(n - 1 for n in self.refs.values() if n), "extra holds miscounted"

@@ -71,7 +71,8 @@ def virtual_usages(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = 
 
 
 def total_virtual_usage(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = True) -> float:
-    """Sum of V, counting blocks held for incoming migrations as used."""
+    """Sum of V, counting blocks held for incoming migrations as used and each block that
+    running requests share (prefix caching) once."""
     # The hot path of every status report and dispatch: when no running request's
     # priority carries headroom, the running requests' V is their physical blocks, and
     # their sum needs neither the per-priority shares nor the list (integers: the same
@@ -85,7 +86,7 @@ def total_virtual_usage(status: InstanceStatus, cfg: FreenessConfig, *, fake: bo
         running = sum(_running_usages(status, cfg))
     else:
         running = float(blocks)
-    return sum(_other_usages(status, fake), running) + status.num_reserved_blocks
+    return sum(_other_usages(status, fake), running) + status.num_reserved_blocks - status.num_shared_block_holds
 
 
 def freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
@@ -106,7 +107,7 @@ def queue_aware_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
     open-source Llumnix, which keeps new requests off instances with a queue. Offered as
     the ``llumnix`` dispatch option ``queued: all``; -inf for a terminating instance."""
     usage = sum(virtual_usages(dataclasses.replace(status, waiting=()), cfg)) + _queued_demand(status)
-    usage += status.num_reserved_blocks
+    usage += status.num_reserved_blocks - status.num_shared_block_holds
     return (status.num_total_blocks - usage) / max(1, status.num_running + status.num_waiting)
 
 
