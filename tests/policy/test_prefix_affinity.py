@@ -63,8 +63,10 @@ OPTS = PrefixOptions(slack=4, min_tokens=64)
     # ... but not with 4 more requests than the least loaded plus one (slack 4)
     ([_busy("a", 1), _busy("b", 6)], [1.0, 0.0], {"b": 8}, "a"),
     ([_busy("a", 1), _busy("b", 5)], [1.0, 0.0], {"b": 8}, "b"),
-    # nor when b has a queue
-    ([_busy("a", 1), _busy("b", 2, waiting=[wait("q", 32)])], [1.0, 0.0], {"b": 8}, "a"),
+    # queued requests count: 4 running and 2 queued is 5 more than a's 1 (beyond slack 4)
+    ([_busy("a", 1), _busy("b", 4, waiting=[wait("q", 32), wait("q2", 32)])], [1.0, 0.0], {"b": 8}, "a"),
+    ([_busy("a", 1), _busy("b", 4, waiting=[wait("q", 32)])], [1.0, 0.0], {"b": 8}, "b"),
+    ([_busy("a", 1, waiting=[wait("p", 32)]), _busy("b", 5, waiting=[wait("q", 32)])], [1.0, 0.0], {"b": 8}, "b"),
     # 3 blocks (48 tokens) save less than min_tokens 64 over the freest's none: the freest
     ([_busy("a", 1), _busy("b", 2)], [1.0, 0.0], {"b": 3}, "a"),
     # the gain counts over the freest's own match: 10 against 6 blocks is 64 tokens
@@ -164,3 +166,26 @@ def test_the_index_fast_path_picks_as_the_full_pipeline():
         prompt = [*rng.choice(prefixes), *range(rng.randint(0, 40))]
         picks = [_send(g, f"r{k}", prompt, now) for g in (fast, full)]
         assert picks[0] == picks[1], (k, picks)
+
+
+def test_llm_d_prefix_scorer_weighs_the_matched_fraction():
+    """llm-d's default pairs its queue scorer (weight 2) with a prefix-cache scorer (weight 3):
+    the instance holding the prompt wins over an idle one until the queue term outweighs it."""
+    def gs(weight):
+        g = GlobalScheduler(SchedulingConfig.from_dict({"dispatch": {
+            "policy": "llm-d", "pending_grace_s": 0.0,
+            "params": {"queue_weight": 2.0, "kv_weight": 0.0, "prefix_weight": weight}}}))
+        for i in range(2):
+            g.add_instance(inst(f"i{i}", total=1000))
+        return g
+
+    prompt = list(range(10 * BS))
+    g = gs(3.0)
+    assert _send(g, "r0", prompt) == "i0"
+    g.update_status(inst("i0", total=1000, waiting=[wait("q", 32)], ts=0.02))  # i0 queues one
+    assert _send(g, "r1", prompt, now=0.03) == "i0"  # 3 x 1.0 (prefix) beats 2 x 1.0 (queue)
+    plain = gs(0.0)
+    assert _send(plain, "r0", prompt) == "i0"
+    plain.update_status(inst("i0", total=1000, waiting=[wait("q", 32)], ts=0.02))
+    assert _send(plain, "r1", prompt, now=0.03) == "i1"
+    assert plain.prefix_index is None and g.prefix_index is not None

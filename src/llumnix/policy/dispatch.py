@@ -10,6 +10,7 @@ least-requests   fewest-requests                                       max-score
 random           -                                                     random
 power-of-two     fewest-requests                                       power-of-two
 llm-d            queue-depth (queue_weight), kv-utilization (kv_weight) max-score
+                 and, with prefix_weight > 0, prefix-match (prefix_weight)
 custom           ``params``: filters, scorers [{name, weight}], picker ``params``
 ================ ===================================================== ==============
 
@@ -59,7 +60,7 @@ POLICY_PARAMS: dict[str, tuple[str, ...]] = {
     "least-requests": _TIE,
     "random": (),
     "power-of-two": (),
-    "llm-d": ("queue_weight", "kv_weight", *_TIE),
+    "llm-d": ("queue_weight", "kv_weight", "prefix_weight", *_TIE),
     "custom": ("filters", "scorers", "picker"),
 }
 """The params each policy accepts; anything else is a configuration error."""
@@ -141,8 +142,11 @@ def make_pipeline(name: str, params: dict[str, Any] | None = None) -> Pipeline:
     if name == "power-of-two":
         return Pipeline(scorers=(("fewest-requests", 1.0),), picker="power-of-two")
     if name == "llm-d":
-        return Pipeline(scorers=(("queue-depth", _weight(p, "queue_weight")),
-                                 ("kv-utilization", _weight(p, "kv_weight"))), picker=_picker(p))
+        scorers = [("queue-depth", _weight(p, "queue_weight")), ("kv-utilization", _weight(p, "kv_weight"))]
+        prefix_weight = _weight(p, "prefix_weight") if "prefix_weight" in p else 0.0
+        if prefix_weight:
+            scorers.append(("prefix-match", prefix_weight))
+        return Pipeline(scorers=tuple(scorers), picker=_picker(p))
     return _custom(p)
 
 

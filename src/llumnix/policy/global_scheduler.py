@@ -50,7 +50,8 @@ class GlobalScheduler:
                                     sent=self.sent, rng=self._rng)
         """One context for every dispatch: its memo keeps metrics per status object."""
         prefix = prefix_options(self.config.dispatch.policy, self.config.dispatch.params)
-        self.prefix_index = None if prefix is None else PrefixIndex()
+        matching = prefix is not None or any(s == "prefix-match" for s, _ in self.pipeline.scorers)
+        self.prefix_index = PrefixIndex() if matching else None
         """Where each prompt prefix was sent (prefix affinity only)."""
         # With prefix affinity the index answers the policy's own max-score pick, and
         # ``_with_affinity`` applies the affinity rule to it (as the picker would).

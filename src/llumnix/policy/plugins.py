@@ -72,6 +72,16 @@ def kv_utilization(cands: list[InstanceStatus], ctx: DispatchContext) -> list[fl
     return [1.0 - s.num_used_blocks / max(1, s.num_total_blocks) for s in cands]
 
 
+@register(SCORERS, "prefix-match")
+def prefix_match(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
+    """llm-d's prefix-cache scorer: the fraction of the prompt whose blocks were sent to the
+    instance before (``PrefixIndex``; absolute, not relative). 0 everywhere without tokens."""
+    hits, n = ctx.prefix_hits, ctx.num_prompt_tokens
+    if not hits or not n:
+        return [0.0] * len(cands)
+    return [min(1.0, hits.get(s.instance_id, 0) * s.block_size / n) for s in cands]
+
+
 @register(PICKERS, "max-score")
 def max_score(cands: list[InstanceStatus], scores: list[float], ctx: DispatchContext) -> InstanceStatus:
     best = max(scores)

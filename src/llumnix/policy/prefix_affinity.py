@@ -120,8 +120,7 @@ def affinity_choice(freest: InstanceStatus, matched: Sequence[tuple[InstanceStat
     best: tuple[tuple[int, float], InstanceStatus] | None = None
     for s, v in matched:
         n = hits[s.instance_id]
-        if (n <= base or (n - base) * s.block_size < options.min_tokens
-                or s.num_waiting or s.num_running > limit):
+        if n <= base or (n - base) * s.block_size < options.min_tokens or s.num_running + s.num_waiting > limit:
             continue
         key = (-n, -v)
         if best is None or key < best[0]:  # strict: ties keep the lower id
