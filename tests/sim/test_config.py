@@ -32,6 +32,11 @@ def _cfg(**changes):
     ({"step_overhead_s": "5ms"}, "step_overhead_s"),
     ({"seq_overhead_s": -0.0001}, "seq_overhead_s"),
     ({"bogus": 1}, "bogus"),
+    ({"traces": [{"name": "P", "kind": "S-S", "rates": [1], "prefix_groups": 4}]}, "traces.P"),
+    ({"traces": [{"name": "P", "kind": "S-S", "rates": [1], "prefix_groups": -1, "prefix_tokens": 8}]},
+     "traces.P.prefix_groups"),
+    ({"traces": [{"name": "P", "kind": "S-S", "rates": [1], "prefix_groups": 2, "prefix_tokens": "x"}]},
+     "traces.P.prefix_tokens"),
 ])
 def test_bad_configs_raise_one_line_errors_naming_the_field(doc, field):
     with pytest.raises(ConfigError) as e:

@@ -48,11 +48,11 @@ def test_gateway_dispatches_high_priority_first_fcfs_within_a_priority():
         sent: list[int] = []
         dispatch = policy.dispatch
 
-        def closed_until_1s(rid, n, t, p):
+        def closed_until_1s(rid, n, t, p, tokens=None):
             if policy.clock.now() < 1.0:
                 return None
             sent.append(int(rid.split("-")[1]))
-            return dispatch(rid, n, t, p)
+            return dispatch(rid, n, t, p, tokens)
 
         policy.dispatch = closed_until_1s
         out = Simulator(cfg, LATENCY, policy, trace, priorities=priorities).run()

@@ -42,6 +42,9 @@ class ClusterConfig:
     """Seconds from a scale-up decision until the new instance takes requests."""
     check_invariants: bool = False
     """Check every engine's block accounting after every step (tests; slow)."""
+    enable_prefix_caching: bool = False
+    """Automatic prefix caching in every engine (worth it only on traces with shared
+    prefixes: other traces' prompts are all token 0)."""
 
     def __post_init__(self) -> None:
         for name in ("num_instances", "num_blocks", "block_size", "max_num_seqs",
@@ -54,7 +57,8 @@ class ClusterConfig:
     @property
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
-            cache=CacheConfig(block_size=self.block_size, num_blocks=self.num_blocks, watermark=self.watermark),
+            cache=CacheConfig(block_size=self.block_size, num_blocks=self.num_blocks, watermark=self.watermark,
+                              enable_prefix_caching=self.enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
                                       max_num_batched_tokens=self.max_num_batched_tokens),
             max_model_len=self.max_model_len,

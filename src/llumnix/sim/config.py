@@ -23,6 +23,8 @@ YAML layout (every key optional except ``systems`` and ``traces``)::
          systems: {llumnix: {migrate_out_threshold: 10}}}   # per-trace system overrides
       - {name: ShareGPT, kind: sharegpt, path: data/sharegpt.json, rates: [7.5]}
       - {name: S-S, kind: S-S, rates: [36], seeds: 6}   # this trace: seeds 0..5
+      - {name: docs, kind: S-S, rates: [20], prefix_groups: 64, prefix_tokens: 1024,
+         prefix_skew: 1.0}          # shared prompt heads (with cluster.enable_prefix_caching)
     include_traces: [M-M]           # optional filters
     include_systems: [llumnix]
     x-rule: &rule {enabled: true}   # keys starting with x- are ignored: anchors for reuse
@@ -173,6 +175,13 @@ def _positive_int(d: dict[str, Any], key: str, default: int, where: str) -> int:
     return v
 
 
+def _count(d: dict[str, Any], key: str, where: str) -> int:
+    v = d.get(key, 0)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ConfigError(f"{where}.{key} must be an integer >= 0, got {v!r}")
+    return v
+
+
 def _parse_cluster(d: Any) -> ClusterConfig:
     if d is None:
         return ClusterConfig()
@@ -230,7 +239,8 @@ def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
     overrides = d.get("systems") or {}
     if not isinstance(overrides, dict):
         raise ConfigError(f"{where}.systems must map system names to settings")
-    known = {"name", "kind", "rates", "path", "cv", "num_requests", "high_priority_fraction", "systems", "seeds"}
+    known = {"name", "kind", "rates", "path", "cv", "num_requests", "high_priority_fraction", "systems", "seeds",
+             "prefix_groups", "prefix_tokens", "prefix_skew"}
     for k in d:
         if k not in known:
             raise ConfigError(f"{where}.{k} is not a trace setting")
@@ -238,7 +248,9 @@ def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
         spec = TraceSpec(name=str(name), kind=kind,
                          num_requests=_positive_int(d, "num_requests", num_requests, f"{where}."),
                          path=path, cv=None if cv is None else float(cv),
-                         high_priority_fraction=float(d.get("high_priority_fraction", 0.0)))
+                         high_priority_fraction=float(d.get("high_priority_fraction", 0.0)),
+                         prefix_groups=_count(d, "prefix_groups", where), prefix_tokens=_count(d, "prefix_tokens", where),
+                         prefix_skew=float(d.get("prefix_skew", 0.0)))
     except TraceError as e:
         raise ConfigError(f"{where}: {e}") from None
     seeds = _positive_int(d, "seeds", 1, f"{where}.") if "seeds" in d else None

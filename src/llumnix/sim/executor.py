@@ -60,6 +60,14 @@ class SimExecutor:
         overhead = self._overhead + self._seq_overhead * n
         if batch.is_prefill:
             t = self.model.prefill_time([r.start_pos + len(r.token_ids) for r in sched]) + overhead
+            cached = [r.start_pos for r in sched if r.start_pos]
+            if cached:
+                # Prefix-cache hits: only the tokens after the cached prefix are computed.
+                # Their cost is the model's marginal one, prefill(cached + new) -
+                # prefill(cached): the linear term of the new tokens and the attention of
+                # the new tokens over the whole context.
+                model = self.model
+                t -= max(0.0, model.prefill_time(cached) - model.prefill_time(()))
         else:
             # A decode entry computes one token: its context is start_pos + 1.
             ctx = n

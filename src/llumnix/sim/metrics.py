@@ -111,6 +111,10 @@ class MetricsCollector:
         out["by_priority"] = {PRIORITY_NAMES.get(c, str(c)): self._class_summary(c)
                               for c in sorted(set(self.classes), reverse=True)}
         out["migrations"] = self.migration_summary()
+        prompt = sum(r.num_prompt_tokens for r in self.requests)
+        cached = sum(r.num_cached_tokens for r in self.requests)
+        out["prefix_cache"] = {"cached_tokens": cached, "prompt_tokens": prompt,
+                               "hit_rate": cached / prompt if prompt else 0.0}
         out["instances"] = {"average": self.average_instances(end),
                             "max": max((n for _, n in self.instance_timeline), default=0)}
         return out

@@ -99,9 +99,9 @@ class PolicyBridge:
 
     # -- dispatch ------------------------------------------------------------------
     def dispatch(self, request_id: str, num_prompt_tokens: int, arrival_time: float,
-                 priority: int) -> str | None:
-        return self.gs.dispatch(DispatchRequest(request_id, num_prompt_tokens, priority, arrival_time),
-                                self._now())
+                 priority: int, prompt_token_ids: list[int] | None = None) -> str | None:
+        return self.gs.dispatch(DispatchRequest(request_id, num_prompt_tokens, priority, arrival_time,
+                                                prompt_token_ids), self._now())
 
     # -- migration -----------------------------------------------------------------
     def pair_migrations(self) -> list[tuple[str, str]]:

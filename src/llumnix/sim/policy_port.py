@@ -34,8 +34,9 @@ class PolicyPort(Protocol):
         """The instance's llumlet reports its status to the global scheduler."""
 
     def dispatch(self, request_id: str, num_prompt_tokens: int, arrival_time: float,
-                 priority: int) -> str | None:
-        """The instance to send a new request to; None if none is schedulable."""
+                 priority: int, prompt_token_ids: list[int] | None = None) -> str | None:
+        """The instance to send a new request to; None if none is schedulable.
+        ``prompt_token_ids``: the prompt, on traces with shared prefixes (else None)."""
 
     def pair_migrations(self) -> list[tuple[str, str]]:
         """One rescheduling round: (source, destination) instance pairs."""

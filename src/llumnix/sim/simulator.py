@@ -139,14 +139,15 @@ class Simulator:
         trace = self.trace
         priority = self._priority(i)
         num_prompt = int(trace.prompt_lens[i])
-        iid = self.policy.dispatch(f"req-{i}", num_prompt, float(trace.arrival_times[i]), priority)
+        tokens = trace.prompt_token_ids(i)
+        iid = self.policy.dispatch(f"req-{i}", num_prompt, float(trace.arrival_times[i]), priority, tokens)
         if iid is None:
             self._queue(i)
             return []
         inst = self.cluster.instances[iid]
         try:
             inst.engine.add_request(
-                f"req-{i}", [0] * num_prompt,
+                f"req-{i}", [0] * num_prompt if tokens is None else tokens,
                 SamplingParams(max_tokens=int(trace.output_lens[i]), ignore_eos=True),
                 priority=Priority.HIGH if priority else Priority.NORMAL,
                 arrival_time=float(trace.arrival_times[i]))

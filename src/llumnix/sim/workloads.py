@@ -1,9 +1,16 @@
-"""Request traces: lengths, arrival times and priorities, all seeded.
+"""Request traces: lengths, arrival times, priorities and shared prompt prefixes, all seeded.
 
 Same (spec, rate, seed) -> the same trace. Lengths, arrival gaps and priorities come
 from three independent streams of one seed, and the gaps are drawn at unit rate then
 divided by the rate, so the runs of one trace at different rates share the same
 requests (common random numbers: differences between rates are not sampling noise).
+
+A trace with ``prefix_groups`` > 0 gives every prompt a shared head: one of that many
+prefixes of ``prefix_tokens`` tokens (a system prompt, a document, a few-shot header),
+chosen with Zipf(``prefix_skew``) popularity (0: uniform), followed by the request's own
+tokens, as many as its length draw. Its requests carry token ids (``prompt_token_ids``)
+that prefix caching and prefix affinity can match; other traces' tokens are all 0 and
+they run without the cache.
 """
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from llumnix.core.errors import LlumnixError
+
+OWN_TOKEN_BASE = 1_000_000
+"""First token id of the requests' own prompt tokens (prefixes use 1 .. prefix_groups)."""
 
 LENGTH_CAP = 6144
 """Cap on generated lengths, the paper's (and BurstGPT's) 6144 tokens."""
@@ -213,10 +223,20 @@ class TraceSpec:
     """Gamma burstiness of arrivals; None: Poisson."""
     high_priority_fraction: float = 0.0
     """Fraction of requests sent with high priority."""
+    prefix_groups: int = 0
+    """Distinct shared prompt prefixes (0: none)."""
+    prefix_tokens: int = 0
+    """Tokens of each shared prefix, before the request's own."""
+    prefix_skew: float = 0.0
+    """Zipf exponent of the prefixes' popularity (0: uniform)."""
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
             raise TraceError("num_requests must be >= 1")
+        if self.prefix_groups < 0 or self.prefix_tokens < 0 or self.prefix_skew < 0:
+            raise TraceError("prefix_groups, prefix_tokens and prefix_skew must be >= 0")
+        if (self.prefix_groups > 0) != (self.prefix_tokens > 0):
+            raise TraceError("prefix_groups and prefix_tokens go together (both > 0, or neither)")
         if not 0.0 <= self.high_priority_fraction <= 1.0:
             raise TraceError("high_priority_fraction must be in [0, 1]")
         if self.kind not in ("sharegpt", "burstgpt") and not _is_class_pair(self.kind):
@@ -237,9 +257,21 @@ class Trace:
     prompt_lens: np.ndarray
     output_lens: np.ndarray
     priorities: np.ndarray
+    prefix_ids: np.ndarray | None = None
+    """Per request, its shared prefix (``TraceSpec.prefix_groups``); None: no prefixes.
+    ``prompt_lens`` then counts the prefix too."""
+    prefix_tokens: int = 0
 
     def __len__(self) -> int:
         return len(self.arrival_times)
+
+    def prompt_token_ids(self, i: int) -> list[int] | None:
+        """Request ``i``'s prompt: its prefix's tokens (all ``1 + prefix``), then its own
+        (all ``OWN_TOKEN_BASE + i``: no two requests share them); None without prefixes."""
+        if self.prefix_ids is None:
+            return None
+        own = int(self.prompt_lens[i]) - self.prefix_tokens
+        return [1 + int(self.prefix_ids[i])] * self.prefix_tokens + [OWN_TOKEN_BASE + i] * own
 
 
 def _lengths(spec: TraceSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -265,4 +297,9 @@ def make_trace(spec: TraceSpec, rate: float, seed: int) -> Trace:
     ins, outs = _lengths(spec, rng_len)
     times = arrival_times(rng_arr, spec.num_requests, rate, spec.cv)
     prio = (rng_pri.random(spec.num_requests) < spec.high_priority_fraction).astype(np.int64)
-    return Trace(spec.name, rate, seed, times, ins, outs, prio)
+    if not spec.prefix_groups:
+        return Trace(spec.name, rate, seed, times, ins, outs, prio)
+    ranks = np.arange(1, spec.prefix_groups + 1, dtype=float)
+    p = ranks ** -spec.prefix_skew
+    groups = np.random.default_rng([seed, tag, 3]).choice(spec.prefix_groups, spec.num_requests, p=p / p.sum())
+    return Trace(spec.name, rate, seed, times, ins + spec.prefix_tokens, outs, prio, groups, spec.prefix_tokens)
