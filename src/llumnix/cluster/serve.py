@@ -53,7 +53,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    "least-requests | power-of-two | llm-d")
     p.add_argument("--prefix-affinity", action=argparse.BooleanOptionalAction, default=None,
                    help="llumnix dispatch: send a prompt where its longest prefix was sent before, among "
-                   "instances with no queue and at most 4 more requests than the freest (default: on "
+                   "instances with at most 4 more requests than the freest (default: on "
                    "with prefix caching and the llumnix policy)")
     p.add_argument("--migration", action=argparse.BooleanOptionalAction, default=None,
                    help="continuous rescheduling by live migration (default on)")

@@ -39,7 +39,7 @@ its prefill stalls the fewest young decoding requests (``policy/decode_shield.py
 ``llumnix`` with ``params: {prefix: true}`` (not the paper's, off by default; optional
 ``prefix_slack``, default 4 requests, and ``prefix_min_tokens``, default 64) picks with
 ``prefix-affinity``: a request goes where the longest prefix of its prompt was sent before,
-among the instances with no queue and at most ``prefix_slack`` more requests than the
+among the instances with at most ``prefix_slack`` more requests (running and queued) than the
 one freeness picks (``policy/prefix_affinity.py``). It needs the prompt's tokens in the
 ``DispatchRequest``; without them it picks as plain ``llumnix``.
 """

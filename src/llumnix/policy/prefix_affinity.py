@@ -13,9 +13,9 @@ may be gone; a wrong guess costs one prefill, as a miss does without the option.
 The pick (``affinity_pick``), over the candidates the filters left:
 
     freest   = what the policy's scores pick (Llumnix: the highest freeness)
-    eligible = candidates with no queue and at most ``slack`` more requests
-               (running, queued and just sent) than freest, whose remembered
-               prefix is at least ``min_tokens`` longer than freest's
+    eligible = candidates with at most ``slack`` more requests (running, queued
+               and just sent) than freest, whose remembered prefix is at least
+               ``min_tokens`` longer than freest's
     pick     = the eligible one with the longest remembered prefix (ties: score, id),
                or freest when none is eligible
 
@@ -24,8 +24,10 @@ instance is about equally free, and freeness says nothing of how busy an instanc
 is in compute, so a popular prefix would pile onto one instance. With the bound it
 stays on one instance until that instance holds ``slack`` more requests than the
 one freeness would pick; then a request goes there, and that instance caches the
-prefix too. Under memory pressure queues form, and queued instances are not
-eligible, so Llumnix's freeness decides as without the option. The bound is
+prefix too. Queued requests count like running ones: under load every instance
+queues, and then the cache matters most, since every hit is prefill work and
+memory the cluster does not spend (an earlier rule that refused instances with a
+queue lost most hits exactly there; ``benchmarks/sim/prefix.yaml``). The bound is
 against freest, not the least loaded instance, because freest is where the request
 would go without affinity: what affinity costs is the difference between the two
 (and it keeps a dispatch from scanning every instance).
