@@ -172,5 +172,5 @@ def test_shared_prefixes_hit_the_cache_and_prefix_affinity_finds_them():
     assert plain["num_finished"] + plain["num_rejected"] == affine["num_finished"] + affine["num_rejected"] == 300
     assert plain["num_rejected"] == affine["num_rejected"] < 10  # prompts too long for an instance
     hits = plain["prefix_cache"]["hit_rate"], affine["prefix_cache"]["hit_rate"]
-    assert hits[0] > 0.3 and hits[1] > hits[0] + 0.2  # 0.42 and 0.74
-    assert affine["prefill"]["mean"] < 0.7 * plain["prefill"]["mean"]  # 0.052 s against 0.097 s
+    assert hits[0] > 0.3 and hits[1] > hits[0] + 0.2  # 0.42 and 0.75
+    assert affine["prefill"]["mean"] < 0.7 * plain["prefill"]["mean"]  # 0.052 s against 0.095 s
