@@ -12,7 +12,7 @@ from llumnix.core.config import CacheConfig, EngineConfig, SchedulerConfig
 from llumnix.core.errors import InvalidRequestError
 from llumnix.core.request import Priority
 from llumnix.core.sampling_params import SamplingParams
-from llumnix.core.stop import find_stop
+from llumnix.core.stop import find_stop, stop_floor
 from llumnix.engine import EngineCore
 
 if TYPE_CHECKING:
@@ -39,8 +39,7 @@ def finish_text(tokenizer: Tokenizer, token_ids: list[int], params: SamplingPara
     """The completion text: decoded, cut before the first stop string (one that ends
     in the text of the ``min_tokens``-th token or later, as the engine rules)."""
     text = tokenizer.decode(token_ids)
-    floor = len(tokenizer.decode(token_ids[:params.min_tokens - 1])) if params.min_tokens > 1 else 0
-    hit = find_stop(text, params.stop, floor) if params.stop else None
+    hit = find_stop(text, params.stop, stop_floor(tokenizer, token_ids, params.min_tokens - 1)) if params.stop else None
     return text if hit is None else text[:hit[0]]
 
 

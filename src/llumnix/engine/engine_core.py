@@ -13,7 +13,7 @@ from llumnix.core.errors import InvalidRequestError, RequestTooLongError, Unknow
 from llumnix.core.request import Priority, Request, RequestStatus
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.status import InstanceStatus
-from llumnix.core.stop import Detokenizer, find_stop
+from llumnix.core.stop import Detokenizer, find_stop, stop_floor
 from llumnix.engine.migration_ops import MigrationOpsMixin
 from llumnix.engine.scheduler import LocalScheduler
 from llumnix.engine.status_builder import build_status
@@ -177,8 +177,7 @@ class EngineCore(MigrationOpsMixin):
             tail = max(len(s) for s in params.stop) + 4
             window = req.output_token_ids[-tail:]
             # A stop string must end in the text of the min_tokens-th token or later.
-            early = max(0, params.min_tokens - 1 - (n_out - len(window)))
-            floor = len(self.detokenizer.decode(window[:early])) if early else 0
+            floor = stop_floor(self.detokenizer, window, params.min_tokens - 1 - (n_out - len(window)))
             hit = find_stop(self.detokenizer.decode(window), params.stop, floor)
             if hit is not None:
                 req.stop_reason = hit[1]

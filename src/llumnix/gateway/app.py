@@ -39,11 +39,10 @@ TokenLogprob = tuple[int, float, list[tuple[int, float]] | None]
 """A generated token, its logprob, and its most likely alternatives when asked for."""
 EchoLogprob = tuple[int, float | None, list[tuple[int, float]] | None]
 """A token of a completions answer's logprobs: an echoed prompt's first token has none."""
-# (new text, finish reason, output tokens so far, new tokens' logprobs, prompt logprobs,
-# prompt tokens served from the prefix cache)
 RunItem = tuple[str, str | None, int, list[TokenLogprob], list[TokenLogprob] | None, int]
 """One step of a choice: new text, finish reason, output tokens so far, logprobs of the new
-tokens, and (on the first step, when asked for) the prompt's tokens after the first with theirs."""
+tokens, (on the first step, when asked for) the prompt's tokens after the first with theirs,
+and the prompt tokens the prefix cache served."""
 
 
 def error_response(status: int, message: str, *, type_: str = "invalid_request_error",

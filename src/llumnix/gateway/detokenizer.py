@@ -6,7 +6,7 @@ is settled: complete characters, and no tail that could still become a stop.
 """
 from __future__ import annotations
 
-from llumnix.core.stop import Detokenizer, find_stop
+from llumnix.core.stop import Detokenizer, find_stop, stop_floor
 
 
 class IncrementalDetokenizer:
@@ -35,7 +35,7 @@ class IncrementalDetokenizer:
         self.token_ids += token_ids
         text = self._tok.decode(self.token_ids)
         if self._floor is None and len(self.token_ids) >= self._min_tokens:
-            self._floor = len(self._tok.decode(self.token_ids[:self._min_tokens - 1]))
+            self._floor = stop_floor(self._tok, self.token_ids, self._min_tokens - 1)
         hit = find_stop(text, self._stop, self._floor) if self._stop and self._floor is not None else None
         if hit is not None:
             text = text[: hit[0]]

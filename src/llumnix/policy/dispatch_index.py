@@ -72,7 +72,4 @@ class DispatchIndex:
         key, iid = min(self._keys.values())
         if not math.isfinite(key):
             return FALLBACK
-        view = views[iid]
-        if not all(f(view, ctx) for f in self._dynamic):
-            return FALLBACK
-        return iid
+        return iid if self.passes_dynamic(views[iid], ctx) else FALLBACK

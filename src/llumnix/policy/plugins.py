@@ -116,6 +116,7 @@ def decode_shield(cands: list[InstanceStatus], scores: list[float], ctx: Dispatc
 
 @register(PICKERS, "prefix-affinity")
 def prefix_affinity(cands: list[InstanceStatus], scores: list[float], ctx: DispatchContext) -> InstanceStatus:
-    """Not the paper's: among the candidates near the least loaded, the one the longest
-    prefix of the prompt was sent to before (``policy/prefix_affinity.py``)."""
+    """Not the paper's: among the candidates with at most a few more requests than the
+    freest, the one the longest prefix of the prompt was sent to before
+    (``policy/prefix_affinity.py``)."""
     return affinity_pick(cands, scores, ctx.prefix_hits, ctx.prefix_options)

@@ -168,17 +168,11 @@ def parse_system(name: str, d: Any, where: str = "systems") -> SystemSpec:
     return spec
 
 
-def _positive_int(d: dict[str, Any], key: str, default: int, where: str) -> int:
+def _int_field(d: dict[str, Any], key: str, default: int, where: str, least: int = 1) -> int:
     v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"{where}{key} must be a positive integer, got {v!r}")
-    return v
-
-
-def _count(d: dict[str, Any], key: str, where: str) -> int:
-    v = d.get(key, 0)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ConfigError(f"{where}.{key} must be an integer >= 0, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        what = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ConfigError(f"{where}{key} must be {what}, got {v!r}")
     return v
 
 
@@ -246,14 +240,15 @@ def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
             raise ConfigError(f"{where}.{k} is not a trace setting")
     try:
         spec = TraceSpec(name=str(name), kind=kind,
-                         num_requests=_positive_int(d, "num_requests", num_requests, f"{where}."),
+                         num_requests=_int_field(d, "num_requests", num_requests, f"{where}."),
                          path=path, cv=None if cv is None else float(cv),
                          high_priority_fraction=float(d.get("high_priority_fraction", 0.0)),
-                         prefix_groups=_count(d, "prefix_groups", where), prefix_tokens=_count(d, "prefix_tokens", where),
+                         prefix_groups=_int_field(d, "prefix_groups", 0, f"{where}.", 0),
+                         prefix_tokens=_int_field(d, "prefix_tokens", 0, f"{where}.", 0),
                          prefix_skew=float(d.get("prefix_skew", 0.0)))
     except TraceError as e:
         raise ConfigError(f"{where}: {e}") from None
-    seeds = _positive_int(d, "seeds", 1, f"{where}.") if "seeds" in d else None
+    seeds = _int_field(d, "seeds", 1, f"{where}.") if "seeds" in d else None
     return TraceRun(spec, tuple(float(r) for r in rates), {k: dict(v) for k, v in overrides.items()}, seeds)
 
 
@@ -279,7 +274,7 @@ def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
     traces_doc = doc.get("traces")
     if not isinstance(traces_doc, list) or not traces_doc:
         raise ConfigError("traces must be a non-empty list")
-    n = _positive_int(doc, "num_requests", 10_000, "")
+    n = _int_field(doc, "num_requests", 10_000, "")
     traces = [_parse_trace(i, t, n, base) for i, t in enumerate(traces_doc)]
     wanted_traces = _include(doc, "include_traces", [t.spec.name for t in traces])
     wanted_systems = _include(doc, "include_systems", [s.name for s in systems])
@@ -292,7 +287,7 @@ def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
                 raise ConfigError(f"traces.{t.spec.name}.systems.{sname}: no system named {sname!r}")
     cfg = ExperimentConfig(
         name=str(doc.get("name", "experiment")), latency_model=latency,
-        seeds=_positive_int(doc, "seeds", 1, ""), jobs=_positive_int(doc, "jobs", 1, ""),
+        seeds=_int_field(doc, "seeds", 1, ""), jobs=_int_field(doc, "jobs", 1, ""),
         plots=bool(doc.get("plots", True)), cluster=_parse_cluster(doc.get("cluster")),
         systems=tuple(systems), traces=tuple(traces), step_overhead_s=_overhead(doc, "step_overhead_s"),
         seq_overhead_s=_overhead(doc, "seq_overhead_s"))
