@@ -459,6 +459,50 @@ def test_client_disconnect_after_a_migration_frees_the_blocks_where_the_request_
     assert all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()), counts
 
 
+def test_a_migration_to_an_instance_that_caches_the_prompt_sends_only_the_rest(server, cluster):
+    """Prefix caching (on in this cluster): a first stream is migrated to the other
+    instance, which from then on caches its prompt's blocks; a second stream with the
+    same prompt is migrated between the two, and whichever way it goes the destination
+    already caches the prompt (the source of the first keeps it, evictable): those
+    blocks are adopted there by their keys, not sent. Every block comes back."""
+    from tests.cluster.helpers import wait_idle, where_is
+
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    prompt = "the shared document says hello " * 3
+
+    def stream_and_migrate() -> dict:
+        report, n_after = None, 0
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
+                          json={"model": name, "prompt": prompt, "max_tokens": 300, "ignore_eos": True,
+                                "stream": True}) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                if report is None:
+                    rid = json.loads(line[6:])["id"]
+                    src = where_is(cluster.instances, rid)
+                    if src is None:
+                        continue
+                    dst = next(i for i in cluster.instances if i != src)
+                    report = ray.get(cluster.instances[src].migrate_request.remote(rid, dst, cluster.instances[dst]),
+                                     timeout=60)
+                    assert report["committed"], report
+                    continue
+                n_after += 1
+                if n_after == 3:
+                    break  # decoded on the destination, which keyed the request's blocks
+        assert report is not None
+        return report
+
+    stream_and_migrate()
+    second = stream_and_migrate()
+    # 93 characters of prompt: at least 20 tokens, 5 full blocks of 4
+    assert second["num_blocks_cached"] >= 5 and second["num_bytes"] > 0, second
+    counts = wait_idle(cluster.instances)
+    assert all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()), counts
+
+
 BAD_INPUTS = [  # (endpoint, body, status, param); chat bodies get "messages" unless they set it
     ("completions", b"{not json", 400, None),
     ("completions", b"[1, 2]", 400, None),

@@ -89,3 +89,86 @@ def test_reservations_take_fresh_blocks_and_invariants_catch_a_bad_count():
     kv.prefix.refs[b] += 1
     with pytest.raises(AssertionError):
         kv.check_invariants()
+
+
+def test_a_migration_reservation_adopts_the_cached_leading_blocks_by_their_keys():
+    """A destination given the keys of an incoming request's full blocks takes the ones
+    it caches into the reservation (held, never evicted); the rest is reserved fresh; the
+    admission hit rate does not count them; release and install keep the accounting exact."""
+    from llumnix.kv.prefix_cache import sequence_keys
+
+    kv = KVManager(12, BS, watermark=0.0, prefix_caching=True)
+    a = _admit(kv, "a", list(range(13)))            # 3 keyed blocks, one partial
+    seq = list(range(8)) + [70, 71, 72, 73, 74]     # agrees with a for 2 blocks
+    keys = sequence_keys(seq, [], 3, BS)
+    hits = kv.prefix.num_hit_tokens
+    assert kv.reserve_cached("m", keys) == 2
+    assert kv.block_table("m") == a[:2] and kv.is_reserved("m")
+    assert kv.prefix.num_hit_tokens == hits and kv.num_shared_block_holds == 2
+    kv.reserve("m", 2)                               # block 2 and the partial one: sent
+    kv.check_invariants()
+    kv.free("a")
+    kv.allocate("big", 4 * BS)                       # takes every free block it can
+    assert set(a[:2]) <= set(kv.block_table("m"))    # adopted blocks are held, not evictable
+    kv.check_invariants()
+    kv.free("m")                                     # an abort: back to evictable
+    kv.check_invariants()
+    assert kv.match_prefix(seq)[0] == a[:2]
+    # committed, the request keys its own blocks from where the adopted ones end
+    assert kv.reserve_cached("n", keys) == 2
+    kv.reserve("n", 2)
+    kv.commit_reservation("n")
+    kv.cache_computed("n", seq, [], len(seq))
+    assert kv.match_prefix(seq + [1])[0] == kv.block_table("n")[:3]
+    kv.check_invariants()
+
+
+def test_nothing_adopted_without_a_match_without_caching_or_over_the_watermark():
+    from llumnix.kv.prefix_cache import sequence_keys
+
+    keys = sequence_keys(list(range(9)), [], 2, BS)
+    assert KVManager(8, BS, prefix_caching=False).reserve_cached("m", keys) == 0
+    kv = KVManager(8, BS, watermark=0.25, prefix_caching=True)   # 2 watermark blocks
+    assert kv.reserve_cached("m", keys) == 0 and not kv.has("m")
+    _admit(kv, "a", list(range(9)))
+    kv.free("a")                                     # 2 keyed evictable blocks
+    kv.allocate("b", 5 * BS)                         # from the pool: 1 left there
+    assert kv.num_free_blocks == 3
+    assert kv.reserve_cached("m", keys) == 0         # taking the 2 evictable ones would cross it
+    assert len(kv.match_prefix(list(range(9)))[0]) == 2
+    kv.free("b")
+    assert kv.reserve_cached("m", keys) == 2
+    kv.check_invariants()
+
+
+def test_shared_blocks_of_a_table_are_the_leading_ones_others_hold():
+    kv = KVManager(16, BS, watermark=0.0, prefix_caching=True)
+    _admit(kv, "a", list(range(13)))                  # 3 keyed blocks + 1
+    _admit(kv, "b", list(range(8)) + [90, 91, 92])    # shares 2
+    assert kv.num_shared_blocks_of("a") == kv.num_shared_blocks_of("b") == 2
+    _admit(kv, "c", list(range(13)))                  # shares a's 3 keyed blocks
+    assert (kv.num_shared_blocks_of("a"), kv.num_shared_blocks_of("c")) == (3, 3)
+    kv.free("a")
+    assert (kv.num_shared_blocks_of("b"), kv.num_shared_blocks_of("c")) == (2, 2)
+    assert kv.num_shared_blocks_of("gone") == 0
+    assert KVManager(4, BS).num_shared_blocks_of("x") == 0
+
+
+def test_the_first_stage_reservation_adopts_then_reserves_the_rest_or_nothing():
+    """``EngineCore.try_reserve_with_cache``: adopted + fresh blocks in one step, and a
+    refusal leaves nothing reserved (the adopted blocks go back to the cache)."""
+    from llumnix.kv.prefix_cache import sequence_keys
+    from tests.engine.helpers import make_engine
+
+    eng = make_engine(num_blocks=10, block_size=BS, prefix_caching=True)
+    _admit(eng.kv, "a", list(range(13)))            # 3 keyed blocks + 1 of 10
+    keys = sequence_keys(list(range(12)) + [50] * 8, [], 5, BS)
+    n, fresh = eng.try_reserve_with_cache("m", keys)
+    assert n == 3 and len(fresh) == 2 and eng.kv.block_table("m")[:3] == eng.kv.block_table("a")[:3]
+    eng.kv.check_invariants()
+    assert eng.try_reserve_with_cache("m", keys) is None     # already reserving here
+    eng.release_reservation("m")
+    big = sequence_keys(list(range(12)) + [50] * 40, [], 13, BS)
+    assert eng.try_reserve_with_cache("m", big) is None      # 10 fresh blocks: more than 6 free
+    assert not eng.kv.has("m") and eng.kv.num_shared_block_holds == 0
+    eng.kv.check_invariants()

@@ -38,11 +38,11 @@ class Pair:
     # takes 0.2-0.3 s on a loaded machine still finds it running (at 2 ms, 4-5 of these
     # tests failed with "the request finished" whenever two simulations ran beside them).
     def __init__(self, num_blocks=64, dst_blocks=64, slow_s=0.01, dst_watermark=0.0, transport="tcp",
-                 dst_slow_s=None):
+                 dst_slow_s=None, prefix_caching=False):
         self.servers = []
         self.step_s = {"src": slow_s, "dst": slow_s if dst_slow_s is None else dst_slow_s}
         for iid, nb, wm in (("src", num_blocks, 0.0), ("dst", dst_blocks, dst_watermark)):
-            eng = make_engine(num_blocks=nb, instance_id=iid, watermark=wm)
+            eng = make_engine(num_blocks=nb, instance_id=iid, watermark=wm, prefix_caching=prefix_caching)
             eng.clock = WallClock()
             ex = eng.executor
             orig = ex.execute
@@ -118,6 +118,26 @@ def test_migrated_request_produces_the_same_tokens_exactly_once(params, transpor
         indices = sorted(i for i, _ in pair.tokens["x"])
         assert indices == list(range(1, params.max_tokens + 1))  # no gap, no duplicate
         assert out == reference(PROMPT, params)
+        pair.check_drained()
+
+
+def test_blocks_the_destination_caches_are_adopted_not_sent():
+    """Prefix caching: the destination runs a request sharing x's first 20 tokens, so
+    x's first 5 blocks are adopted there by their keys; only the rest travels, and x
+    still produces every token exactly once, as without migration."""
+    params = SamplingParams(max_tokens=120)
+    with Pair(prefix_caching=True) as pair:
+        pair.dst.call(lambda: pair.dst.engine.add_request("other", PROMPT[:20] + [7, 8], SamplingParams(max_tokens=200)))
+        pair.add("x", PROMPT, params)
+        time.sleep(0.05)
+        rep = migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig(max_stages=3))
+        assert rep.committed, rep.abort_reason
+        assert rep.num_blocks_cached == 5
+        assert 0 < rep.num_blocks <= (len(PROMPT) + 120) // 4 + 1 - 5
+        out = pair.collect("x")
+        assert sorted(i for i, _ in pair.tokens["x"]) == list(range(1, params.max_tokens + 1))
+        assert out == reference(PROMPT, params)
+        pair.dst.call(lambda: pair.dst.engine.abort_request("other"))
         pair.check_drained()
 
 

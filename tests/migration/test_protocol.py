@@ -86,3 +86,25 @@ def test_wrong_reservation_size_aborts():
     m = MigrationProtocol("r", "a", "b", MigrationConfig(), 0.0)
     m.begin_stage([1, 2, 3], 0.0)
     assert m.on_reserved([7], 0.0) == P.ABORTED
+
+
+def test_blocks_adopted_from_the_destinations_cache_count_as_done_but_not_as_sent():
+    m = MigrationProtocol("r", "a", "b", MigrationConfig(max_stages=3, last_stage_max_blocks=1),
+                          now=0.0, bytes_per_block=10)
+    m.on_cached(30)
+    assert m.num_blocks_done == 30 and m.num_blocks_sent == 0
+    assert _stage(m, list(range(30, 40)), 0.0, unsent=1) == P.PAUSE
+    assert m.num_blocks_done == 40
+    with pytest.raises(RuntimeError):
+        m.on_cached(5)  # only before the first stage
+    m.on_paused(1.0, request_alive=True)
+    m.begin_stage([40], 1.0)
+    m.on_reserved([7], 1.0)
+    m.on_copied(1.01, request_alive=True, num_unsent_blocks=0)
+    m.on_committed(1.02)
+    m.check_invariants()
+    rep = m.report()
+    assert rep.num_blocks == 11 and rep.num_bytes == 110 and rep.num_blocks_cached == 30
+    queued = MigrationProtocol("q", "a", "b", MigrationConfig(), 0.0, has_kv=False)
+    with pytest.raises(RuntimeError):
+        queued.on_cached(1)  # no KV: nothing to adopt

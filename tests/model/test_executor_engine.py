@@ -133,6 +133,46 @@ def test_kv_export_import_into_a_second_engine_continues_identically(tiny_loaded
     assert dst.kv.num_free_blocks == dst.kv.num_total_blocks
 
 
+@pytest.mark.parametrize("dst_holds", [True, False])
+def test_a_migration_adopts_the_destinations_cached_prefix_and_continues_identically(tiny_loaded, dst_holds):
+    """The destination already caches the first 20 tokens of the migrating request (held
+    by a running request there, or only evictable): those 5 blocks are adopted by their
+    keys and never sent; the request continues exactly as without migration."""
+    from llumnix.kv.prefix_cache import sequence_keys
+
+    params = SamplingParams(max_tokens=24)
+    ref = real_engine(tiny_loaded)
+    ref.add_request("x", PROMPT, params)
+    expected = drain(ref)["x"]
+
+    src = real_engine(tiny_loaded, instance_id="src", prefix_caching=True)
+    dst = real_engine(tiny_loaded, instance_id="dst", prefix_caching=True)
+    dst.add_request("other", PROMPT[:20] + [3, 4, 5], SamplingParams(max_tokens=40 if dst_holds else 2))
+    for _ in range(3):
+        dst.step()
+    assert dst.has_unfinished_requests() == dst_holds
+    src.add_request("x", PROMPT, params)
+    produced = [t for _ in range(6) for o in src.step() for t in o.new_token_ids if o.request_id == "x"]
+    req = src.requests["x"]
+    full = src.blocks_since("x", 0, full_only=True)
+    got = dst.try_reserve_with_cache("x", sequence_keys(req.prompt_token_ids, req.output_token_ids, len(full), 4))
+    assert got is not None
+    n, fresh = got
+    assert n == 5 and len(fresh) == len(full) - 5 and dst.kv.num_shared_block_holds == (5 if dst_holds else 0)
+    dst.executor.scatter_blocks(fresh, src.executor.gather_blocks(full[n:]))
+    produced += [t for _ in range(5) for o in src.step() for t in o.new_token_ids if o.request_id == "x"]
+    src.pause_request("x")
+    rest = src.blocks_since("x", len(full))
+    dst.executor.scatter_blocks(dst.try_reserve("x", len(rest)), src.executor.gather_blocks(rest))
+    dst.install_request(src.snapshot_request("x"))
+    src.remove_request("x")
+    dst.check_invariants()
+    out = drain(dst)
+    assert produced + out["x"] == expected
+    assert dst.kv.num_free_blocks == dst.kv.num_total_blocks
+    assert src.kv.num_free_blocks == src.kv.num_total_blocks
+
+
 def test_gather_scatter_round_trip_and_size_check(tiny_loaded):
     eng = real_engine(tiny_loaded, num_blocks=8)
     ex = eng.executor

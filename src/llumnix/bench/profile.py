@@ -362,6 +362,12 @@ class _TimedDestination:
         self.reserves.append(time.perf_counter() - t0)
         return out  # type: ignore[no-any-return]
 
+    def try_reserve_with_cache(self, request_id: str, keys: list[bytes]) -> tuple[int, list[int]] | None:
+        t0 = time.perf_counter()
+        out = self.inner.try_reserve_with_cache(request_id, keys)
+        self.reserves.append(time.perf_counter() - t0)
+        return out  # type: ignore[no-any-return]
+
     def release(self, request_id: str) -> int:
         return int(self.inner.release(request_id))
 

@@ -167,6 +167,9 @@ class InstanceActor:
     def mig_try_reserve(self, request_id: str, num_blocks: int) -> list[int] | None:
         return self.endpoint.try_reserve(request_id, num_blocks)
 
+    def mig_try_reserve_with_cache(self, request_id: str, keys: list[bytes]) -> tuple[int, list[int]] | None:
+        return self.endpoint.try_reserve_with_cache(request_id, keys)
+
     def mig_release(self, request_id: str) -> int:
         return self.endpoint.release(request_id)
 
@@ -269,6 +272,11 @@ class _RemoteDestination:
     def try_reserve(self, request_id: str, num_blocks: int) -> list[int] | None:
         blocks: list[int] | None = ray.get(self._actor.mig_try_reserve.remote(request_id, num_blocks), timeout=30)
         return blocks
+
+    def try_reserve_with_cache(self, request_id: str, keys: list[bytes]) -> tuple[int, list[int]] | None:
+        got: tuple[int, list[int]] | None = ray.get(self._actor.mig_try_reserve_with_cache.remote(request_id, keys),
+                                                    timeout=30)
+        return got
 
     def release(self, request_id: str) -> int:
         return int(ray.get(self._actor.mig_release.remote(request_id), timeout=30))
@@ -565,6 +573,8 @@ class LlumSchedActor:
                     "migrations": {"committed": len(committed),
                                    "aborted": len(self.migrations) - len(committed),
                                    "in_flight": sorted(self._in_flight),
+                                   "blocks_sent": sum(int(m.get("num_blocks", 0)) for m in committed),
+                                   "blocks_adopted": sum(int(m.get("num_blocks_cached", 0)) for m in committed),
                                    "downtime_s": [m["downtime"] for m in committed][-20:],
                                    "all_downtimes_s": [m["downtime"] for m in committed],
                                    "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id",

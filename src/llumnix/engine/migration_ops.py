@@ -6,7 +6,9 @@ any call made between two ``step()`` calls happens at a step boundary.
 Source side: ``pause_request`` (out of the batch, blocks kept),
 ``block_table``/``blocks_since``, ``resume_request`` after an abort, and
 ``remove_request`` once the destination has committed.
-Destination side: ``try_reserve``, ``release_reservation``, ``install_request``.
+Destination side: ``try_reserve_with_cache`` (the first pre-copy stage's reservation,
+starting with the blocks this prefix cache already holds), ``try_reserve``,
+``release_reservation``, ``install_request``.
 """
 from __future__ import annotations
 
@@ -82,6 +84,20 @@ class MigrationOpsMixin:
         if request_id in self.requests or not self.kv.can_reserve(num_blocks):
             return None
         return self.kv.reserve(request_id, num_blocks)
+
+    def try_reserve_with_cache(self, request_id: str, keys: list[bytes]) -> tuple[int, list[int]] | None:
+        """Reserve for an incoming request's full blocks, given their keys: the leading
+        ones this prefix cache holds are adopted (their KV need not travel), fresh blocks
+        are reserved for the rest. Returns (blocks adopted, the fresh ones), or None
+        (nothing reserved) if that would cross the watermark."""
+        if request_id in self.requests or self.kv.has(request_id):
+            return None
+        n = self.kv.reserve_cached(request_id, keys)
+        rest = len(keys) - n
+        if rest and not self.kv.can_reserve(rest):
+            self.kv.free(request_id)
+            return None
+        return n, (self.kv.reserve(request_id, rest) if rest else [])
 
     def release_reservation(self, request_id: str) -> int:
         if not self.kv.is_reserved(request_id):

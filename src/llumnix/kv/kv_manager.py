@@ -54,6 +54,18 @@ class KVManager:
         shared by k tables (prefix caching) counts k times in their lengths, once here."""
         return 0 if self.prefix is None else self.prefix.num_extra_holds
 
+    def num_shared_blocks_of(self, request_id: str) -> int:
+        """Blocks of the table other tables hold too (they stay if it goes). Shared blocks
+        lead a table: a block is shared only if every block before it is."""
+        if self.prefix is None:
+            return 0
+        refs, n = self.prefix.refs, 0
+        for b in self._tables.get(request_id, ()):
+            if refs.get(b, 0) < 2:
+                break
+            n += 1
+        return n
+
     @property
     def num_reserved_blocks(self) -> int:
         return sum(len(self._tables[r]) for r in self._reserved)
@@ -161,6 +173,22 @@ class KVManager:
         self._tables.setdefault(request_id, []).extend(new)
         self._reserved.add(request_id)
         return new
+
+    def reserve_cached(self, request_id: str, keys: Sequence[bytes]) -> int:
+        """Start an incoming request's reservation with the blocks this cache already
+        holds for its leading blocks (``keys``: their ``sequence_keys``, computed where
+        its tokens are); returns how many, which its source then need not send. 0 without
+        prefix caching, on no match, or when taking the matched evictable blocks would
+        cross the watermark."""
+        if self.prefix is None or request_id in self._tables or not keys:
+            return 0
+        blocks, key = self.prefix.match_keys(keys)
+        if not blocks or not self.can_reserve(self.prefix.num_evictable_in(blocks)):
+            return 0
+        self.prefix.acquire(request_id, 0, blocks, key)
+        self._tables[request_id] = list(blocks)
+        self._reserved.add(request_id)
+        return len(blocks)
 
     def is_reserved(self, request_id: str) -> bool:
         return request_id in self._reserved

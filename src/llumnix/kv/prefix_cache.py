@@ -44,6 +44,15 @@ def chain(parent: bytes, tokens: Sequence[int]) -> bytes:
     return h.digest()
 
 
+def sequence_keys(prompt: Sequence[int], output: Sequence[int], num_blocks: int, block_size: int) -> list[bytes]:
+    """The keys of the first ``num_blocks`` full blocks of prompt + output, in order."""
+    keys, key = [], ROOT
+    for i in range(num_blocks):
+        key = chain(key, block_tokens(prompt, output, i, block_size))
+        keys.append(key)
+    return keys
+
+
 class PrefixCache:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -81,13 +90,28 @@ class PrefixCache:
             key = nxt
         return blocks, key
 
+    def match_keys(self, keys: Sequence[bytes]) -> tuple[list[int], bytes]:
+        """``match`` for a sequence given by its block keys (``sequence_keys``): what a
+        migration destination looks up for a request whose tokens stay on the source."""
+        blocks: list[int] = []
+        key = ROOT
+        for k in keys:
+            b = self.by_key.get(k)
+            if b is None:
+                break
+            blocks.append(b)
+            key = k
+        return blocks, key
+
     def num_evictable_in(self, blocks: list[int]) -> int:
         return sum(1 for b in blocks if self.refs[b] == 0)
 
     def acquire(self, request_id: str, num_tokens: int, blocks: list[int], key: bytes) -> None:
-        """A new table for ``num_tokens`` tokens starts with these matched blocks."""
-        self.num_queried_tokens += num_tokens
-        self.num_hit_tokens += len(blocks) * self.block_size
+        """A new table for ``num_tokens`` tokens starts with these matched blocks
+        (``num_tokens`` 0: a migration's, which the admission hit rate leaves out)."""
+        if num_tokens:
+            self.num_queried_tokens += num_tokens
+            self.num_hit_tokens += len(blocks) * self.block_size
         for b in blocks:
             if self.refs[b] == 0:
                 del self.evictable[b]

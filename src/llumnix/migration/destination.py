@@ -79,6 +79,17 @@ class DestinationEndpoint:
                 self._reserved_at[request_id] = self._now()
         return got
 
+    def try_reserve_with_cache(self, request_id: str, keys: list[bytes]) -> tuple[int, list[int]] | None:
+        eng = self.server.engine
+        with self._cv:
+            if request_id in self._closed_to_writes:
+                return None
+        got: tuple[int, list[int]] | None = self.server.call(lambda: eng.try_reserve_with_cache(request_id, keys))
+        if got is not None and (got[0] or got[1]):
+            with self._cv:
+                self._reserved_at[request_id] = self._now()
+        return got
+
     def release(self, request_id: str) -> int:
         eng = self.server.engine
         with self._cv:

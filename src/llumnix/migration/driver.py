@@ -7,6 +7,10 @@ request that was freed, preempted or finished meanwhile, and its copy is
 dropped), on the transport's low-priority bulk path. The last stage is gathered
 at the pausing boundary and sent on the urgent path.
 
+With prefix caching, the first pre-copy stage's reservation sends the keys of the
+request's full blocks: the destination adopts the leading ones it already caches
+(their KV never travels) and reserves fresh blocks for the rest, in one round trip.
+
 Downtime is measured from the pausing boundary (right after the request's last
 step on the source) to the destination's acknowledgement that the request is
 queued in its inbox, from where its next step boundary takes it: the paper's
@@ -25,6 +29,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from llumnix.core.request import Request, RequestStatus
+from llumnix.kv.prefix_cache import sequence_keys
 from llumnix.migration.protocol import MigrationConfig, MigrationPhase, MigrationProtocol, MigrationReport
 from llumnix.migration.transport import KVSender, KVSource
 
@@ -43,6 +48,11 @@ class Destination(Protocol):
     instance_id: str
 
     def try_reserve(self, request_id: str, num_blocks: int) -> list[int] | None: ...
+
+    def try_reserve_with_cache(self, request_id: str, keys: list[bytes]) -> tuple[int, list[int]] | None:
+        """Reserve for the full blocks with these keys: (how many leading ones are
+        adopted from the cache there, fresh blocks for the rest), or None if refused."""
+        ...
 
     def release(self, request_id: str) -> int: ...
 
@@ -72,12 +82,13 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
         return st is not None and st[1] == preemptions0 and st[0] in (RequestStatus.RUNNING, RequestStatus.PAUSED)
 
     try:
+        _first_stage_with_cache(request_id, eng, src, dst, proto, alive, now)
         while not proto.phase.is_done:
             if proto.is_timed_out(now()):
                 proto.abort("timeout", now())
                 break
             if proto.phase == P.RESERVE:  # a pre-copy stage: full blocks, request still decoding
-                blocks = src.call(lambda: eng.blocks_since(request_id, proto.num_blocks_sent, full_only=True)
+                blocks = src.call(lambda: eng.blocks_since(request_id, proto.num_blocks_done, full_only=True)
                                   if alive() else [])
                 if proto.begin_stage(blocks, now()) == P.RESERVE:
                     proto.on_reserved(dst.try_reserve(request_id, len(blocks)), now())
@@ -87,7 +98,7 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
                     proto.abort("the destination refused the KV", now())
                     continue
                 ok, unsent = src.call(lambda: (True, len(eng.blocks_since(request_id, 0)) -
-                                               proto.num_blocks_sent - len(proto.pending_blocks))
+                                               proto.num_blocks_done - len(proto.pending_blocks))
                                       if alive() else (False, 0))
                 if proto.on_copied(now(), request_alive=ok, num_unsent_blocks=unsent) == P.PAUSE:
                     spare = dst.try_reserve(request_id, unsent + 1) or []
@@ -106,6 +117,33 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
     return proto.report()
 
 
+def _first_stage_with_cache(request_id: str, eng: Any, src: SourceServer, dst: Destination,
+                            proto: MigrationProtocol, alive: Callable[[], bool], now: Callable[[], float]) -> None:
+    """Prefix caching (the source's setting stands for the cluster's): the first pre-copy
+    stage, begun with the keys of the request's full computed blocks. The destination
+    adopts the leading ones its cache holds, which are never sent, and reserves the rest;
+    one boundary on each side, as a plain first stage. The keys are hashed off the step
+    thread, from a copy of the tokens taken at the boundary."""
+    if eng.kv.prefix is None or proto.phase != P.RESERVE:
+        return
+
+    def snapshot() -> tuple[list[int], list[int], list[int]] | None:
+        if not alive():
+            return None
+        req = eng.requests[request_id]
+        return req.prompt_token_ids, list(req.output_token_ids), eng.blocks_since(request_id, 0, full_only=True)
+
+    got = src.call(snapshot)
+    if got is None or not got[2]:
+        return  # the loop's first stage finds the request gone, or sends its one partial block
+    prompt, output, table = got
+    reserved = dst.try_reserve_with_cache(request_id, sequence_keys(prompt, output, len(table), eng.kv.block_size))
+    if reserved is not None:
+        proto.on_cached(reserved[0])
+    if proto.begin_stage(table[proto.num_blocks_done:], now()) == P.RESERVE:  # else all adopted: PAUSE
+        proto.on_reserved(None if reserved is None else reserved[1], now())
+
+
 def _top_up(request_id: str, eng: Any, src: SourceServer, dst: Destination, proto: MigrationProtocol,
             num_spare: int, alive: Callable[[], bool], max_rounds: int = 3) -> list[int]:
     """Reserve, before pausing, enough destination blocks for everything the last stage
@@ -114,7 +152,7 @@ def _top_up(request_id: str, eng: Any, src: SourceServer, dst: Destination, prot
     the last stage would add that wait to the downtime. One block of margin covers the
     one step that may still run before the pause."""
     def unsent() -> int:
-        return int(src.call(lambda: len(eng.blocks_since(request_id, proto.num_blocks_sent)) if alive() else 0))
+        return int(src.call(lambda: len(eng.blocks_since(request_id, proto.num_blocks_done)) if alive() else 0))
 
     more: list[int] = []
     growth, now_unsent = 0, unsent()
@@ -146,7 +184,7 @@ def _last_stage(request_id: str, src: SourceServer, dst: Destination, sender: KV
         if not alive():
             return None
         eng.pause_request(request_id)
-        rest = eng.blocks_since(request_id, proto.num_blocks_sent)
+        rest = eng.blocks_since(request_id, proto.num_blocks_done)
         data = eng.executor.gather_blocks(rest) if rest else b""
         return paused_at, rest, data, eng.snapshot_request(request_id)
 

@@ -17,7 +17,9 @@ no clock and does no I/O: times come in as arguments.
                                                     └─ otherwise: the next pre-copy stage (RESERVE)
 
 Pre-copy stages send only full blocks, because the request keeps decoding
-into its last block; the last stage sends everything left. A request that
+into its last block; the last stage sends everything left. With prefix caching
+the destination may already hold the request's leading blocks (``on_cached``,
+before the first stage): they are adopted there and never sent. A request that
 has no KV yet (queued) starts at COMMIT: it migrates as metadata. With
 ``max_stages == 1`` it starts at PAUSE: a blocking stop-and-copy, the baseline.
 Downtime is from PAUSE to COMMITTED: only the last stage, however long the
@@ -83,6 +85,8 @@ class MigrationReport:
     num_bytes: int
     downtime: float | None
     duration: float
+    num_blocks_cached: int = 0
+    """Leading blocks the destination already cached, adopted instead of sent."""
     start_time: float = 0.0
     end_time: float = 0.0
     marks: dict[str, float] = field(default_factory=dict)
@@ -108,6 +112,7 @@ class MigrationProtocol:
             self.phase = MigrationPhase.RESERVE
         self.stages: list[StageRecord] = []
         self.num_blocks_sent = 0
+        self.num_blocks_cached = 0
         self.paused_at: float | None = None
         self.end_time: float | None = None
         self.abort_reason: str | None = None
@@ -124,10 +129,25 @@ class MigrationProtocol:
         """Source block ids of the current stage (set by ``begin_stage``)."""
         return self._pending_blocks
 
+    @property
+    def num_blocks_done(self) -> int:
+        """Leading blocks of the table the destination has: adopted from its cache or sent.
+        The next stage sends the table from here on."""
+        return self.num_blocks_cached + self.num_blocks_sent
+
     def is_timed_out(self, now: float) -> bool:
         return not self.phase.is_done and now - self.start_time > self.config.timeout_s
 
     # -- transitions ----------------------------------------------------------
+    def on_cached(self, num_blocks: int) -> None:
+        """Before the first stage: the destination adopted this many of the request's
+        leading blocks from its prefix cache (their reservation is part of the request's)."""
+        if self.stages or self.phase not in (MigrationPhase.RESERVE, MigrationPhase.PAUSE):
+            raise RuntimeError(f"migration of {self.request_id}: cached blocks only before the first stage")
+        if num_blocks < 0:
+            raise ValueError("num_blocks must be >= 0")
+        self.num_blocks_cached = num_blocks
+
     def begin_stage(self, new_src_blocks: list[int], now: float) -> MigrationPhase:
         """Start a stage with the source blocks not yet sent (full ones, unless paused).
 
@@ -211,7 +231,7 @@ class MigrationProtocol:
             dst_instance_id=self.dst_instance_id, committed=self.phase == MigrationPhase.COMMITTED,
             abort_reason=self.abort_reason, num_stages=len(self.stages), num_blocks=blocks,
             num_bytes=blocks * self.bytes_per_block, downtime=downtime, duration=end - self.start_time,
-            start_time=self.start_time, end_time=end, marks=dict(self.marks),
+            num_blocks_cached=self.num_blocks_cached, start_time=self.start_time, end_time=end, marks=dict(self.marks),
         )
 
     def check_invariants(self) -> None:

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llumnix.core.status import InstanceStatus
-from llumnix.kv.prefix_cache import ROOT, chain
+from llumnix.kv.prefix_cache import sequence_keys
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,7 @@ class PrefixOptions:
 
 def block_keys(prompt: Sequence[int], block_size: int) -> list[bytes]:
     """The keys of the prompt's full blocks, in order (as ``PrefixCache`` keys them)."""
-    keys, key = [], ROOT
-    for start in range(0, len(prompt) - block_size + 1, block_size):
-        key = chain(key, prompt[start:start + block_size])
-        keys.append(key)
-    return keys
+    return sequence_keys(prompt, (), len(prompt) // block_size, block_size)
 
 
 _NONE: frozenset[str] = frozenset()

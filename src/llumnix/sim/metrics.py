@@ -91,6 +91,7 @@ class MetricsCollector:
             "num_committed": len(done), "num_aborted": len(self.migrations) - len(done),
             "abort_reasons": reasons,
             "num_blocks": int(sum(m.num_blocks for m in done)),
+            "num_blocks_cached": int(sum(m.num_blocks_cached for m in done)),
             "downtime": summarize(downtimes),
         }
 

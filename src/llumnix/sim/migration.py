@@ -4,6 +4,8 @@ The protocol decides; this driver performs each action on the two engines and
 reports back::
 
     RESERVE  dst.try_reserve(blocks since the last stage)   refused -> abort
+             (with prefix caching the first one is dst.try_reserve_with_cache: the
+             leading blocks the destination caches are adopted, never sent)
     COPY     a MIGRATION_STAGE event after handshake + bytes / bandwidth,
              while the source keeps decoding (both sides pay the decode slowdown)
     check    finished or preempted meanwhile -> abort; few blocks left or stage
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from llumnix.core.request import RequestStatus
+from llumnix.kv.prefix_cache import sequence_keys
 from llumnix.migration.protocol import MigrationConfig, MigrationPhase, MigrationProtocol
 from llumnix.sim.events import Event, EventKind
 from llumnix.sim.instance import SimInstance
@@ -41,6 +44,7 @@ class MigrationRun:
             request_id, src.instance_id, dst.instance_id, config, now,
             has_kv=not self._was_waiting, bytes_per_block=cost.bytes_per_block)
         self._copying = False
+        self._first_ids: list[int] | None = None  # the first stage's, reserved with the cache
         src.migrations_out[request_id] = self
         dst.migrations_in[request_id] = self
 
@@ -58,7 +62,23 @@ class MigrationRun:
     def start(self, now: float) -> list[Event]:
         if self.protocol.phase == P.COMMIT:  # queued: metadata only, one handshake
             return [Event(now + self.cost.stage_overhead_s, EventKind.MIGRATION_STAGE, self)]
+        self._reserve_with_cache()
         return self._advance(now)
+
+    def _reserve_with_cache(self) -> None:
+        """As the real driver's first stage: the destination adopts the leading blocks it
+        caches and reserves the rest of the full ones."""
+        src_kv = self.src.engine.kv
+        if src_kv.prefix is None or self.protocol.phase != P.RESERVE:
+            return
+        req = self.src.engine.requests[self.request_id]
+        full = len(self.src.engine.blocks_since(self.request_id, 0, full_only=True))
+        if full:
+            keys = sequence_keys(req.prompt_token_ids, req.output_token_ids, full, src_kv.block_size)
+            got = self.dst.engine.try_reserve_with_cache(self.request_id, keys)
+            if got is not None:
+                self.protocol.on_cached(got[0])
+                self._first_ids = got[1]
 
     def _advance(self, now: float) -> list[Event]:
         proto, src, dst, rid = self.protocol, self.src, self.dst, self.request_id
@@ -66,10 +86,13 @@ class MigrationRun:
             phase = proto.phase
             if phase == P.RESERVE:
                 last = proto.is_last_stage
-                blocks = src.engine.blocks_since(rid, proto.num_blocks_sent, full_only=not last)
+                blocks = src.engine.blocks_since(rid, proto.num_blocks_done, full_only=not last)
+                ids, self._first_ids = self._first_ids, None
                 if proto.begin_stage(blocks, now) == P.PAUSE:
-                    continue
-                if proto.on_reserved(dst.engine.try_reserve(rid, len(blocks)), now) == P.ABORTED:
+                    continue  # everything full was adopted (ids is empty)
+                if ids is None:
+                    ids = dst.engine.try_reserve(rid, len(blocks))
+                if proto.on_reserved(ids, now) == P.ABORTED:
                     continue
                 self._copying = True
                 src.executor.begin_copy()
@@ -102,7 +125,7 @@ class MigrationRun:
             return self._finish(now)
         alive = self._alive()
         table = self.src.engine.kv.num_blocks_of(self.request_id) if alive else 0
-        proto.on_copied(now, request_alive=alive, num_unsent_blocks=max(0, table - proto.num_blocks_sent))
+        proto.on_copied(now, request_alive=alive, num_unsent_blocks=max(0, table - proto.num_blocks_done))
         return self._advance(now)
 
     def _pause(self, now: float) -> list[Event]:
