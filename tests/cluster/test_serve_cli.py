@@ -87,6 +87,10 @@ def test_prefix_affinity_flag_sets_the_llumnix_dispatch_param(capsys):
     assert params("--no-prefix-caching") is None
     assert params("--dispatch", "infaas++") is None
     assert params("--no-prefix-caching", "--prefix-affinity") == {"prefix": True}
+    # with the cache, a migration source gives up what frees it most per block moved
+    assert config().scheduling["rescheduling"] == {"selection": "freed"}
+    assert "rescheduling" not in config("--no-prefix-caching").scheduling
+    assert config("--no-migration").scheduling["rescheduling"] == {"enabled": False, "selection": "freed"}
     assert main(["serve", "--dispatch", "round-robin", "--prefix-affinity"]) == 2
     assert capsys.readouterr().err.strip() == ("llumnix serve: error: --prefix-affinity needs the llumnix "
                                                "dispatch policy, not 'round-robin'")

@@ -15,9 +15,10 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, redis_url):
-    # prefix caching and prefix affinity on, as `llumnix serve` runs by default
+    # prefix caching, prefix affinity and the selection by blocks freed, as `llumnix serve`
+    # runs by default
     engine = {"num_blocks": 512, "enable_prefix_caching": True}
-    scheduling = {"dispatch": {"params": {"prefix": True}}}
+    scheduling = {"dispatch": {"params": {"prefix": True}}, "rescheduling": {"selection": "freed"}}
     with running_cluster(tiny_model_dir, "test", instances=2, cms=redis_url, engine=engine,
                          scheduling=scheduling) as c:
         yield c

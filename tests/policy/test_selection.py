@@ -67,3 +67,16 @@ def test_room_rule_also_holds_for_the_blocked_head_of_line():
     s = inst("s", total=20, running=[run("r", 15)], waiting=[wait("hol", 160), wait("q", 16)])
     assert select_requests(s, max_n=3, hol_first=True) == ["hol", "q", "r"]
     assert select_requests(s, max_n=3, hol_first=True, dst_room=5) == ["q", "r"]
+
+
+def test_freed_prefers_what_frees_the_source_per_block_moved():
+    """Selection ``freed``: a request on a prefix that 64 of its 70 blocks share with others
+    frees 6 blocks for 70 moved; a longer one on a prefix of its own frees all it moves."""
+    s = inst("s", running=[run("popular", 70), run("own", 120), run("half", 40), run("hi", 2, prio=1)],
+             waiting=[wait("q", 200)])
+    shared = {"popular": 64, "own": 0, "half": 20, "hi": 0}
+    assert select_requests(s, "freed", max_n=10, shared=shared) == ["q", "own", "half", "popular"]
+    assert select_requests(s, "paper", max_n=10) == ["q", "half", "popular", "own"]
+    # without sharing it is the paper's order; a request that frees nothing goes last
+    assert select_requests(s, "freed", max_n=10, shared={}) == select_requests(s, "paper", max_n=10)
+    assert select_requests(s, "freed", max_n=10, shared={**shared, "own": 120})[-1] == "own"

@@ -134,6 +134,10 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.migrate_out_threshold is not None:
         resched["out_threshold"] = args.migrate_out_threshold
         resched["in_threshold"] = max(args.migrate_out_threshold, resched.get("in_threshold", 0))
+    if engine["enable_prefix_caching"]:
+        # requests share prefix blocks: give up what frees the most per block moved (the
+        # paper's order when nothing is shared; policy/selection.py)
+        resched.setdefault("selection", "freed")
     if resched:
         scheduling["rescheduling"] = resched
     scaling = dict(scheduling.get("scaling") or {})

@@ -211,6 +211,10 @@ class EngineCore(MigrationOpsMixin):
         """The status snapshot; see ``build_status`` for the arguments."""
         return build_status(self, migrating=migrating, **fields)
 
+    def shared_blocks(self, request_ids: Collection[str]) -> dict[str, int]:
+        """Per request, the blocks of its table other requests hold too (prefix caching)."""
+        return {rid: self.kv.num_shared_blocks_of(rid) for rid in request_ids}
+
     def snapshot_request(self, request_id: str) -> Request:
         """A detached copy of the request: the wire form migration sends. A pickle round
         trip, not ``copy.deepcopy``: the same copy, about 5x faster on long token lists

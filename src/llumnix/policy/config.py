@@ -73,7 +73,7 @@ class FreenessConfig:
 
 DISPATCH_POLICIES = ("llumnix", "infaas++", "round-robin", "least-requests", "random", "power-of-two",
                      "llm-d", "custom")
-SELECTIONS = ("paper", "SR", "LR", "FCW")
+SELECTIONS = ("paper", "SR", "LR", "FCW", "freed")
 SCALING_SIGNALS = ("mean", "cluster", "demand")
 DEFRAGS = ("paper", "hol")
 QUEUED_MOVES = ("any", "fits")
@@ -117,7 +117,10 @@ class ReschedulingConfig:
     max_in: int = 1
     """Concurrent migrations into one instance."""
     selection: str = "paper"
-    """Which request a source gives up: paper (lower priority, then shorter) | SR | LR | FCW."""
+    """Which request a source gives up: paper (lower priority, then shorter) | SR | LR | FCW |
+    freed (lower priority, then the fewest blocks moved per block freed on the source, then
+    shorter: with prefix caching a block the request shares with others stays behind;
+    without sharing it is the paper's order)."""
     pairing: str = "paper"
     """paper (lowest freeness with highest) | fit: with the highest that has room for the
     request the source will give up | stable: fit, and taking that request does not make

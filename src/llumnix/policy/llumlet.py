@@ -35,6 +35,11 @@ class EngineLike(Protocol):
         """The engine's snapshot with ``migrating`` ids flagged and ``fields`` set."""
         ...
 
+    def shared_blocks(self, request_ids: Collection[str]) -> dict[str, int]:
+        """Per request, the blocks of its table that other requests hold too (selection
+        ``freed``)."""
+        ...
+
 
 class Llumlet:
     def __init__(self, instance_id: str, engine: EngineLike, rescheduling: ReschedulingConfig,
@@ -70,8 +75,11 @@ class Llumlet:
         if self.rescheduling.queued_moves == "fits":
             room = 0 if dst is None else room_for_queued(dst)
         status = self.report(now)
+        shared = None
+        if self.rescheduling.selection == "freed":
+            shared = self.engine.shared_blocks([r.request_id for r in status.running])
         picks = select_requests(status, self.rescheduling.selection, max_n, exclude=self.migrating_out,
-                                hol_first=self.rescheduling.defrag == "hol", dst_room=room)
+                                hol_first=self.rescheduling.defrag == "hol", dst_room=room, shared=shared)
         # with pairing: stable the next move, like the first (pairing.py), must not make the
         # destination a source
         if (self.rescheduling.pairing == "stable" and dst is not None and picks
