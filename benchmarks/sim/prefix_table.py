@@ -1,6 +1,7 @@
 """The table of `prefix.yaml`'s runs: per trace, rate and system, seed means of the
 prefix-cache hit rate, TTFT (mean, P99), decode per token (mean, P99), end-to-end mean,
-preemptions and migrations.
+preemptions, migrations, and the KV blocks migrations sent and adopted from their
+destinations' caches.
 
     .venv/bin/python benchmarks/sim/prefix_table.py [benchmarks/sim/results/prefix/metrics.json]
 """
@@ -22,6 +23,8 @@ COLUMNS = (
     ("e2e mean (s)", lambda r: r["e2e"]["mean"], "{:.2f}"),
     ("preemptions", lambda r: r["num_preemptions"], "{:.0f}"),
     ("migrations", lambda r: r["migrations"]["num_committed"], "{:.0f}"),
+    ("blocks sent", lambda r: r["migrations"]["num_blocks"], "{:.0f}"),
+    ("blocks adopted", lambda r: r["migrations"].get("num_blocks_cached", 0), "{:.0f}"),
 )
 
 
