@@ -58,26 +58,15 @@ def main() -> None:
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
 
-    from llumnix.cluster.instance import InstanceServer
-    from llumnix.engine import EngineCore
+    from llumnix.bench.profile import sibling_servers
     from llumnix.migration import MigrationConfig
     from llumnix.migration.destination import DestinationEndpoint
     from llumnix.migration.driver import migrate
     from llumnix.migration.tcp_transport import KVSender
-    from llumnix.model import ModelExecutor
-    from llumnix.policy import FreenessConfig, Llumlet, ReschedulingConfig
 
     llm = LLM(args.model, enable_prefix_caching=True)
     vocab = llm.loaded.config.vocab_size
-    servers = []
-    for iid in ("src", "dst"):
-        ex = ModelExecutor(llm.loaded.model, llm.executor.num_blocks, llm.executor.block_size,
-                           device=llm.executor.device, dtype=llm.executor.dtype)
-        eng = EngineCore(llm.config, ex, llm.executor.num_blocks, instance_id=iid,
-                         eos_token_id=llm.tokenizer.eos_token_id)
-        srv = InstanceServer(eng, Llumlet(iid, eng, ReschedulingConfig(), FreenessConfig()))
-        srv.start()
-        servers.append(srv)
+    servers = sibling_servers(llm, ("src", "dst"))
     src, dst = servers
     endpoint = DestinationEndpoint(dst, TOKEN, reservation_timeout_s=60.0)
     sender = KVSender(endpoint.address, TOKEN)

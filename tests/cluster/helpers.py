@@ -108,3 +108,31 @@ def where_is(instances: dict[str, Any], request_id: str) -> str | None:
         except Exception:  # noqa: BLE001 - a dead instance holds nothing
             continue
     return None
+
+
+def stream_and_migrate(url: str, body: dict[str, Any], instances: dict[str, Any], chunks_after: int = 3) -> dict:
+    """Stream a completion; once its request is found on an instance, live-migrate it to
+    another (that instance's ``migrate_request``), then hang up after ``chunks_after``
+    more chunks (streamed from the destination). Returns the migration's report."""
+    import ray
+
+    report, n_after = None, 0
+    with httpx.stream("POST", f"{url}/v1/completions", timeout=30, json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            if report is None:
+                rid = json.loads(line[6:])["id"]
+                src = where_is(instances, rid)
+                if src is None:
+                    continue
+                dst = next(i for i in instances if i != src)
+                report = ray.get(instances[src].migrate_request.remote(rid, dst, instances[dst]), timeout=60)
+                assert report["committed"], report
+                assert where_is(instances, rid) == dst
+                continue
+            n_after += 1
+            if n_after == chunks_after:
+                break
+    assert report is not None, "the request was never found on an instance"
+    return report

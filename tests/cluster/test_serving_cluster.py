@@ -430,31 +430,12 @@ def test_client_disconnect_after_a_migration_frees_the_blocks_where_the_request_
     """The request is live-migrated mid-stream (through the instance's migrate_request),
     then the client hangs up: the abort must find it on its new instance, and no block
     stays allocated anywhere."""
-    from tests.cluster.helpers import wait_idle, where_is
+    from tests.cluster.helpers import stream_and_migrate, wait_idle
 
     url, backend = server
     name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-    report, n_after = None, 0
-    with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
-                      json={"model": name, "prompt": "migrate me", "max_tokens": 450, "ignore_eos": True,
-                            "stream": True}) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            if report is None:
-                rid = json.loads(line[6:])["id"]
-                src = where_is(cluster.instances, rid)
-                if src is None:
-                    continue
-                dst = next(i for i in cluster.instances if i != src)
-                report = ray.get(cluster.instances[src].migrate_request.remote(rid, dst, cluster.instances[dst]),
-                                 timeout=60)
-                assert report["committed"], report
-                assert where_is(cluster.instances, rid) == dst
-                continue
-            n_after += 1
-            if n_after == 3:
-                break  # streamed from the new instance; now hang up
+    stream_and_migrate(url, {"model": name, "prompt": "migrate me", "max_tokens": 450, "ignore_eos": True},
+                       cluster.instances)  # streamed from the new instance, then hung up
     assert backend.instances  # the gateway is still serving
     counts = wait_idle(cluster.instances)
     assert all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()), counts
@@ -466,38 +447,13 @@ def test_a_migration_to_an_instance_that_caches_the_prompt_sends_only_the_rest(s
     same prompt is migrated between the two, and whichever way it goes the destination
     already caches the prompt (the source of the first keeps it, evictable): those
     blocks are adopted there by their keys, not sent. Every block comes back."""
-    from tests.cluster.helpers import wait_idle, where_is
+    from tests.cluster.helpers import stream_and_migrate, wait_idle
 
     url, _ = server
     name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-    prompt = "the shared document says hello " * 3
-
-    def stream_and_migrate() -> dict:
-        report, n_after = None, 0
-        with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
-                          json={"model": name, "prompt": prompt, "max_tokens": 300, "ignore_eos": True,
-                                "stream": True}) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                if report is None:
-                    rid = json.loads(line[6:])["id"]
-                    src = where_is(cluster.instances, rid)
-                    if src is None:
-                        continue
-                    dst = next(i for i in cluster.instances if i != src)
-                    report = ray.get(cluster.instances[src].migrate_request.remote(rid, dst, cluster.instances[dst]),
-                                     timeout=60)
-                    assert report["committed"], report
-                    continue
-                n_after += 1
-                if n_after == 3:
-                    break  # decoded on the destination, which keyed the request's blocks
-        assert report is not None
-        return report
-
-    stream_and_migrate()
-    second = stream_and_migrate()
+    body = {"model": name, "prompt": "the shared document says hello " * 3, "max_tokens": 300, "ignore_eos": True}
+    stream_and_migrate(url, body, cluster.instances)  # decoded on the destination, which keys its blocks
+    second = stream_and_migrate(url, body, cluster.instances)
     # 93 characters of prompt: at least 20 tokens, 5 full blocks of 4
     assert second["num_blocks_cached"] >= 5 and second["num_bytes"] > 0, second
     counts = wait_idle(cluster.instances)

@@ -375,23 +375,16 @@ class _TimedDestination:
         return float(self.inner.install(snapshot))
 
 
-def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
-    """Live migrations over tcp between two engines (sharing the weights) stepping in
-    their own threads, ``co_running`` requests decoding on each; returns the
-    profile's ``migration`` section plus what it was fitted from."""
+def sibling_servers(llm: Any, instance_ids: tuple[str, ...]) -> list[Any]:
+    """Started ``InstanceServer``s of engines configured as ``llm``'s, sharing its
+    weights, each stepping in its own thread: instances to migrate between in one process."""
     from llumnix.cluster.instance import InstanceServer
     from llumnix.engine import EngineCore
-    from llumnix.migration import MigrationConfig
-    from llumnix.migration.destination import DestinationEndpoint
-    from llumnix.migration.driver import migrate
-    from llumnix.migration.tcp_transport import KVSender
     from llumnix.model import ModelExecutor
     from llumnix.policy import FreenessConfig, Llumlet, ReschedulingConfig
 
-    token = b"profile"
-    vocab = llm.loaded.config.vocab_size
     servers = []
-    for iid in ("src", "dst"):
+    for iid in instance_ids:
         ex = ModelExecutor(llm.loaded.model, llm.executor.num_blocks, llm.executor.block_size,
                            device=llm.executor.device, dtype=llm.executor.dtype)
         eng = EngineCore(llm.config, ex, llm.executor.num_blocks, instance_id=iid,
@@ -399,6 +392,21 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
         srv = InstanceServer(eng, Llumlet(iid, eng, ReschedulingConfig(), FreenessConfig()))
         srv.start()
         servers.append(srv)
+    return servers
+
+
+def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
+    """Live migrations over tcp between two engines (sharing the weights) stepping in
+    their own threads, ``co_running`` requests decoding on each; returns the
+    profile's ``migration`` section plus what it was fitted from."""
+    from llumnix.migration import MigrationConfig
+    from llumnix.migration.destination import DestinationEndpoint
+    from llumnix.migration.driver import migrate
+    from llumnix.migration.tcp_transport import KVSender
+
+    token = b"profile"
+    vocab = llm.loaded.config.vocab_size
+    servers = sibling_servers(llm, ("src", "dst"))
     src, dst = servers
     endpoint = DestinationEndpoint(dst, token, reservation_timeout_s=20.0)
     sender = _TimedSender(KVSender(endpoint.address, token))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 ROOT = b""
 """The key before the first block."""
@@ -44,13 +44,18 @@ def chain(parent: bytes, tokens: Sequence[int]) -> bytes:
     return h.digest()
 
 
-def sequence_keys(prompt: Sequence[int], output: Sequence[int], num_blocks: int, block_size: int) -> list[bytes]:
-    """The keys of the first ``num_blocks`` full blocks of prompt + output, in order."""
-    keys, key = [], ROOT
+def iter_keys(prompt: Sequence[int], output: Sequence[int], num_blocks: int, block_size: int) -> Iterator[bytes]:
+    """The keys of the first ``num_blocks`` full blocks of prompt + output, in order,
+    each hashed only when asked for (a lookup stops at its first miss)."""
+    key = ROOT
     for i in range(num_blocks):
         key = chain(key, block_tokens(prompt, output, i, block_size))
-        keys.append(key)
-    return keys
+        yield key
+
+
+def sequence_keys(prompt: Sequence[int], output: Sequence[int], num_blocks: int, block_size: int) -> list[bytes]:
+    """``iter_keys``, all of them."""
+    return list(iter_keys(prompt, output, num_blocks, block_size))
 
 
 class PrefixCache:
@@ -77,22 +82,12 @@ class PrefixCache:
         """The cached blocks that hold this sequence's leading tokens, longest run first
         to last, and the key of the last. At least the last token is left to compute:
         its step makes the logits of the next one."""
-        bs = self.block_size
-        most = (len(prompt) + len(output) - 1) // bs
-        blocks: list[int] = []
-        key = ROOT
-        for i in range(most):
-            nxt = chain(key, block_tokens(prompt, output, i, bs))
-            b = self.by_key.get(nxt)
-            if b is None:
-                break
-            blocks.append(b)
-            key = nxt
-        return blocks, key
+        most = (len(prompt) + len(output) - 1) // self.block_size
+        return self.match_keys(iter_keys(prompt, output, most, self.block_size))
 
-    def match_keys(self, keys: Sequence[bytes]) -> tuple[list[int], bytes]:
-        """``match`` for a sequence given by its block keys (``sequence_keys``): what a
-        migration destination looks up for a request whose tokens stay on the source."""
+    def match_keys(self, keys: Iterable[bytes]) -> tuple[list[int], bytes]:
+        """``match`` for a sequence given by its block keys (``iter_keys``; a migration
+        destination gets them from the source, where the tokens are)."""
         blocks: list[int] = []
         key = ROOT
         for k in keys:
