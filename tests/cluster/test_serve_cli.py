@@ -82,11 +82,12 @@ def test_prefix_affinity_flag_sets_the_llumnix_dispatch_param(capsys):
     def params(*argv: str):
         return config(*argv).scheduling.get("dispatch", {}).get("params")
 
-    assert params() == {"prefix": True}  # on with the prefix cache and the llumnix policy
+    # on with the prefix cache and the llumnix policy, its slack growing with load
+    assert params() == {"prefix": True, "prefix_slack_ratio": 2.0}
     assert params("--no-prefix-affinity") == {"prefix": False}
     assert params("--no-prefix-caching") is None
     assert params("--dispatch", "infaas++") is None
-    assert params("--no-prefix-caching", "--prefix-affinity") == {"prefix": True}
+    assert params("--no-prefix-caching", "--prefix-affinity") == {"prefix": True, "prefix_slack_ratio": 2.0}
     # with the cache, a migration source gives up what frees it most per block moved
     assert config().scheduling["rescheduling"] == {"selection": "freed"}
     assert "rescheduling" not in config("--no-prefix-caching").scheduling

@@ -81,6 +81,18 @@ def test_affinity_pick(cands, scores, hits, expected):
     assert affinity_pick(cands, scores, hits, OPTS).instance_id == expected
 
 
+@pytest.mark.parametrize(("freest_load", "other_load", "expected"), [
+    (1, 5, "b"), (1, 6, "a"),        # a light load: the absolute slack of 4 decides
+    (10, 25, "b"), (10, 26, "a"),    # 10 requests at the freest: 1.5 x 10 = 15 more allowed
+])
+def test_the_slack_grows_with_the_freest_candidates_load(freest_load, other_load, expected):
+    opts = PrefixOptions(slack=4, slack_ratio=1.5, min_tokens=64)
+    cands = [_busy("a", freest_load), _busy("b", other_load)]
+    assert affinity_pick(cands, [1.0, 0.0], {"b": 8}, opts).instance_id == expected
+    assert affinity_pick(cands, [1.0, 0.0], {"b": 8}, OPTS).instance_id == ("b" if other_load - freest_load <= 4
+                                                                          else "a")
+
+
 def _gs(prefix=True, **params):
     dispatch = {"policy": "llumnix", "pending_grace_s": 0.0, "params": {"prefix": prefix, **params}}
     gs = GlobalScheduler(SchedulingConfig.from_dict({"freeness": {"headroom_tokens": {}},
@@ -131,6 +143,9 @@ def test_removed_instance_is_forgotten():
     ({"prefix_slack": 2}, "dispatch.params.prefix_slack"),
     ({"prefix": True, "prefix_slack": -1}, "dispatch.params.prefix_slack"),
     ({"prefix": True, "prefix_min_tokens": 0}, "dispatch.params.prefix_min_tokens"),
+    ({"prefix": True, "prefix_slack_ratio": -0.5}, "dispatch.params.prefix_slack_ratio"),
+    ({"prefix": True, "prefix_slack_ratio": "1"}, "dispatch.params.prefix_slack_ratio"),
+    ({"prefix_slack_ratio": 1.0}, "dispatch.params.prefix_slack_ratio"),
     ({"prefix": True, "prefix_min_tokens": 1.5}, "dispatch.params.prefix_min_tokens"),
 ])
 def test_bad_prefix_params_name_the_field(params, field):
@@ -139,14 +154,15 @@ def test_bad_prefix_params_name_the_field(params, field):
     assert field in str(e.value)
 
 
-def test_the_index_fast_path_picks_as_the_full_pipeline():
+@pytest.mark.parametrize("params", [{}, {"prefix_slack_ratio": 1.0}])
+def test_the_index_fast_path_picks_as_the_full_pipeline(params):
     """GlobalScheduler answers prefix affinity from its dispatch index plus the matched
     instances; the ``prefix-affinity`` picker over the full pipeline must agree, through
     reports with queues, stale and terminating instances, and repeated prefixes."""
     import random
 
     rng = random.Random(7)
-    fast, full = _gs(), _gs()
+    fast, full = _gs(**params), _gs(**params)
     full._index = None  # every pick through the pipeline and its picker
     for g in (fast, full):
         for i in range(2, 8):

@@ -37,10 +37,11 @@ dispatch load does; the default ``head`` is Algorithm 1 exactly.
 its prefill stalls the fewest young decoding requests (``policy/decode_shield.py``).
 
 ``llumnix`` with ``params: {prefix: true}`` (not the paper's, off by default; optional
-``prefix_slack``, default 4 requests, and ``prefix_min_tokens``, default 64) picks with
-``prefix-affinity``: a request goes where the longest prefix of its prompt was sent before,
-among the instances with at most ``prefix_slack`` more requests (running and queued) than the
-one freeness picks (``policy/prefix_affinity.py``). It needs the prompt's tokens in the
+``prefix_slack``, default 4 requests, ``prefix_slack_ratio``, default 0, and
+``prefix_min_tokens``, default 64) picks with ``prefix-affinity``: a request goes where the
+longest prefix of its prompt was sent before, among the instances with at most
+max(``prefix_slack``, ``prefix_slack_ratio`` x its requests) more requests (running and
+queued) than the one freeness picks (``policy/prefix_affinity.py``). It needs the prompt's tokens in the
 ``DispatchRequest``; without them it picks as plain ``llumnix``.
 """
 from __future__ import annotations
@@ -54,7 +55,7 @@ from llumnix.policy.prefix_affinity import PrefixOptions
 
 _TIE = ("tie_break",)
 POLICY_PARAMS: dict[str, tuple[str, ...]] = {
-    "llumnix": ("queued", "shield", "prefix", "prefix_slack", "prefix_min_tokens", *_TIE),
+    "llumnix": ("queued", "shield", "prefix", "prefix_slack", "prefix_slack_ratio", "prefix_min_tokens", *_TIE),
     "infaas++": ("metric", *_TIE),
     "round-robin": _TIE,
     "least-requests": _TIE,
@@ -99,7 +100,10 @@ def prefix_options(name: str, params: dict[str, Any] | None) -> PrefixOptions | 
     p = params or {}
     if name != "llumnix" or not _flag(p, "prefix"):
         return None
-    return PrefixOptions(slack=_count(p, "prefix_slack", PrefixOptions.slack, 0),
+    ratio = p.get("prefix_slack_ratio", PrefixOptions.slack_ratio)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < float("inf"):
+        raise bad_value("dispatch.params.prefix_slack_ratio", f"must be a number >= 0, got {ratio!r}")
+    return PrefixOptions(slack=_count(p, "prefix_slack", PrefixOptions.slack, 0), slack_ratio=float(ratio),
                          min_tokens=_count(p, "prefix_min_tokens", PrefixOptions.min_tokens, 1))
 
 
@@ -123,7 +127,7 @@ def make_pipeline(name: str, params: dict[str, Any] | None = None) -> Pipeline:
         prefix = prefix_options(name, p) is not None
         if shield and prefix:
             raise bad_value("dispatch.params.prefix", "cannot be combined with shield (both choose the pick)")
-        for key in ("prefix_slack", "prefix_min_tokens"):
+        for key in ("prefix_slack", "prefix_slack_ratio", "prefix_min_tokens"):
             if key in p and not prefix:
                 raise bad_value(f"dispatch.params.{key}", "applies only with prefix: true")
         picker = "decode-shield" if shield else "prefix-affinity" if prefix else _picker(p)

@@ -13,9 +13,9 @@ may be gone; a wrong guess costs one prefill, as a miss does without the option.
 The pick (``affinity_pick``), over the candidates the filters left:
 
     freest   = what the policy's scores pick (Llumnix: the highest freeness)
-    eligible = candidates with at most ``slack`` more requests (running, queued
-               and just sent) than freest, whose remembered prefix is at least
-               ``min_tokens`` longer than freest's
+    eligible = candidates with at most max(``slack``, ``slack_ratio`` x freest's)
+               more requests (running, queued and just sent) than freest, whose
+               remembered prefix is at least ``min_tokens`` longer than freest's
     pick     = the eligible one with the longest remembered prefix (ties: score, id),
                or freest when none is eligible
 
@@ -45,8 +45,12 @@ from llumnix.kv.prefix_cache import sequence_keys
 @dataclass(frozen=True)
 class PrefixOptions:
     slack: int = 4
-    """Requests an instance may hold beyond the least loaded candidate and still be
-    picked for its cached prefix."""
+    """Requests an instance may hold beyond the freest candidate and still be picked for
+    its cached prefix."""
+    slack_ratio: float = 0.0
+    """The slack grows with load: at least this many times the freest candidate's own
+    requests (running and queued). Under load a cache hit saves the most (prefill compute
+    and memory the cluster is short of), and a gap of a few requests means less."""
     min_tokens: int = 64
     """Prefix tokens a pick must save over the freest candidate's."""
 
@@ -114,7 +118,8 @@ def affinity_choice(freest: InstanceStatus, matched: Sequence[tuple[InstanceStat
     """The rule in the module doc. ``freest``: what the policy's scores pick; ``matched``:
     (candidate, its score, higher is better) for the candidates with a match, in id order."""
     base = hits.get(freest.instance_id, 0)
-    limit = freest.num_running + freest.num_waiting + options.slack
+    load = freest.num_running + freest.num_waiting
+    limit = load + max(options.slack, options.slack_ratio * load)
     best: tuple[tuple[int, float], InstanceStatus] | None = None
     for s, v in matched:
         n = hits[s.instance_id]
