@@ -15,6 +15,7 @@ tokens come from each answer's ``usage.prompt_tokens_details.cached_tokens``. Wr
 benchmarks/results/prefix_affinity.json.
 
     .venv/bin/python benchmarks/prefix_affinity.py [--conversations 8] [--turns 5] [--rounds 2]
+        [--serve-defaults]   (the 'on' arm with serve's slack ratio 2 and selection freed)
 """
 from __future__ import annotations
 
@@ -99,11 +100,14 @@ async def conversations(url: str, docs: list[str], turns: int, max_tokens: int,
 
 
 def run_once(prefix: bool, args: argparse.Namespace, docs: list[str], tok: Any, n: int) -> dict[str, Any]:
-    params = {"prefix": True} if prefix else {}
+    params: dict[str, Any] = {"prefix": True} if prefix else {}
+    scheduling: dict[str, Any] = {"dispatch": {"policy": "llumnix", "params": params}}
+    if prefix and args.serve_defaults:  # what `llumnix serve` adds with prefix caching on
+        params["prefix_slack_ratio"] = 2.0
+        scheduling["rescheduling"] = {"selection": "freed"}
     cfg = ClusterConfig(instances=2, namespace=f"prefix-affinity-{n}",
                         engine={"kv_cache_bytes": args.kv_cache_mib * 2**20, "enable_prefix_caching": True},
-                        scheduling={"dispatch": {"policy": "llumnix", "params": params}},
-                        llumsched_name=f"llumsched-prefix-affinity-{n}")
+                        scheduling=scheduling, llumsched_name=f"llumsched-prefix-affinity-{n}")
     cluster = start_cluster(cfg)
     try:
         with _gateway(cluster, tok) as url:
@@ -134,8 +138,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kv-cache-mib", type=int, default=192)
     ap.add_argument("--rounds", type=int, default=2, help="pairs of runs (off/on, then on/off, ...)")
-    ap.add_argument("--out", default="benchmarks/results/prefix_affinity.json")
+    ap.add_argument("--serve-defaults", action="store_true",
+                    help="the 'on' arm as `llumnix serve` runs it: also a slack ratio of 2 and selection freed")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/prefix_affinity[_serve].json")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = f"benchmarks/results/prefix_affinity{'_serve' if args.serve_defaults else ''}.json"
 
     tok = load_tokenizer("smollm2")
     rng = random.Random(args.seed)
@@ -163,7 +171,9 @@ def main() -> None:
     off, on = pooled(False), pooled(True)
     result = {"what": "multi-turn chats (each turn's prompt is the conversation so far) on a 2-instance "
                       "SmolLM2 cluster with prefix caching, dispatched by freeness (off) or with "
-                      "prefix affinity (on); figures over turns 2+, pooled over the runs",
+                      "prefix affinity (on" + (", with serve's slack ratio 2 and selection freed"
+                                               if args.serve_defaults else "") +
+                      "); figures over turns 2+, pooled over the runs",
               "settings": vars(args), "machine": machine_info(), "off": off, "on": on,
               "ttft_mean_ratio_off_over_on": round(off["ttft_mean_s"] / on["ttft_mean_s"], 2),
               "ttft_p50_ratio_off_over_on": round(off["ttft_p50_s"] / on["ttft_p50_s"], 2),
