@@ -547,6 +547,7 @@ def test_drain_migrates_running_requests_and_streams_survive(server, cluster):
             break
         time.sleep(0.1)
     assert info["migrations"]["committed"] >= 1, info
+    assert info["migrations"]["blocks_sent"] >= 1, info  # their KV moved: counted from the reports
     text = httpx.get(f"{url}/metrics").text
     assert 'llumnix:migrations{model_name=' in text and "llumnix:migration_downtime_seconds_count" in text
     assert 'llumnix:instance_freeness{instance_id="instance-0"' in text
