@@ -247,11 +247,18 @@ def test_head_of_line_demand_counts_only_the_blocks_its_cached_prefix_does_not_c
     st = eng.get_status()
     assert [r.request_id for r in st.waiting] == ["b"]
     assert st.head_of_line_demand == (2 if caching else 9)
+    if caching:  # while it waits, b is matched by its keys, hashed once; the match is as fresh
+        b = eng.get_request("b")
+        assert eng.scheduler._blocked_keys is not None and eng.scheduler._blocked_keys[0] is b
+        eng.step()
+        fresh = eng.kv.blocks_needed(b.num_tokens, eng.kv.match_prefix(b.prompt_token_ids))
+        assert eng.get_status().head_of_line_demand == fresh == 2
     eng.abort_request("c")
     eng.step()  # 4 free blocks: with the cache b is admitted on a's blocks, without it still waits
     st = eng.get_status()
     if caching:
         assert st.head_of_line_demand == 0 and eng.get_request("b").num_cached_tokens == 28
+        assert eng.scheduler._blocked_keys is None  # admitted: the keys are dropped
         # a and b share 7 blocks: their lengths count them twice, the pool once
         assert st.num_shared_block_holds == 7
         assert sum(r.num_blocks for r in st.running) - st.num_shared_block_holds == st.num_used_blocks

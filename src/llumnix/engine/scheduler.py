@@ -38,6 +38,10 @@ class LocalScheduler:
         self._blocked: tuple[Request, int] | None = None
         """The head of line the last admission left waiting for memory, and the free
         blocks it needs (fewer than its size when cached blocks hold its prefix)."""
+        self._blocked_keys: tuple[Request, list[bytes]] | None = None
+        """With prefix caching, the prefix-cache keys of that head of line: it is matched
+        against the cache at every step it waits, and its tokens do not change meanwhile
+        (a 1,000-token prompt on a cached prefix: ~110 us of hashing a step without them)."""
 
     # -- queues ------------------------------------------------------------
     def enqueue(self, req: Request) -> None:
@@ -96,8 +100,11 @@ class LocalScheduler:
             # With prefix caching the blocks that already hold the sequence's leading
             # tokens are taken as they are (not for prompt logprobs: those need the
             # prompt's every position computed).
-            cached = (self.kv.match_prefix(req.prompt_token_ids, req.output_token_ids)
-                      if caching and req.sampling_params.prompt_logprobs is None else None)
+            cached = None
+            if caching and req.sampling_params.prompt_logprobs is None:
+                memo = self._blocked_keys
+                cached = (self.kv.match_prefix_keys(memo[1]) if memo is not None and memo[0] is req
+                          else self.kv.match_prefix(req.prompt_token_ids, req.output_token_ids))
             hit = len(cached[0]) * self.kv.block_size if cached else 0
             n = req.num_new_tokens - hit
             # The budget limits batching, never a lone request: a sequence grown
@@ -108,8 +115,12 @@ class LocalScheduler:
                 break
             if not self.kv.can_allocate(req.num_tokens, cached):
                 self._blocked = (req, self.kv.blocks_needed(req.num_tokens, cached))
+                if cached is not None and (self._blocked_keys is None or self._blocked_keys[0] is not req):
+                    self._blocked_keys = (req, self.kv.prefix_keys(req.prompt_token_ids, req.output_token_ids))
                 break  # head-of-line blocking is deliberate (FCFS)
             self._pop_waiting_head()
+            if self._blocked_keys is not None and self._blocked_keys[0] is req:
+                self._blocked_keys = None
             self.kv.allocate(req.request_id, req.num_tokens, cached)
             if hit:
                 req.num_computed_tokens = hit

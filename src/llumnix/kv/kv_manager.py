@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from llumnix.core.errors import OutOfBlocksError, UnknownRequestError
 from llumnix.kv.block_pool import BlockPool
-from llumnix.kv.prefix_cache import PrefixCache
+from llumnix.kv.prefix_cache import PrefixCache, sequence_keys
 
 
 class KVManager:
@@ -101,6 +101,19 @@ class KVManager:
         if self.prefix is None:
             return [], b""
         return self.prefix.match(prompt, output)
+
+    def prefix_keys(self, prompt: Sequence[int], output: Sequence[int] = ()) -> list[bytes]:
+        """The keys ``match_prefix`` would walk for this sequence, all hashed now; for a
+        sequence looked up again and again (``match_prefix_keys``). Empty without caching."""
+        if self.prefix is None:
+            return []
+        return sequence_keys(prompt, output, (len(prompt) + len(output) - 1) // self.block_size, self.block_size)
+
+    def match_prefix_keys(self, keys: Sequence[bytes]) -> tuple[list[int], bytes]:
+        """``match_prefix`` for keys from ``prefix_keys``: dictionary lookups, no hashing."""
+        if self.prefix is None:
+            return [], b""
+        return self.prefix.match_keys(keys)
 
     def blocks_needed(self, num_tokens: int, cached: tuple[list[int], bytes] | None = None) -> int:
         """Free blocks a table for ``num_tokens`` tokens would take: matched blocks that
