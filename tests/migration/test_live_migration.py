@@ -121,12 +121,13 @@ def test_migrated_request_produces_the_same_tokens_exactly_once(params, transpor
         pair.check_drained()
 
 
-def test_blocks_the_destination_caches_are_adopted_not_sent():
+@pytest.mark.parametrize("transport", ["tcp", "gloo"])
+def test_blocks_the_destination_caches_are_adopted_not_sent(transport):
     """Prefix caching: the destination runs a request sharing x's first 20 tokens, so
     x's first 5 blocks are adopted there by their keys; only the rest travels, and x
     still produces every token exactly once, as without migration."""
     params = SamplingParams(max_tokens=120)
-    with Pair(prefix_caching=True) as pair:
+    with Pair(prefix_caching=True, transport=transport) as pair:
         pair.dst.call(lambda: pair.dst.engine.add_request("other", PROMPT[:20] + [7, 8], SamplingParams(max_tokens=200)))
         pair.add("x", PROMPT, params)
         time.sleep(0.05)
