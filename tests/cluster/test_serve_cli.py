@@ -88,6 +88,16 @@ def test_prefix_affinity_flag_sets_the_llumnix_dispatch_param(capsys):
     assert params("--no-prefix-caching") is None
     assert params("--dispatch", "infaas++") is None
     assert params("--no-prefix-caching", "--prefix-affinity") == {"prefix": True, "prefix_slack_ratio": 2.0}
+    assert params("--prefix-slack", "16", "--prefix-slack-ratio", "0") == {
+        "prefix": True, "prefix_slack": 16, "prefix_slack_ratio": 0.0}
+    for argv, message in (
+            (["--no-prefix-affinity", "--prefix-slack", "8"], "--prefix-slack needs prefix affinity"),
+            (["--no-prefix-caching", "--prefix-slack-ratio", "1"], "--prefix-slack-ratio needs prefix affinity"),
+            (["--prefix-slack", "-1"], "--prefix-slack must be >= 0, got -1"),
+            (["--prefix-slack-ratio", "nan"], "--prefix-slack-ratio must be >= 0, got nan")):
+        assert main(["serve", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
     # with the cache, a migration source gives up what frees it most per block moved
     assert config().scheduling["rescheduling"] == {"selection": "freed"}
     assert "rescheduling" not in config("--no-prefix-caching").scheduling

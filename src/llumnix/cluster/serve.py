@@ -55,6 +55,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="llumnix dispatch: send a prompt where its longest prefix was sent before, among "
                    "instances with at most max(4, 2 x its requests) more requests than the freest (default: "
                    "on with prefix caching and the llumnix policy)")
+    p.add_argument("--prefix-slack", type=int, default=None, metavar="N",
+                   help="prefix affinity: requests an instance may hold beyond the freest and still get a "
+                   "prompt for its cached prefix (default 4)")
+    p.add_argument("--prefix-slack-ratio", type=float, default=None, metavar="R",
+                   help="prefix affinity: the slack is at least R x the freest's requests, so it grows with "
+                   "load (default 2; 0: the fixed slack alone)")
     p.add_argument("--migration", action=argparse.BooleanOptionalAction, default=None,
                    help="continuous rescheduling by live migration (default on)")
     p.add_argument("--migrate-out-threshold", type=float, default=None,
@@ -179,6 +185,16 @@ def build_config(args: argparse.Namespace) -> Any:
         params["prefix"] = args.prefix_affinity
     elif llumnix and engine["enable_prefix_caching"] and "prefix" not in params and not params.get("shield"):
         params["prefix"] = True  # the caches are only worth as much as the hits dispatch finds them
+    for flag, key, val in (("--prefix-slack", "prefix_slack", args.prefix_slack),
+                           ("--prefix-slack-ratio", "prefix_slack_ratio", args.prefix_slack_ratio)):
+        if val is None:
+            continue
+        if params.get("prefix") is not True:
+            raise LlumnixError(f"{flag} needs prefix affinity (the llumnix policy with --prefix-affinity "
+                               "or prefix caching on)")
+        if not 0 <= val < float("inf"):
+            raise LlumnixError(f"{flag} must be >= 0, got {val:g}")
+        params[key] = val
     if params.get("prefix") is True:
         # the slack grows with load (benchmarks/sim/beyond.md: at light load as the fixed 4,
         # under load far more hits)
