@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from llumnix.core.errors import OutOfBlocksError, UnknownRequestError
 from llumnix.kv.block_pool import BlockPool
-from llumnix.kv.prefix_cache import PrefixCache, sequence_keys
+from llumnix.kv.prefix_cache import PrefixCache
 
 
 class KVManager:
@@ -105,9 +105,7 @@ class KVManager:
     def prefix_keys(self, prompt: Sequence[int], output: Sequence[int] = ()) -> list[bytes]:
         """The keys ``match_prefix`` would walk for this sequence, all hashed now; for a
         sequence looked up again and again (``match_prefix_keys``). Empty without caching."""
-        if self.prefix is None:
-            return []
-        return sequence_keys(prompt, output, (len(prompt) + len(output) - 1) // self.block_size, self.block_size)
+        return [] if self.prefix is None else list(self.prefix.lookup_keys(prompt, output))
 
     def match_prefix_keys(self, keys: Sequence[bytes]) -> tuple[list[int], bytes]:
         """``match_prefix`` for keys from ``prefix_keys``: dictionary lookups, no hashing."""

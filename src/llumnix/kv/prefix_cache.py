@@ -82,8 +82,12 @@ class PrefixCache:
         """The cached blocks that hold this sequence's leading tokens, longest run first
         to last, and the key of the last. At least the last token is left to compute:
         its step makes the logits of the next one."""
-        most = (len(prompt) + len(output) - 1) // self.block_size
-        return self.match_keys(iter_keys(prompt, output, most, self.block_size))
+        return self.match_keys(self.lookup_keys(prompt, output))
+
+    def lookup_keys(self, prompt: Sequence[int], output: Sequence[int]) -> Iterator[bytes]:
+        """The keys a lookup of this sequence walks (lazily hashed): its full blocks but
+        one token, which is always computed."""
+        return iter_keys(prompt, output, (len(prompt) + len(output) - 1) // self.block_size, self.block_size)
 
     def match_keys(self, keys: Iterable[bytes]) -> tuple[list[int], bytes]:
         """``match`` for a sequence given by its block keys (``iter_keys``; a migration

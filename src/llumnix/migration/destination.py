@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from llumnix.core.errors import InvalidRequestError, UnknownRequestError
 from llumnix.core.request import Request
@@ -29,6 +29,7 @@ from llumnix.migration.tcp_transport import KVReceiver
 from llumnix.migration.transport import BulkWorker, TransportOptions
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class DestinationEndpoint:
@@ -69,26 +70,24 @@ class DestinationEndpoint:
 
     # -- the Destination protocol --------------------------------------------------
     def try_reserve(self, request_id: str, num_blocks: int) -> list[int] | None:
-        eng = self.server.engine
-        with self._cv:
-            if request_id in self._closed_to_writes:
-                return None
-        got: list[int] | None = self.server.call(lambda: eng.try_reserve(request_id, num_blocks))
-        if got is not None:
-            with self._cv:
-                self._reserved_at[request_id] = self._now()
-        return got
+        return self._reserve(request_id, lambda eng: eng.try_reserve(request_id, num_blocks))
 
     def try_reserve_with_cache(self, request_id: str, keys: list[bytes]) -> tuple[int, list[int]] | None:
+        return self._reserve(request_id, lambda eng: eng.try_reserve_with_cache(request_id, keys))
+
+    def _reserve(self, request_id: str, op: Callable[[Any], _T | None]) -> _T | None:
+        """``op(engine)`` at the step boundary, unless the request is being installed or
+        released; a successful op that leaves it holding a reservation here (re)starts
+        the watchdog's clock."""
         eng = self.server.engine
         with self._cv:
             if request_id in self._closed_to_writes:
                 return None
-        got: tuple[int, list[int]] | None = self.server.call(lambda: eng.try_reserve_with_cache(request_id, keys))
-        if got is not None and (got[0] or got[1]):
+        got, reserved = self.server.call(lambda: (op(eng), eng.kv.is_reserved(request_id)))
+        if got is not None and reserved:
             with self._cv:
                 self._reserved_at[request_id] = self._now()
-        return got
+        return got  # type: ignore[no-any-return]
 
     def release(self, request_id: str) -> int:
         eng = self.server.engine
