@@ -267,6 +267,25 @@ def test_head_of_line_demand_counts_only_the_blocks_its_cached_prefix_does_not_c
     eng.check_invariants()
 
 
+def test_head_of_line_demand_of_a_preempted_request_is_its_size_now():
+    """b waited for memory once (3 blocks), ran, grew and was preempted: back at the head
+    of the queue it needs 4 blocks, and the status must not report the 3 it once did."""
+    eng = make_engine(num_blocks=6, block_size=4)
+    eng.add_request("a", [1] * 16, greedy(1), arrival_time=0.0)
+    eng.add_request("b", [2] * 12, greedy(8), arrival_time=0.1)
+    eng.step()  # a's prefill takes 4 blocks and finishes; b waits for 3
+    assert eng.get_status().head_of_line_demand == 3
+    eng.step()  # b's prefill: 3 blocks, 13 tokens
+    eng.add_request("c", [3] * 11, greedy(8), arrival_time=0.2, priority=Priority.HIGH)
+    eng.step()  # c's prefill takes the last 3 blocks
+    batch = eng.step()  # b needs a 4th block for its next token; c comes first
+    assert eng.get_request("b").num_preemptions == 1, batch
+    st = eng.get_status()
+    assert [r.request_id for r in st.waiting] == ["b"]
+    assert st.head_of_line_demand == 4
+    eng.check_invariants()
+
+
 def test_min_tokens_must_be_within_max_tokens():
     from llumnix.core.errors import InvalidRequestError
 

@@ -61,10 +61,19 @@ class LocalScheduler:
             i = self.waiting.index(req)
             del self.waiting[i]
             del self._waiting_keys[i]
+            self._forget_blocked(req)
         elif req.status == RequestStatus.RUNNING:
             self.running.remove(req)
         elif req.status == RequestStatus.PAUSED:
             del self.paused[req.request_id]
+
+    def _forget_blocked(self, req: Request) -> None:
+        """`req` left the queue: what the last admission counted for it is void (a
+        preempted request comes back longer than it was when it last waited)."""
+        if self._blocked is not None and self._blocked[0] is req:
+            self._blocked = None
+        if self._blocked_keys is not None and self._blocked_keys[0] is req:
+            self._blocked_keys = None
 
     @property
     def head_of_line(self) -> Request | None:
@@ -119,8 +128,7 @@ class LocalScheduler:
                     self._blocked_keys = (req, self.kv.prefix_keys(req.prompt_token_ids, req.output_token_ids))
                 break  # head-of-line blocking is deliberate (FCFS)
             self._pop_waiting_head()
-            if self._blocked_keys is not None and self._blocked_keys[0] is req:
-                self._blocked_keys = None
+            self._forget_blocked(req)
             self.kv.allocate(req.request_id, req.num_tokens, cached)
             if hit:
                 req.num_computed_tokens = hit
