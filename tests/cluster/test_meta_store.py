@@ -26,6 +26,13 @@ def test_json_round_trip_is_exact():
     assert status_from_json(status_to_json(s)) == s
 
 
+def test_evicted_prefix_keys_are_an_event_the_store_leaves_out():
+    import dataclasses
+
+    s = dataclasses.replace(_status("a", 1.5), evicted_prefix_keys=(b"\x01" * 16,))
+    assert status_from_json(status_to_json(s)) == _status("a", 1.5)
+
+
 @pytest.fixture(params=["memory", "redis"])
 def store(request):
     if request.param == "memory":

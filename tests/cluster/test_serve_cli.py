@@ -98,6 +98,10 @@ def test_prefix_affinity_flag_sets_the_llumnix_dispatch_param(capsys):
         assert main(["serve", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+    # with the cache, the prefix index forgets what the engines report evicted (a config can say no)
+    assert config().scheduling["dispatch"]["prefix_evictions"] is True
+    assert "dispatch" not in config("--no-prefix-caching").scheduling
+    assert config("--dispatch", "llm-d").scheduling["dispatch"] == {"policy": "llm-d", "prefix_evictions": True}
     # with the cache, a migration source gives up what frees it most per block moved
     assert config().scheduling["rescheduling"] == {"selection": "freed"}
     assert "rescheduling" not in config("--no-prefix-caching").scheduling

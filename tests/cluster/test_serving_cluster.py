@@ -15,10 +15,11 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, redis_url):
-    # prefix caching, prefix affinity and the selection by blocks freed, as `llumnix serve`
-    # runs by default
+    # prefix caching, prefix affinity (the index forgetting what the engines evict) and the
+    # selection by blocks freed, as `llumnix serve` runs by default
     engine = {"num_blocks": 512, "enable_prefix_caching": True}
-    scheduling = {"dispatch": {"params": {"prefix": True}}, "rescheduling": {"selection": "freed"}}
+    scheduling = {"dispatch": {"params": {"prefix": True}, "prefix_evictions": True},
+                  "rescheduling": {"selection": "freed"}}
     with running_cluster(tiny_model_dir, "test", instances=2, cms=redis_url, engine=engine,
                          scheduling=scheduling) as c:
         yield c
@@ -458,6 +459,39 @@ def test_a_migration_to_an_instance_that_caches_the_prompt_sends_only_the_rest(s
     assert second["num_blocks_cached"] >= 5 and second["num_bytes"] > 0, second
     counts = wait_idle(cluster.instances)
     assert all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()), counts
+
+
+def test_the_prefix_index_forgets_what_the_instances_report_evicted(server, cluster):
+    """Sixteen distinct prompts with long outputs need 1,600 blocks of two instances' 1,024:
+    the engines evict cached prefixes, their status pushes name the keys, and LlumSched's
+    index forgets the ones it had sent there (``/admin/cluster`` counts them)."""
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+
+    def forgotten() -> dict[str, int]:
+        return {i["instance_id"]: i["prefix_blocks_forgotten"]
+                for i in httpx.get(f"{url}/admin/cluster").json()["instances"]}
+
+    async def one(i: int) -> int:
+        body = {"model": name, "prompt": f"{i:02d} evicted document " * 5, "max_tokens": 300,
+                "ignore_eos": True}
+        async with httpx.AsyncClient(timeout=120) as c:
+            r = await c.post(f"{url}/v1/completions", json=body)
+        return r.json()["usage"]["completion_tokens"]
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(16)))
+
+    before = forgotten()
+    assert asyncio.run(main()) == [300] * 16
+    counts = wait_idle(cluster.instances)
+    assert all(c["num_requests"] == 0 and c["num_used_blocks"] == 0 for c in counts.values()), counts
+    deadline = time.time() + 10
+    while sum(forgotten().values()) == sum(before.values()) and time.time() < deadline:
+        time.sleep(0.1)
+    after = forgotten()
+    assert sum(after.values()) > sum(before.values()), (before, after)
+    assert all(after[i] >= before.get(i, 0) for i in after)
 
 
 BAD_INPUTS = [  # (endpoint, body, status, param); chat bodies get "messages" unless they set it

@@ -48,6 +48,26 @@ def test_released_blocks_stay_findable_count_as_free_and_go_least_recently_relea
     assert kv.match_prefix(list(range(50, 59)))[0] == b[:2]
 
 
+def test_evicted_keys_are_logged_once_and_the_log_is_bounded():
+    kv = KVManager(6, BS, watermark=0.0, prefix_caching=True)
+    a = list(range(9))
+    _admit(kv, "a", a)    # 3 blocks, 2 keyed
+    kv.free("a")
+    assert kv.take_evicted_keys() == []  # released, still cached: nothing evicted
+    kv.allocate("c", 5 * BS)  # 5 blocks: the pool's 4 unkeyed ones, then a's tail block
+    assert kv.take_evicted_keys() == [kv.prefix_keys(a)[1]]
+    assert kv.take_evicted_keys() == []  # taken once
+    kv.free("c")
+    # the log keeps a pool's worth of keys, the newest
+    for r in range(3):
+        _admit(kv, f"x{r}", [100 * (r + 1) + t for t in range(2 * BS + 1)])
+        kv.free(f"x{r}")
+    evicted = kv.take_evicted_keys()
+    assert 0 < len(evicted) <= 6 and len(set(evicted)) == len(evicted)
+    kv.check_invariants()
+    assert KVManager(6, BS).take_evicted_keys() == []  # no caching, no log
+
+
 def test_a_matched_evictable_block_counts_against_the_free_space():
     kv = KVManager(4, BS, watermark=0.0, prefix_caching=True)
     _admit(kv, "a", list(range(13)))   # 4 blocks, 3 keyed

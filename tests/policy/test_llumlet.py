@@ -112,3 +112,16 @@ def test_stable_pairing_stops_a_move_that_would_make_the_destination_a_source(ds
     assert ll.reads_destination
     assert ll.select_requests_to_migrate(0.0, 1, dst) == expected
     assert not llumlet(src).reads_destination
+
+
+def test_push_carries_the_prefix_keys_evicted_since_the_last_push_and_report_does_not_take_them():
+    eng = make_engine(num_blocks=6, block_size=4, prefix_caching=True)
+    lm = Llumlet("i0", eng, ReschedulingConfig(), NO_HEADROOM)
+    eng.add_request("a", list(range(9)), SamplingParams(max_tokens=1, temperature=0.0))
+    eng.step()  # a's prefill keys 2 blocks, and a finishes: they stay cached
+    assert lm.push(0.1).evicted_prefix_keys == ()
+    eng.add_request("b", list(range(100, 121)), SamplingParams(max_tokens=1, temperature=0.0))
+    eng.step()  # b takes 6 blocks: both of a's cached ones are evicted
+    assert lm.report(0.2).evicted_prefix_keys == ()  # a plain report leaves them for the push
+    assert set(lm.push(0.2).evicted_prefix_keys) == set(eng.kv.prefix_keys(list(range(9))))
+    assert lm.push(0.3).evicted_prefix_keys == ()

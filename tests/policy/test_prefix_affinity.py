@@ -2,6 +2,8 @@
 where, the pick over literal snapshots, and the scheduler sending a prompt back to its prefix."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from llumnix.kv.prefix_cache import PrefixCache
@@ -45,6 +47,28 @@ def test_index_forgets_the_least_recent_prompt_from_its_tail():
     # the old prompt lost its last two blocks, not its first two (which would lose all four)
     assert index.matches(block_keys(old, BS)) == {"i0": 2}
     assert index.matches(block_keys(new, BS)) == {"i0": 4}
+
+
+def test_index_forgets_evicted_keys_sent_before_the_report_window():
+    a = list(range(4 * BS))
+    keys = block_keys(a, BS)
+    index = PrefixIndex()
+    index.record("i0", keys, capacity=100, now=1.0)
+    index.record("i1", keys, capacity=100, now=1.0)
+    # i0 evicted block 2 after its report at 2.0: matching stops there, the chain's tail
+    # stays remembered but unreachable, as in the engine's cache
+    assert index.forget_evicted("i0", [keys[2]], since=2.0) == 1
+    assert index.matches(keys) == {"i0": 2, "i1": 4}
+    # a key sent after the previous report is kept: the eviction may have come first
+    index.record("i1", keys, capacity=100, now=3.0)
+    assert index.forget_evicted("i1", keys, since=2.5) == 0
+    assert index.matches(keys) == {"i0": 2, "i1": 4}
+    assert index.forget_evicted("i0", keys, since=2.0) == 3 and index.size("i0") == 0
+    assert index.forget_evicted("nope", keys, since=9.0) == 0
+    assert index.matches(keys) == {"i1": 4}
+    assert index.num_forgotten == {"i0": 4}
+    index.remove("i0")
+    assert index.num_forgotten == {}
 
 
 def _busy(iid, n, total=100, waiting=()):
@@ -119,6 +143,28 @@ def test_a_shared_prefix_follows_its_first_request():
     assert gs.prefix_index.matches(block_keys([*system, 1], BS)) == {"i0": 20, "i1": 20}
     # another prompt is dispatched by freeness alone
     assert _send(gs, "other", list(range(5000, 5400))) == "i1"
+
+
+@pytest.mark.parametrize("forget", [False, True])
+def test_reported_evictions_send_the_prefix_where_it_still_is(forget):
+    system = list(range(10, 10 + 20 * BS))
+    dispatch = {"policy": "llumnix", "pending_grace_s": 0.0, "params": {"prefix": True},
+                "prefix_evictions": forget}
+    gs = GlobalScheduler(SchedulingConfig.from_dict({"freeness": {"headroom_tokens": {}}, "dispatch": dispatch}))
+    gs.add_instance(inst("i0", total=1000))
+    busy = [run("x", 100), run("y", 100)]
+    gs.add_instance(inst("i1", total=1000, ts=0.0, running=busy))  # i0 is freer, and stays so
+    assert _send(gs, "r0", [*system, 1], now=0.01) == "i0"
+    gs.update_status(inst("i1", total=1000, ts=0.02, running=busy))
+    gs.prefix_index.record("i1", block_keys([*system, 1], BS), 1000, now=0.01)  # i1 was sent it too
+    # i0 reports (after the dispatch) that it evicted the system prompt's blocks
+    gs.update_status(dataclasses.replace(inst("i0", total=1000, ts=0.03, running=[run("r0", 21)]),
+                                         evicted_prefix_keys=tuple(block_keys(system, BS))))
+    gs.update_status(dataclasses.replace(inst("i0", total=1000, ts=0.04, running=[run("r0", 21)]),
+                                         evicted_prefix_keys=tuple(block_keys(system, BS))))
+    assert gs.prefix_index.matches(block_keys(system, BS)) == ({"i1": 20} if forget else {"i0": 20, "i1": 20})
+    # the next request with that prefix: to i0 (freest, and remembered) only without the reports
+    assert _send(gs, "r1", [*system, 2], now=0.05) == ("i1" if forget else "i0")
 
 
 def test_without_tokens_prefix_affinity_dispatches_as_llumnix():

@@ -593,5 +593,8 @@ class LlumSchedActor:
                                    "is_schedulable": s.is_schedulable,
                                    "age_s": time.time() - s.timestamp,
                                    # prompt blocks LlumSched remembers sending there (prefix affinity)
-                                   "prefix_blocks_sent": None if index is None else index.size(s.instance_id)}
+                                   "prefix_blocks_sent": None if index is None else index.size(s.instance_id),
+                                   # keys forgotten so far because the instance reported them evicted
+                                   "prefix_blocks_forgotten": (None if index is None
+                                                               else index.num_forgotten.get(s.instance_id, 0))}
                                   for s in self.gs.statuses.values()]}

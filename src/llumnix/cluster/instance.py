@@ -171,7 +171,7 @@ class InstanceServer:
         now = time.monotonic()
         if force or now - self._last_report >= self._status_interval:
             self._last_report = now
-            self._on_status(self.llumlet.report(time.time()))
+            self._on_status(self.llumlet.push(time.time()))
 
     def _fail_pending(self) -> None:
         while True:

@@ -13,7 +13,9 @@ from llumnix.core.status import InstanceStatus, RequestBrief
 
 
 def status_to_json(status: InstanceStatus) -> str:
-    return json.dumps(dataclasses.asdict(status), separators=(",", ":"))
+    d = dataclasses.asdict(status)
+    del d["evicted_prefix_keys"]  # an event of one report, not the instance's state
+    return json.dumps(d, separators=(",", ":"))
 
 
 def status_from_json(text: str | bytes) -> InstanceStatus:

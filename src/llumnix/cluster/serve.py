@@ -200,7 +200,13 @@ def build_config(args: argparse.Namespace) -> Any:
         # under load far more hits)
         params.setdefault("prefix_slack_ratio", 2.0)
     if params:
-        scheduling["dispatch"] = {**dispatch, "params": params}
+        dispatch["params"] = params
+    if engine["enable_prefix_caching"]:
+        # the prefix index (affinity, llm-d's prefix scorer) forgets what the engines
+        # report evicted (benchmarks/sim/beyond.md)
+        dispatch.setdefault("prefix_evictions", True)
+    if dispatch:
+        scheduling["dispatch"] = dispatch
     for key, val in (("model", args.model), ("instances", args.instances), ("cms", args.cms),
                      ("ray_address", args.ray_address), ("threads_per_instance", args.threads_per_instance)):
         if val is not None:

@@ -54,6 +54,10 @@ class InstanceStatus:
     is_schedulable: bool = True
     step_id: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    evicted_prefix_keys: tuple[bytes, ...] = ()
+    """Prefix-cache keys the engine evicted since its previous pushed report (``Llumlet.
+    push``; empty in any other snapshot): an event, not state, so the meta store leaves
+    it out. A router that remembers where it sent prefixes forgets these."""
 
     @property
     def num_free_blocks(self) -> int:

@@ -211,6 +211,10 @@ class EngineCore(MigrationOpsMixin):
         """The status snapshot; see ``build_status`` for the arguments."""
         return build_status(self, migrating=migrating, **fields)
 
+    def take_evicted_prefix_keys(self) -> list[bytes]:
+        """Prefix-cache keys this engine evicted since the last call (``Llumlet.push``)."""
+        return self.kv.take_evicted_keys()
+
     def shared_blocks(self, request_ids: Collection[str]) -> dict[str, int]:
         """Per request, the blocks of its table other requests hold too (prefix caching)."""
         return {rid: self.kv.num_shared_blocks_of(rid) for rid in request_ids}

@@ -30,7 +30,9 @@ class KVManager:
         self.num_watermark_blocks = int(watermark * num_blocks)
         self._tables: dict[str, list[int]] = {}
         self._reserved: set[str] = set()
-        self.prefix: PrefixCache | None = PrefixCache(block_size) if prefix_caching else None
+        # The eviction log holds a pool's worth: more evictions than that between two
+        # status reports and the router keeps a few stale entries (as with no log at all).
+        self.prefix: PrefixCache | None = PrefixCache(block_size, num_blocks) if prefix_caching else None
 
     # -- sizes -------------------------------------------------------------
     @property
@@ -101,6 +103,10 @@ class KVManager:
         if self.prefix is None:
             return [], b""
         return self.prefix.match(prompt, output)
+
+    def take_evicted_keys(self) -> list[bytes]:
+        """Keys of the cached blocks evicted since the last call (none without caching)."""
+        return [] if self.prefix is None else self.prefix.take_evicted()
 
     def prefix_keys(self, prompt: Sequence[int], output: Sequence[int] = ()) -> list[bytes]:
         """The keys ``match_prefix`` would walk for this sequence, all hashed now; for a

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 
 ROOT = b""
@@ -59,8 +59,12 @@ def sequence_keys(prompt: Sequence[int], output: Sequence[int], num_blocks: int,
 
 
 class PrefixCache:
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, eviction_log: int = 0) -> None:
         self.block_size = block_size
+        self.evicted: deque[bytes] = deque(maxlen=eviction_log)
+        """Keys of the blocks evicted since the last ``take_evicted``, oldest first, at
+        most ``eviction_log`` of them (the oldest are dropped): for a router that remembers
+        where it sent each prefix, the ones an instance no longer holds."""
         self.by_key: dict[bytes, int] = {}
         self.key_of: dict[int, bytes] = {}
         self.refs: dict[int, int] = {}
@@ -142,9 +146,17 @@ class PrefixCache:
     def evict(self) -> int:
         """Forget the least recently released block; returns it, for the pool."""
         b, _ = self.evictable.popitem(last=False)
-        del self.by_key[self.key_of.pop(b)]
+        key = self.key_of.pop(b)
+        del self.by_key[key]
         del self.refs[b]
+        self.evicted.append(key)
         return b
+
+    def take_evicted(self) -> list[bytes]:
+        """The keys evicted since the last call, oldest first; forgets them."""
+        keys = list(self.evicted)
+        self.evicted.clear()
+        return keys
 
     def add(self, request_id: str, table: list[int], prompt: Sequence[int], output: Sequence[int],
             num_computed: int) -> None:

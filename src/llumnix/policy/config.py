@@ -92,6 +92,10 @@ class DispatchConfig:
     """How long a dispatched request may take to show up in its instance's reports before
     the scheduler stops counting it as pending there (0 in the simulator, where delivery
     is instant; about a second over Ray)."""
+    prefix_evictions: bool = False
+    """With a prefix index (``prefix`` affinity, the ``prefix-match`` scorer): forget the
+    prefixes an instance reports it evicted (else only the index's own capacity bound
+    forgets them)."""
 
     def __post_init__(self) -> None:
         if self.policy not in DISPATCH_POLICIES:
@@ -101,6 +105,8 @@ class DispatchConfig:
             raise bad_value("dispatch.staleness_s", "must be > 0")
         if self.pending_grace_s < 0:
             raise bad_value("dispatch.pending_grace_s", "must be >= 0")
+        if not isinstance(self.prefix_evictions, bool):
+            raise bad_value("dispatch.prefix_evictions", f"must be true or false, got {self.prefix_evictions!r}")
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,8 @@ class GlobalScheduler:
             return
         if status.timestamp < old.timestamp:
             return  # a late report never rolls the view back
+        if status.evicted_prefix_keys and self.prefix_index is not None and self.config.dispatch.prefix_evictions:
+            self.prefix_index.forget_evicted(status.instance_id, status.evicted_prefix_keys, old.timestamp)
         self.pending.on_status(status, self.config.dispatch.pending_grace_s)
         self._set(self._marked(status))
 
@@ -154,7 +156,7 @@ class GlobalScheduler:
         if iid is None:
             return None
         if keys and self.prefix_index is not None:
-            self.prefix_index.record(iid, keys, self.statuses[iid].num_total_blocks)
+            self.prefix_index.record(iid, keys, self.statuses[iid].num_total_blocks, now)
         self.sent[iid] = self.sent.get(iid, 0) + 1
         self.pending.add(iid, req, self.statuses[iid].block_size, now)
         self._refresh(iid)

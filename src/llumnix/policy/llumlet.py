@@ -40,6 +40,10 @@ class EngineLike(Protocol):
         ``freed``)."""
         ...
 
+    def take_evicted_prefix_keys(self) -> list[bytes]:
+        """Prefix-cache keys evicted since the last call."""
+        ...
+
 
 class Llumlet:
     def __init__(self, instance_id: str, engine: EngineLike, rescheduling: ReschedulingConfig,
@@ -54,12 +58,19 @@ class Llumlet:
         """Cleared when the instance is unhealthy: no dispatch, no migration into it."""
         self.migrating_out: set[str] = set()
 
-    def report(self, now: float) -> InstanceStatus:
+    def report(self, now: float, **fields: Any) -> InstanceStatus:
         """The engine's snapshot plus what only the llumlet knows, stamped ``now``."""
         return self.engine.get_status(
             migrating=self.migrating_out, instance_id=self.instance_id, timestamp=now,
             is_terminating=self.is_terminating, is_schedulable=self.is_schedulable,
-            num_migrating_out=len(self.migrating_out))
+            num_migrating_out=len(self.migrating_out), **fields)
+
+    def push(self, now: float) -> InstanceStatus:
+        """The report for the global scheduler: ``report`` plus the prefix-cache keys the
+        engine evicted since the previous push. Only the one path that delivers reports
+        to the global scheduler may call it (any other caller would swallow evictions)."""
+        evicted = self.engine.take_evicted_prefix_keys()
+        return self.report(now, evicted_prefix_keys=tuple(evicted)) if evicted else self.report(now)
 
     def freeness(self, now: float) -> float:
         return freeness(self.report(now), self.freeness_cfg)

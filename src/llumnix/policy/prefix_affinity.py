@@ -7,8 +7,12 @@ part of its prefill there, and nowhere else. LlumSched does not see the engines'
 caches; it remembers where it sent each prompt instead (``PrefixIndex``): per
 instance, the keys of the prompts' full blocks, chained as the engine chains them,
 least recently sent forgotten first, at most as many as the instance has blocks.
-Evictions inside the engine and migrations are not seen, so a remembered prefix
-may be gone; a wrong guess costs one prefill, as a miss does without the option.
+With ``dispatch.prefix_evictions`` every report also names the keys its engine
+evicted since the previous one, and the index forgets them (llm-d's KV events do
+the same for its precise scorer). Blocks a migration brings are not learned
+(measured: it spreads hot prefixes; ``benchmarks/sim/beyond.md``), so a remembered
+prefix may still be gone; a wrong guess costs one prefill, as a miss does without
+the option.
 
 The pick (``affinity_pick``), over the candidates the filters left:
 
@@ -64,12 +68,15 @@ _NONE: frozenset[str] = frozenset()
 
 
 class PrefixIndex:
-    """Per instance, the block keys of the prompts sent there, least recently sent first."""
+    """Per instance, the block keys of the prompts sent there, least recently sent first,
+    each with the time it was last sent."""
 
     def __init__(self) -> None:
-        self._sent: dict[str, OrderedDict[bytes, None]] = {}
+        self._sent: dict[str, OrderedDict[bytes, float]] = {}
         self._holders: dict[bytes, set[str]] = {}
         """Key -> the instances it was sent to: a lookup touches only those."""
+        self.num_forgotten: dict[str, int] = {}
+        """Per instance, keys forgotten because it reported them evicted."""
 
     def matches(self, keys: list[bytes]) -> dict[str, int]:
         """Per instance with a match: how many leading blocks of ``keys`` were sent there."""
@@ -85,19 +92,38 @@ class PrefixIndex:
             hits[iid] = depth
         return hits
 
-    def record(self, instance_id: str, keys: list[bytes], capacity: int) -> None:
-        """``keys`` were sent to the instance, which holds at most ``capacity`` blocks. The
-        head is marked most recent, so a chain is forgotten from its tail: a lost head would
-        make every block after it unreachable (matching stops at the first miss)."""
+    def record(self, instance_id: str, keys: list[bytes], capacity: int, now: float = 0.0) -> None:
+        """``keys`` were sent to the instance at ``now``; it holds at most ``capacity``
+        blocks. The head is marked most recent, so a chain is forgotten from its tail: a
+        lost head would make every block after it unreachable (matching stops at the first
+        miss)."""
         sent = self._sent.setdefault(instance_id, OrderedDict())
         for k in reversed(keys):
             if k in sent:
                 sent.move_to_end(k)
             else:
-                sent[k] = None
                 self._holders.setdefault(k, set()).add(instance_id)
+            sent[k] = now
         while len(sent) > capacity:
             self._forget(instance_id, sent.popitem(last=False)[0])
+
+    def forget_evicted(self, instance_id: str, keys: Sequence[bytes], since: float) -> int:
+        """The instance evicted ``keys`` after ``since`` (its previous report). A key sent
+        there after ``since`` is kept: the eviction may have come first, and the request
+        sent will store the block again. Returns how many keys were forgotten."""
+        sent = self._sent.get(instance_id)
+        if not sent:
+            return 0
+        n = 0
+        for k in keys:
+            t = sent.get(k)
+            if t is not None and t <= since:
+                del sent[k]
+                self._forget(instance_id, k)
+                n += 1
+        if n:
+            self.num_forgotten[instance_id] = self.num_forgotten.get(instance_id, 0) + n
+        return n
 
     def _forget(self, instance_id: str, key: bytes) -> None:
         holders = self._holders[key]
@@ -108,6 +134,7 @@ class PrefixIndex:
     def remove(self, instance_id: str) -> None:
         for k in self._sent.pop(instance_id, ()):
             self._forget(instance_id, k)
+        self.num_forgotten.pop(instance_id, None)
 
     def size(self, instance_id: str) -> int:
         return len(self._sent.get(instance_id, ()))

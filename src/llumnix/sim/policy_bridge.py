@@ -11,6 +11,7 @@ A system in an experiment config::
       rescheduling: {selection: paper, max_out: 1}   # any SchedulingConfig section
       freeness: {headroom_tokens: {high: 1600}}
       dispatch_params: {}          # DispatchConfig.params
+      prefix_evictions: true       # DispatchConfig.prefix_evictions
       scaling: {enabled: true, scale_out_below: 10, scale_in_above: 60}
 """
 from __future__ import annotations
@@ -40,7 +41,8 @@ _SECTIONS = ("freeness", "rescheduling", "scaling")
 def scheduling_config(spec: SystemSpec) -> SchedulingConfig:
     """SystemSpec -> SchedulingConfig; raises the policy's own PolicyConfigError."""
     opts = dict(spec.options)
-    unknown = sorted(set(opts) - {*_SECTIONS, "migrate_out_threshold", "dispatch_params", "staleness_s"})
+    unknown = sorted(set(opts) - {*_SECTIONS, "migrate_out_threshold", "dispatch_params", "staleness_s",
+                                  "prefix_evictions"})
     if unknown:
         raise InvalidRequestError(f"unknown setting {unknown[0]!r}", unknown[0])
     resched = dict(opts.get("rescheduling") or {})
@@ -51,8 +53,9 @@ def scheduling_config(spec: SystemSpec) -> SchedulingConfig:
         resched.setdefault("in_threshold", max(out, ReschedulingConfig().in_threshold))
     dispatch: dict[str, Any] = {"policy": spec.dispatch, "params": dict(opts.get("dispatch_params") or {}),
                                 "pending_grace_s": 0.0}
-    if "staleness_s" in opts:
-        dispatch["staleness_s"] = opts["staleness_s"]
+    for key in ("staleness_s", "prefix_evictions"):
+        if key in opts:
+            dispatch[key] = opts[key]
     return SchedulingConfig.from_dict({"freeness": opts.get("freeness"), "dispatch": dispatch,
                                        "rescheduling": resched, "scaling": opts.get("scaling")})
 
@@ -95,7 +98,7 @@ class PolicyBridge:
         self.gs.remove_instance(inst.instance_id)
 
     def report(self, inst: SimInstance) -> None:
-        self.gs.update_status(inst.llumlet.report(self._now()))
+        self.gs.update_status(inst.llumlet.push(self._now()))
 
     # -- dispatch ------------------------------------------------------------------
     def dispatch(self, request_id: str, num_prompt_tokens: int, arrival_time: float,
