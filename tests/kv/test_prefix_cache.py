@@ -68,6 +68,18 @@ def test_evicted_keys_are_logged_once_and_the_log_is_bounded():
     assert KVManager(6, BS).take_evicted_keys() == []  # no caching, no log
 
 
+def test_a_block_evicted_and_cached_again_before_the_report_is_not_reported():
+    kv = KVManager(6, BS, watermark=0.0, prefix_caching=True)
+    a = list(range(9))
+    _admit(kv, "a", a)
+    kv.free("a")
+    kv.allocate("c", 5 * BS)  # evicts a's tail block
+    kv.free("c")
+    _admit(kv, "a2", a)  # a comes back and computes that block again: it is cached once more
+    assert kv.match_prefix(a)[0] and len(kv.match_prefix(a)[0]) == 2
+    assert kv.take_evicted_keys() == []
+
+
 def test_a_matched_evictable_block_counts_against_the_free_space():
     kv = KVManager(4, BS, watermark=0.0, prefix_caching=True)
     _admit(kv, "a", list(range(13)))   # 4 blocks, 3 keyed

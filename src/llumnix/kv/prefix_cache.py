@@ -153,8 +153,11 @@ class PrefixCache:
         return b
 
     def take_evicted(self) -> list[bytes]:
-        """The keys evicted since the last call, oldest first; forgets them."""
-        keys = list(self.evicted)
+        """The keys evicted since the last call and not cached again since, each once,
+        oldest first; forgets them. A block evicted and then computed again (a request
+        that needed it after all) is held: reporting it would make a router forget the
+        prefix just where it is."""
+        keys = list(dict.fromkeys(k for k in self.evicted if k not in self.by_key))
         self.evicted.clear()
         return keys
 
