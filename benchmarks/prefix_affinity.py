@@ -15,7 +15,10 @@ tokens come from each answer's ``usage.prompt_tokens_details.cached_tokens``. Wr
 benchmarks/results/prefix_affinity.json.
 
     .venv/bin/python benchmarks/prefix_affinity.py [--conversations 8] [--turns 5] [--rounds 2]
-        [--serve-defaults]   (the 'on' arm with serve's slack ratio 2 and selection freed)
+        [--serve-defaults]   (the 'on' arm with serve's slack ratio 2, selection freed and
+                              the index forgetting what the engines report evicted)
+        [--evictions-ab]     (both arms as serve runs them; 'off' without the eviction reports:
+                              writes benchmarks/results/prefix_affinity_evictions.json)
 """
 from __future__ import annotations
 
@@ -99,12 +102,20 @@ async def conversations(url: str, docs: list[str], turns: int, max_tokens: int,
         return list(await asyncio.gather(*(one(c) for c in range(len(docs)))))
 
 
-def run_once(prefix: bool, args: argparse.Namespace, docs: list[str], tok: Any, n: int) -> dict[str, Any]:
-    params: dict[str, Any] = {"prefix": True} if prefix else {}
+def arm_scheduling(on: bool, args: argparse.Namespace) -> dict[str, Any]:
+    """The scheduling config of one arm."""
+    serve = args.serve_defaults or args.evictions_ab
+    params: dict[str, Any] = {"prefix": True} if on or args.evictions_ab else {}
     scheduling: dict[str, Any] = {"dispatch": {"policy": "llumnix", "params": params}}
-    if prefix and args.serve_defaults:  # what `llumnix serve` adds with prefix caching on
+    if params and serve:  # what `llumnix serve` adds with prefix caching on
         params["prefix_slack_ratio"] = 2.0
+        scheduling["dispatch"]["prefix_evictions"] = on
         scheduling["rescheduling"] = {"selection": "freed"}
+    return scheduling
+
+
+def run_once(prefix: bool, args: argparse.Namespace, docs: list[str], tok: Any, n: int) -> dict[str, Any]:
+    scheduling = arm_scheduling(prefix, args)
     cfg = ClusterConfig(instances=2, namespace=f"prefix-affinity-{n}",
                         engine={"kv_cache_bytes": args.kv_cache_mib * 2**20, "enable_prefix_caching": True},
                         scheduling=scheduling, llumsched_name=f"llumsched-prefix-affinity-{n}")
@@ -114,11 +125,14 @@ def run_once(prefix: bool, args: argparse.Namespace, docs: list[str], tok: Any, 
             t0 = time.perf_counter()
             convs = asyncio.run(conversations(url, docs, args.turns, args.max_tokens, args.think_s, args.seed))
             wall = time.perf_counter() - t0
+            info = httpx.get(f"{url}/admin/cluster", timeout=30).json()
+            forgotten = sum(i.get("prefix_blocks_forgotten") or 0 for i in info["instances"])
     finally:
         cluster.shutdown()
     rows = [r for conv in convs for r in conv]
     later = [r for r in rows if r["turn"] > 0]
-    return {"prefix_affinity": prefix, "wall_s": round(wall, 2), "rows": rows,
+    return {"prefix_affinity": prefix, "scheduling": scheduling, "wall_s": round(wall, 2),
+            "prefix_blocks_forgotten": forgotten, "rows": rows,
             "later_turns": {
                 "ttft_mean_s": statistics.mean(r["ttft_s"] for r in later),
                 "ttft_p50_s": statistics.median(r["ttft_s"] for r in later),
@@ -139,11 +153,16 @@ def main() -> None:
     ap.add_argument("--kv-cache-mib", type=int, default=192)
     ap.add_argument("--rounds", type=int, default=2, help="pairs of runs (off/on, then on/off, ...)")
     ap.add_argument("--serve-defaults", action="store_true",
-                    help="the 'on' arm as `llumnix serve` runs it: also a slack ratio of 2 and selection freed")
-    ap.add_argument("--out", default=None, help="default: benchmarks/results/prefix_affinity[_serve].json")
+                    help="the 'on' arm as `llumnix serve` runs it: also a slack ratio of 2, selection freed "
+                         "and the eviction reports")
+    ap.add_argument("--evictions-ab", action="store_true",
+                    help="both arms as `llumnix serve` runs them, 'off' without the eviction reports")
+    ap.add_argument("--out", default=None,
+                    help="default: benchmarks/results/prefix_affinity[_serve|_evictions].json")
     args = ap.parse_args()
     if args.out is None:
-        args.out = f"benchmarks/results/prefix_affinity{'_serve' if args.serve_defaults else ''}.json"
+        suffix = "_evictions" if args.evictions_ab else "_serve" if args.serve_defaults else ""
+        args.out = f"benchmarks/results/prefix_affinity{suffix}.json"
 
     tok = load_tokenizer("smollm2")
     rng = random.Random(args.seed)
@@ -153,9 +172,11 @@ def main() -> None:
         for prefix in ((False, True) if k % 2 == 0 else (True, False)):
             run = run_once(prefix, args, docs, tok, len(runs))
             s = run["later_turns"]
-            print(f"prefix affinity {'on ' if prefix else 'off'}: turns 2+: TTFT mean {s['ttft_mean_s']:.3f} s, "
+            print(f"{'eviction reports' if args.evictions_ab else 'prefix affinity'} {'on ' if prefix else 'off'}: "
+                  f"turns 2+: TTFT mean {s['ttft_mean_s']:.3f} s, "
                   f"P50 {s['ttft_p50_s']:.3f} s, max {s['ttft_max_s']:.3f} s; cached "
-                  f"{100 * s['cached_fraction']:.1f}% of prompt tokens; wall {run['wall_s']} s", flush=True)
+                  f"{100 * s['cached_fraction']:.1f}% of prompt tokens; wall {run['wall_s']} s; "
+                  f"prefix blocks forgotten {run['prefix_blocks_forgotten']}", flush=True)
             runs.append(run)
 
     def pooled(prefix: bool) -> dict[str, float]:
@@ -169,11 +190,14 @@ def main() -> None:
                                                      if run["prefix_affinity"] == prefix), 2)}
 
     off, on = pooled(False), pooled(True)
+    arms = ("prefix affinity as `llumnix serve` runs it (slack ratio 2, selection freed) without (off) "
+            "or with (on) the index forgetting what the engines report evicted" if args.evictions_ab else
+            "freeness (off) or with prefix affinity (on" + (", with serve's slack ratio 2, selection freed and "
+                                                           "the eviction reports" if args.serve_defaults else "")
+            + ")")
     result = {"what": "multi-turn chats (each turn's prompt is the conversation so far) on a 2-instance "
-                      "SmolLM2 cluster with prefix caching, dispatched by freeness (off) or with "
-                      "prefix affinity (on" + (", with serve's slack ratio 2 and selection freed"
-                                               if args.serve_defaults else "") +
-                      "); figures over turns 2+, pooled over the runs",
+                      f"SmolLM2 cluster with prefix caching, dispatched by {arms}; figures over turns 2+, "
+                      "pooled over the runs",
               "settings": vars(args), "machine": machine_info(), "off": off, "on": on,
               "ttft_mean_ratio_off_over_on": round(off["ttft_mean_s"] / on["ttft_mean_s"], 2),
               "ttft_p50_ratio_off_over_on": round(off["ttft_p50_s"] / on["ttft_p50_s"], 2),
