@@ -48,7 +48,8 @@ class LLM:
                  kv_cache_bytes: int = 512 * 2**20, num_blocks: int | None = None,
                  block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 4096,
                  max_model_len: int | None = None, instance_id: str = "instance-0",
-                 clock: Clock | None = None, seed: int = 0, enable_prefix_caching: bool = False) -> None:
+                 clock: Clock | None = None, seed: int = 0, enable_prefix_caching: bool = False,
+                 chunked_prefill: bool = False) -> None:
         from llumnix.model import ModelExecutor, load_model, num_blocks_for_bytes
 
         self.loaded = load_model(model, device=device, dtype=dtype)
@@ -60,7 +61,8 @@ class LLM:
             cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
                               enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
-                                      max_num_batched_tokens=max_num_batched_tokens),
+                                      max_num_batched_tokens=max_num_batched_tokens,
+                                      chunked_prefill=chunked_prefill),
             max_model_len=max_model_len or mcfg.max_position_embeddings,
         )
         self.executor = ModelExecutor(self.loaded.model, num_blocks, block_size, device=device,

@@ -9,11 +9,12 @@ from tests.fakes import TokenCacheExecutor
 def make_engine(num_blocks: int = 64, block_size: int = 4, *, max_num_seqs: int = 8,
                 max_batched: int = 256, watermark: float = 0.0, max_model_len: int = 1024,
                 eos: int | None = None, instance_id: str = "i0", detokenizer=None,
-                vocab_size: int = 1000, prefix_caching: bool = False) -> EngineCore:
+                vocab_size: int = 1000, prefix_caching: bool = False, chunked: bool = False) -> EngineCore:
     config = EngineConfig(
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, watermark=watermark,
                           enable_prefix_caching=prefix_caching),
-        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
+                                  chunked_prefill=chunked),
         max_model_len=max_model_len,
     )
     executor = TokenCacheExecutor(num_blocks, block_size, vocab_size)

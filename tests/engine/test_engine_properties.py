@@ -21,12 +21,12 @@ op = st.one_of(
 )
 
 
-@pytest.mark.parametrize("prefix_caching", [False, True])
+@pytest.mark.parametrize(("prefix_caching", "chunked"), [(False, False), (True, False), (False, True), (True, True)])
 @settings(max_examples=80, deadline=None)
 @given(ops=st.lists(op, max_size=80), num_blocks=st.integers(8, 40))
-def test_random_workload_keeps_invariants_and_drains(ops, num_blocks, prefix_caching):
-    eng = make_engine(num_blocks=num_blocks, block_size=4, max_num_seqs=4, max_batched=48,
-                      prefix_caching=prefix_caching)
+def test_random_workload_keeps_invariants_and_drains(ops, num_blocks, prefix_caching, chunked):
+    eng = make_engine(num_blocks=num_blocks, block_size=4, max_num_seqs=4,
+                      max_batched=6 if chunked else 48, prefix_caching=prefix_caching, chunked=chunked)
     n = 0
     for kind, a, b, c in ops:
         if kind == "add":

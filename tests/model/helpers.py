@@ -7,10 +7,13 @@ from llumnix.model import ModelExecutor
 
 
 def real_engine(loaded, num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 16,
-                instance_id: str = "m0", prefix_caching: bool = False) -> EngineCore:
+                instance_id: str = "m0", prefix_caching: bool = False, chunk: int | None = None
+                ) -> EngineCore:
+    """``chunk``: chunked prefill with this token budget per step."""
     config = EngineConfig(cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, watermark=0.0,
                                             enable_prefix_caching=prefix_caching),
-                          scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=512),
+                          scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=chunk or 512,
+                                                    chunked_prefill=chunk is not None),
                           max_model_len=loaded.config.max_position_embeddings)
     ex = ModelExecutor(loaded.model, num_blocks, block_size)
     return EngineCore(config, ex, num_blocks, clock=VirtualClock(), instance_id=instance_id,

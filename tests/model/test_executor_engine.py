@@ -245,3 +245,78 @@ def test_llm_generate_returns_the_logprobs_it_was_asked_for(tiny_llama_dir):
     assert all(abs(lp - want) < 1e-4 for (_, lp, _), want in zip(tail, gen.logprobs, strict=True))
     (plain,) = llm.generate([prompt], SamplingParams(max_tokens=2))
     assert plain.logprobs is None and plain.top_logprobs is None and plain.prompt_logprobs is None
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_chunked_prefill_gives_the_same_tokens_and_logprobs_with_the_real_model(tiny_loaded, caching):
+    """Long prompts prefilled in 8-token chunks beside running decodes (steps that mix
+    one-token and chunk attention groups) produce what whole prefills produce, greedy and
+    sampled, with the same logprobs."""
+    prompts = [PROMPT[:5], PROMPT, PROMPT[3:30], [9, 8, 7], PROMPT[:20] + [5, 6]]
+    params = [SamplingParams(max_tokens=12, logprobs=2), SamplingParams(max_tokens=8, temperature=0.9, seed=3),
+              SamplingParams(max_tokens=10, logprobs=1), PENALISED, SamplingParams(max_tokens=6)]
+
+    def run(chunk):
+        eng = real_engine(tiny_loaded, num_blocks=128, block_size=4, max_num_seqs=8, prefix_caching=caching,
+                          chunk=chunk)
+        toks: dict[str, list[int]] = {}
+        lps: dict[str, list[float]] = {}
+        mixed = 0
+        i = 0
+        while i < len(prompts) or eng.has_unfinished_requests():
+            if i < len(prompts):  # a new request every second step
+                eng.add_request(f"r{i}", prompts[i], params[i])
+                i += 1
+            for _ in range(2):
+                batch = eng.schedule()
+                if batch.is_empty:
+                    continue
+                mixed += batch.is_mixed
+                for o in eng.update(batch, eng.executor.execute(batch)):
+                    toks.setdefault(o.request_id, []).extend(o.new_token_ids)
+                    lps.setdefault(o.request_id, []).extend(o.new_logprobs or [])
+                eng.check_invariants()
+        assert eng.kv.num_free_blocks == 128
+        return toks, lps, mixed
+
+    expected, expected_lps, _ = run(None)
+    got, got_lps, mixed = run(8)
+    assert got == expected
+    assert mixed >= 3
+    assert len(got_lps["r0"]) == 12 and len(got_lps["r2"]) == 10  # the two that ask for logprobs
+    for rid in ("r0", "r2"):
+        assert got_lps[rid] == pytest.approx(expected_lps[rid], abs=1e-4)
+
+
+def test_a_request_migrated_mid_prefill_continues_identically(tiny_loaded):
+    """Chunked prefill: a request moved after two of its chunks (its computed blocks
+    pre-copied, the rest with the last stage) finishes its prefill on the destination."""
+    ref = real_engine(tiny_loaded)
+    ref.add_request("x", PROMPT, SamplingParams(max_tokens=12))
+    expected = drain(ref)["x"]
+
+    src = real_engine(tiny_loaded, instance_id="src", chunk=16)
+    dst = real_engine(tiny_loaded, instance_id="dst", chunk=16)
+    dst.add_request("other", [3] * 9, SamplingParams(max_tokens=40))  # shifts dst's block ids
+    dst.step()
+    src.add_request("d", [4, 5, 6], SamplingParams(max_tokens=30))
+    src.step()
+    src.add_request("x", PROMPT, SamplingParams(max_tokens=12))  # 37 tokens: 15 + 15 + 7 beside "d"
+    assert all(o.request_id != "x" for _ in range(2) for o in src.step())
+    assert src.requests["x"].num_computed_tokens == 30
+    first = src.blocks_since("x", 0, full_only=True)
+    assert len(first) == 7  # the computed full blocks only
+    got = dst.try_reserve("x", len(first))
+    dst.executor.scatter_blocks(got, src.executor.gather_blocks(first))
+    src.pause_request("x")
+    rest = src.blocks_since("x", len(first))
+    got = dst.try_reserve("x", len(rest))
+    dst.executor.scatter_blocks(got, src.executor.gather_blocks(rest))
+    dst.install_request(src.snapshot_request("x"))
+    src.remove_request("x")
+    src.check_invariants()
+    dst.check_invariants()
+    assert drain(dst)["x"] == expected
+    drain(src)
+    assert src.kv.num_free_blocks == src.kv.num_total_blocks
+    assert dst.kv.num_free_blocks == dst.kv.num_total_blocks

@@ -31,17 +31,34 @@ class ScheduledRequest:
     banned_token_ids: tuple[int, ...] = ()
     """Tokens this step may not sample: EOS and the stop token ids while the output is
     shorter than ``min_tokens``."""
+    sample: bool = True
+    """False for a chunk of a prefill that does not reach the sequence's end (chunked
+    prefill): its KV is written, no token is sampled, and the executor returns
+    ``NO_TOKEN`` in its place."""
 
     @property
     def context_len(self) -> int:
         return self.start_pos + len(self.token_ids)
 
 
+NO_TOKEN = -1
+"""The sampled token of an entry that samples none (``ScheduledRequest.sample`` False)."""
+
+
 @dataclass(frozen=True)
 class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     is_prefill: bool
+    """The step computes a prefill (or a chunk of one); with ``is_mixed``, beside decodes."""
     preempted_request_ids: list[str] = field(default_factory=list)
+    num_decodes: int = 0
+    """With chunked prefill, how many entries are decodes (one token each); they come
+    first in ``scheduled``. Without it a step is all prefill or all decode and this is 0."""
+
+    @property
+    def is_mixed(self) -> bool:
+        """Prefill chunks and decodes in one step (chunked prefill)."""
+        return self.is_prefill and self.num_decodes > 0
 
     @property
     def num_batched_tokens(self) -> int:
@@ -60,7 +77,8 @@ likely tokens at its position with their logprobs, most likely first."""
 @dataclass(frozen=True)
 class ModelOutput:
     sampled_token_ids: list[int]
-    """One token per scheduled request, in the order of SchedulerOutput.scheduled."""
+    """One token per scheduled request, in the order of SchedulerOutput.scheduled
+    (``NO_TOKEN`` for an entry that samples none)."""
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """Per scheduled request, the most likely tokens and their logprobs (as many as the

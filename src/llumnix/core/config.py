@@ -39,7 +39,14 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     """Most requests in one batch (the paper's B in the freeness formula)."""
     max_num_batched_tokens: int = 4096
-    """Most tokens one prefill step computes."""
+    """Most tokens one step computes (without chunked prefill: one prefill step; a lone
+    request longer than this is still prefilled whole)."""
+    chunked_prefill: bool = False
+    """Chunked prefill (Sarathi-Serve; vLLM's default since V1): every step serves the
+    running requests' decodes first, then prefills within what is left of
+    ``max_num_batched_tokens``, splitting a long prompt over several steps, so a long
+    prompt no longer stalls every decode of its instance for its whole prefill. Off: the
+    paper's engine (vLLM 0.1.x), whose step is a prefill batch or a decode batch."""
     preemption_mode: str = "recompute"
     """Only recompute is implemented: the evicted request's KV is dropped and re-prefilled."""
 
@@ -48,6 +55,11 @@ class SchedulerConfig:
             raise InvalidRequestError("max_num_seqs must be >= 1", "max_num_seqs")
         if self.max_num_batched_tokens < 1:
             raise InvalidRequestError("max_num_batched_tokens must be >= 1", "max_num_batched_tokens")
+        if self.chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:
+            raise InvalidRequestError(
+                f"with chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
+                f">= max_num_seqs ({self.max_num_seqs}): every running request's decode fits one step",
+                "max_num_batched_tokens")
         if self.preemption_mode != "recompute":
             raise InvalidRequestError("preemption_mode must be 'recompute'", "preemption_mode")
 

@@ -133,6 +133,12 @@ class EngineCore(MigrationOpsMixin):
             req = requests.get(entry.request_id)
             if req is None or req.status != running:
                 continue  # aborted or paused while the step ran
+            if not entry.sample:  # a prefill chunk short of the sequence's end
+                req.num_computed_tokens = entry.context_len
+                if caching:
+                    self.kv.cache_computed(req.request_id, req.prompt_token_ids, req.output_token_ids,
+                                           entry.context_len)
+                continue
             out_ids = req.output_token_ids
             req.num_computed_tokens = len(req.prompt_token_ids) + len(out_ids)  # not the new token
             if caching:

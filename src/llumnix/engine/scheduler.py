@@ -6,6 +6,14 @@ allow) or, when nothing can be admitted, a decode batch of every running
 request. When a decode step cannot get a block, the lowest-priority, most
 recently arrived running request is preempted by recompute: its blocks are
 freed and it re-queues to be prefilled again from its prompt and outputs.
+
+With ``chunked_prefill`` a step mixes them: every running request's decode
+first, then the prefills still under way, then newly admitted requests, each
+taking at most what is left of the token budget, so a long prompt is prefilled
+over several steps while the batch keeps decoding. Admission is unchanged (a
+request is admitted, and holds blocks for its whole sequence, only when they
+fit), so memory, freeness and migration see the same request states; a request
+mid-prefill is RUNNING with ``num_computed_tokens`` short of its sequence.
 """
 from __future__ import annotations
 
@@ -91,17 +99,62 @@ class LocalScheduler:
 
     # -- one step ------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        admitted = self._admit()
+        if self.config.chunked_prefill:
+            return self._schedule_chunked()
+        admitted = self._admit(self.config.max_num_batched_tokens)
         if admitted:
-            return SchedulerOutput([self._entry(r) for r in admitted], is_prefill=True)
+            return SchedulerOutput([self._entry(r) for r, _ in admitted], is_prefill=True)
         preempted = self._grow_running()
         return SchedulerOutput(
             [self._entry(r) for r in self.running], is_prefill=False,
             preempted_request_ids=preempted,
         )
 
-    def _admit(self) -> list[Request]:
-        admitted: list[Request] = []
+    def _schedule_chunked(self) -> SchedulerOutput:
+        """Decodes, then prefills under way (in service order), then admissions, within
+        the token budget. A request mid-prefill holds its blocks already, so only the
+        decodes grow (and may preempt, from the back of the service order)."""
+        preempted = self._grow_running()
+        decodes: list[ScheduledRequest] = []
+        prefilling: list[Request] = []
+        for req in self.running:
+            if req.is_prefill:
+                prefilling.append(req)
+            else:
+                decodes.append(self._entry(req))
+        budget = self.config.max_num_batched_tokens - len(decodes)
+        chunks: list[ScheduledRequest] = []
+        prefilling.sort(key=service_key)
+        for req in prefilling:
+            if budget <= 0:
+                break
+            n = self._chunk_size(req, req.num_new_tokens, budget, bool(chunks))
+            if n == 0:
+                break
+            chunks.append(self._entry(req, n))
+            budget -= n
+        if budget > 0:
+            for req, n in self._admit(budget, chunked=bool(chunks)):
+                chunks.append(self._entry(req, n))
+        return SchedulerOutput(decodes + chunks, is_prefill=bool(chunks),
+                               preempted_request_ids=preempted, num_decodes=len(decodes))
+
+    @staticmethod
+    def _chunk_size(req: Request, n: int, budget: int, others: bool) -> int:
+        """Tokens of ``req``'s ``n`` left to prefill that this step computes: what the
+        budget leaves; all of them for a request that asks for prompt logprobs (computed
+        at once), or 0 if that would exceed the budget beside other prefills."""
+        if req.sampling_params.prompt_logprobs is not None and n > budget:
+            return 0 if others else n
+        return min(n, budget)
+
+    def _admit(self, budget: int, *, chunked: bool | None = None) -> list[tuple[Request, int]]:
+        """Admit queued requests in service order while the batch size, the KV watermark
+        and ``budget`` allow; each with the tokens this step computes for it. Without
+        chunking (``chunked`` None) a request is prefilled whole and the budget limits
+        batching, never a lone request; with it (True: other prefills are in the step
+        already) the last admitted request may get a chunk of its prefill."""
+        admitted: list[tuple[Request, int]] = []
         num_tokens = 0
         caching = self.kv.prefix is not None
         while self.waiting:
@@ -116,10 +169,17 @@ class LocalScheduler:
                           else self.kv.match_prefix(req.prompt_token_ids, req.output_token_ids))
             hit = len(cached[0]) * self.kv.block_size if cached else 0
             n = req.num_new_tokens - hit
-            # The budget limits batching, never a lone request: a sequence grown
-            # past the budget must still be re-prefillable after a preemption.
-            if admitted and num_tokens + n > self.config.max_num_batched_tokens:
-                break
+            if chunked is None:
+                # The budget limits batching, never a lone request: a sequence grown
+                # past the budget must still be re-prefillable after a preemption.
+                if admitted and num_tokens + n > budget:
+                    break
+            else:
+                if num_tokens >= budget:
+                    break
+                n = self._chunk_size(req, n, budget - num_tokens, chunked or bool(admitted))
+                if n == 0:
+                    break
             if len(self.running) + len(admitted) >= self.config.max_num_seqs:
                 break
             if not self.kv.can_allocate(req.num_tokens, cached):
@@ -137,9 +197,9 @@ class LocalScheduler:
             req.status = RequestStatus.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = self._now()
-            admitted.append(req)
+            admitted.append((req, n))
             num_tokens += n
-        self.running.extend(admitted)
+        self.running.extend(r for r, _ in admitted)
         return admitted
 
     def _grow_running(self) -> list[str]:
@@ -191,18 +251,25 @@ class LocalScheduler:
         self.num_preemptions += 1
         self.enqueue(req)
 
-    def _entry(self, req: Request) -> ScheduledRequest:
+    def _entry(self, req: Request, num_tokens: int | None = None) -> ScheduledRequest:
+        """The step's work for ``req``: its tokens from ``num_computed_tokens`` on, or the
+        first ``num_tokens`` of them (a prefill chunk, which samples only if it reaches
+        the sequence's end)."""
         p = req.sampling_params
         banned: tuple[int, ...] = ()
         if len(req.output_token_ids) < p.min_tokens:
             eos = () if req.eos_token_id is None or p.ignore_eos else (req.eos_token_id,)
             banned = (*eos, *p.stop_token_ids)
+        tokens = req.new_token_ids()
+        sample = num_tokens is None or num_tokens >= len(tokens)
+        if not sample:
+            tokens = tokens[:num_tokens]
         return ScheduledRequest(
-            req.request_id, req.new_token_ids(), req.num_computed_tokens,
+            req.request_id, tokens, req.num_computed_tokens,
             # The live table, not a copy: the batch is executed before the
             # scheduler runs again, and copying every table each step is the
             # simulator's hottest cost.
             self.kv.block_table(req.request_id),
             req.sampling_params, req.seed, len(req.output_token_ids),
-            req.prompt_token_ids, req.output_token_ids, banned,
+            req.prompt_token_ids, req.output_token_ids, banned, sample,
         )

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from llumnix.core.batch import ModelOutput, PromptLogprob, ScheduledRequest, SchedulerOutput
+from llumnix.core.batch import NO_TOKEN, ModelOutput, PromptLogprob, ScheduledRequest, SchedulerOutput
 from llumnix.model.config import LlamaConfig
-from llumnix.model.llama import ForwardBatch, LlamaModel
+from llumnix.model.llama import AttnGroup, ForwardBatch, LlamaModel
 from llumnix.model.sampler import sample, top_logprobs, top_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,6 +44,18 @@ def num_blocks_for_bytes(config: LlamaConfig, block_size: int, dtype: str | torc
     return max(1, nbytes // bytes_per_block(config, block_size, dtype))
 
 
+def _spread(reqs: list[ScheduledRequest], tokens: list[int], logprobs: list[float] | None,
+            top: list[list[tuple[int, float]]] | None
+            ) -> tuple[list[int], list[float] | None, list[list[tuple[int, float]]] | None]:
+    """The sampling entries' results placed at their entries, ``NO_TOKEN`` (logprob 0, no
+    alternatives) at the others."""
+    it = iter(range(len(tokens)))
+    where = [next(it) if r.sample else -1 for r in reqs]
+    return ([tokens[j] if j >= 0 else NO_TOKEN for j in where],
+            None if logprobs is None else [logprobs[j] if j >= 0 else 0.0 for j in where],
+            None if top is None else [top[j] if j >= 0 else [] for j in where])
+
+
 class ModelExecutor:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
                  device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> None:
@@ -74,10 +86,15 @@ class ModelExecutor:
                 prompt_lps = self._prompt_logprobs(reqs, spans, hidden)
             else:
                 logits = self.model.forward(fb, self.kv_cache)
-            want_lp = any(r.sampling_params.logprobs is not None for r in reqs)
-            tokens, logprobs = sample(logits, reqs, want_lp)
-            num_top = max((r.sampling_params.logprobs or 0) for r in reqs) if want_lp else 0
+            # Logits exist for the entries that sample (a prefill chunk short of its
+            # sequence's end samples nothing).
+            samplers = reqs if len(logits) == len(reqs) else [r for r in reqs if r.sample]
+            want_lp = any(r.sampling_params.logprobs is not None for r in samplers)
+            tokens, logprobs = sample(logits, samplers, want_lp) if samplers else ([], None)
+            num_top = max((r.sampling_params.logprobs or 0) for r in samplers) if want_lp else 0
             top = top_logprobs(logits, num_top) if num_top else None
+            if samplers is not reqs:
+                tokens, logprobs, top = _spread(reqs, tokens, logprobs, top)
         return ModelOutput(sampled_token_ids=tokens, logprobs=logprobs, top_logprobs=top,
                            elapsed=time.perf_counter() - t0, prompt_logprobs=prompt_lps)
 
@@ -115,24 +132,39 @@ class ModelExecutor:
     def _build(self, batch: SchedulerOutput) -> ForwardBatch:
         reqs = batch.scheduled
         bs = self.block_size
-        dev = self.device
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         last_idx: list[int] = []
-        q_lens = [len(r.token_ids) for r in reqs]
-        ctx_lens = [r.context_len for r in reqs]
+        starts: list[int] = []
         for r in reqs:
+            starts.append(len(ids))
             ids += r.token_ids
             table = r.block_ids
             for p in range(r.start_pos, r.context_len):
                 positions.append(p)
                 slots.append(table[p // bs] * bs + p % bs)
-            last_idx.append(len(ids) - 1)
+            if r.sample:
+                last_idx.append(len(ids) - 1)
+        starts.append(len(ids))
+        # Attention groups: runs of one-token entries (decodes) and of longer ones
+        # (prefills, chunks), so a step that mixes them pads no decode to a chunk's length.
+        groups: list[AttnGroup] = []
+        a = 0
+        for i in range(1, len(reqs) + 1):
+            if i == len(reqs) or (len(reqs[i].token_ids) == 1) != (len(reqs[a].token_ids) == 1):
+                groups.append(self._group(reqs[a:i], slice(starts[a], starts[i]), positions[starts[a]:starts[i]]))
+                a = i
+        return ForwardBatch(input_ids=self._t(ids), positions=self._t(positions), slot_mapping=self._t(slots),
+                            last_idx=self._t(last_idx), groups=groups)
 
-        def t(x: Any) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.long, device=dev)
+    def _t(self, x: Any) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.long, device=self.device)
 
+    def _group(self, reqs: list[ScheduledRequest], rows: slice, positions: list[int]) -> AttnGroup:
+        bs, dev, t = self.block_size, self.device, self._t
+        q_lens = [len(r.token_ids) for r in reqs]
+        ctx_lens = [r.context_len for r in reqs]
         fresh = len(reqs) == 1 and reqs[0].start_pos == 0
         b, q_len, max_ctx = len(reqs), max(q_lens), max(ctx_lens)
         n_blocks = -(-max_ctx // bs)
@@ -152,9 +184,8 @@ class ModelExecutor:
             mask = (key_pos.view(1, 1, -1) <= q_pos.unsqueeze(-1)) \
                 & (key_pos.view(1, 1, -1) < t(ctx_lens).view(-1, 1, 1))
             mask = mask.unsqueeze(1)
-        return ForwardBatch(input_ids=t(ids), positions=t(positions), slot_mapping=t(slots),
-                            block_tables=tables, ctx_len=max_ctx, last_idx=t(last_idx), mask=mask, tok_b=tok_b,
-                            tok_i=tok_i, q_len=q_len, fresh_causal=fresh)
+        return AttnGroup(rows=rows, block_tables=tables, ctx_len=max_ctx, mask=mask, tok_b=tok_b, tok_i=tok_i,
+                         q_len=q_len, fresh_causal=fresh)
 
     # -- KVBlockIO --------------------------------------------------------------
     @property

@@ -32,20 +32,31 @@ class LayerWeights:
 
 
 @dataclass
-class ForwardBatch:
-    """Index tensors for one step, built once and shared by every layer."""
+class AttnGroup:
+    """Requests of one step whose attention is computed together: a contiguous run of
+    the batch's tokens (``rows``) and the index tensors that read their contexts."""
 
-    input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    slot_mapping: torch.Tensor  # [T] flat cache slot of each new token
+    rows: slice  # their tokens in T
     block_tables: torch.Tensor  # [B, nb] each request's blocks covering its context (padded)
     ctx_len: int  # L = longest context; keys beyond a request's own length are masked
-    last_idx: torch.Tensor  # [B] index in T of each request's last token
     mask: torch.Tensor | None  # [B, 1, Q, L] True = may attend; None = attend to all
     tok_b: torch.Tensor | None  # [T] request of each token (None when every request has 1 token)
     tok_i: torch.Tensor | None  # [T] its row in the padded query block
     q_len: int  # Q, padded queries per request
     fresh_causal: bool  # one request prefilled from position 0: attend over fresh K/V
+
+
+@dataclass
+class ForwardBatch:
+    """Index tensors for one step, built once and shared by every layer. Attention runs
+    per group: one for a plain prefill or decode step; a step that mixes decodes with
+    prefill chunks has one of each, so the decodes are not padded to the chunk's length."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T] flat cache slot of each new token
+    last_idx: torch.Tensor  # [S] index in T of the last token of each request that samples
+    groups: list[AttnGroup]
 
 
 HEAD_PANEL = 4096
@@ -173,35 +184,44 @@ class LlamaModel:
 
     def _attention(self, fb: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        cfg = self.config
-        kvh, hd = cfg.num_kv_heads, cfg.head_dim
+        kvh, hd = self.config.num_kv_heads, self.config.head_dim
         flat_k = k_cache.view(-1, kvh, hd)
         flat_v = v_cache.view(-1, kvh, hd)
         flat_k.index_copy_(0, fb.slot_mapping, k)
         flat_v.index_copy_(0, fb.slot_mapping, v)
-        if fb.fresh_causal:
+        if len(fb.groups) == 1:
+            return self._group_attention(fb.groups[0], q, k, v, k_cache, v_cache)
+        return torch.cat([self._group_attention(g, q[g.rows], k[g.rows], v[g.rows], k_cache, v_cache)
+                          for g in fb.groups])
+
+    def _group_attention(self, g: AttnGroup, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """One group's attention output [its tokens, q_size]; its K/V are in the cache."""
+        cfg = self.config
+        kvh, hd = cfg.num_kv_heads, cfg.head_dim
+        if g.fresh_causal:
             out = F.scaled_dot_product_attention(
                 q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                 v.transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=True)
             return out.squeeze(0).transpose(0, 1).reshape(-1, cfg.q_size)
         # Gather whole blocks (index_select over block ids is far cheaper than
         # gathering L single slots), then view them as one context per request.
-        b, nb = fb.block_tables.shape
-        idx = fb.block_tables.view(-1)
+        b, nb = g.block_tables.shape
+        idx = g.block_tables.view(-1)
         keys = k_cache.index_select(0, idx).view(b, nb * k_cache.shape[1], kvh, hd)
         values = v_cache.index_select(0, idx).view(b, nb * k_cache.shape[1], kvh, hd)
-        keys = keys[:, :fb.ctx_len].transpose(1, 2)  # [B, kvh, L, hd]
-        values = values[:, :fb.ctx_len].transpose(1, 2)
-        if fb.tok_b is None:
+        keys = keys[:, :g.ctx_len].transpose(1, 2)  # [B, kvh, L, hd]
+        values = values[:, :g.ctx_len].transpose(1, 2)
+        if g.tok_b is None:
             # Decode: one query per request. Grouped heads as a batched matmul beat
             # the CPU flash kernel, which is built for long query blocks.
             group = cfg.num_heads // kvh
             scores = torch.matmul(q.view(b, kvh, group, hd), keys.transpose(-1, -2)) * hd ** -0.5
-            if fb.mask is not None:
-                scores = scores.masked_fill(~fb.mask, float("-inf"))
+            if g.mask is not None:
+                scores = scores.masked_fill(~g.mask, float("-inf"))
             return torch.matmul(scores.softmax(-1), values).reshape(b, cfg.q_size)
-        queries = q.new_zeros(b, fb.q_len, cfg.num_heads, hd)
-        queries[fb.tok_b, fb.tok_i] = q
+        queries = q.new_zeros(b, g.q_len, cfg.num_heads, hd)
+        queries[g.tok_b, g.tok_i] = q
         out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
-                                             attn_mask=fb.mask, enable_gqa=True)
-        return out.transpose(1, 2)[fb.tok_b, fb.tok_i].reshape(-1, cfg.q_size)
+                                             attn_mask=g.mask, enable_gqa=True)
+        return out.transpose(1, 2)[g.tok_b, g.tok_i].reshape(-1, cfg.q_size)
