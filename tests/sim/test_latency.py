@@ -183,3 +183,25 @@ def test_every_sequence_of_a_step_pays_the_models_per_sequence_overhead():
     assert ex.execute(_batch(False, 3)).elapsed == pytest.approx(m.decode_time(3, 3 * 17) + 0.004 + 3 * 0.0005)
     assert ex.execute(_batch(True, 2)).elapsed == pytest.approx(m.prefill_time([16, 16]) + 0.004 + 2 * 0.0005)
     assert SimExecutor(m).execute(_batch(False, 3)).elapsed == pytest.approx(m.decode_time(3, 3 * 17))
+
+
+def test_a_mixed_step_pays_the_prefill_chunk_and_the_decodes_marginal_cost():
+    """Chunked prefill: decodes beside a chunk add their tokens' linear cost and the decode
+    model's per-sequence and KV-read terms; the step's fixed cost is paid once. A chunk
+    after the first pays prefill(end) - prefill(start), as a cached prefix does."""
+    from llumnix.core.batch import ScheduledRequest, SchedulerOutput
+    from llumnix.core.sampling_params import SamplingParams
+    from llumnix.sim.executor import SimExecutor
+
+    m = fit_a10_llama7b()
+    sp = SamplingParams()
+    decodes = [ScheduledRequest(f"d{i}", [1], 99, [0], sp, 0, 1) for i in range(3)]
+    chunk = ScheduledRequest("c", [1] * 256, 512, [0], sp, 0, 0, sample=False)
+    ex = SimExecutor(m)
+    alone = ex.execute(SchedulerOutput([chunk], is_prefill=True)).elapsed
+    assert alone == pytest.approx(m.prefill_time([768]) - m.prefill_time([512]) + m.prefill_time(()))
+    mixed = ex.execute(SchedulerOutput([*decodes, chunk], is_prefill=True, num_decodes=3)).elapsed
+    marginal = (m.prefill_time([1, 1, 1]) - m.prefill_time(())) + (m.decode_time(3, 300) - m.decode_time(0, 0))
+    assert mixed == pytest.approx(alone + marginal)
+    # cheaper than the two steps an unchunked engine would run
+    assert alone < mixed < alone + ex.execute(SchedulerOutput(decodes, is_prefill=False)).elapsed

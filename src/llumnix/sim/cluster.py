@@ -25,7 +25,11 @@ class ClusterConfig:
     max_num_seqs: int = 256
     """Most requests in one batch."""
     max_num_batched_tokens: int = 12800
-    """Most tokens in one prefill step."""
+    """Most tokens in one prefill step (with chunked prefill: in any step)."""
+    chunked_prefill: bool = False
+    """Chunked prefill in every engine (``SchedulerConfig.chunked_prefill``; not the
+    paper's engine). The latency of a step that mixes decodes into a prefill is the
+    prefill's plus the decodes' marginal cost (``SimExecutor``), not calibrated."""
     max_model_len: int = 16384
     """Longest sequence an instance accepts."""
     watermark: float = 0.01
@@ -53,6 +57,8 @@ class ClusterConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.status_interval_s <= 0:
             raise ValueError("status_interval_s must be > 0")
+        if self.chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("with chunked_prefill, max_num_batched_tokens must be >= max_num_seqs")
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -60,7 +66,8 @@ class ClusterConfig:
             cache=CacheConfig(block_size=self.block_size, num_blocks=self.num_blocks, watermark=self.watermark,
                               enable_prefix_caching=self.enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=self.max_num_seqs,
-                                      max_num_batched_tokens=self.max_num_batched_tokens),
+                                      max_num_batched_tokens=self.max_num_batched_tokens,
+                                      chunked_prefill=self.chunked_prefill),
             max_model_len=self.max_model_len,
         )
 

@@ -59,15 +59,28 @@ class SimExecutor:
         n = len(sched)
         overhead = self._overhead + self._seq_overhead * n
         if batch.is_prefill:
-            t = self.model.prefill_time([r.start_pos + len(r.token_ids) for r in sched]) + overhead
-            cached = [r.start_pos for r in sched if r.start_pos]
+            model = self.model
+            nd = batch.num_decodes
+            prefills = sched[nd:] if nd else sched
+            t = model.prefill_time([r.start_pos + len(r.token_ids) for r in prefills]) + overhead
+            cached = [r.start_pos for r in prefills if r.start_pos]
             if cached:
-                # Prefix-cache hits: only the tokens after the cached prefix are computed.
-                # Their cost is the model's marginal one, prefill(cached + new) -
-                # prefill(cached): the linear term of the new tokens and the attention of
-                # the new tokens over the whole context.
-                model = self.model
+                # Prefix-cache hits and the chunks after a prefill's first: only the tokens
+                # after start_pos are computed. Their cost is the model's marginal one,
+                # prefill(start + new) - prefill(start): the linear term of the new tokens
+                # and the attention of the new tokens over the whole context.
                 t -= max(0.0, model.prefill_time(cached) - model.prefill_time(()))
+            if nd:
+                # A step that mixes decodes into a prefill (chunked prefill) pays their
+                # marginal cost: their tokens through the linear layers as prefill tokens,
+                # and the decode model's per-sequence and context (KV read) terms; its
+                # fixed cost (the weights read once) is the prefill's. Not calibrated:
+                # the paper's engine had no mixed steps.
+                ctx = nd
+                for r in sched[:nd]:
+                    ctx += r.start_pos
+                t += (max(0.0, model.prefill_time([1] * nd) - model.prefill_time(()))
+                      + max(0.0, model.decode_time(nd, ctx) - model.decode_time(0, 0)))
         else:
             # A decode entry computes one token: its context is start_pos + 1.
             ctx = n
