@@ -109,3 +109,23 @@ def test_prefix_affinity_flag_sets_the_llumnix_dispatch_param(capsys):
     assert main(["serve", "--dispatch", "round-robin", "--prefix-affinity"]) == 2
     assert capsys.readouterr().err.strip() == ("llumnix serve: error: --prefix-affinity needs the llumnix "
                                                "dispatch policy, not 'round-robin'")
+
+
+def test_chunked_prefill_is_on_by_default_with_its_budget(capsys):
+    import argparse
+
+    from llumnix.cluster.serve import CHUNKED_BUDGET, add_serve_args, build_config
+
+    def engine(*argv: str):
+        p = argparse.ArgumentParser()
+        add_serve_args(p)
+        e = build_config(p.parse_args(list(argv))).engine
+        return e["chunked_prefill"], e.get("max_num_batched_tokens")
+
+    assert engine() == (True, CHUNKED_BUDGET)
+    assert engine("--max-num-batched-tokens", "512") == (True, 512)
+    assert engine("--no-chunked-prefill") == (False, None)
+    assert engine("--no-chunked-prefill", "--max-num-batched-tokens", "8") == (False, 8)
+    assert main(["serve", "--max-num-batched-tokens", "32", "--max-num-seqs", "64"]) == 2
+    assert capsys.readouterr().err.strip() == ("llumnix serve: error: with chunked prefill --max-num-batched-tokens "
+                                               "(32) must be at least --max-num-seqs (64)")

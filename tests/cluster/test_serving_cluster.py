@@ -15,9 +15,11 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, redis_url):
-    # prefix caching, prefix affinity (the index forgetting what the engines evict) and the
-    # selection by blocks freed, as `llumnix serve` runs by default
-    engine = {"num_blocks": 512, "enable_prefix_caching": True}
+    # prefix caching, prefix affinity (the index forgetting what the engines evict), the
+    # selection by blocks freed and chunked prefill, as `llumnix serve` runs by default (a
+    # smaller budget than serve's, so this model's prompts are chunked too)
+    engine = {"num_blocks": 512, "enable_prefix_caching": True, "chunked_prefill": True,
+              "max_num_batched_tokens": 64}
     scheduling = {"dispatch": {"params": {"prefix": True}, "prefix_evictions": True},
                   "rescheduling": {"selection": "freed"}}
     with running_cluster(tiny_model_dir, "test", instances=2, cms=redis_url, engine=engine,
