@@ -10,7 +10,13 @@ between consecutive tokens of the chat requests (P50, P99, max), the chats' and 
 long prompts' time to first token, and the run's wall time. Writes
 benchmarks/results/chunked_prefill.json.
 
-    .venv/bin/python benchmarks/chunked_prefill.py [--budgets 128 256 512] [--rounds 2]
+It also checks the simulator's step model on the same steps: every executed batch is
+timed by the simulator's executor over ``--profile`` (our engine's measured latency
+profile, ``llumnix profile``), and the ratio predicted / measured is summarised per kind of
+step: prefill, decode, and the mixed steps of chunked prefill, whose model (the chunk's
+prefill cost plus the decodes' marginal cost) is not calibrated on anything else.
+
+    .venv/bin/python benchmarks/chunked_prefill.py [--budgets 128 256 512] [--rounds 2] [--profile P]
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ import torch
 from llumnix.bench.machine import machine_info, peak_rss_bytes
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.llm import LLM
+from llumnix.sim.executor import SimExecutor
+from llumnix.sim.profile import load_profile
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards", "quietly", "judge", "boxing", "matches", "in", "the", "old", "town", "square"]
 
@@ -51,7 +59,8 @@ def workload(llm: LLM, args: argparse.Namespace) -> list[tuple[float, str, list[
     return sorted(reqs)
 
 
-def run(llm: LLM, reqs: list[tuple[float, str, list[int], int]], budget: int | None) -> dict:
+def run(llm: LLM, reqs: list[tuple[float, str, list[int], int]], budget: int | None,
+        predictor: SimExecutor | None = None) -> dict:
     sched = llm.engine.scheduler  # one engine, its weights and cache warm, rescheduled per setting
     sched.config = dataclasses.replace(sched.config, max_num_batched_tokens=budget or 4096,
                                        chunked_prefill=budget is not None)
@@ -59,6 +68,7 @@ def run(llm: LLM, reqs: list[tuple[float, str, list[int], int]], budget: int | N
     arrival: dict[str, float] = {}
     times: dict[str, list[float]] = {}
     steps = mixed = 0
+    model_ratios: dict[str, list[float]] = {"prefill": [], "decode": [], "mixed": []}
     t0 = time.perf_counter()
     while pending or llm.engine.has_unfinished_requests():
         now = time.perf_counter() - t0
@@ -74,7 +84,12 @@ def run(llm: LLM, reqs: list[tuple[float, str, list[int], int]], budget: int | N
             continue
         steps += 1
         mixed += batch.is_mixed
-        outs = llm.engine.update(batch, llm.executor.execute(batch))
+        done = llm.executor.execute(batch)
+        if predictor is not None and done.elapsed:
+            kind = "mixed" if batch.is_mixed else "prefill" if batch.is_prefill else "decode"
+            predicted = predictor.execute(batch).elapsed or 0.0
+            model_ratios[kind].append(predicted / done.elapsed)
+        outs = llm.engine.update(batch, done)
         t = time.perf_counter() - t0
         for o in outs:
             times.setdefault(o.request_id, []).extend([t] * len(o.new_token_ids))
@@ -95,6 +110,8 @@ def run(llm: LLM, reqs: list[tuple[float, str, list[int], int]], budget: int | N
                                  "mean": statistics.fmean(gaps), "n": len(gaps)},
             "chat_ttft_mean_s": statistics.fmean(chat_ttft), "long_ttft_mean_s": statistics.fmean(long_ttft),
             "long_ttft_max_s": max(long_ttft),
+            "sim_model_predicted_over_measured": {k: {"n": len(v), "median": statistics.median(v)}
+                                                  for k, v in model_ratios.items() if v},
             "outputs": {r: len(ts) for r, ts in sorted(times.items())}}
 
 
@@ -112,17 +129,20 @@ def main() -> None:
     ap.add_argument("--long-output", type=int, default=8)
     ap.add_argument("--long-every", type=float, default=8.0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (serve's default per instance: 1)")
+    ap.add_argument("--profile", default="benchmarks/fidelity/profile-smollm2-cpu.json",
+                    help="latency profile the simulator's step model is checked with ('' to skip)")
     ap.add_argument("--out", default="benchmarks/results/chunked_prefill.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     llm = LLM(args.model, max_num_seqs=64, kv_cache_bytes=256 * 2**20)
     reqs = workload(llm, args)
+    predictor = SimExecutor(load_profile(args.profile)) if args.profile else None
     settings: list[int | None] = [None, *args.budgets]
     runs: dict[str, list[dict]] = {str(b or "off"): [] for b in settings}
     run(llm, [(0.0, rid, ids, n) for _, rid, ids, n in reqs if rid in ("chat0", "long0")], None)  # warm-up
     for r in range(args.rounds):
         for b in settings:
-            res = run(llm, reqs, b)
+            res = run(llm, reqs, b, predictor)
             runs[str(b or "off")].append(res)
             g = res["chat_token_gap_s"]
             print(f"round {r} budget {b or 'off':>4}: chat token gap p50 {g['p50'] * 1e3:6.1f} ms p99 "
@@ -136,6 +156,13 @@ def main() -> None:
         summary[k] = {m: statistics.fmean(r["chat_token_gap_s"][m] for r in rs) for m in ("p50", "p99", "max", "mean")}
         summary[k].update({m: statistics.fmean(r[m] for r in rs)
                            for m in ("chat_ttft_mean_s", "long_ttft_mean_s", "wall_s")})
+    if predictor is not None:
+        for kind in ("prefill", "decode", "mixed"):
+            ratios = [r["sim_model_predicted_over_measured"][kind]["median"] for rs in runs.values() for r in rs
+                      if kind in r["sim_model_predicted_over_measured"]]
+            if ratios:
+                print(f"simulator's step model over {kind} steps: predicted / measured, median of the runs' "
+                      f"medians {statistics.median(ratios):.2f} ({len(ratios)} runs)")
     for k, s in summary.items():
         print(f"{k:>4}: gap p99 {s['p99'] * 1e3:.0f} ms (x{summary['off']['p99'] / s['p99']:.2f} vs off), "
               f"max {s['max'] * 1e3:.0f} ms, chat TTFT {s['chat_ttft_mean_s']:.2f} s, "

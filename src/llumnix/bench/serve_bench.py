@@ -17,7 +17,7 @@ import random
 import statistics
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,9 @@ class RequestRecord:
     num_output_tokens: int = 0
     num_prompt_tokens: int = 0
     error: str | None = None
+    itl_s: list[float] = field(default_factory=list)
+    """Seconds between consecutive streamed chunks with text after the first (inter-token
+    latency, as vLLM's benchmark measures it: a chunk may carry more than one token)."""
 
     @property
     def tpot_s(self) -> float | None:
@@ -120,6 +123,7 @@ async def _one(client: Any, url: str, model: str, req: PlannedRequest, chat: boo
     start = time.perf_counter()
     path = "/v1/chat/completions" if chat else "/v1/completions"
     n_chunks = 0
+    last = 0.0
     try:
         async with client.stream("POST", url.rstrip("/") + path, json=body, headers=headers) as r:
             if r.status_code != 200:
@@ -138,6 +142,9 @@ async def _one(client: Any, url: str, model: str, req: PlannedRequest, chat: boo
                         now = time.perf_counter() - start
                         if rec.ttft_s is None:
                             rec.ttft_s = now
+                        else:
+                            rec.itl_s.append(now - last)
+                        last = now
                         n_chunks += 1
         rec.e2e_s = time.perf_counter() - start
         if not rec.num_output_tokens:
@@ -194,6 +201,7 @@ def summarize(records: list[RequestRecord], duration_s: float) -> dict[str, Any]
         "duration_s": duration_s,
         "ttft_s": _stats([r.ttft_s for r in ok if r.ttft_s is not None]),
         "tpot_s": _stats([t for r in ok if (t := r.tpot_s) is not None]),
+        "itl_s": {**_stats(itl := [g for r in ok for g in r.itl_s]), "max": max(itl, default=None)},
         "e2e_s": _stats([r.e2e_s for r in ok if r.e2e_s is not None]),
         "throughput_req_s": len(ok) / duration_s if duration_s > 0 else 0.0,
         "throughput_output_tok_s": out_tokens / duration_s if duration_s > 0 else 0.0,
@@ -213,8 +221,9 @@ def print_summary(label: str, s: dict[str, Any]) -> None:
                     f"{s['throughput_req_s']:.2f} req/s, {s['throughput_output_tok_s']:.1f} tok/s)")
     for col in ("metric (ms)", "mean", "P50", "P99"):
         t.add_column(col, justify="right")
-    for name, key in (("TTFT", "ttft_s"), ("time per output token", "tpot_s"), ("end-to-end", "e2e_s")):
-        st = s[key]
+    for name, key in (("TTFT", "ttft_s"), ("time per output token", "tpot_s"), ("inter-token latency", "itl_s"),
+                      ("end-to-end", "e2e_s")):
+        st = s.get(key) or _stats([])
         t.add_row(name, ms(st["mean"]), ms(st["p50"]), ms(st["p99"]))
     Console().print(t)
     if s["errors"]:
@@ -253,10 +262,10 @@ def plot_runs(data: dict[str, Any], png: Path) -> None:
 
     labels = list(runs)
     panels = [("P99 TTFT (ms)", "ttft_s", "p99"), ("P99 time per output token (ms)", "tpot_s", "p99"),
-              ("mean end-to-end (ms)", "e2e_s", "mean")]
+              ("P99 inter-token latency (ms)", "itl_s", "p99"), ("mean end-to-end (ms)", "e2e_s", "mean")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
     for ax, (title, key, stat) in zip(axes, panels, strict=True):
-        vals = [1000 * (runs[lb]["summary"][key][stat] or 0.0) for lb in labels]
+        vals = [1000 * ((runs[lb]["summary"].get(key) or {}).get(stat) or 0.0) for lb in labels]  # older runs: no ITL
         ax.bar(labels, vals, color=["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3"][:len(labels)])
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelrotation=20, labelsize=8)

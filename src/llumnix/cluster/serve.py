@@ -14,8 +14,8 @@ from llumnix.core.errors import LlumnixError
 CHUNKED_BUDGET = 256
 """Tokens a step computes with chunked prefill, unless told otherwise. SmolLM2 on this
 CPU (1 thread, chats decoding while 1,000-token prompts arrive; benchmarks/chunked_prefill.py):
-the chats' P99 gap between tokens 0.91 s against 3.27 s unchunked, the long prompts' TTFT
-3.67 s against 3.60 s; 128 tokens: 0.51 s, but TTFT 4.15 s. On a GPU a larger budget
+the chats' P99 gap between tokens 0.90 s against 3.30 s unchunked, the long prompts' TTFT
+3.62 s against 3.57 s; 128 tokens: 0.50 s, but TTFT 4.04 s. On a GPU a larger budget
 (vLLM's 2,048 or more) is the usual choice: ``--max-num-batched-tokens``."""
 
 
