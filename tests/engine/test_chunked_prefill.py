@@ -8,7 +8,7 @@ import pytest
 
 from llumnix.core.config import SchedulerConfig
 from llumnix.core.errors import InvalidRequestError
-from llumnix.core.request import RequestStatus
+from llumnix.core.request import Priority, RequestStatus
 from llumnix.core.sampling_params import SamplingParams
 from tests.engine.helpers import make_engine, run_to_completion
 
@@ -130,3 +130,22 @@ def test_chunked_prefill_needs_a_budget_for_every_decode():
     with pytest.raises(InvalidRequestError, match="max_num_batched_tokens"):
         SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=32, chunked_prefill=True)
     SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=32)  # unchunked: a lone request may exceed it
+
+
+def test_a_high_priority_arrival_does_not_wait_out_a_normal_prompts_chunks():
+    """Priority holds across prefills under way and queued ones: a high-priority request
+    that arrives while a long normal prompt is being chunked is prefilled at the next step,
+    ahead of the rest of that prompt; a normal arrival waits behind it (FCFS)."""
+    eng = make_engine(num_blocks=200, block_size=4, max_num_seqs=4, max_batched=8, chunked=True)
+    eng.add_request("long", list(range(1, 41)), greedy(2))
+    eng.step()  # 8 of its 40 tokens
+    eng.add_request("later", [5] * 6, greedy(2), arrival_time=1.0)
+    eng.add_request("vip", [7] * 6, greedy(2), priority=Priority.HIGH, arrival_time=2.0)
+    batch = eng.schedule()
+    assert [(e.request_id, len(e.token_ids)) for e in batch.scheduled] == [("vip", 6), ("long", 2)]
+    eng.update(batch, eng.executor.execute(batch))
+    batch = eng.schedule()  # "vip" decodes; "long" goes on before the normal arrival
+    assert [(e.request_id, len(e.token_ids)) for e in batch.scheduled] == [("vip", 1), ("long", 7)]
+    eng.update(batch, eng.executor.execute(batch))
+    run_to_completion(eng)
+    assert eng.kv.num_free_blocks == 200

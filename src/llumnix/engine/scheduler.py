@@ -111,9 +111,12 @@ class LocalScheduler:
         )
 
     def _schedule_chunked(self) -> SchedulerOutput:
-        """Decodes, then prefills under way (in service order), then admissions, within
-        the token budget. A request mid-prefill holds its blocks already, so only the
-        decodes grow (and may preempt, from the back of the service order)."""
+        """Decodes, then prefills within the token budget: per priority level, highest
+        first, the prefills under way (FCFS) and then the queued requests of that level.
+        So a high-priority arrival does not wait out a long normal prompt's chunks, and
+        within a level a prompt already started finishes first. A request mid-prefill holds
+        its blocks already, so only the decodes grow (and may preempt, from the back of
+        the service order)."""
         preempted = self._grow_running()
         decodes: list[ScheduledRequest] = []
         prefilling: list[Request] = []
@@ -125,17 +128,23 @@ class LocalScheduler:
         budget = self.config.max_num_batched_tokens - len(decodes)
         chunks: list[ScheduledRequest] = []
         prefilling.sort(key=service_key)
-        for req in prefilling:
-            if budget <= 0:
-                break
-            n = self._chunk_size(req, req.num_new_tokens, budget, bool(chunks))
-            if n == 0:
-                break
-            chunks.append(self._entry(req, n))
-            budget -= n
-        if budget > 0:
-            for req, n in self._admit(budget, chunked=bool(chunks)):
+        levels = {r.priority for r in prefilling}
+        if self.waiting:
+            levels.add(self.waiting[0].priority)
+        i = 0
+        for level in sorted(levels, reverse=True):
+            while budget > 0 and i < len(prefilling) and prefilling[i].priority >= level:
+                req = prefilling[i]
+                n = self._chunk_size(req, req.num_new_tokens, budget, bool(chunks))
+                if n == 0:
+                    break
                 chunks.append(self._entry(req, n))
+                budget -= n
+                i += 1
+            if budget > 0:
+                for req, n in self._admit(budget, chunked=bool(chunks), min_priority=level):
+                    chunks.append(self._entry(req, n))
+                    budget -= n
         return SchedulerOutput(decodes + chunks, is_prefill=bool(chunks),
                                preempted_request_ids=preempted, num_decodes=len(decodes))
 
@@ -148,9 +157,11 @@ class LocalScheduler:
             return 0 if others else n
         return min(n, budget)
 
-    def _admit(self, budget: int, *, chunked: bool | None = None) -> list[tuple[Request, int]]:
+    def _admit(self, budget: int, *, chunked: bool | None = None,
+               min_priority: int | None = None) -> list[tuple[Request, int]]:
         """Admit queued requests in service order while the batch size, the KV watermark
-        and ``budget`` allow; each with the tokens this step computes for it. Without
+        and ``budget`` allow (and, with ``min_priority``, while the head of line has at
+        least that priority); each with the tokens this step computes for it. Without
         chunking (``chunked`` None) a request is prefilled whole and the budget limits
         batching, never a lone request; with it (True: other prefills are in the step
         already) the last admitted request may get a chunk of its prefill."""
@@ -159,6 +170,8 @@ class LocalScheduler:
         caching = self.kv.prefix is not None
         while self.waiting:
             req = self.waiting[0]
+            if min_priority is not None and req.priority < min_priority:
+                break
             # With prefix caching the blocks that already hold the sequence's leading
             # tokens are taken as they are (not for prompt logprobs: those need the
             # prompt's every position computed).
