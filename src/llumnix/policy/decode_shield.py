@@ -1,9 +1,10 @@
 """Decode shield (``llumnix`` dispatch option ``shield: true``; not in the paper): send a
 long prompt where its prefill hurts the fewest young decoding requests.
 
-Without chunked prefill a step is a prefill batch or a decode batch, so a new
-prompt's prefill stalls every running request on its instance for the whole
-prefill. The stall costs a request ``prefill_time / (its output tokens - 1)`` of
+Without chunked prefill (the paper's engine; ``SchedulerConfig.chunked_prefill``
+is the engine-side answer to the same stall) a step is a prefill batch or a decode
+batch, so a new prompt's prefill stalls every running request on its instance for
+the whole prefill. The stall costs a request ``prefill_time / (its output tokens - 1)`` of
 decode latency per token: negligible for a long answer, large for a short one.
 The P99 decode latency of every Figure 11 trace is made of such requests (short
 answers, never preempted, hit by another request's long prefill). Output lengths
