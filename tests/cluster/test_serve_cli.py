@@ -122,7 +122,8 @@ def test_chunked_prefill_is_on_by_default_with_its_budget(capsys):
         e = build_config(p.parse_args(list(argv))).engine
         return e["chunked_prefill"], e.get("max_num_batched_tokens")
 
-    assert engine() == (True, CHUNKED_BUDGET)
+    assert engine() == (True, CHUNKED_BUDGET["cpu"]) == (True, 256)
+    assert engine("--device", "cuda:1") == (True, 2048)  # vLLM's usual budget on a GPU
     assert engine("--max-num-batched-tokens", "512") == (True, 512)
     assert engine("--no-chunked-prefill") == (False, None)
     assert engine("--no-chunked-prefill", "--max-num-batched-tokens", "8") == (False, 8)

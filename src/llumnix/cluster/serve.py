@@ -11,12 +11,17 @@ import yaml
 
 from llumnix.core.errors import LlumnixError
 
-CHUNKED_BUDGET = 256
-"""Tokens a step computes with chunked prefill, unless told otherwise. SmolLM2 on this
-CPU (1 thread, chats decoding while 1,000-token prompts arrive; benchmarks/chunked_prefill.py):
-the chats' P99 gap between tokens 0.90 s against 3.30 s unchunked, the long prompts' TTFT
-3.62 s against 3.57 s; 128 tokens: 0.50 s, but TTFT 4.04 s. On a GPU a larger budget
-(vLLM's 2,048 or more) is the usual choice: ``--max-num-batched-tokens``."""
+CHUNKED_BUDGET = {"cpu": 256, "cuda": 2048}
+"""Tokens a step computes with chunked prefill, unless told otherwise, by device.
+
+CPU: SmolLM2 on this 2-core machine, 1 thread an instance. One engine, chats decoding while
+1,000-token prompts arrive (benchmarks/chunked_prefill.py): the chats' P99 gap between
+tokens 0.90 s against 3.30 s unchunked, the long prompts' TTFT 3.62 s against 3.57 s (128
+tokens: 0.50 s, TTFT 4.04 s). The 2-instance cluster under ShareGPT-like lengths
+(benchmarks/chunked_serve.sh): the longest stall 1.45 s against 8.1 s, but more gaps of
+about a chunk step (P99 0.90 s against 0.22-0.29 s) and TTFT P99 8.7 s against 6.7-6.9 s
+(one seed): on a CPU a chunk step is no cheaper for the decodes riding in it.
+CUDA: vLLM's usual default, not measured here (no GPU lent since chunking landed)."""
 
 
 def port(text: str) -> int:
@@ -98,8 +103,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="prefill long prompts in chunks beside the running decodes, within "
                    "--max-num-batched-tokens a step (default: on)")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=None, metavar="N",
-                   help="most tokens an instance computes in one step (default 256 with chunked prefill, "
-                   "else 4096); with chunked prefill at least --max-num-seqs")
+                   help="most tokens an instance computes in one step (default with chunked prefill: 256 on "
+                   "cpu, 2048 on cuda; without: 4096); with chunked prefill at least --max-num-seqs")
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="share the KV of common prompt prefixes between requests on an instance (default: on)")
     p.add_argument("--device", default=None, help="cpu or cuda")
@@ -136,13 +141,18 @@ def build_config(args: argparse.Namespace) -> Any:
         engine["kv_cache_bytes"] = args.kv_cache_mib * 2**20
     if args.max_num_seqs is not None:
         engine["max_num_seqs"] = args.max_num_seqs
+    if args.device is not None:
+        engine["device"] = args.device
+    if engine.get("device") is not None:
+        _check_device(str(engine["device"]))
     if args.chunked_prefill is not None:
         engine["chunked_prefill"] = args.chunked_prefill
     engine.setdefault("chunked_prefill", True)
     if args.max_num_batched_tokens is not None:
         engine["max_num_batched_tokens"] = args.max_num_batched_tokens
     if engine["chunked_prefill"]:
-        engine.setdefault("max_num_batched_tokens", CHUNKED_BUDGET)
+        device = str(engine.get("device") or "cpu").split(":")[0]
+        engine.setdefault("max_num_batched_tokens", CHUNKED_BUDGET.get(device, CHUNKED_BUDGET["cuda"]))
         seqs = engine.get("max_num_seqs", 64)
         if engine["max_num_batched_tokens"] < seqs:
             raise LlumnixError(f"with chunked prefill --max-num-batched-tokens ({engine['max_num_batched_tokens']}) "
@@ -150,10 +160,6 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.prefix_caching is not None:
         engine["enable_prefix_caching"] = args.prefix_caching
     engine.setdefault("enable_prefix_caching", True)
-    if args.device is not None:
-        engine["device"] = args.device
-    if engine.get("device") is not None:
-        _check_device(str(engine["device"]))
     if args.gpus_per_instance is not None:
         if args.gpus_per_instance < 0:
             raise LlumnixError(f"--gpus-per-instance must be >= 0, got {args.gpus_per_instance:g}")
