@@ -13,6 +13,25 @@ PENALISED = SamplingParams(max_tokens=30, temperature=0.8, seed=5, frequency_pen
                            repetition_penalty=1.3, logit_bias=((3, 2.0), (11, -5.0)))
 
 
+def hand_migrate(src, dst, rid: str, between=None) -> int:
+    """Migration by its engine operations: pre-copy the request's computed full blocks,
+    run ``between`` (the source keeps stepping), then pause it, copy the rest, install it
+    on ``dst`` and drop it from ``src``. Returns the blocks pre-copied."""
+    first = src.blocks_since(rid, 0, full_only=True)
+    got = dst.try_reserve(rid, len(first))
+    dst.executor.scatter_blocks(got, src.executor.gather_blocks(first))
+    if between is not None:
+        between()
+    src.pause_request(rid)
+    rest = src.blocks_since(rid, len(first))
+    got = dst.try_reserve(rid, len(rest))
+    dst.executor.scatter_blocks(got, src.executor.gather_blocks(rest))
+    dst.install_request(src.snapshot_request(rid))
+    src.remove_request(rid)
+    src.check_invariants()
+    return len(first)
+
+
 @pytest.mark.parametrize("params", [SamplingParams(max_tokens=30), PENALISED])
 def test_recompute_preemption_gives_the_same_tokens(tiny_loaded, params):
     """A recomputed request resumes its token stream exactly, greedy or sampled with
@@ -115,17 +134,8 @@ def test_kv_export_import_into_a_second_engine_continues_identically(tiny_loaded
         shared = set(src.kv.block_table("x")) & set(src.kv.block_table("stays"))
         assert len(shared) == len(PROMPT) // 4 and src.requests["x"].num_cached_tokens == 36
     # pre-copy the full blocks while x keeps decoding, then stop and copy the rest
-    first = src.blocks_since("x", 0, full_only=True)
-    got = dst.try_reserve("x", len(first))
-    dst.executor.scatter_blocks(got, src.executor.gather_blocks(first))
-    produced += [t for _ in range(5) for o in src.step() for t in o.new_token_ids if o.request_id == "x"]
-    src.pause_request("x")
-    rest = src.blocks_since("x", len(first))
-    got = dst.try_reserve("x", len(rest))
-    dst.executor.scatter_blocks(got, src.executor.gather_blocks(rest))
-    dst.install_request(src.snapshot_request("x"))
-    src.remove_request("x")
-    src.check_invariants()
+    hand_migrate(src, dst, "x", between=lambda: produced.extend(
+        t for _ in range(5) for o in src.step() for t in o.new_token_ids if o.request_id == "x"))
     out = drain(dst)
     assert produced + out["x"] == expected
     drain(src)
@@ -304,17 +314,7 @@ def test_a_request_migrated_mid_prefill_continues_identically(tiny_loaded):
     src.add_request("x", PROMPT, SamplingParams(max_tokens=12))  # 37 tokens: 15 + 15 + 7 beside "d"
     assert all(o.request_id != "x" for _ in range(2) for o in src.step())
     assert src.requests["x"].num_computed_tokens == 30
-    first = src.blocks_since("x", 0, full_only=True)
-    assert len(first) == 7  # the computed full blocks only
-    got = dst.try_reserve("x", len(first))
-    dst.executor.scatter_blocks(got, src.executor.gather_blocks(first))
-    src.pause_request("x")
-    rest = src.blocks_since("x", len(first))
-    got = dst.try_reserve("x", len(rest))
-    dst.executor.scatter_blocks(got, src.executor.gather_blocks(rest))
-    dst.install_request(src.snapshot_request("x"))
-    src.remove_request("x")
-    src.check_invariants()
+    assert hand_migrate(src, dst, "x") == 7  # the computed full blocks only, pre-copied
     dst.check_invariants()
     assert drain(dst)["x"] == expected
     drain(src)
