@@ -1,12 +1,14 @@
 """The table of `beyond.md`'s chunked-prefill section: each system with and without
 chunked prefill at Figure 11's load-matched lowest and top rates (seed means, seeds 0-2).
 
-    .venv/bin/python benchmarks/sim/chunked_table.py
+    .venv/bin/python benchmarks/sim/chunked_table.py [RESULTS]   (default chunked: the 512-token
+    budget; chunked-2048: the same runs at 2,048 tokens a step)
 """
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -25,7 +27,7 @@ def key(r: dict) -> tuple[str, str, float, int]:
 
 
 def main() -> None:
-    chunked = {key(r): r for r in load("chunked")}
+    chunked = {key(r): r for r in load(sys.argv[1] if len(sys.argv) > 1 else "chunked")}
     plain = {key(r): r for name in UNCHUNKED for r in load(name) if key(r) in chunked}
     points = sorted({k[:3] for k in chunked}, key=lambda k: (k[1], k[2], k[0]))
     head = " | ".join(f"{label} (chunked / not)" for _, _, label in METRICS)
@@ -59,9 +61,9 @@ def main() -> None:
         cells = []
         for part in ("prefill", "decode"):
             for src in (chunked, plain):
-                def mean(system: str, src: dict = src, part: str = part) -> float:
-                    return statistics.fmean(src[(system, trace, rate, s)][part]["p99"] for s in range(3))
-                cells.append(f"{mean('infaas++') / mean('llumnix'):.2f}x")
+                infaas, llumnix = (statistics.fmean(src[(system, trace, rate, s)][part]["p99"] for s in range(3))
+                                   for system in ("infaas++", "llumnix"))
+                cells.append(f"{infaas / llumnix:.2f}x")
         print(f"| {trace} | {rate:g} | {' | '.join(cells)} |")
 
 
