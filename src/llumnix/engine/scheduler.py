@@ -8,9 +8,9 @@ recently arrived running request is preempted by recompute: its blocks are
 freed and it re-queues to be prefilled again from its prompt and outputs.
 
 With ``chunked_prefill`` a step mixes them: every running request's decode
-first, then the prefills still under way, then newly admitted requests, each
-taking at most what is left of the token budget, so a long prompt is prefilled
-over several steps while the batch keeps decoding. Admission is unchanged (a
+first, then prefills (per priority level: those under way, then newly admitted
+ones), each taking at most what is left of the token budget, so a long prompt is
+prefilled over several steps while the batch keeps decoding. Admission is unchanged (a
 request is admitted, and holds blocks for its whole sequence, only when they
 fit), so memory, freeness and migration see the same request states; a request
 mid-prefill is RUNNING with ``num_computed_tokens`` short of its sequence.
