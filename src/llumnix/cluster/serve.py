@@ -18,9 +18,10 @@ CPU: SmolLM2 on this 2-core machine, 1 thread an instance. One engine, chats dec
 1,000-token prompts arrive (benchmarks/chunked_prefill.py): the chats' P99 gap between
 tokens 0.90 s against 3.30 s unchunked, the long prompts' TTFT 3.62 s against 3.57 s (128
 tokens: 0.50 s, TTFT 4.04 s). The 2-instance cluster under ShareGPT-like lengths
-(benchmarks/chunked_serve.sh): the longest stall 1.45 s against 8.1 s, but more gaps of
-about a chunk step (P99 0.90 s against 0.22-0.29 s) and TTFT P99 8.7 s against 6.7-6.9 s
-(one seed): on a CPU a chunk step is no cheaper for the decodes riding in it.
+(benchmarks/chunked_serve.sh, two seeds with long prompts): the longest stall 1.1-1.45 s
+against 7.8-8.2 s, but more gaps of about a chunk step (P99 0.90 s against 0.22-0.29 s);
+TTFT P99 8.7 / 7.9 s against 6.7-6.9 / 10.8 s: on a CPU a chunk step is no cheaper for
+the decodes riding in it, so the stall is spread, not shrunk.
 CUDA: vLLM's usual default, not measured here (no GPU lent since chunking landed)."""
 
 
