@@ -25,6 +25,8 @@ def _cfg(**changes):
     ({"systems": {"s": {"dispatch": "round-robin", "migration": "yes"}}}, "systems.s.migration"),
     ({"cluster": {"num_instance": 4}}, "cluster.num_instance"),
     ({"cluster": {"num_instances": 0}}, "num_instances"),
+    ({"cluster": {"chunked_prefill": True, "max_num_seqs": 64, "max_num_batched_tokens": 32}},
+     "max_num_batched_tokens"),
     ({"seeds": 0}, "seeds"),
     ({"traces": [{"name": "M-M", "kind": "M-M", "rates": [1.0], "seeds": 0}]}, "traces.M-M.seeds"),
     ({"latency_model": "no-such-model"}, "latency_model"),
