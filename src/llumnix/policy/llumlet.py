@@ -69,8 +69,7 @@ class Llumlet:
         """The report for the global scheduler: ``report`` plus the prefix-cache keys the
         engine evicted since the previous push. Only the one path that delivers reports
         to the global scheduler may call it (any other caller would swallow evictions)."""
-        evicted = self.engine.take_evicted_prefix_keys()
-        return self.report(now, evicted_prefix_keys=tuple(evicted)) if evicted else self.report(now)
+        return self.report(now, evicted_prefix_keys=tuple(self.engine.take_evicted_prefix_keys()))
 
     def freeness(self, now: float) -> float:
         return freeness(self.report(now), self.freeness_cfg)

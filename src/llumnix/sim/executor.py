@@ -1,7 +1,7 @@
 """SimExecutor: the engine's Executor with a latency model in place of a network."""
 from __future__ import annotations
 
-from llumnix.core.batch import ModelOutput, SchedulerOutput
+from llumnix.core.batch import ModelOutput, ScheduledRequest, SchedulerOutput
 from llumnix.sim.latency import LatencyModel
 
 PLACEHOLDER_TOKEN = 0
@@ -14,6 +14,14 @@ class HostSteps:
 
     def __init__(self) -> None:
         self.num_stepping = 0
+
+
+def _decode_context(entries: list[ScheduledRequest]) -> int:
+    """Context tokens of decode entries: each computes one token after its start_pos."""
+    ctx = len(entries)
+    for r in entries:
+        ctx += r.start_pos
+    return ctx
 
 
 class SimExecutor:
@@ -76,17 +84,10 @@ class SimExecutor:
                 # and the decode model's per-sequence and context (KV read) terms; its
                 # fixed cost (the weights read once) is the prefill's. Not calibrated:
                 # the paper's engine had no mixed steps.
-                ctx = nd
-                for r in sched[:nd]:
-                    ctx += r.start_pos
                 t += (max(0.0, model.prefill_time([1] * nd) - model.prefill_time(()))
-                      + max(0.0, model.decode_time(nd, ctx) - model.decode_time(0, 0)))
+                      + max(0.0, model.decode_time(nd, _decode_context(sched[:nd])) - model.decode_time(0, 0)))
         else:
-            # A decode entry computes one token: its context is start_pos + 1.
-            ctx = n
-            for r in sched:
-                ctx += r.start_pos
-            t = self.model.decode_time(n, ctx) + overhead
+            t = self.model.decode_time(n, _decode_context(sched)) + overhead
             self.last_slowed = bool(self.num_copying or self._copy_started)
             if self.last_slowed:
                 t *= self._slowdown
