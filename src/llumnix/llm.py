@@ -46,7 +46,8 @@ def finish_text(tokenizer: Tokenizer, token_ids: list[int], params: SamplingPara
 class LLM:
     def __init__(self, model: str = "smollm2", *, device: str = "cpu", dtype: str = "float32",
                  kv_cache_bytes: int = 512 * 2**20, num_blocks: int | None = None,
-                 block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 4096,
+                 block_size: int = 16, max_num_seqs: int = SchedulerConfig.max_num_seqs,
+                 max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens,
                  max_model_len: int | None = None, instance_id: str = "instance-0",
                  clock: Clock | None = None, seed: int = 0, enable_prefix_caching: bool = False,
                  chunked_prefill: bool = False) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from llumnix.core.config import SchedulerConfig
 from llumnix.core.errors import LlumnixError
 
 CHUNKED_BUDGET = {"cpu": 256, "cuda": 2048}
@@ -154,7 +155,7 @@ def build_config(args: argparse.Namespace) -> Any:
     if engine["chunked_prefill"]:
         device = str(engine.get("device") or "cpu").split(":")[0]
         engine.setdefault("max_num_batched_tokens", CHUNKED_BUDGET.get(device, CHUNKED_BUDGET["cuda"]))
-        seqs = engine.get("max_num_seqs", 64)
+        seqs = engine.get("max_num_seqs", SchedulerConfig.max_num_seqs)  # LLM's default
         if engine["max_num_batched_tokens"] < seqs:
             raise LlumnixError(f"with chunked prefill --max-num-batched-tokens ({engine['max_num_batched_tokens']}) "
                                f"must be at least --max-num-seqs ({seqs})")
