@@ -26,6 +26,11 @@ for round in $(seq "$FIRST" "$((FIRST + ROUNDS - 1))"); do
       curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
       sleep 1
     done
+    if ! curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; then
+      echo "llumnix serve ($arm) did not come up in 120 s; see /tmp/chunked_serve_$arm.log" >&2
+      kill -TERM "$pid" 2>/dev/null || true
+      exit 1
+    fi
     .venv/bin/llumnix bench serve --url "http://127.0.0.1:$PORT" --label "$arm-r$round" --out "$OUT" \
       --num-requests 24 --rate 0.3 --lengths sharegpt --input-len 300 --output-len 64 \
       --max-input 1500 --max-output 128 --seed "$round"
