@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The engine and live migration on CUDA: the GPU tests, the engine benchmark (float32
-# and bfloat16, against transformers on the same GPU) and the migration benchmark with
-# both instances on one GPU. Needs a CUDA build of torch and the project installed with
-# its serve and bench extras (or on PYTHONPATH). Usage: benchmarks/gpu/run.sh [OUT_DIR] [STEP...]
-# STEP is any of: tests engine migration (default: all three).
+# and bfloat16, CUDA graphs on and off, against transformers on the same GPU), the
+# migration benchmark with both instances on one GPU (graphs off, then on), and a smoke
+# run of `llumnix serve` on CUDA. Needs a CUDA build of torch and the project installed
+# with its serve and bench extras (or on PYTHONPATH).
+# Usage: benchmarks/gpu/run.sh [OUT_DIR] [STEP...]; STEP is any of tests engine migration
+# serve (default: all four). MODEL (default smollm2), TRANSPORTS (default tcp,gloo,ray),
+# REPEATS (default 3) and LLUMNIX_BENCH_LENGTHS (e.g. 256,1024,4096) narrow the runs.
 set -uo pipefail
 out=${1:-benchmarks/results/gpu}
 shift || true
-steps=${*:-tests engine migration}
+steps=${*:-tests engine migration serve}
 py=${PYTHON:-python3}
+model=${MODEL:-smollm2}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 $py -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name(0))" || exit 1
@@ -17,16 +21,23 @@ for step in $steps; do
   case $step in
     tests)  # every test that needs CUDA, plus the CPU pair of the cross-device migration test
       $py -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/model/test_gpu.py \
-        tests/model/test_live_migration_devices.py 2>&1 | tee "$out/tests.log" || rc=1 ;;
+        tests/model/test_cuda_graphs.py tests/model/test_live_migration_devices.py 2>&1 | tee "$out/tests.log" || rc=1 ;;
     engine)
-      for dtype in float32 bfloat16; do
-        $py -m llumnix.cli bench engine --device cuda --dtype "$dtype" --out "$out/engine-$dtype" \
-          2>&1 | tee "$out/engine-$dtype.log" || rc=1
+      for dtype in bfloat16 float32; do
+        for graphs in cuda-graphs no-cuda-graphs; do
+          $py -m llumnix.cli bench engine --model "$model" --device cuda --dtype "$dtype" --"$graphs" \
+            --out "$out/engine-$dtype-$graphs" 2>&1 | tee "$out/engine-$dtype-$graphs.log" || rc=1
+        done
       done ;;
     migration)
-      $py -m llumnix.cli bench migration --device cuda --transport tcp,gloo,ray --repeats ${REPEATS:-3} \
-        --out "$out/migration" 2>&1 | tee "$out/migration.log" || rc=1 ;;
-    *) echo "unknown step $step (tests, engine, migration)"; exit 2 ;;
+      for graphs in no-cuda-graphs cuda-graphs; do
+        $py -m llumnix.cli bench migration --model "$model" --device cuda --"$graphs" \
+          --transport "${TRANSPORTS:-tcp,gloo,ray}" --repeats "${REPEATS:-3}" \
+          --out "$out/migration-$graphs" 2>&1 | tee "$out/migration-$graphs.log" || rc=1
+      done ;;
+    serve)
+      benchmarks/gpu/serve_smoke.sh "$model" 2>&1 | tee "$out/serve.log" || rc=1 ;;
+    *) echo "unknown step $step (tests, engine, migration, serve)"; exit 2 ;;
   esac
 done
 exit $rc

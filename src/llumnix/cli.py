@@ -18,6 +18,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay decode steps from CUDA graphs (default: on with a CUDA device)")
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -30,7 +32,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                             stop=tuple(args.stop or ()), presence_penalty=args.presence_penalty,
                             frequency_penalty=args.frequency_penalty,
                             repetition_penalty=args.repetition_penalty)
-    llm = LLM(args.model, device=args.device, dtype=args.dtype)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs)
     (out,) = llm.generate([args.prompt], params, chat=args.chat)
     print(out.text)
     return 0

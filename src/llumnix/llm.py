@@ -50,8 +50,10 @@ class LLM:
                  max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens,
                  max_model_len: int | None = None, instance_id: str = "instance-0",
                  clock: Clock | None = None, seed: int = 0, enable_prefix_caching: bool = False,
-                 chunked_prefill: bool = False) -> None:
+                 chunked_prefill: bool = False, cuda_graphs: bool | None = None) -> None:
+        """``cuda_graphs``: replay decode steps from CUDA graphs (None: on a CUDA device)."""
         from llumnix.model import ModelExecutor, load_model, num_blocks_for_bytes
+        from llumnix.model.cuda_graphs import GraphShapes
 
         self.loaded = load_model(model, device=device, dtype=dtype)
         self.tokenizer = self.loaded.tokenizer
@@ -66,8 +68,13 @@ class LLM:
                                       chunked_prefill=chunked_prefill),
             max_model_len=max_model_len or mcfg.max_position_embeddings,
         )
+        if cuda_graphs is None:
+            cuda_graphs = str(device).startswith("cuda")
+        if cuda_graphs and not str(device).startswith("cuda"):
+            raise InvalidRequestError(f"CUDA graphs need a CUDA device, not {device!r}", "cuda_graphs")
+        shapes = GraphShapes(max_batch=max_num_seqs, max_len=self.config.max_model_len) if cuda_graphs else None
         self.executor = ModelExecutor(self.loaded.model, num_blocks, block_size, device=device,
-                                      dtype=dtype)
+                                      dtype=dtype, graphs=shapes)
         self.engine = EngineCore(self.config, self.executor, num_blocks, clock=clock,
                                  instance_id=instance_id, eos_token_id=self.tokenizer.eos_token_id,
                                  detokenizer=self.tokenizer, seed=seed)

@@ -76,3 +76,70 @@ def test_smollm2_on_cuda_says_paris():
         (out,) = llm.generate(["What is the capital of France? Answer in one sentence."],
                               SamplingParams(max_tokens=20), chat=True)
         assert "Paris" in out.text, (dtype, out.text)
+
+
+def _tokens(loaded, prompts, params, **engine_kw) -> tuple[dict[str, list[int]], object]:
+    eng = real_engine(loaded, num_blocks=128, **engine_kw)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, params[i] if isinstance(params, list) else params)
+    return drain(eng), eng
+
+
+GRAPH_PROMPTS = [[5, 6, 7], list(range(30, 70)), [9] * 17, list(range(100, 111)), [42] * 33]
+GRAPH_PARAMS = [SamplingParams(max_tokens=n, temperature=t, top_k=20, seed=i)
+                for i, (n, t) in enumerate([(40, 0.0), (9, 0.8), (25, 0.0), (3, 0.8), (17, 0.0)])]
+
+
+def test_cuda_graphs_give_the_eager_tokens(tiny_llama_dir):
+    """Decode steps replayed from CUDA graphs (batch 5 shrinking to 1, contexts crossing
+    block buckets) give the tokens of eager CUDA steps and of the CPU."""
+    from llumnix.model import load_model
+
+    gpu = load_model(str(tiny_llama_dir[0]), device="cuda")
+    graphed, eng = _tokens(gpu, GRAPH_PROMPTS, GRAPH_PARAMS, graphs=True)
+    eager, _ = _tokens(gpu, GRAPH_PROMPTS, GRAPH_PARAMS, graphs=False)
+    cpu, _ = _tokens(load_model(str(tiny_llama_dir[0])), GRAPH_PROMPTS, GRAPH_PARAMS)
+    assert eng.executor.graphs is not None and eng.executor.graphs.record
+    assert eng.executor.graphs.num_steps >= 39
+    assert graphed == eager == cpu
+
+
+def test_cuda_graph_logits_match_eager(tiny_llama_dir):
+    from llumnix.model import load_model
+
+    gpu = load_model(str(tiny_llama_dir[0]), device="cuda")
+    logits = []
+    for graphs in (False, True):
+        eng = real_engine(gpu, num_blocks=96, graphs=graphs)
+        for i, p in enumerate([[5] * 25, [6] * 9, [7] * 14]):
+            eng.add_request(f"r{i}", p, SamplingParams(max_tokens=4))
+        eng.step()
+        batch = eng.scheduler.schedule()
+        with torch.inference_mode():
+            ex = eng.executor
+            got = ex.graphs.try_forward(batch.scheduled) if graphs else ex.model.forward(ex._build(batch), ex.kv_cache)
+            logits.append(got.clone())
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_prefill_and_prefix_caching_on_cuda_match_cpu(tiny_llama_dir):
+    """Mixed steps (decodes beside prefill chunks, attention per group) and prefix-cache
+    hits on CUDA give the CPU's unchunked, uncached tokens."""
+    from llumnix.model import load_model
+
+    shared = list(range(40, 90))
+    prompts = [shared + [1, 2, 3], [5, 6, 7], shared + [9] * 20, list(range(100, 160)), shared + [4]]
+    params = SamplingParams(max_tokens=12)
+    want, _ = _tokens(load_model(str(tiny_llama_dir[0])), prompts, params)
+    gpu = load_model(str(tiny_llama_dir[0]), device="cuda")
+    chunked, _ = _tokens(gpu, prompts, params, chunk=16)
+    assert chunked == want
+    eng = real_engine(gpu, num_blocks=128, prefix_caching=True, chunk=16)
+    eng.add_request("warm", shared + [7], SamplingParams(max_tokens=2))
+    drain(eng)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, params)
+    cached = drain(eng)
+    cached.pop("warm", None)
+    assert cached == want
+    assert eng.kv.prefix is not None and eng.kv.prefix.num_hit_tokens > 0

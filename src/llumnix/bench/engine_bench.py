@@ -62,8 +62,9 @@ def bench_transformers(model_path: str, steps: int, reps: int, dtype: str,
     from transformers import AutoModelForCausalLM
 
     path = Path(model_path)
-    hf: Any = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                   dtype=getattr(torch, dtype))
+    where = {"pretrained_model_name_or_path": str(path)} if path.is_dir() else \
+        {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
+    hf: Any = AutoModelForCausalLM.from_pretrained(**where, dtype=getattr(torch, dtype))
     hf.to(device).eval()
     ids = torch.tensor([_prompt(CONTEXT)], device=device)
 
@@ -122,32 +123,41 @@ def main_engine_bench(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or 1)
     # First, while this process is small: Linux carries a parent's peak RSS into a
     # forked child's ru_maxrss, so measuring after loading models here would inflate it.
-    memory = measure_memory(args.model, 512 * 2**20)
+    # A CPU engine's figure: a GPU run reports the GPU memory instead.
+    on_cuda = str(args.device).startswith("cuda")
+    memory = None if on_cuda else measure_memory(args.model, 512 * 2**20)
     reps = 1 if args.quick else 3
     steps = 8 if args.quick else DECODE_STEPS
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_batched_tokens=4096)
+    t0 = time.perf_counter()
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_batched_tokens=4096,
+              cuda_graphs=args.cuda_graphs)
+    start_s = time.perf_counter() - t0
     llm.generate(["warm up"], SamplingParams(max_tokens=4))
     result: dict[str, object] = {
         "benchmark": "engine", "model": llm.loaded.name, "device": args.device, "dtype": args.dtype,
         "machine": machine_info(), "settings": {"context": CONTEXT, "decode_steps": steps,
                                                 "reps": reps, "block_size": 16,
                                                 "torch_threads": torch.get_num_threads()},
+        "engine_start_s": start_s,
     }
     result["prefill_tokens_per_s"] = {str(n): bench_prefill(llm, n, reps) for n in PREFILL_LENS}
     result["decode_tokens_per_s"] = {str(b): bench_decode(llm, b, steps) for b in DECODE_BATCHES}
     dec = result["decode_tokens_per_s"]
     assert isinstance(dec, dict)
     result["batch32_over_batch1"] = dec["32"] / dec["1"]
+    graphs = llm.executor.graphs
+    result["cuda_graphs"] = None if graphs is None else graphs.stats()
     result["rss_after_bench_bytes"] = peak_rss_bytes()
-    if str(args.device).startswith("cuda"):  # weights, KV pool and activations on the GPU
+    if on_cuda:  # weights, KV pool, activations and graphs on the GPU
         result["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
     model_path = str(llm.loaded.path)
     del llm
-    if not args.no_reference and model_path.endswith(".gguf"):
+    if not args.no_reference:
         hf = bench_transformers(model_path, steps, reps, args.dtype, args.device)
         result["transformers"] = hf
         result["batch1_over_transformers"] = dec["1"] / hf["decode_tokens_per_s_batch1"]
-    result["memory_512mib_pool"] = memory
+    if memory is not None:
+        result["memory_512mib_pool"] = memory
     _print(result)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,13 +178,17 @@ def _print(r: dict[str, Any]) -> None:
     for b, v in r["decode_tokens_per_s"].items():
         t.add_row(f"decode tokens/s, batch {b}, context ~{CONTEXT}", f"{v:,.1f}")
     t.add_row("batch 32 / batch 1", f"{r['batch32_over_batch1']:.2f}x")
+    g = r.get("cuda_graphs")
+    t.add_row("CUDA graphs", "off" if g is None else
+              f"{g['graphs']} recorded in {g['record_s']:.1f} s, {g['steps']} decode steps replayed")
     if "transformers" in r:
         t.add_row("transformers generate, batch 1 tokens/s",
                   f"{r['transformers']['decode_tokens_per_s_batch1']:,.1f}")
         t.add_row("ours / transformers, batch 1", f"{r['batch1_over_transformers']:.2f}x")
-    m = r["memory_512mib_pool"]
     if "cuda_max_allocated_bytes" in r:
         t.add_row("GPU memory allocated at most", f"{r['cuda_max_allocated_bytes'] / 1e9:.2f} GB")
-    t.add_row("RSS of a CPU engine, fp32 + 512 MiB KV pool (steady / peak)",
-              f"{m['rss_bytes'] / 1e9:.2f} / {m['peak_rss_bytes'] / 1e9:.2f} GB")
+    if "memory_512mib_pool" in r:
+        m = r["memory_512mib_pool"]
+        t.add_row("RSS of a CPU engine, fp32 + 512 MiB KV pool (steady / peak)",
+                  f"{m['rss_bytes'] / 1e9:.2f} / {m['peak_rss_bytes'] / 1e9:.2f} GB")
     Console().print(t)

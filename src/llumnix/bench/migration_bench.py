@@ -243,7 +243,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     # steps are several times faster, 512 MiB fills up before the longest lengths.
     kv_bytes = (2048 if str(args.device).startswith("cuda") else 512) * 2**20
     engine = {"kv_cache_bytes": kv_bytes, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
-              "device": args.device, "dtype": args.dtype}
+              "device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs}
     # Both instances share one GPU when on CUDA: half a GPU each, so Ray pins them to it.
     gpus = instance_gpus(engine) / 2
     check_gpu_capacity(2, gpus, ray_gpus())

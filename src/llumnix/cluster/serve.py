@@ -110,6 +110,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="share the KV of common prompt prefixes between requests on an instance (default: on)")
     p.add_argument("--device", default=None, help="cpu or cuda")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay decode steps from CUDA graphs, recorded at start (default: on with cuda)")
     p.add_argument("--gpus-per-instance", type=float, default=None, metavar="N",
                    help="GPUs Ray reserves per instance (default: 1 on cuda, 0 on cpu; 0.5 packs two per GPU)")
     p.add_argument("--threads-per-instance", type=positive_int, default=None,
@@ -147,6 +149,10 @@ def build_config(args: argparse.Namespace) -> Any:
         engine["device"] = args.device
     if engine.get("device") is not None:
         _check_device(str(engine["device"]))
+    if args.cuda_graphs is not None:
+        if args.cuda_graphs and not str(engine.get("device") or "cpu").startswith("cuda"):
+            raise LlumnixError("--cuda-graphs needs --device cuda")
+        engine["cuda_graphs"] = args.cuda_graphs
     if args.chunked_prefill is not None:
         engine["chunked_prefill"] = args.chunked_prefill
     engine.setdefault("chunked_prefill", True)

@@ -10,6 +10,7 @@ import torch
 
 from llumnix.core.batch import NO_TOKEN, ModelOutput, PromptLogprob, ScheduledRequest, SchedulerOutput
 from llumnix.model.config import LlamaConfig
+from llumnix.model.cuda_graphs import DecodeGraphs, GraphShapes
 from llumnix.model.llama import AttnGroup, ForwardBatch, LlamaModel
 from llumnix.model.sampler import sample, top_logprobs, top_of
 
@@ -58,7 +59,10 @@ def _spread(reqs: list[ScheduledRequest], tokens: list[int], logprobs: list[floa
 
 class ModelExecutor:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
-                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> None:
+                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+                 graphs: GraphShapes | None = None, record_graphs: bool = True) -> None:
+        """``graphs``: replay decode steps of these shapes from CUDA graphs (``record_graphs``
+        False runs the same padded steps eagerly, to test them without a GPU)."""
         cfg = model.config
         self.model = model
         self.block_size = block_size
@@ -67,25 +71,33 @@ class ModelExecutor:
         self.device = model.device if device is None else torch.device(device)
         self.dtype = model.dtype if dtype is None else resolve_dtype(dtype)
         # One tensor for every layer's K and V: a block's KV across layers is
-        # kv_cache[:, :, block], so migration moves a block list in one gather.
-        self.kv_cache = torch.zeros(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads,
-                                    cfg.head_dim, dtype=self.dtype, device=self.device)
+        # kv_cache[:, :, block], so migration moves a block list in one gather. Graphs
+        # keep one scratch block beyond the pool for their padding rows.
+        storage = torch.zeros(cfg.num_layers, 2, num_blocks + (graphs is not None), block_size,
+                              cfg.num_kv_heads, cfg.head_dim, dtype=self.dtype, device=self.device)
+        self.kv_cache = storage if graphs is None else storage[:, :, :num_blocks]
+        self.graphs: DecodeGraphs | None = None
+        if graphs is not None:
+            if record_graphs and self.device.type != "cuda":
+                raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
+            with torch.inference_mode():
+                self.graphs = DecodeGraphs(model, storage, block_size, graphs, record=record_graphs)
 
     # -- Executor -------------------------------------------------------------
     def execute(self, batch: SchedulerOutput) -> ModelOutput:
         t0 = time.perf_counter()
         reqs = batch.scheduled
         with torch.inference_mode():
-            fb = self._build(batch)
             scored = [i for i, r in enumerate(reqs) if wants_prompt_logprobs(r)]
             prompt_lps: list[list[PromptLogprob] | None] | None = None
+            logits = None if self.graphs is None or scored else self.graphs.try_forward(reqs)
             if scored:
                 spans = self._prompt_spans(reqs, scored)
                 rows = torch.cat([torch.arange(a, b, device=self.device) for a, b in spans.values()])
-                logits, hidden = self.model.forward_rows(fb, self.kv_cache, rows)
+                logits, hidden = self.model.forward_rows(self._build(batch), self.kv_cache, rows)
                 prompt_lps = self._prompt_logprobs(reqs, spans, hidden)
-            else:
-                logits = self.model.forward(fb, self.kv_cache)
+            elif logits is None:  # not a decode step that a graph covers
+                logits = self.model.forward(self._build(batch), self.kv_cache)
             # Logits exist for the entries that sample (a prefill chunk short of its
             # sequence's end samples nothing).
             samplers = reqs if len(logits) == len(reqs) else [r for r in reqs if r.sample]
