@@ -6,7 +6,7 @@
 # The model is SmolLM2-135M's shape with random weights, made there: a step costs the same.
 # Runs benchmarks/gpu/run.sh's steps, each under a time limit, and packs the results into
 # $OUT/gpu.tgz after each step (a lease returns at most 8 files).
-# Usage: benchmarks/gpu/device.sh [STEP...]
+# Usage: benchmarks/gpu/device.sh [STEP...]   (run.sh's steps, or ab: benchmarks/gpu/ab.sh)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 res=/tmp/gpu-results
@@ -29,10 +29,11 @@ export MODEL=/tmp/smollm2-random
 cp -r .dev/smollm2-shape "$MODEL" && python3 benchmarks/gpu/random_model.py weights "$MODEL" 2>&1 | tail -1
 echo "setup: $(( $(date +%s) - t0 )) s"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 pack() { tar czf "$OUT/gpu.tgz" -C "$res" . ; }
-limit() { case $1 in tests) echo 120;; engine) echo 170;; migration) echo 170;; serve) echo 80;; *) echo 120;; esac; }
+limit() { case $1 in tests) echo 120;; engine) echo 170;; migration) echo 170;; serve) echo 80;; ab) echo 260;; *) echo 120;; esac; }
 for step in ${*:-tests engine migration serve}; do
   s0=$(date +%s)
-  timeout -k 5 "$(limit "$step")" benchmarks/gpu/run.sh "$res" "$step" > "$res/$step.out" 2>&1
+  if [ "$step" = ab ]; then cmd=(benchmarks/gpu/ab.sh "$res"); else cmd=(benchmarks/gpu/run.sh "$res" "$step"); fi
+  timeout -k 5 "$(limit "$step")" "${cmd[@]}" > "$res/$step.out" 2>&1
   echo "== $step: rc $? in $(( $(date +%s) - s0 )) s"; pack
 done
 grep -h "passed\|failed\|error" "$res/tests.log" 2>/dev/null | tail -3
@@ -41,4 +42,5 @@ for f in "$res"/engine-*/engine.json; do
 done
 grep -h -A14 "downtime" "$res"/migration-*.log 2>/dev/null | tail -40
 tail -6 "$res/serve.log" 2>/dev/null
+tail -8 "$res/ab.out" 2>/dev/null
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -18,8 +18,8 @@ def cpu_executor(num_blocks=12, seed=0):
     """A ModelExecutor's cache and KV methods, without a model (none is needed to move KV)."""
     ex = ModelExecutor.__new__(ModelExecutor)
     g = torch.Generator().manual_seed(seed)
-    ex.kv_cache = torch.randn(3, 2, num_blocks, 4, 2, 8, generator=g)
-    ex.device, ex.dtype = torch.device("cpu"), torch.float32
+    ex.kv_cache = ex._storage = torch.randn(3, 2, num_blocks, 4, 2, 8, generator=g)
+    ex.device, ex.dtype, ex._copy_stream = torch.device("cpu"), torch.float32, None
     return ex
 
 

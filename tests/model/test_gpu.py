@@ -101,7 +101,10 @@ def test_cuda_graphs_give_the_eager_tokens(tiny_llama_dir):
     cpu, _ = _tokens(load_model(str(tiny_llama_dir[0])), GRAPH_PROMPTS, GRAPH_PARAMS)
     assert eng.executor.graphs is not None and eng.executor.graphs.record
     assert eng.executor.graphs.num_steps >= 39
-    assert graphed == eager == cpu
+    assert graphed == eager
+    # greedy requests only: a seeded draw on CUDA is not the same draw as on the CPU
+    greedy = [f"r{i}" for i, p in enumerate(GRAPH_PARAMS) if p.is_greedy]
+    assert {r: graphed[r] for r in greedy} == {r: cpu[r] for r in greedy}
 
 
 def test_cuda_graph_logits_match_eager(tiny_llama_dir):

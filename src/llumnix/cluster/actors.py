@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
+import sys
 import threading
 import time
 from typing import Any
@@ -18,6 +20,17 @@ from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, Scheduling
 
 LLUMSCHED_NAME = "llumnix-llumsched"
 log = logging.getLogger(__name__)
+
+
+def set_switch_interval() -> None:
+    """``LLUMNIX_GIL_SWITCH_S``, if set, becomes this process's GIL switch interval: how long
+    a thread that wants the GIL waits before the holder is asked to drop it (Python's
+    default 5 ms). A migration's copy thread re-takes the GIL after each torch call; while
+    the step thread runs pure Python (a step replayed from a CUDA graph is mostly that),
+    each re-take can wait the whole interval."""
+    value = os.environ.get("LLUMNIX_GIL_SWITCH_S")
+    if value:
+        sys.setswitchinterval(float(value))
 
 
 # threaded: long polls for outputs never block commands. (Ray's stubs know neither
@@ -37,6 +50,7 @@ class InstanceActor:
         from llumnix.migration.transports import check_transport
 
         torch.set_num_threads(threads)
+        set_switch_interval()
         cfg = SchedulingConfig.from_dict(scheduling)
         self.llm = LLM(model, instance_id=instance_id, **engine_kwargs)
         self.llumlet = Llumlet(instance_id, self.llm.engine, cfg.rescheduling, cfg.freeness)
