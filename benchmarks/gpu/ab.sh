@@ -6,7 +6,8 @@
 #  * migration with graphs at the GIL switch interval of Python (5 ms) and at 0.5 ms, and
 #    without graphs at 0.5 ms: with graphs the last stage took 13-21 ms instead of 1-2 ms.
 # Lease 3: AB_ENGINE=0 AB="cuda-graphs,0.005,1 cuda-graphs,0.005,0": migration's copies on a
-#    stream of their own (1) or on the engine's (0), with graphs.
+#    stream of their own (1) or on the engine's (0), with graphs. It ran at d118b98; the copy
+#    stream changed nothing and was removed after, so COPY_STREAM is inert since.
 # A variant is GRAPHS,GIL_SWITCH_S,COPY_STREAM. Usage: benchmarks/gpu/ab.sh OUT_DIR (MODEL as for run.sh)
 set -uo pipefail
 out=${1:?OUT_DIR}

@@ -19,7 +19,7 @@ def cpu_executor(num_blocks=12, seed=0):
     ex = ModelExecutor.__new__(ModelExecutor)
     g = torch.Generator().manual_seed(seed)
     ex.kv_cache = ex._storage = torch.randn(3, 2, num_blocks, 4, 2, 8, generator=g)
-    ex.device, ex.dtype, ex._copy_stream = torch.device("cpu"), torch.float32, None
+    ex.device, ex.dtype = torch.device("cpu"), torch.float32
     return ex
 
 

@@ -265,7 +265,6 @@ def main_migration_bench(args: argparse.Namespace) -> int:
                        "live_repeats_per_transport": repeats, "baseline_window_s": WINDOW_S,
                        "bulk_rate_mb_per_s": bulk_rate, "bulk_idle": bulk_idle,
                        "gil_switch_interval_s": float(os.environ.get("LLUMNIX_GIL_SWITCH_S") or 0.005),
-                       "kv_copy_stream": os.environ.get("LLUMNIX_KV_COPY_STREAM", "1") != "0",
                        "gc_freeze": all(s["frozen"] > 0 for s in gc_stats.values()),
                        "engine": engine, "processes": "two Ray actors (separate processes) on this machine",
                        "note": "one long request per length, migrated back and forth; the blocking "

@@ -2,11 +2,8 @@
 cache, and moves KV blocks in and out for migration."""
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -81,9 +78,6 @@ class ModelExecutor:
         self._storage = torch.zeros(cfg.num_layers, 2, num_blocks + (graphs is not None), block_size,
                                     cfg.num_kv_heads, cfg.head_dim, dtype=self.dtype, device=self.device)
         self.kv_cache = self._storage if graphs is None else self._storage[:, :, :num_blocks]
-        # LLUMNIX_KV_COPY_STREAM=0 copies on the engine's stream (to measure the difference)
-        copy_stream = self.device.type == "cuda" and os.environ.get("LLUMNIX_KV_COPY_STREAM", "1") != "0"
-        self._copy_stream = torch.cuda.Stream(self.device) if copy_stream else None  # type: ignore[no-untyped-call]
         self.graphs: DecodeGraphs | None = None
         if graphs is not None:
             if record_graphs and self.device.type != "cuda":
@@ -212,38 +206,17 @@ class ModelExecutor:
     def bytes_per_block(self) -> int:
         return self.kv_cache[:, :, 0].numel() * self.kv_cache.element_size()
 
-    @contextlib.contextmanager
-    def _copying(self) -> Iterator[None]:
-        """Migration's block copies on a CUDA stream of their own, done when this exits.
-        On the engine's stream a copy waits behind every step queued there; with steps
-        replayed from graphs the GPU is busy most of the time, and the last stage's copies
-        (the downtime) took 12-30 ms instead of 1-2. Ordering needs no event: a block is
-        copied only after the step that wrote it has returned (its tokens were read back),
-        and a destination's blocks are read only after the copy into them has finished."""
-        if self._copy_stream is None:
-            yield
-            return
-        with torch.cuda.stream(self._copy_stream):
-            yield
-        self._copy_stream.synchronize()
-
-    def _gather(self, block_ids: list[int]) -> torch.Tensor:
+    def gather_blocks_tensor(self, block_ids: list[int]) -> torch.Tensor:
+        """The blocks fused into one contiguous tensor [layers, 2, n, block, kv_heads, head_dim]."""
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         return self._storage.index_select(2, idx)
 
-    def gather_blocks_tensor(self, block_ids: list[int]) -> torch.Tensor:
-        """The blocks fused into one contiguous tensor [layers, 2, n, block, kv_heads, head_dim]."""
-        with self._copying():
-            return self._gather(block_ids)
-
     def scatter_blocks_tensor(self, block_ids: list[int], data: torch.Tensor) -> None:
-        with self._copying():
-            idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-            self._storage.index_copy_(2, idx, data.to(self.device, self.dtype))
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        self._storage.index_copy_(2, idx, data.to(self.device, self.dtype))
 
     def gather_blocks(self, block_ids: list[int]) -> memoryview:
-        with self._copying():
-            fused = self._gather(block_ids).cpu().contiguous()
+        fused = self.gather_blocks_tensor(block_ids).cpu().contiguous()
         return fused.view(torch.uint8).numpy().data.cast("B")
 
     def scatter_blocks(self, block_ids: list[int], data: bytes | memoryview | bytearray) -> None:
