@@ -55,6 +55,9 @@ class LLM:
         from llumnix.model import ModelExecutor, load_model, num_blocks_for_bytes
         from llumnix.model.cuda_graphs import GraphShapes
 
+        on_cuda = str(device).startswith("cuda")
+        if cuda_graphs and not on_cuda:
+            raise InvalidRequestError(f"CUDA graphs need a CUDA device, not {device!r}", "cuda_graphs")
         self.loaded = load_model(model, device=device, dtype=dtype)
         self.tokenizer = self.loaded.tokenizer
         mcfg = self.loaded.config
@@ -68,11 +71,8 @@ class LLM:
                                       chunked_prefill=chunked_prefill),
             max_model_len=max_model_len or mcfg.max_position_embeddings,
         )
-        if cuda_graphs is None:
-            cuda_graphs = str(device).startswith("cuda")
-        if cuda_graphs and not str(device).startswith("cuda"):
-            raise InvalidRequestError(f"CUDA graphs need a CUDA device, not {device!r}", "cuda_graphs")
-        shapes = GraphShapes(max_batch=max_num_seqs, max_len=self.config.max_model_len) if cuda_graphs else None
+        use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        shapes = GraphShapes(max_batch=max_num_seqs, max_len=self.config.max_model_len) if use_graphs else None
         self.executor = ModelExecutor(self.loaded.model, num_blocks, block_size, device=device,
                                       dtype=dtype, graphs=shapes)
         self.engine = EngineCore(self.config, self.executor, num_blocks, clock=clock,

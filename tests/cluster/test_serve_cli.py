@@ -130,3 +130,22 @@ def test_chunked_prefill_is_on_by_default_with_its_budget(capsys):
     assert main(["serve", "--max-num-batched-tokens", "32", "--max-num-seqs", "64"]) == 2
     assert capsys.readouterr().err.strip() == ("llumnix serve: error: with chunked prefill --max-num-batched-tokens "
                                                "(32) must be at least --max-num-seqs (64)")
+
+
+def test_cuda_graphs_flag(capsys):
+    import argparse
+
+    from llumnix.cluster.serve import add_serve_args, build_config
+
+    def engine(*argv: str):
+        p = argparse.ArgumentParser()
+        add_serve_args(p)
+        return build_config(p.parse_args(list(argv))).engine
+
+    assert "cuda_graphs" not in engine("--device", "cuda")  # the engine's default: on with CUDA
+    assert engine("--device", "cuda", "--no-cuda-graphs")["cuda_graphs"] is False
+    assert engine("--device", "cuda:0", "--cuda-graphs")["cuda_graphs"] is True
+    assert main(["serve", "--cuda-graphs"]) == 2
+    assert capsys.readouterr().err.strip() == "llumnix serve: error: --cuda-graphs needs --device cuda"
+    assert main(["generate", "--cuda-graphs", "--prompt", "hi"]) == 2
+    assert capsys.readouterr().err.strip() == "llumnix generate: error: CUDA graphs need a CUDA device, not 'cpu'"
