@@ -33,3 +33,22 @@ def drain(engine) -> dict[str, list[int]]:
             out.setdefault(o.request_id, []).extend(o.new_token_ids)
         engine.check_invariants()
     return out
+
+
+def first_decode_logits(loaded, graphs: bool):
+    """Logits of the first decode step of three requests (contexts 26, 10 and 15 tokens:
+    a batch bucket of 4 rows and 8 blocks of 4), eager or through the graphs' bucket."""
+    import torch
+
+    from llumnix.core.sampling_params import SamplingParams
+
+    eng = real_engine(loaded, num_blocks=96, graphs=graphs)
+    for i, p in enumerate([[5] * 25, [6] * 9, [7] * 14]):
+        eng.add_request(f"r{i}", p, SamplingParams(max_tokens=4))
+    eng.step()  # the prefill
+    batch = eng.scheduler.schedule()
+    assert [r.context_len for r in batch.scheduled] == [26, 10, 15]
+    with torch.inference_mode():
+        ex = eng.executor
+        got = ex.graphs.try_forward(batch.scheduled) if graphs else ex.model.forward(ex._build(batch), ex.kv_cache)
+        return got.clone()

@@ -8,7 +8,7 @@ import torch
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.model import ModelExecutor
 from llumnix.model.cuda_graphs import GraphShapes, powers_up_to
-from tests.model.helpers import drain, real_engine
+from tests.model.helpers import drain, first_decode_logits, real_engine
 
 PROMPTS = [[5, 6, 7], list(range(30, 70)), [9] * 17, list(range(100, 111)), [42] * 33]
 # different lengths, so the batch shrinks from 5 to 1 and contexts cross block buckets
@@ -38,19 +38,8 @@ def test_padded_decode_steps_give_the_eager_tokens(tiny_loaded, sampled):
 def test_padded_logits_match_eager(tiny_loaded):
     """Same logits (to rounding) for a batch padded from 3 rows to 4 and from 7 blocks
     of context to 8."""
-    logits = []
-    for graphs in (False, True):
-        eng = real_engine(tiny_loaded, num_blocks=96, graphs=graphs)
-        for i, p in enumerate([[5] * 25, [6] * 9, [7] * 14]):
-            eng.add_request(f"r{i}", p, SamplingParams(max_tokens=4))
-        eng.step()  # the prefill
-        batch = eng.scheduler.schedule()
-        assert [r.context_len for r in batch.scheduled] == [26, 10, 15]
-        with torch.inference_mode():
-            ex = eng.executor
-            got = ex.graphs.try_forward(batch.scheduled) if graphs else ex.model.forward(ex._build(batch), ex.kv_cache)
-        logits.append(got.clone())
-    torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(first_decode_logits(tiny_loaded, graphs=True),
+                               first_decode_logits(tiny_loaded, graphs=False), atol=1e-5, rtol=1e-5)
 
 
 def test_padding_rows_touch_only_the_scratch_block(tiny_loaded):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from llumnix.core.sampling_params import SamplingParams
-from tests.model.helpers import drain, real_engine
+from tests.model.helpers import drain, first_decode_logits, real_engine
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -111,18 +111,8 @@ def test_cuda_graph_logits_match_eager(tiny_llama_dir):
     from llumnix.model import load_model
 
     gpu = load_model(str(tiny_llama_dir[0]), device="cuda")
-    logits = []
-    for graphs in (False, True):
-        eng = real_engine(gpu, num_blocks=96, graphs=graphs)
-        for i, p in enumerate([[5] * 25, [6] * 9, [7] * 14]):
-            eng.add_request(f"r{i}", p, SamplingParams(max_tokens=4))
-        eng.step()
-        batch = eng.scheduler.schedule()
-        with torch.inference_mode():
-            ex = eng.executor
-            got = ex.graphs.try_forward(batch.scheduled) if graphs else ex.model.forward(ex._build(batch), ex.kv_cache)
-            logits.append(got.clone())
-    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(first_decode_logits(gpu, graphs=True), first_decode_logits(gpu, graphs=False),
+                               atol=1e-4, rtol=1e-4)
 
 
 def test_chunked_prefill_and_prefix_caching_on_cuda_match_cpu(tiny_llama_dir):
