@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from llumnix.bench.machine import machine_info, peak_rss_bytes
+from llumnix.bench.machine import machine_info, peak_rss_bytes, write_result
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.llm import LLM
 from llumnix.sim.executor import SimExecutor
@@ -170,9 +168,7 @@ def main() -> None:
     record = {"benchmark": "chunked_prefill", "machine": machine_info(), "peak_rss_bytes": peak_rss_bytes(),
               "settings": {k: v for k, v in vars(args).items() if k != "out"},
               "summary_mean_over_rounds": summary, "runs": runs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(record, indent=1))
-    print(f"wrote {args.out}")
+    write_result(args.out, record)
 
 
 if __name__ == "__main__":

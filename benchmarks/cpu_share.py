@@ -11,7 +11,6 @@ also runs on the same cores in a real cluster. This measures how much.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from llumnix.bench.machine import machine_info
+from llumnix.bench.machine import machine_info, write_result
 
 _PER_THREAD = ("InstanceActor", "LlumSched", "llumnix serve")
 
@@ -102,7 +101,7 @@ def main() -> int:
         by_role[p["role"]] = round(by_role.get(p["role"], 0.0) + p["share_of_one_core"], 4)
     result = {"benchmark": "cpu_share", "wall_s": round(wall, 1), "share_of_one_core_by_role": by_role,
               "processes": procs, "machine": machine_info(), "settings": vars(args)}
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, quiet=True)
     print(f"{wall:.0f} s of load; share of one core by role:")
     for role, share in sorted(by_role.items(), key=lambda kv: -kv[1]):
         print(f"  {role:>12}: {share:6.1%}")

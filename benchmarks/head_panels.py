@@ -10,14 +10,13 @@ Two measurements, side by side in one process, one torch thread (as an instance 
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from llumnix.bench.machine import machine_info
+from llumnix.bench.machine import machine_info, write_result
 from llumnix.bench.profile import _drain, _prompt
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.llm import LLM
@@ -82,9 +81,7 @@ def main() -> None:
     torch.set_num_threads(1)
     doc = {"benchmark": "head_panels", "panel_columns": llama.HEAD_PANEL, "threads": 1,
            "head_alone": head_alone(), "decode_steps": decode_steps(), "machine": machine_info()}
-    path = Path(__file__).parent / "results" / "head_panels.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_result(Path(__file__).parent / "results" / "head_panels.json", doc)
 
 
 if __name__ == "__main__":

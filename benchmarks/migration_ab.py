@@ -35,6 +35,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from llumnix.bench.machine import write_result
+
 
 def _summary(xs: list[float]) -> dict[str, float]:
     q = statistics.quantiles(xs, n=4)
@@ -103,7 +105,7 @@ def pool(folder: Path) -> dict[str, Any]:
 def main() -> int:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/migration-bulk-idle-ab")
     result = pool(folder)
-    folder.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(folder.with_suffix(".json"), result, quiet=True)
     for label, r in result.items():
         s, c = r["co_running_slowdown"], r["control_no_migration"]
         print(f"{label:>8}: {r['runs']} runs, {s['n']} windows: slowdown median {s['median']:+.1%} "

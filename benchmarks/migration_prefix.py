@@ -22,10 +22,9 @@ import functools
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
-from llumnix.bench.machine import machine_info
+from llumnix.bench.machine import machine_info, write_result
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.llm import LLM
 
@@ -125,9 +124,7 @@ def main() -> None:
                         "block_size": llm.executor.block_size, "bytes_per_block": llm.executor.bytes_per_block,
                         "transport": "tcp", "migration": "3 stages (default MigrationConfig)"},
            "summary": summary, "trials": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"wrote {args.out}")
+    write_result(args.out, out)
 
 
 if __name__ == "__main__":

@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from llumnix.bench.machine import machine_info
+from llumnix.bench.machine import machine_info, write_result
 from llumnix.bench.serve_bench import _gateway, sse_chunks
 from llumnix.cluster.launcher import ClusterConfig, start_cluster
 from llumnix.model import load_tokenizer
@@ -202,8 +200,7 @@ def main() -> None:
               "ttft_mean_ratio_off_over_on": round(off["ttft_mean_s"] / on["ttft_mean_s"], 2),
               "ttft_p50_ratio_off_over_on": round(off["ttft_p50_s"] / on["ttft_p50_s"], 2),
               "runs": runs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, quiet=True)
     print(f"turns 2+, pooled: TTFT mean {off['ttft_mean_s']:.3f} s -> {on['ttft_mean_s']:.3f} s "
           f"({result['ttft_mean_ratio_off_over_on']}x), P50 {off['ttft_p50_s']:.3f} s -> {on['ttft_p50_s']:.3f} s "
           f"({result['ttft_p50_ratio_off_over_on']}x); cached {100 * off['cached_fraction']:.1f}% -> "

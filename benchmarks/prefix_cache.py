@@ -12,12 +12,10 @@ prompt's blocks from it. Writes benchmarks/results/prefix_cache.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
-from llumnix.bench.machine import machine_info, peak_rss_bytes
+from llumnix.bench.machine import machine_info, peak_rss_bytes, write_result
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.llm import LLM
 
@@ -96,8 +94,7 @@ def main() -> None:
         "all_outputs_equal": all(r["same_tokens"] for r in rows),
     }
     result["speedup_median"] = round(result["median_ttft_s_no_cache"] / result["median_ttft_s_cache"], 2)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, quiet=True)
     print(f"median TTFT after the first request: {result['median_ttft_s_no_cache']:.3f} s without the cache, "
           f"{result['median_ttft_s_cache']:.3f} s with it ({result['speedup_median']}x); "
           f"outputs equal: {result['all_outputs_equal']}; {args.out}")

@@ -15,13 +15,12 @@ from pathlib import Path
 
 
 def export(out: Path) -> None:
-    from llumnix.model import load_tokenizer
-    from llumnix.model.gguf_loader import read_fields
-    from llumnix.model.loader import smollm2_path
-
     from gguf import GGUFReader
 
+    from llumnix.model import load_tokenizer
     from llumnix.model.config import LlamaConfig
+    from llumnix.model.gguf_loader import read_fields
+    from llumnix.model.loader import smollm2_path
 
     reader = GGUFReader(str(smollm2_path()))
     tok = load_tokenizer("smollm2")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llumnix.bench.machine import machine_info, peak_rss_bytes
+from llumnix.bench.machine import machine_info, peak_rss_bytes, write_result
 from llumnix.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -159,10 +159,7 @@ def main_engine_bench(args: argparse.Namespace) -> int:
     if memory is not None:
         result["memory_512mib_pool"] = memory
     _print(result)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "engine.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out / 'engine.json'}")
+    write_result(Path(args.out) / "engine.json", result)
     return 0
 
 

@@ -1,9 +1,12 @@
 """Describe the machine a benchmark ran on, for its JSON record."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import resource
+from pathlib import Path
+from typing import Any
 
 
 def machine_info(with_torch: bool = True) -> dict[str, object]:
@@ -51,3 +54,13 @@ def current_rss_bytes() -> int:
     except OSError:
         pass
     return peak_rss_bytes()
+
+
+def write_result(path: str | Path, record: dict[str, Any], *, quiet: bool = False) -> Path:
+    """Write a benchmark's record as JSON (its folder made if missing); says where."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    if not quiet:
+        print(f"wrote {path}")
+    return path

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llumnix.bench.machine import machine_info
+from llumnix.bench.machine import machine_info, write_result
 from llumnix.core.errors import LlumnixError
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.gateway.backend import GenerateRequest
@@ -269,9 +269,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
                        "engine": engine, "processes": "two Ray actors (separate processes) on this machine",
                        "note": "one long request per length, migrated back and forth; the blocking "
                                "copy (tcp) and recompute are single runs"}})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "migration.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = write_result(Path(args.out) / "migration.json", result, quiet=True).parent
     _plot(result, out / "migration.png")
     _print(result)
     return 0

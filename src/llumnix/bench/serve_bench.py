@@ -243,11 +243,10 @@ def update_results(path: Path, section: str, key: str | None, record: dict[str, 
         data[section] = record
     else:
         data.setdefault(section, {})[key] = record
-    from llumnix.bench.machine import machine_info
+    from llumnix.bench.machine import machine_info, write_result
 
     data["machine"] = machine_info()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    write_result(path, data, quiet=True)
     return data
 
 
