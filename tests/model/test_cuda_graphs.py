@@ -62,8 +62,9 @@ def test_padding_rows_touch_only_the_scratch_block(tiny_loaded):
 
 
 def test_steps_without_a_bucket_run_eagerly(tiny_loaded):
-    """A step with a prefill, or more context than max_tokens allows, takes the eager path."""
-    shapes = GraphShapes(max_batch=4, max_len=512, max_tokens=4 * 16)
+    """A step with a prefill, or more context than max_gather_bytes allows, takes the eager path."""
+    per_token = 2 * tiny_loaded.config.kv_size * 4  # K and V of one layer, float32
+    shapes = GraphShapes(max_batch=4, max_len=512, max_gather_bytes=64 * per_token)
     ex = ModelExecutor(tiny_loaded.model, 96, 4, graphs=shapes, record_graphs=False)
     assert ex.graphs is not None
     assert ex.graphs.batches == [1, 2, 4] and ex.graphs.block_buckets[-1] == 128

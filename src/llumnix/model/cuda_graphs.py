@@ -23,7 +23,7 @@ extra blocks change nothing but the rounding of a longer reduction.
 
 All graphs are recorded when the executor starts (as vLLM does), so no recording ever
 overlaps a migration's copies on other threads. Steps with a prefill, prompt logprobs, or
-more context than ``GraphShapes.max_tokens`` run eagerly.
+more context than ``GraphShapes.max_gather_bytes`` allows run eagerly.
 """
 from __future__ import annotations
 
@@ -44,9 +44,10 @@ class GraphShapes:
     """Most requests in a step (the scheduler's ``max_num_seqs``)."""
     max_len: int
     """Longest context in tokens (the engine's ``max_model_len``)."""
-    max_tokens: int = 2**18
-    """Most batch x context tokens one graph gathers; a larger step runs eagerly (its
-    launches are a small part of its time, and its buffers would be large)."""
+    max_gather_bytes: int = 2**29
+    """Most bytes of K and V one layer of a graph gathers (batch x context tokens x the
+    model's K/V bytes per token); a larger step runs eagerly: its launches are a small
+    part of its time, and the graphs' pool would hold its buffers for good."""
 
 
 def powers_up_to(n: int) -> list[int]:
@@ -83,10 +84,12 @@ class DecodeGraphs:
         self.scratch = storage.shape[2] - 1
         self.record = record
         max_blocks = -(-shapes.max_len // block_size)
+        per_token = 2 * storage[0, 0, 0, 0].numel() * storage.element_size()  # K and V, one layer
+        max_tokens = shapes.max_gather_bytes // per_token
         self.batches = powers_up_to(shapes.max_batch)
         self.block_buckets = powers_up_to(max_blocks)
         self._graphs = {(b, n): _Graph(b, n, storage.device) for b in self.batches for n in self.block_buckets
-                        if b * n * block_size <= shapes.max_tokens}
+                        if b * n * block_size <= max_tokens}
         self._pool = torch.cuda.graph_pool_handle() if record else None
         self._key_pos = torch.arange(max_blocks * block_size, device=storage.device)
         self._rows = torch.arange(self.batches[-1], device=storage.device)
