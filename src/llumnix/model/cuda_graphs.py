@@ -164,10 +164,7 @@ class DecodeGraphs:
         return self.model.forward(fb, self.storage)
 
     def _record(self, g: _Graph) -> None:
-        g.host.numpy()[:] = 0  # any valid input: every row a padding row
-        g.host.numpy()[2 * g.batch:3 * g.batch] = self.scratch * self.block_size
-        g.host.numpy()[3 * g.batch:4 * g.batch] = 1
-        g.host.numpy()[4 * g.batch:] = self.scratch
+        self._fill(g, [])  # any valid input: every row a padding row
         g.inputs.copy_(g.host)
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
