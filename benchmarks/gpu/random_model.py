@@ -34,7 +34,7 @@ def export(out: Path) -> None:
           "tie_word_embeddings": c.tie_word_embeddings, "bos_token_id": c.bos_token_id,
           "eos_token_id": c.eos_token_id, "hidden_act": "silu"}
     (out / "config.json").write_text(json.dumps(hf, indent=1) + "\n")
-    tok._tok.save(str(out / "tokenizer.json"))
+    tok.save(str(out / "tokenizer.json"))
     print(f"wrote {out}/config.json and tokenizer.json ({c.num_layers} layers, hidden {c.hidden_size})")
 
 

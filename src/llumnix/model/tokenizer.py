@@ -43,6 +43,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def save(self, path: str) -> None:
+        """Write the vocabulary, merges and rules as a Hugging Face tokenizer.json."""
+        self._tok.save(path)
+
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      bos_token=self._token(self.bos_token_id),
