@@ -64,3 +64,15 @@ def test_tokenizer_and_greedy_tokens_match_transformers_on_the_gguf(smollm2):
         with torch.inference_mode():
             theirs = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):]
         assert ours.token_ids == theirs.tolist()
+
+
+def test_saved_tokenizer_json_encodes_as_the_gguf_one(smollm2, tmp_path):
+    """What benchmarks/gpu/random_model.py ships to a GPU machine in place of the GGUF."""
+    from llumnix.model.tokenizer import Tokenizer
+
+    tok = smollm2.tokenizer
+    tok.save(str(tmp_path / "tokenizer.json"))
+    again = Tokenizer.from_dir(tmp_path, tok.bos_token_id, tok.eos_token_id)
+    text = "<|im_start|>user\nWhat is the capital of France? Ünïcode, numbers 12345.<|im_end|>"
+    assert again.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+    assert again.vocab_size == tok.vocab_size
