@@ -69,10 +69,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from llumnix.bench.serve_bench import main_serve_bench
 
         return main_serve_bench(args)
-    if args.what == "fidelity":
-        from llumnix.bench.fidelity import main_fidelity
-
-        return main_fidelity(args)
     raise LlumnixError(f"unknown benchmark {args.what!r}")
 
 
@@ -141,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=_cmd_profile)
 
     b = sub.add_parser("bench", help="run a committed benchmark")
-    b.add_argument("what", choices=["engine", "migration", "serve", "fidelity"])
+    b.add_argument("what", choices=["engine", "migration", "serve"])
     _add_model_args(b)
     b.add_argument("--out", default="benchmarks/results", help="directory for the JSON result")
     b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
@@ -158,13 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
     from llumnix.bench.serve_bench import add_serve_bench_args
 
     add_serve_bench_args(b)
-    fb = b.add_argument_group("bench fidelity")
-    fb.add_argument("--profile", default="benchmarks/fidelity/profile-smollm2-cpu.json",
-                    help="latency profile the simulator runs with (llumnix profile writes it)")
-    fb.add_argument("--loads", default=None, help="comma-separated load names to run (default: all)")
-    fb.add_argument("--systems", default=None, help="comma-separated systems to run (default: all)")
-    fb.add_argument("--sim-only", action="store_true",
-                    help="re-simulate against the real runs already in fidelity.json")
     b.set_defaults(func=_cmd_bench)
     return parser
 

@@ -43,7 +43,8 @@ def test_profile_loads_as_a_latency_model(tiny):
 
 
 def test_simulator_runs_on_a_measured_profile(tiny):
-    from llumnix.bench.fidelity import FidelitySetup, Load, make_trace, run_sim
+    from benchmarks.fidelity.simulate import run_sim
+    from benchmarks.fidelity.workload import FidelitySetup, Load, make_trace
 
     _, path = tiny
     setup = FidelitySetup(loads=(Load("t", 5.0, 12),))

@@ -84,7 +84,7 @@ def test_each_client_reads_only_its_own_outputs():
 
 
 def test_the_step_log_marks_prefill_steps_and_times_the_step_thread():
-    from llumnix.bench.fidelity import step_stats
+    from llumnix.bench.step_log import step_stats
 
     srv, _ = _server()
     try:

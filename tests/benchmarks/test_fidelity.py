@@ -1,24 +1,36 @@
-"""The fidelity comparison on literal numbers (no cluster, no simulation)."""
+"""The fidelity study (benchmarks/fidelity) on literal numbers and tiny simulations, no cluster."""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
-
-from llumnix.bench.fidelity import (
-    FidelitySetup,
-    Load,
+from benchmarks.fidelity.compare import (
     build_report,
     compare,
     evaluate,
-    format_table,
-    make_trace,
     metrics_of,
+    noise_floor,
     pool_real,
     rel_error,
 )
+from benchmarks.fidelity.factors import (
+    cluster_prefill,
+    contention_scale,
+    prefill_scale,
+    prefill_split,
+    step_gap,
+)
+from benchmarks.fidelity.report import format_table
+from benchmarks.fidelity.run import main
+from benchmarks.fidelity.simulate import run_sim
+from benchmarks.fidelity.workload import FidelitySetup, Load, make_trace
+
 from llumnix.sim.latency import NeighborContention
+
+TINY_PROFILE = Path(__file__).parents[1] / "sim" / "data" / "tiny_profile.json"
 
 SIM = {"ttft": [0.1, 0.2, 0.3], "decode": [0.05, 0.05], "e2e": [1.0, 2.0, 3.0],
        "num_migrations": 4, "num_preemptions": 0}
@@ -93,7 +105,6 @@ def test_trace_is_seeded_and_within_the_lengths():
 
 
 def test_prefill_scale_is_the_median_ratio_over_requests():
-    from llumnix.bench.fidelity import prefill_scale
 
     class Model:
         def prefill_time(self, seq_lens):
@@ -108,7 +119,6 @@ def test_prefill_scale_is_the_median_ratio_over_requests():
 
 
 def test_contention_scale_is_the_geometric_mean_of_probe_ratios():
-    from llumnix.bench.fidelity import contention_scale
 
     class Model:
         contention = NeighborContention()
@@ -130,12 +140,8 @@ def test_contention_scale_is_the_geometric_mean_of_probe_ratios():
 def test_simulations_apply_the_profiles_neighbor_factor(tmp_path):
     """run_sim's recording wrapper passes the profile's contention on to the simulator
     (it once hid it, and every fidelity simulation ran without the factor)."""
-    import json
-    from pathlib import Path
 
-    from llumnix.bench.fidelity import run_sim
-
-    doc = json.loads((Path(__file__).parents[1] / "sim" / "data" / "tiny_profile.json").read_text())
+    doc = json.loads(TINY_PROFILE.read_text())
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps(doc))
     doc["contention"] = {"neighbor_factor": {"prefill": 1.0, "decode": 1.5}}
@@ -148,7 +154,6 @@ def test_simulations_apply_the_profiles_neighbor_factor(tmp_path):
 
 
 def test_noise_floor_compares_later_real_runs_with_the_first():
-    from llumnix.bench.fidelity import noise_floor
 
     slow = {**SIM, "e2e": [2.0, 4.0, 6.0]}
     nf = noise_floor({"light/llumnix": {"real_runs": [SIM, slow]}, "heavy/llumnix": {"real_runs": [SIM]}})
@@ -158,7 +163,6 @@ def test_noise_floor_compares_later_real_runs_with_the_first():
 
 
 def test_step_gap_is_the_median_pause_between_back_to_back_steps_of_one_instance():
-    from llumnix.bench.fidelity import step_gap
 
     probe = {"1": {"log": [[(0.0, 0.05, 1), (0.052, 0.10, 1), (0.30, 0.35, 1)],   # 2 ms; 200 ms is idle
                            [(0.01, 0.06, 1), (0.063, 0.11, 1)]]},                    # 3 ms
@@ -167,28 +171,8 @@ def test_step_gap_is_the_median_pause_between_back_to_back_steps_of_one_instance
     assert step_gap({}) is None
 
 
-def test_neighbor_effect_splits_steps_by_what_the_other_instance_was_doing():
-    from llumnix.bench.fidelity import neighbor_effect, overlap_fraction
-
-    # Instance 0 decodes batch-1 steps of 50 ms alone for 0.5 s (the last one 20% covered:
-    # neither side), then 60 ms steps while instance 1 steps the whole time; its 300 ms
-    # prefill is left out. Instance 1's last step (100 ms, batch 1) runs alone.
-    a = [(0.05 * i, 0.05 * i + 0.05, 1) for i in range(10)]
-    a += [(0.5 + 0.06 * i, 0.56 + 0.06 * i, 1) for i in range(10)]
-    a += [(1.1, 1.4, 1)]
-    b = [(0.49, 1.11, 2), (1.5, 1.6, 1)]
-    assert overlap_fraction(a[0], sorted(b), [s for s, _, _ in sorted(b)]) == 0.0
-    assert overlap_fraction(a[12], sorted(b), [s for s, _, _ in sorted(b)]) == pytest.approx(1.0)
-    assert overlap_fraction((1.05, 1.15, 1), b, [s for s, _, _ in b]) == pytest.approx(0.6)
-    out = neighbor_effect([a, b])
-    assert out["alone"]["1"] == {"median_s": pytest.approx(0.05), "count": 9 + 1}
-    assert out["busy"]["1"]["count"] == 10
-    assert out["ratio_by_batch"]["1"] == pytest.approx(1.2)
-    assert "2" not in out["ratio_by_batch"]  # too few steps of batch 2 on either side
-
 
 def test_prefill_split_sorts_one_request_prefills_by_the_neighbor():
-    from llumnix.bench.fidelity import cluster_prefill, prefill_split
 
     # (start, end, batch, prefill flag). Instance 0: two one-request prefills alone (200,
     # 220 ms), one while instance 1 decodes throughout (260 ms), one half covered (neither
@@ -218,11 +202,8 @@ def test_prefill_split_sorts_one_request_prefills_by_the_neighbor():
 
 
 def test_simulation_with_the_clusters_prefill_speed_and_factor():
-    from pathlib import Path
 
-    from llumnix.bench.fidelity import run_sim
-
-    profile = str(Path(__file__).parents[1] / "sim" / "data" / "tiny_profile.json")  # no neighbor factors
+    profile = str(TINY_PROFILE)  # no neighbor factors
     setup = FidelitySetup(loads=(Load("t", 1.0, 12),))
     trace = make_trace(setup, setup.loads[0])
     base = run_sim(setup, "llumnix", trace, profile)
@@ -235,3 +216,15 @@ def test_simulation_with_the_clusters_prefill_speed_and_factor():
     # Light load on two instances: some prefills start while the other instance steps.
     contended = run_sim(setup, "llumnix", trace, profile, cluster_prefill=(1.0, 2.0))
     assert sum(base["ttft"]) < sum(contended["ttft"]) < sum(slower["ttft"]) * 2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--sim-only", "--loads", "light,nope"], "--loads: unknown 'nope' (known: light, medium"),
+    (["--sim-only", "--systems", "vllm"], "--systems: unknown 'vllm' (known: infaas++, llumnix)"),
+    (["--sim-only"], "--sim-only needs the real runs in"),
+])
+def test_bad_arguments_are_one_line_errors_before_any_work(capsys, tmp_path, argv, message):
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fidelity: error: ") and message in err[0], err
+    assert not any(tmp_path.iterdir())  # nothing measured, nothing written

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.fidelity.run import main
+
+sys.exit(main())
