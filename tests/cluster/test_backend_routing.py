@@ -11,7 +11,7 @@ pytest.importorskip("ray")  # the backend module imports it
 from llumnix.cluster.backend import ClusterBackend, _Stream  # noqa: E402
 from llumnix.core.batch import RequestOutput  # noqa: E402
 from llumnix.core.sampling_params import SamplingParams  # noqa: E402
-from llumnix.gateway.backend import GenerateRequest  # noqa: E402
+from llumnix.core.wire import GenerateRequest  # noqa: E402
 
 
 class _Remote:
@@ -187,3 +187,40 @@ def test_an_instance_that_scale_in_stopped_is_retired_not_counted_as_failed():
     assert sorted(be.instances) == ["d"]
     err = be._streams["r"].queue.get_nowait()
     assert "instance c failed" in str(err)
+
+
+def test_an_error_output_ends_only_its_stream_with_a_request_failed_error():
+    from llumnix.core.errors import RequestFailedError
+
+    async def main():
+        be = _backend({"a": FakeInstance({"r", "s"})})
+        streams = {}
+        for rid in ("r", "s"):
+            req = GenerateRequest(rid, [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
+            streams[rid] = be._streams[rid] = _Stream(req)
+        be._route("a", _out("r", 1))
+        be._route("a", _out("s", 1))
+        be._route("a", RequestOutput("r", [], 1, "error", client="gw", error="the engine failed (RuntimeError)"))
+        be._route("a", _out("s", 2))
+        be._route("a", _out("r", 2))  # nothing after the error is released
+        return {rid: [s.queue.get_nowait() for _ in range(s.queue.qsize())] for rid, s in streams.items()}
+
+    got = asyncio.run(main())
+    assert [o.num_output_tokens for o in got["r"][:-1]] == [1]
+    assert isinstance(got["r"][-1], RequestFailedError) and "RuntimeError" in str(got["r"][-1])
+    assert [o.num_output_tokens for o in got["s"]] == [1, 2]
+
+
+def test_a_request_whose_second_instance_dies_is_not_resumed_a_third_time():
+    async def main():
+        be = _backend({"b": FakeInstance(set())})
+        req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
+        stream = be._streams["r"] = _Stream(req)
+        stream.instance_id = "a"
+        stream.num_resumes = 1  # it was resumed once already, after its first instance died
+        be.instances["b"].num_output_tokens = _Remote(lambda rid: -1)
+        await be._recover(stream, "a", RuntimeError("Traceback ... /home/ray pid=123 10.0.0.7"))
+        return stream.queue.get_nowait()
+
+    err = asyncio.run(main())
+    assert "not resumed again" in str(err) and "Traceback" not in str(err) and "10.0.0.7" not in str(err)

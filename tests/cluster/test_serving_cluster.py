@@ -277,6 +277,25 @@ def test_health(server):
     assert h["status"] == "ok" and all(h["instances"].values())
 
 
+POISON = [{"temperature": 0.7, "top_p": 1e-300}, {"temperature": 1e-45}, {"temperature": 5e-324},
+          {"temperature": 0.7, "top_p": 1e-46}, {"temperature": 0.7, "repetition_penalty": 1e-40},
+          {"temperature": 0.7, "repetition_penalty": 1e-300}]
+
+
+def test_no_sampling_values_take_an_instance_down(server):
+    """Issue 28's critical finding: each of these killed the step loop of every instance in
+    turn (the gateway resumed the request on the next), leaving the cluster at 503."""
+    url, _ = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    for extra in POISON:
+        r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "Hello hello hello", "max_tokens": 4,
+                                                      "seed": 1, "ignore_eos": True, **extra}, timeout=60)
+        assert r.status_code == 200, (extra, r.text)
+        assert r.json()["usage"]["completion_tokens"] == 4
+    h = httpx.get(f"{url}/health").json()
+    assert h["status"] == "ok" and all(h["instances"].values())
+
+
 def test_gateway_falls_back_when_llumsched_does_not_answer(server):
     url, backend = server
     name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]

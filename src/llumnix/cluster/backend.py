@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from llumnix.core.batch import RequestOutput
-from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestTooLongError
+from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError, RequestTooLongError
 from llumnix.core.sampling_params import SamplingParams
-from llumnix.gateway.backend import GenerateRequest, TokenizerLike
+from llumnix.core.wire import GenerateRequest, TokenizerLike
 from llumnix.policy import DispatchRequest
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,15 @@ class _Stream:
         self.num_resumes = 0
 
     def offer(self, out: RequestOutput) -> None:
-        if out.num_output_tokens < self.next_index or self.is_finished:
+        if self.is_finished:
+            return
+        if out.finish_reason == "error":
+            # The engine ended it after every token it had released (outputs come in order).
+            self.is_finished = True
+            self.held.clear()
+            self.queue.put_nowait(RequestFailedError(out.error or "the engine failed on this request"))
+            return
+        if out.num_output_tokens < self.next_index:
             return  # a duplicate
         self.held[out.num_output_tokens] = out
         while self.next_index in self.held:
@@ -100,7 +108,9 @@ class ClusterBackend:
         self.poll_timeout_s = 10.0
         """An instance whose output poll does not answer twice in a row is treated as dead."""
         self.membership_interval_s = 0.5
-        self.max_resumes = 3
+        self.max_resumes = 1
+        """Resumes after an instance failure; a request whose second instance dies too is
+        ended with an error rather than risk taking down a third (it may be the cause)."""
         self.num_fallback_dispatches = 0
         self.num_resumed = 0
         self.num_failed_instances = 0
@@ -257,8 +267,8 @@ class ClusterBackend:
                 stream.instance_id = where
                 return
             if stream.num_resumes >= self.max_resumes:
-                raise LlumnixError(f"instance {lost_iid} failed ({err}) and the request was already "
-                                   f"resumed {stream.num_resumes} times")
+                raise RequestFailedError(f"instance {lost_iid} failed ({type(err).__name__}) after the request "
+                                         f"was resumed {stream.num_resumes} time(s); it is not resumed again")
             stream.num_resumes += 1
             stream.held.clear()  # whatever the lost instance left unreleased is recomputed
             # A new epoch: outputs of the old one now come only from a copy that should not exist.
@@ -284,8 +294,8 @@ class ClusterBackend:
                 if rid not in self._streams:  # the client left meanwhile
                     await self.abort(rid)
                 return
-            raise LlumnixError(f"instance {lost_iid} failed ({err}) and no other instance could take "
-                               f"the request" + (f": {last}" if last else ""))
+            raise LlumnixError(f"instance {lost_iid} failed ({type(err).__name__}) and no other instance could "
+                               f"take the request" + (f" ({type(last).__name__})" if last else ""))
         except LlumnixError as e:
             stream.queue.put_nowait(e)
         finally:

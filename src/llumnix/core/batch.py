@@ -68,6 +68,17 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    def halves(self) -> tuple[SchedulerOutput, SchedulerOutput]:
+        """The first and second half of the entries as batches of their own (decodes stay
+        first in each), for finding which entries a failed step concerns."""
+        mid = len(self.scheduled) // 2
+        parts = []
+        for entries, num_decodes in ((self.scheduled[:mid], min(self.num_decodes, mid)),
+                                     (self.scheduled[mid:], max(0, self.num_decodes - mid))):
+            parts.append(SchedulerOutput(entries, self.is_prefill and len(entries) > num_decodes,
+                                         num_decodes=num_decodes))
+        return parts[0], parts[1]
+
 
 PromptLogprob = tuple[int, float, list[tuple[int, float]] | None]
 """A prompt token, its logprob under the tokens before it, and (when asked for) the most
@@ -147,6 +158,8 @@ class RequestOutput:
     prompt_logprobs: list[PromptLogprob] | None = None
     """On a request's first output, when ``SamplingParams.prompt_logprobs`` asked for them:
     each prompt token after the first with its logprob (and alternatives)."""
+    error: str | None = None
+    """With finish reason ``"error"``: why the engine ended the request (one line)."""
 
     @property
     def is_finished(self) -> bool:

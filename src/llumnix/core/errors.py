@@ -28,3 +28,8 @@ class UnknownRequestError(LlumnixError, KeyError):
 
 class ModelLoadError(LlumnixError):
     """A model file or directory could not be found or understood."""
+
+
+class RequestFailedError(LlumnixError):
+    """The engine failed while serving this request (a step raised on it, or every
+    instance it was resumed on died): the request ended with an error, nothing else did."""

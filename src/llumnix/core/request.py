@@ -29,6 +29,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH = 4
     FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6  # a step failed on this request (see EngineCore.step); blocks freed
 
     @property
     def is_finished(self) -> bool:
@@ -43,6 +44,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 

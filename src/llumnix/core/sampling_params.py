@@ -7,6 +7,8 @@ from llumnix.core.errors import InvalidRequestError
 
 MAX_LOGIT_BIAS = 1024
 """Most tokens one request's ``logit_bias`` may name."""
+GREEDY_BELOW = 1e-5
+"""A temperature under this samples greedily: logits divided by it overflow float32."""
 
 
 @dataclass(frozen=True)
@@ -17,7 +19,8 @@ class SamplingParams:
     """Fewest output tokens (vLLM's): until there are this many, EOS and the stop token ids
     are masked out of sampling, and no stop string ends the output."""
     temperature: float = 0.0
-    """0 means greedy."""
+    """0 means greedy; so does anything below ``GREEDY_BELOW`` (vLLM's rule), where dividing
+    the logits by it overflows."""
     top_p: float = 1.0
     """Nucleus sampling mass in (0, 1]."""
     top_k: int = 0
@@ -82,7 +85,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def shapes_logits(self) -> bool:

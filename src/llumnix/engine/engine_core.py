@@ -1,6 +1,7 @@
 """EngineCore: schedule, execute, update. Nothing here knows which executor it has."""
 from __future__ import annotations
 
+import logging
 import pickle
 import random
 from collections.abc import Collection
@@ -18,6 +19,16 @@ from llumnix.engine.migration_ops import MigrationOpsMixin
 from llumnix.engine.scheduler import LocalScheduler
 from llumnix.engine.status_builder import build_status
 from llumnix.kv.kv_manager import KVManager
+
+log = logging.getLogger(__name__)
+
+MAX_FAILED_STEPS = 3
+"""Steps in a row in which every request failed alone: then the fault is the engine's
+(a lost device, a broken model), not the requests', and ``step`` raises."""
+
+
+class EngineFailedError(RuntimeError):
+    """Every request failed in ``MAX_FAILED_STEPS`` steps in a row: the engine is broken."""
 
 
 class EngineCore(MigrationOpsMixin):
@@ -47,6 +58,9 @@ class EngineCore(MigrationOpsMixin):
         self.last_step_was_prefill = False
         """Whether the last ``step()`` ran a prefill batch (for step logs)."""
         self._rng = random.Random(seed)
+        self.num_failed_requests = 0
+        """Requests ended with an error because a step failed on them."""
+        self._failed_steps_in_row = 0
 
     # -- requests ------------------------------------------------------------
     def add_request(
@@ -110,11 +124,53 @@ class EngineCore(MigrationOpsMixin):
 
     # -- the step ------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One step. A step that raises fails only the requests it concerns: each ends
+        with finish reason ``"error"`` and its blocks freed; the rest of the batch goes on."""
         batch = self.schedule()
         if batch.is_empty:
             return []
         self.last_step_was_prefill = batch.is_prefill
-        return self.update(batch, self.executor.execute(batch))
+        try:
+            output = self.executor.execute(batch)
+        except Exception as exc:  # noqa: BLE001 - isolated below, never the loop's end
+            outputs = self._isolate(batch, exc)
+            if all(o.finish_reason == "error" for o in outputs):
+                self._failed_steps_in_row += 1
+                if self._failed_steps_in_row >= MAX_FAILED_STEPS:
+                    raise EngineFailedError(f"every request failed in {MAX_FAILED_STEPS} steps in a row; "
+                                            f"last: {type(exc).__name__}: {exc}") from exc
+            else:
+                self._failed_steps_in_row = 0
+            return outputs
+        self._failed_steps_in_row = 0
+        return self.update(batch, output)
+
+    def _isolate(self, batch: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
+        """Find the entries a failed step concerns by running each half of the batch on
+        its own (bisection: a few extra steps for one bad request in a large batch), and
+        fail those alone. Running an entry again is safe: it writes its KV at its own
+        slots from its own tokens, and its draw is a function of (seed, output index)."""
+        if len(batch.scheduled) == 1:
+            return [self._fail(batch.scheduled[0].request_id, exc)]
+        outputs: list[RequestOutput] = []
+        for half in batch.halves():
+            try:
+                output = self.executor.execute(half)
+            except Exception as e:  # noqa: BLE001 - narrowed further
+                outputs += self._isolate(half, e)
+            else:
+                outputs += self.update(half, output)
+        return outputs
+
+    def _fail(self, request_id: str, exc: Exception) -> RequestOutput:
+        req = self.requests[request_id]
+        log.error("engine %s: the step failed on request %s; ending it with an error",
+                  self.instance_id, request_id, exc_info=exc)
+        self.abort_request(request_id)
+        req.status = RequestStatus.FINISHED_ERROR
+        self.num_failed_requests += 1
+        return RequestOutput(request_id, [], req.num_output_tokens, "error", client=req.client, epoch=req.epoch,
+                             error=f"the engine failed on this request ({type(exc).__name__})")
 
     def schedule(self) -> SchedulerOutput:
         return self.scheduler.schedule()

@@ -23,6 +23,15 @@ def mix_seed(seed: int, index: int) -> int:
     return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
+def _tame(row: torch.Tensor) -> torch.Tensor:
+    """The row's limit where arithmetic broke: NaN logits cannot be drawn, and when some
+    logits overflowed to +inf (a tiny repetition penalty, a tiny temperature over a large
+    logit) the distribution is uniform over those. Tensor ops only, so no device sync."""
+    row = torch.nan_to_num(row, nan=float("-inf"), posinf=float("inf"))
+    inf = torch.isposinf(row)
+    return torch.where(inf.any(), torch.where(inf, 0.0, float("-inf")), row)
+
+
 def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
@@ -32,6 +41,7 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         cum = sorted_logits.softmax(-1).cumsum(-1)
         # Drop a token when the mass before it already reaches top_p (always keep the first).
         drop = (cum - sorted_logits.softmax(-1)) >= top_p
+        drop[0] = False  # also when top_p underflows the tensor's dtype (1e-300 is 0 in float32)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
     return logits
@@ -93,7 +103,7 @@ def sample(logits: torch.Tensor, requests: list[ScheduledRequest],
         for i in sampled_rows:
             r = requests[i]
             p = r.sampling_params
-            row = _filter(shaped[i] / p.temperature, p.top_k, p.top_p)
+            row = _filter(_tame(shaped[i] / p.temperature), p.top_k, p.top_p)
             gen = torch.Generator(device=logits.device)
             gen.manual_seed(mix_seed(r.seed, r.output_index))
             tokens[i] = torch.multinomial(row.softmax(-1), 1, generator=gen)[0]
