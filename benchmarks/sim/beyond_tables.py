@@ -15,8 +15,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-
-from llumnix.sim.report import by_point_system_seed
+from paper_tables import by_point_system_seed  # beside this script
 
 R = Path(__file__).resolve().parent / "results"
 TRACES = ["ShareGPT", "BurstGPT", "S-S", "M-M", "L-L", "S-L", "L-S"]

@@ -1,9 +1,8 @@
-"""Issue 3's goals judged on literal Figure 11 records."""
+"""The paper tables (benchmarks/sim/paper_tables.py): issue 3's goals judged on literal Figure 11 records."""
 from __future__ import annotations
 
 import pytest
-
-from llumnix.sim.report import figure11_goals, goals_markdown, seed_ordering_markdown
+from benchmarks.sim.paper_tables import figure11_goals, goals_markdown, seed_ordering_markdown
 
 
 def rec(trace, rate, system, p99_prefill, p99_decode, loss, seed=0):
