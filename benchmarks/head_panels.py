@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from llumnix.bench.machine import machine_info, write_result
-from llumnix.bench.profile import _drain, _prompt
+from llumnix.bench.profile import abort_all, synthetic_prompt
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.llm import LLM
 from llumnix.model import llama
@@ -37,10 +37,21 @@ def _ms(fn, n: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def to_panels(w: torch.Tensor) -> torch.Tensor:
+    """[hidden, vocab] -> [n, hidden, HEAD_PANEL], the last panel zero-padded (model/llama.py's layout)."""
+    hidden, vocab = w.shape
+    n = -(-vocab // llama.HEAD_PANEL)
+    panels = w.new_zeros(n, hidden, llama.HEAD_PANEL)
+    for i in range(n):
+        cols = w[:, i * llama.HEAD_PANEL:(i + 1) * llama.HEAD_PANEL]
+        panels[i, :, :cols.shape[1]] = cols
+    return panels
+
+
 def head_alone() -> list[dict[str, float]]:
     hidden, vocab = 576, 49152
     w = torch.randn(hidden, vocab)
-    panels = llama._to_panels(w)
+    panels = to_panels(w)
     out = []
     for m in ROWS:
         x = torch.randn(m, hidden)
@@ -64,11 +75,11 @@ def decode_steps(rounds: int = 3) -> list[dict[str, float]]:
             for name, (head, pans) in (("one_matmul", plain), ("panels", panelled))[::1 if r % 2 == 0 else -1]:
                 model._head, model._panels = head, pans
                 for i in range(b):
-                    eng.add_request(f"d{b}-{r}-{name}-{i}", _prompt(100 + 200 * i // max(1, b - 1), i + 1, 49152), params)
+                    eng.add_request(f"d{b}-{r}-{name}-{i}", synthetic_prompt(100 + 200 * i // max(1, b - 1), i + 1, 49152), params)
                 while any(q.num_output_tokens == 0 for q in eng.requests.values()):
                     eng.step()
                 res[name].append(_ms(eng.step, 10))
-                _drain(eng)
+                abort_all(eng)
         one, pan = statistics.median(res["one_matmul"]), statistics.median(res["panels"])
         out.append({"batch": b, "one_matmul_ms": one, "panels_ms": pan, "speedup": one / pan,
                     "rounds": res})

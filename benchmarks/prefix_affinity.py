@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from llumnix.bench.machine import machine_info, write_result
-from llumnix.bench.serve_bench import _gateway, sse_chunks
+from llumnix.bench.serve_bench import inprocess_gateway, sse_chunks
 from llumnix.cluster.launcher import ClusterConfig, start_cluster
 from llumnix.model import load_tokenizer
 
@@ -119,7 +119,7 @@ def run_once(prefix: bool, args: argparse.Namespace, docs: list[str], tok: Any, 
                         scheduling=scheduling, llumsched_name=f"llumsched-prefix-affinity-{n}")
     cluster = start_cluster(cfg)
     try:
-        with _gateway(cluster, tok) as url:
+        with inprocess_gateway(cluster, tok) as url:
             t0 = time.perf_counter()
             convs = asyncio.run(conversations(url, docs, args.turns, args.max_tokens, args.think_s, args.seed))
             wall = time.perf_counter() - t0

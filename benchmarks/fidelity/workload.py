@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from llumnix.bench.profile import synthetic_prompt
 from llumnix.sim.workloads import Trace
 
 
@@ -68,6 +69,5 @@ def make_trace(setup: FidelitySetup, load: Load) -> Trace:
 
 def prompt_ids(i: int, n: int, vocab: int) -> list[int]:
     """Prompt ``i`` of ``n`` token ids: ordinary vocabulary, no two alike."""
-    lo = min(100, vocab // 4)
-    return [lo + (j * 7919 + (i + 1) * 104729) % max(1, vocab - lo) for j in range(n)]
+    return synthetic_prompt(n, i + 1, vocab)
 

@@ -83,8 +83,8 @@ QUICK_GRID = ProfileGrid(prefill_tokens=(4, 8, 16), decode_batches=(1, 2), decod
 """A grid for tests and smoke runs (seconds on a tiny model)."""
 
 
-def _prompt(n: int, salt: int, vocab: int) -> list[int]:
-    # Ordinary ids, varied so no two prompts are the same.
+def synthetic_prompt(n: int, salt: int, vocab: int) -> list[int]:
+    """``n`` ordinary token ids; prompts of different ``salt`` share no prefix."""
     lo = min(100, vocab // 4)
     return [lo + (i * 7919 + salt * 104729) % max(1, vocab - lo) for i in range(n)]
 
@@ -102,7 +102,8 @@ def _num_output_tokens(engine: Any, request_id: str) -> int:
     return int(engine.requests[request_id].num_output_tokens)
 
 
-def _drain(engine: Any) -> None:
+def abort_all(engine: Any) -> None:
+    """Abort every request the engine holds (between measurements)."""
     for rid in list(engine.requests):
         engine.abort_request(rid)
 
@@ -120,9 +121,9 @@ def time_prefill(engine: Any, n: int, reps: int, vocab: int, salt: _Salt) -> flo
     """Median seconds of a step that prefills one prompt of ``n`` tokens."""
     times = []
     for _ in range(reps):
-        engine.add_request(f"prefill-{salt()}", _prompt(n, salt.n, vocab), SamplingParams(max_tokens=1))
+        engine.add_request(f"prefill-{salt()}", synthetic_prompt(n, salt.n, vocab), SamplingParams(max_tokens=1))
         times.append(_median_step(engine, 1))
-        _drain(engine)
+        abort_all(engine)
     return statistics.median(times)
 
 
@@ -143,11 +144,11 @@ def time_decode(engine: Any, batch: int, context: int, steps: int, vocab: int, s
     (``decode_prompt_lens``: the timed steps straddle ``context``)."""
     params = SamplingParams(max_tokens=steps + 4, ignore_eos=True)
     for n in decode_prompt_lens(batch, context, steps):
-        engine.add_request(f"decode-{salt()}", _prompt(n, salt.n, vocab), params)
+        engine.add_request(f"decode-{salt()}", synthetic_prompt(n, salt.n, vocab), params)
     while any(r.num_output_tokens == 0 for r in engine.requests.values()):
         engine.step()  # every prefill first (several may share a step)
     t = _median_step(engine, steps)
-    _drain(engine)
+    abort_all(engine)
     return t
 
 
@@ -163,7 +164,7 @@ def measure_grid(engine: Any, grid: ProfileGrid, vocab: int) -> dict[str, Any]:
     the whole grid (a neighbor's load that comes and goes hits the sweeps unevenly),
     then smoothed by a least-squares fit of the engine's cost model when ``fit``."""
     salt = _Salt()
-    engine.add_request("warm-up", _prompt(16, 0, vocab), SamplingParams(max_tokens=3, ignore_eos=True))
+    engine.add_request("warm-up", synthetic_prompt(16, 0, vocab), SamplingParams(max_tokens=3, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
     contexts = list(grid.decode_contexts)
@@ -420,12 +421,12 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
         for srv in servers:
             for _ in range(grid.co_running):
                 k += 1
-                rid, p = f"co-{k}", _prompt(32, k, vocab)
+                rid, p = f"co-{k}", synthetic_prompt(32, k, vocab)
                 srv.call(functools.partial(srv.engine.add_request, rid, p, long_run))
         for n in grid.migration_lengths:
             for _ in range(grid.migration_repeats):
                 k += 1
-                rid, p = f"mig-{k}", _prompt(n, k, vocab)
+                rid, p = f"mig-{k}", synthetic_prompt(n, k, vocab)
                 src.call(functools.partial(src.engine.add_request, rid, p, long_run))
                 deadline = time.time() + 300
                 while src.call(functools.partial(_num_output_tokens, src.engine, rid)) < 2:

@@ -380,7 +380,7 @@ def measure_overhead(model: str, num_requests: int, max_tokens: int, engine: dic
         # shared machine's speed hits all paths alike; per round, gateway - direct.
         times: dict[str, list[float]] = {"direct": [], "gateway": [], "gateway_in_process": []}
         added: dict[str, list[float]] = {"gateway": [], "gateway_in_process": []}
-        with _gateway_process() as url_own, _gateway(cluster, tok) as url_in, httpx.Client(timeout=60) as c:
+        with _gateway_process() as url_own, inprocess_gateway(cluster, tok) as url_in, httpx.Client(timeout=60) as c:
             name = c.get(f"{url_own}/v1/models").json()["data"][0]["id"]
             body = {"model": name, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
                     "temperature": 0}
@@ -460,8 +460,8 @@ class _gateway_process:  # noqa: N801 - a context manager used like a function
             self.proc.kill()
 
 
-def _gateway(cluster: Any, tokenizer: Any) -> Any:
-    """The in-process gateway over ``cluster`` (``with _gateway(...) as url``)."""
+def inprocess_gateway(cluster: Any, tokenizer: Any) -> Any:
+    """The in-process gateway over ``cluster`` (``with inprocess_gateway(...) as url``)."""
     from llumnix.cluster.backend import ClusterBackend
     from llumnix.gateway.inprocess import InProcessGateway
 
