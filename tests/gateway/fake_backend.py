@@ -8,7 +8,7 @@ from typing import Any
 
 from llumnix.core.batch import RequestOutput
 from llumnix.core.sampling_params import SamplingParams
-from llumnix.gateway.backend import GenerateRequest
+from llumnix.core.wire import GenerateRequest
 from tests.engine.helpers import make_engine
 
 

@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from llumnix.core.sampling_params import SamplingParams  # noqa: E402
-from llumnix.gateway.backend import GenerateRequest  # noqa: E402
+from llumnix.core.wire import GenerateRequest  # noqa: E402
 
 TOKEN = b"test-processes-token"
 ENGINE = {"num_blocks": 256, "block_size": 4, "max_num_seqs": 8}

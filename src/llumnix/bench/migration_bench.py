@@ -42,7 +42,7 @@ from typing import Any
 from llumnix.bench.machine import machine_info, write_result
 from llumnix.core.errors import LlumnixError
 from llumnix.core.sampling_params import SamplingParams
-from llumnix.gateway.backend import GenerateRequest
+from llumnix.core.wire import GenerateRequest
 
 LENGTHS = (256, 512, 1024, 2048, 4096)
 TRANSPORTS = ("tcp", "gloo", "ray")

@@ -349,7 +349,7 @@ def measure_overhead(model: str, num_requests: int, max_tokens: int, engine: dic
 
     from llumnix.cluster.launcher import ClusterConfig, start_cluster
     from llumnix.core.sampling_params import SamplingParams
-    from llumnix.gateway.backend import GenerateRequest
+    from llumnix.core.wire import GenerateRequest
 
     cluster = start_cluster(ClusterConfig(model=model, instances=1, engine=engine,
                                           namespace=f"overhead-{time.time_ns()}"))

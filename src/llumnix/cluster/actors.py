@@ -15,7 +15,7 @@ import ray
 
 from llumnix.core.batch import RequestOutput
 from llumnix.core.status import InstanceStatus
-from llumnix.gateway.backend import GenerateRequest
+from llumnix.core.wire import GenerateRequest
 from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, SchedulingConfig
 
 LLUMSCHED_NAME = "llumnix-llumsched"

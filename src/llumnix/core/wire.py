@@ -1,0 +1,36 @@
+"""What crosses from the HTTP gateway to whatever serves requests (one engine in this
+process, or a cluster of instances): the request, and the tokenizer both sides use."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from llumnix.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int
+    arrival_time: float
+    admit_by: float | None = None
+    """Wall-clock time after which an instance refuses this request when LlumSched
+    forwards it: a gateway that stopped waiting for LlumSched by then places the request
+    itself, so a late forward must not start a second copy."""
+    client: str = ""
+    """The gateway whose outbox gets this request's outputs (``Request.client``)."""
+    epoch: int = 0
+    """How many times the gateway has resumed it after an instance failure (``Request.epoch``)."""
+
+
+class TokenizerLike(Protocol):
+    eos_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]],
+                            add_generation_prompt: bool = True) -> str: ...

@@ -1,0 +1,91 @@
+"""Answering a prepared response: streamed (SSE), or whole once every choice finished,
+stopping the work when the client goes away."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import Request
+
+from llumnix.core.errors import InvalidRequestError, LlumnixError
+from llumnix.gateway.choices import Reply, merge_choices
+from llumnix.gateway.context import GatewayContext
+from llumnix.gateway.errors import error_response
+from llumnix.gateway.formatting import EchoLogprob, TokenLogprob, echo_entries, response_body, usage
+from llumnix.gateway.protocol import now_s
+from llumnix.gateway.streaming import sse_events
+
+
+async def respond(ctx: GatewayContext, request: Request, reply: Reply) -> Response:
+    if reply.stream:
+        return StreamingResponse(sse_events(ctx, reply), media_type="text/event-stream")
+    # Not streamed: nothing is sent until the end, so a client that gives up (a
+    # timeout) is noticed only by watching for its disconnect; then its requests stop.
+    work = asyncio.ensure_future(complete(ctx, reply))
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the handler itself stopped (shutdown): so does the work
+        work.cancel()
+        watch.cancel()
+        raise
+    watch.cancel()
+    if not work.done():
+        work.cancel()  # each choice's run_choice aborts its request and frees its KV
+        await asyncio.gather(work, return_exceptions=True)
+        return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
+    return work.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away. The body has been read, so the next ASGI
+    message is the disconnect: waiting for it costs nothing (no polling)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def complete(ctx: GatewayContext, reply: Reply) -> Response:
+    """The whole answer: every choice's text, finish reason and logprobs, and the usage."""
+    n = len(reply.gens)
+    pieces: list[list[str]] = [[reply.prefix] for _ in range(n)]
+    reasons: list[str | None] = ["length" if reply.echo_only else None] * n
+    n_outs = [0] * n
+    lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
+    prompt_lps: list[list[TokenLogprob] | None] = [None] * n
+    n_cached = 0
+    try:
+        async for i, step in merge_choices(ctx, reply.gens):
+            if i == 0:
+                n_cached = step.num_cached_tokens
+            if step.prompt_logprobs is not None:
+                prompt_lps[i] = step.prompt_logprobs
+            if reply.echo_only:
+                continue
+            pieces[i].append(step.text)
+            lps[i] += step.logprobs
+            reasons[i], n_outs[i] = step.finish_reason, step.num_output_tokens
+    except InvalidRequestError as e:
+        return error_response(400, str(e))
+    except LlumnixError as e:
+        return error_response(503, f"the request failed: {e}", type_="server_error")
+    choices = [_choice(ctx, reply, i, "".join(pieces[i]), reasons[i], lps[i], prompt_lps[i]) for i in range(n)]
+    body = response_body(reply.response_id, ctx.model_name, now_s(), choices, chat=reply.chat)
+    body["usage"] = usage(len(reply.gens[0].prompt_token_ids), sum(n_outs), n_cached)
+    return JSONResponse(body)
+
+
+def _choice(ctx: GatewayContext, reply: Reply, i: int, text: str, reason: str | None,
+            lps: list[TokenLogprob], prompt_lps: list[TokenLogprob] | None) -> dict[str, Any]:
+    fmt = ctx.logprob_format(reply.as_ids)
+    want_lp = reply.wants_logprobs
+    if reply.chat:
+        return {"index": i, "message": {"role": "assistant", "content": text},
+                "logprobs": fmt.chat(lps) if want_lp else None, "finish_reason": reason}
+    entries: list[EchoLogprob] = list(lps)
+    offset = len(reply.prefix)
+    if prompt_lps is not None:  # echo: the prompt's tokens lead, from offset 0
+        entries = [*echo_entries(reply.gens[i].prompt_token_ids, prompt_lps), *entries]
+        offset = 0
+    return {"index": i, "text": text, "finish_reason": reason,
+            "logprobs": fmt.completion(entries, offset)[0] if want_lp else None}

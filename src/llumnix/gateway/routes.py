@@ -1,0 +1,98 @@
+"""The OpenAI routes (completions, chat, models), vLLM's /tokenize and /detokenize, and
+the probes (/health, /metrics)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+
+from llumnix.core.errors import InvalidRequestError
+from llumnix.gateway.context import context
+from llumnix.gateway.prepare import check_model, prepare
+from llumnix.gateway.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    now_s,
+)
+from llumnix.gateway.respond import respond
+from llumnix.gateway.tokens import decode, encode_chat, encode_prompt
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+@router.get("/health", response_model=None)
+async def health(request: Request) -> dict[str, Any] | JSONResponse:
+    state = await context(request).backend.health()
+    # Probes and load balancers read the status code: 503 while no instance can serve.
+    return state if state.get("status") == "ok" else JSONResponse(state, status_code=503)
+
+
+@router.get("/metrics")
+async def prometheus(request: Request) -> Response:
+    ctx = context(request)
+    try:
+        ctx.metrics.observe_cluster(await ctx.backend.cluster_info())
+    except Exception as e:  # noqa: BLE001 - the gateway's own metrics are still worth serving
+        log.warning("cluster metrics unavailable: %s", e)
+    return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    ctx = context(request)
+    return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": now_s(),
+                                        "owned_by": "llumnix", "max_model_len": ctx.backend.max_model_len}]}
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    ctx = context(request)
+    if (bad := check_model(ctx, body.model)) is not None:
+        return bad
+    prompt = body.prompt
+    if not prompt:
+        raise InvalidRequestError("prompt must not be empty", "prompt")
+    ids = encode_prompt(ctx, prompt) if isinstance(prompt, str) else list(prompt)
+    reply = prepare(ctx, body, ids, request)
+    if body.echo:
+        reply = dataclasses.replace(reply, prefix=prompt if isinstance(prompt, str) else decode(ctx, ids))
+    return await respond(ctx, request, reply)
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+    ctx = context(request)
+    if (bad := check_model(ctx, body.model)) is not None:
+        return bad
+    return await respond(ctx, request, prepare(ctx, body, encode_chat(ctx, body.messages), request))
+
+
+@router.post("/tokenize", response_model=None)
+async def tokenize(body: TokenizeRequest, request: Request) -> Response:
+    """vLLM's: the token ids the server would prefill for this prompt or chat."""
+    ctx = context(request)
+    if (bad := check_model(ctx, body.model)) is not None:
+        return bad
+    if body.messages is not None:
+        ids = encode_chat(ctx, body.messages)
+    else:
+        ids = encode_prompt(ctx, body.prompt or "", add_special_tokens=body.add_special_tokens)
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": ctx.backend.max_model_len})
+
+
+@router.post("/detokenize", response_model=None)
+async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
+    ctx = context(request)
+    if (bad := check_model(ctx, body.model)) is not None:
+        return bad
+    if any(not 0 <= t < ctx.backend.vocab_size for t in body.tokens):
+        raise InvalidRequestError("token ids must be in [0, vocab size)", "tokens")
+    return JSONResponse({"prompt": decode(ctx, body.tokens)})

@@ -1,0 +1,82 @@
+"""A streamed response as server-sent events: one chunk per choice step, an optional
+usage chunk, then ``[DONE]``."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from llumnix.core.errors import LlumnixError
+from llumnix.gateway.choices import Reply, merge_choices
+from llumnix.gateway.context import GatewayContext
+from llumnix.gateway.formatting import EchoLogprob, TokenLogprob, echo_entries, response_body, sse, usage
+from llumnix.gateway.protocol import now_s
+
+
+class _Chunks:
+    """The chunks of one streamed response; keeps each choice's ``text_offset`` of its next token."""
+
+    def __init__(self, ctx: GatewayContext, reply: Reply) -> None:
+        self.reply = reply
+        self.model = ctx.model_name
+        self.fmt = ctx.logprob_format(reply.as_ids)
+        self.created = now_s()
+        self.scoring = reply.gens[0].params.prompt_logprobs is not None  # set by an echo with logprobs only
+        self.pos = [0 if self.scoring else len(reply.prefix)] * len(reply.gens)
+
+    def choice(self, i: int, text: str, reason: str | None, *, first: bool = False,
+               lps: list[TokenLogprob] | None = None, echo_lps: list[EchoLogprob] | None = None) -> str:
+        choice: dict[str, Any]
+        if self.reply.chat:
+            delta: dict[str, str] = {"role": "assistant"} if first else {}
+            if text:
+                delta["content"] = text
+            choice = {"index": i, "delta": delta, "finish_reason": reason,
+                      "logprobs": self.fmt.chat(lps) if lps else None}
+        else:
+            entries: Sequence[EchoLogprob] = echo_lps or lps or ()
+            lp = None
+            if entries:
+                lp, self.pos[i] = self.fmt.completion(entries, self.pos[i])
+            choice = {"index": i, "text": text, "finish_reason": reason, "logprobs": lp}
+        return sse(self._body([choice]))
+
+    def usage(self, num_output_tokens: int, num_cached_tokens: int) -> str:
+        body = self._body([])
+        body["usage"] = usage(len(self.reply.gens[0].prompt_token_ids), num_output_tokens, num_cached_tokens)
+        return sse(body)
+
+    def _body(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return response_body(self.reply.response_id, self.model, self.created, choices,
+                             chat=self.reply.chat, chunk=True)
+
+
+async def sse_events(ctx: GatewayContext, reply: Reply) -> AsyncIterator[str]:
+    """A chat choice opens with its role, an echo with its prompt; an echo with logprobs
+    sends its prompt chunk once the prompt's logprobs arrive (with the first output),
+    carrying them."""
+    chunks, gens = _Chunks(ctx, reply), reply.gens
+    if (reply.chat or reply.prefix) and not chunks.scoring:
+        for i in range(len(gens)):
+            yield chunks.choice(i, reply.prefix, None, first=True)
+    n_outs = [0] * len(gens)
+    n_cached = 0
+    opened = [not chunks.scoring] * len(gens)
+    try:
+        async for i, step in merge_choices(ctx, gens):
+            if i == 0:
+                n_cached = step.num_cached_tokens
+            if not opened[i]:
+                opened[i] = True
+                yield chunks.choice(i, reply.prefix, None,
+                                    echo_lps=echo_entries(gens[i].prompt_token_ids, step.prompt_logprobs))
+            if reply.echo_only:
+                if step.finish_reason is not None:
+                    yield chunks.choice(i, "", "length")
+                continue
+            n_outs[i] = step.num_output_tokens
+            yield chunks.choice(i, step.text, step.finish_reason, lps=step.logprobs)
+    except LlumnixError as e:
+        yield sse({"error": {"message": f"the request failed: {e}", "type": "server_error"}})
+    if reply.include_usage:
+        yield chunks.usage(sum(n_outs), n_cached)
+    yield sse("[DONE]")

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import json
+
+from llumnix.core.errors import InvalidRequestError
+from llumnix.gateway.auth import check_key
+from llumnix.gateway.errors import error_response, validation_message
+
+
+def test_error_response_has_openais_shape():
+    r = error_response(404, "no such model", type_="NotFoundError", param="model", code="model_not_found")
+    assert r.status_code == 404
+    assert json.loads(r.body) == {"error": {"message": "no such model", "type": "NotFoundError",
+                                            "param": "model", "code": "model_not_found"}}
+
+
+def test_validation_messages_name_the_parameter_or_the_body():
+    assert validation_message({"type": "value_error", "loc": ("body", "n"), "msg": "Value error, n must be in [1, 16]"},
+                              "application/json") == ("n: n must be in [1, 16]", "n")
+    assert validation_message({"type": "json_invalid", "loc": ("body", 1), "msg": "JSON decode error",
+                               "ctx": {"error": "Expecting value"}}, "application/json") == (
+        "request body is not valid JSON (Expecting value)", None)
+    raised = InvalidRequestError("best_of is not supported", "best_of")
+    assert validation_message({"type": "value_error", "loc": ("body",), "msg": "x", "ctx": {"error": raised}},
+                              "application/json") == ("best_of is not supported", "best_of")
+    message, param = validation_message({"type": "missing", "loc": ("body",), "msg": "Field required"}, "text/plain")
+    assert param is None and message.endswith("sent as application/json (this one came as 'text/plain')")
+
+
+def test_keys_guard_the_api_and_admin_but_not_the_probes():
+    key = b"Bearer k"
+    assert check_key("/health", b"", key, admin_requires_key=False) is None
+    assert check_key("/v1/completions", b"", key, admin_requires_key=False).status_code == 401
+    assert check_key("/v1/completions", key, key, admin_requires_key=False) is None
+    assert check_key("/tokenize", b"Bearer no", key, admin_requires_key=False).status_code == 401
+    assert check_key("/v1/completions", b"", None, admin_requires_key=True) is None
+    assert check_key("/admin/cluster", b"", None, admin_requires_key=True).status_code == 403
