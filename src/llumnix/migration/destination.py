@@ -26,7 +26,7 @@ from llumnix.core.errors import InvalidRequestError, UnknownRequestError
 from llumnix.core.request import Request
 from llumnix.migration.kv_io import block_views, is_viewable, scatter, scratch
 from llumnix.migration.tcp_transport import KVReceiver
-from llumnix.migration.transport import BulkWorker, TransportOptions
+from llumnix.migration.transport import BulkWorker, KVLimits, TransportOptions
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -59,6 +59,12 @@ class DestinationEndpoint:
     @property
     def address(self) -> tuple[str, int]:
         return self.receiver.address
+
+    @property
+    def kv_limits(self) -> KVLimits:
+        """This cache's geometry: the receiver refuses, unread, frames no reservation could take."""
+        eng = self.server.engine
+        return KVLimits(eng.kv.num_total_blocks, eng.executor.bytes_per_block)
 
     def close(self) -> None:
         self._stop.set()

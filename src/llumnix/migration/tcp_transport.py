@@ -20,6 +20,12 @@ Handshake, then frames::
     <- nonce (32 bytes)     -> HMAC(token, nonce)     <- 1     -> b"B" | b"U"
     -> | header_len u32 | header JSON | payload (header["nbytes"] bytes) |
     <- | 1 byte: 1 = written, 0 = refused |
+
+A receiver bounds what a peer can make it hold: a capped number of connections, a
+deadline on the handshake, and (after it) headers and payloads no larger than the
+destination cache's geometry could take; a frame beyond them closes the connection
+unread. Cluster instances bind the node's address (``migration_host``), so sources
+on other hosts can connect.
 """
 from __future__ import annotations
 
@@ -27,14 +33,17 @@ import contextlib
 import hashlib
 import hmac
 import json
+import logging
 import os
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 from llumnix.migration.transport import (
     BulkWorker,
+    KVLimits,
     KVSink,
     KVSource,
     Pacer,
@@ -43,11 +52,16 @@ from llumnix.migration.transport import (
     split,
 )
 
-__all__ = ["KVReceiver", "KVSender", "TCPSender", "TransportError"]
+__all__ = ["KVReceiver", "KVSender", "TCPSender", "TransportError", "migration_host"]
 
+log = logging.getLogger(__name__)
 _U32 = struct.Struct("!I")
 _NONCE = 32
 _BULK, _URGENT = b"B", b"U"
+_HEADER_BASE = 64 << 10  # a header's fields other than its block ids, with room to spare
+_MAX_HEADER = 1 << 20  # for a sink that does not say its geometry
+_WILDCARDS = ("", "0.0.0.0", "::")
+MIGRATION_HOST_ENV = "LLUMNIX_MIGRATION_HOST"
 
 
 def _kernel_timeout(sock: socket.socket, seconds: float | None) -> None:
@@ -131,71 +145,188 @@ def _drain(sock: socket.socket, n: int) -> None:
         n -= k
 
 
+def _recv_by(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """``n`` bytes (a few: the handshake's), all received before ``deadline``."""
+    buf = bytearray(n)
+    got = 0
+    while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TransportError("the handshake timed out")
+        sock.settimeout(left)
+        k = sock.recv_into(memoryview(buf)[got:])
+        if k == 0:
+            raise TransportError("peer closed the connection")
+        got += k
+    return bytes(buf)
+
+
 def _mac(token: bytes, nonce: bytes) -> bytes:
     return hmac.new(token, nonce, hashlib.sha256).digest()
 
 
+def client_handshake(sock: socket.socket, token: bytes, kind: bytes) -> None:
+    """Prove to a receiver that we hold ``token`` and open a ``kind`` (bulk or urgent) connection."""
+    nonce = _recv_bytes(sock, _NONCE)
+    sock.sendall(_mac(token, nonce))
+    if _recv_bytes(sock, 1) != b"\x01":
+        raise TransportError("the receiver refused the handshake")
+    sock.sendall(kind)
+
+
+class _Refused(TransportError):
+    """A frame the receiver will not read: the connection is closed, nothing allocated."""
+
+
+def migration_host(node_ip: str | None = None) -> str:
+    """The address a cluster instance's KV receiver binds and advertises:
+    ``LLUMNIX_MIGRATION_HOST`` if set, else ``node_ip`` (the node's address as Ray sees
+    it, which other nodes can reach), else this host's address on its default route."""
+    return os.environ.get(MIGRATION_HOST_ENV) or node_ip or _route_ip()
+
+
+def _route_ip() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # UDP: no packet is sent, a route is picked
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def max_header_bytes(limits: KVLimits | None) -> int:
+    """The longest header a receiver reads: room for every block id of the cache, as
+    JSON writes a list of them (``", "`` between ids), and for the other fields."""
+    if limits is None:
+        return _MAX_HEADER
+    return _HEADER_BASE + limits.num_blocks * (len(str(max(limits.num_blocks - 1, 0))) + 2)
+
+
+def parse_header(raw: bytes, limits: KVLimits | None) -> tuple[str, list[int], int]:
+    """(request id, block ids, payload bytes) of a frame header, or ``_Refused`` if it is
+    malformed or asks for more than a cache of ``limits`` could ever take."""
+    try:
+        h = json.loads(raw)
+        rid, ids, n = h["request_id"], h["block_ids"], h["nbytes"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise _Refused(f"a malformed header ({e!r})") from e
+    if not isinstance(rid, str) or not isinstance(ids, list) or type(n) is not int or n < 0 \
+            or not all(type(b) is int for b in ids):
+        raise _Refused("a malformed header")
+    if len(set(ids)) != len(ids):
+        raise _Refused("a block id repeated")
+    if limits is not None:
+        if not all(0 <= b < limits.num_blocks for b in ids):
+            raise _Refused(f"a block id outside 0..{limits.num_blocks - 1}")
+        if n > len(ids) * limits.bytes_per_block:
+            raise _Refused(f"{n} bytes for {len(ids)} blocks of {limits.bytes_per_block}")
+    return rid, ids, n
+
+
 class KVReceiver:
-    """Listens on ``host:port`` (0 = any free port) and writes each frame through ``sink``."""
+    """Listens on ``host:port`` (0 = any free port) and writes each frame through ``sink``.
+
+    At most ``options.max_connections`` connections are served, each on its own thread;
+    one that has not authenticated within ``options.handshake_timeout_s`` is dropped.
+    Nothing sized by the peer is allocated before it authenticates, nor after it for a
+    header or payload beyond ``sink.kv_limits`` (``KVLimits``, if the sink has one).
+    Bound to a wildcard (``0.0.0.0``), it advertises this host's routed address."""
 
     def __init__(self, token: bytes, sink: KVSink, host: str = "127.0.0.1", port: int = 0,
                  options: TransportOptions | None = None) -> None:
         self._token = token
         self._sink = sink
         self._options = options or TransportOptions()
-        self._sock = socket.create_server((host, port))
-        self.address: tuple[str, int] = self._sock.getsockname()[:2]
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.create_server((host, port), family=family)
+        bound, bound_port = self._sock.getsockname()[:2]
+        self.address: tuple[str, int] = (_route_ip() if host in _WILDCARDS else bound, bound_port)
         self._closed = False
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self.num_refused = 0
+        """Connections closed on accept because every slot was taken."""
         threading.Thread(target=self._accept, daemon=True, name="kv-receiver").start()
+
+    @property
+    def num_connections(self) -> int:
+        with self._lock:
+            return len(self._conns)
 
     def close(self) -> None:
         """Stop listening and drop every open connection (as a dying process would)."""
-        self._closed = True
-        self._sock.close()
         with self._lock:
+            self._closed = True
             conns, self._conns = list(self._conns), set()
+        self._sock.close()
         for c in conns:
             with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)
             c.close()
 
     def _accept(self) -> None:
-        while not self._closed:
+        while True:
             try:
-                conn, _ = self._sock.accept()
+                conn, peer = self._sock.accept()
             except OSError:
                 return
             with self._lock:
-                self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True, name="kv-conn").start()
+                admit = not self._closed and len(self._conns) < self._options.max_connections
+                if admit:
+                    self._conns.add(conn)
+                else:
+                    self.num_refused += 1
+            if not admit:
+                conn.close()
+                if self.num_refused == 1 or self.num_refused % 1000 == 0:
+                    log.warning("KV receiver %s: all %d connection slots taken; %d connections refused "
+                                "so far (the latest from %s)", self.address, self._options.max_connections,
+                                self.num_refused, peer)
+                continue
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True, name="kv-conn").start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer: Any) -> None:
         try:
             with conn:
-                conn.settimeout(self._options.timeout_s)
-                nonce = os.urandom(_NONCE)
-                conn.sendall(nonce)
-                if not hmac.compare_digest(_recv_bytes(conn, 32), _mac(self._token, nonce)):
+                kind = self._handshake(conn)
+                if kind is None:
                     return  # not one of ours: drop without a word
-                conn.sendall(b"\x01")
-                if _recv_bytes(conn, 1) == _BULK:
+                if kind == _BULK:
                     self._options.lower_bulk_thread()
                 while True:
-                    _kernel_timeout(conn, None)  # idle between migrations; a dead peer closes the socket
-                    (hlen,) = _U32.unpack(_recv_bytes(conn, 4))
-                    _kernel_timeout(conn, self._options.timeout_s)
-                    header = json.loads(_recv_bytes(conn, hlen))
-                    conn.sendall(b"\x01" if self._frame(conn, header) else b"\x00")
-        except (TransportError, OSError, ValueError, KeyError):
+                    rid, ids, n = self._read_header(conn)
+                    conn.sendall(b"\x01" if self._frame(conn, rid, ids, n) else b"\x00")
+        except _Refused as e:
+            log.warning("KV receiver %s: closed the connection from %s: %s", self.address, peer, e)
+        except (TransportError, OSError):
             return
         finally:
             with self._lock:
                 self._conns.discard(conn)
 
-    def _frame(self, conn: socket.socket, header: dict[str, Any]) -> bool:
-        rid, ids, n = str(header["request_id"]), [int(b) for b in header["block_ids"]], int(header["nbytes"])
+    def _handshake(self, conn: socket.socket) -> bytes | None:
+        """The connection's kind (bulk or urgent) once it has proved it holds the token,
+        all within ``handshake_timeout_s`` (a slow trickle of bytes does not extend it);
+        None if it proved otherwise."""
+        deadline = time.monotonic() + self._options.handshake_timeout_s
+        nonce = os.urandom(_NONCE)
+        conn.settimeout(self._options.handshake_timeout_s)
+        conn.sendall(nonce)
+        if not hmac.compare_digest(_recv_by(conn, 32, deadline), _mac(self._token, nonce)):
+            return None
+        conn.sendall(b"\x01")
+        return _recv_by(conn, 1, deadline)
+
+    def _read_header(self, conn: socket.socket) -> tuple[str, list[int], int]:
+        _kernel_timeout(conn, None)  # idle between migrations; a dead peer closes the socket
+        (hlen,) = _U32.unpack(_recv_bytes(conn, 4))
+        _kernel_timeout(conn, self._options.timeout_s)
+        limits: KVLimits | None = getattr(self._sink, "kv_limits", None)
+        if hlen > max_header_bytes(limits):
+            raise _Refused(f"a {hlen}-byte header (at most {max_header_bytes(limits)})")
+        return parse_header(_recv_bytes(conn, hlen), limits)
+
+    def _frame(self, conn: socket.socket, rid: str, ids: list[int], n: int) -> bool:
         pieces = self._sink.begin_write(rid, ids, n)
         if pieces is None:
             _drain(conn, n)
@@ -225,14 +356,10 @@ class TCPSender:
         try:
             sock = socket.create_connection(address, timeout=self._options.timeout_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            nonce = _recv_bytes(sock, _NONCE)
-            sock.sendall(_mac(token, nonce))
-            if _recv_bytes(sock, 1) != b"\x01":
-                raise TransportError("the receiver refused the handshake")
-            sock.sendall(kind)
+            client_handshake(sock, token, kind)
             _kernel_timeout(sock, self._options.timeout_s)
             return sock
-        except OSError as e:
+        except (OSError, TransportError) as e:  # closed at once: a wrong token, or no free slot
             raise TransportError(f"cannot connect to {address}: {e}") from e
 
     def send(self, request_id: str, dst_block_ids: list[int], src: KVSource, *, urgent: bool = False) -> bool:

@@ -45,6 +45,12 @@ class TransportOptions:
     """Any single send, receive or acknowledgement waits at most this long."""
     chunk_bytes: int = 1 << 20
     """Bulk copies go out in pieces of about this size (the pacing unit)."""
+    max_connections: int = 256
+    """A TCP receiver serves at most this many connections at once (each source holds
+    two); further ones are closed on accept, with no thread started for them."""
+    handshake_timeout_s: float = 5.0
+    """A TCP connection that has not authenticated within this long is closed, so idle
+    or slow sockets cannot hold the receiver's connection slots."""
 
     def lower_bulk_thread(self) -> None:
         """Give the calling thread, one dedicated to bulk copies, the bulk priority."""
@@ -149,8 +155,21 @@ def split(views: list[memoryview], chunk: int) -> list[memoryview]:
     return out
 
 
+@dataclass(frozen=True)
+class KVLimits:
+    """A destination cache's geometry: what one write into it can cover at most. A sink
+    may expose it as ``kv_limits``; receivers then refuse, unread, any frame beyond it."""
+
+    num_blocks: int
+    """Blocks in the cache; block ids run from 0 to ``num_blocks - 1``."""
+    bytes_per_block: int
+    """Bytes of one block across all layers (K and V)."""
+
+
 class KVSink(Protocol):
-    """The destination side every receiver writes through (``DestinationEndpoint``)."""
+    """The destination side every receiver writes through (``DestinationEndpoint``).
+    It may also have a ``kv_limits`` attribute (``KVLimits``), which bounds the frames a
+    receiver reads for it."""
 
     def begin_write(self, request_id: str, block_ids: list[int], nbytes: int) -> list[memoryview] | None:
         """Writable pieces (in gather order) for the payload, or None: refused.
