@@ -32,7 +32,8 @@ def cluster(tiny_model_dir):
     # migration timeout 2 s: dead sources' reservations are freed in 4 s. queued_moves: fits
     # makes every migrate_out read its destination's status over Ray (the drains here still
     # move every request: running ones always, queued ones where they start at once).
-    with running_cluster(tiny_model_dir, "ft", instances=4, engine={"num_blocks": 600},
+    # No replacement of lost instances: each test here kills one more, down to none.
+    with running_cluster(tiny_model_dir, "ft", instances=4, engine={"num_blocks": 600}, replace_lost_instances=False,
                          migration={"timeout_s": 2.0},
                          scheduling={"rescheduling": {"queued_moves": "fits"}}) as c:
         yield c

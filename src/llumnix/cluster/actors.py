@@ -9,16 +9,22 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import ray
 
 from llumnix.core.batch import RequestOutput
+from llumnix.core.errors import LlumnixError
 from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest
 from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, SchedulingConfig
 
 LLUMSCHED_NAME = "llumnix-llumsched"
+HISTORY = 1000
+"""Migration reports and scaling events LlumSched keeps (the counts are kept in full)."""
+SCALED_IN = "scaled in"
+"""``remove_instance``'s reason for a planned stop: the one loss that is not replaced."""
 log = logging.getLogger(__name__)
 
 
@@ -46,6 +52,7 @@ class InstanceActor:
         from llumnix.llm import LLM
         from llumnix.migration import MigrationConfig
         from llumnix.migration.destination import DestinationEndpoint
+        from llumnix.migration.tcp_transport import migration_host
         from llumnix.migration.transport import TransportOptions
         from llumnix.migration.transports import check_transport
 
@@ -63,9 +70,10 @@ class InstanceActor:
         self.transport = check_transport(mig.pop("transport", "tcp"))
         self.transport_options = TransportOptions(**mig.pop("transport_options", {}))
         self.migration_config = MigrationConfig(**mig)
+        node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self.endpoint = DestinationEndpoint(self.server, token,
                                             reservation_timeout_s=2 * self.migration_config.timeout_s,
-                                            options=self.transport_options)
+                                            host=migration_host(node_ip), options=self.transport_options)
         self._senders: dict[tuple[str, str], Any] = {}
         self._migrating = threading.Lock()
         self._closed = False  # set by close_if_idle: a stopping instance takes no new work
@@ -313,7 +321,8 @@ class LlumSchedActor:
         self.num_dispatched = 0
         self.handles: dict[str, Any] = {}
         self._in_flight: dict[str, Any] = {}  # source instance -> ObjectRef of its migrate_out
-        self.migrations: list[dict[str, Any]] = []
+        self.migrations: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self.num_committed = self.num_aborted = self.num_blocks_sent = self.num_blocks_adopted = 0
         self._interval = reschedule_interval_s
         self.health_timeout_s = 2.0
         self._name = name
@@ -322,7 +331,17 @@ class LlumSchedActor:
         self._removed: set[str] = set()  # dead or stopped: a late push must not revive them
         self._scaling_in: dict[str, float] = {}  # victim -> when it was marked terminating
         self._relearn: set[str] = set()  # terminating instances first heard of after a restart
-        self.scaling_events: list[dict[str, Any]] = []
+        self.scaling_events: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self._started_at = time.time()
+        self._target = int((instance_spec or {}).get("num_instances", 0))
+        """The configured instance count: lost instances are replaced up to it."""
+        self._armed = False
+        self._replace_lost_instances = bool((instance_spec or {}).get("replace_lost", False))
+        self._lost: deque[float] = deque()  # when each not yet replaced instance was lost
+        self._replacing: dict[str, float] = {}  # new instance id -> when the one it replaces was lost
+        self._next_replace = 0.0
+        self.replace_backoff_s = 5.0
+        self.num_replaced = 0
         threading.Thread(target=self._reschedule_loop, daemon=True, name="rescheduler").start()
 
     def register(self, status: InstanceStatus, handle: Any = None) -> None:
@@ -346,6 +365,9 @@ class LlumSchedActor:
                 self.store.remove(instance_id)
         if known:
             log.warning("instance %s removed (%s)", instance_id, reason)
+            if reason != SCALED_IN:
+                with self._lock:
+                    self._lost.append(time.time())
         return known
 
     def model_source(self) -> str | None:
@@ -370,6 +392,67 @@ class LlumSchedActor:
         with self._lock:
             self.gs.mark_terminating(instance_id)
         return {"instance_id": instance_id, "draining": True}
+
+    def undrain(self, instance_id: str) -> dict[str, Any]:
+        """Undo a drain (or a scale-in still under way): the instance takes requests again."""
+        handle = self.handles.get(instance_id)
+        if handle is None:
+            raise KeyError(f"no instance {instance_id!r}")
+        ray.get(handle.set_terminating.remote(False), timeout=10)
+        with self._lock:
+            self._scaling_in.pop(instance_id, None)
+            self.gs.unmark_terminating(instance_id)
+        return {"instance_id": instance_id, "draining": False}
+
+    def capacity(self) -> dict[str, Any]:
+        """What /health compares with: the instance count to keep, and the instances
+        serving (schedulable, not terminating) or being started in place of lost ones."""
+        with self._lock:
+            serving = sorted(iid for iid, s in self.gs.statuses.items()
+                             if s.is_schedulable and not s.is_terminating and iid in self.handles)
+            return {"target": self._capacity_target(), "serving": serving, "replacing": sorted(self._replacing)}
+
+    def _capacity_target(self) -> int:
+        scaling = self.gs.config.scaling
+        return scaling.min_instances if scaling.enabled else self._target
+
+    def _replace_lost(self) -> None:
+        """Start an instance in place of each lost one, up to the configured count. Armed
+        once the cluster was whole (or, after a restart of this actor, once it has heard
+        from instances for a while), so a cluster still loading its models is left alone."""
+        if not self._replace_lost_instances:
+            return
+        now = time.time()
+        with self._lock:
+            target = self._capacity_target()
+            have = len(self.handles)
+            if not self._armed:
+                self._armed = have >= target > 0 or (have > 0 and now - self._started_at > 30.0)
+            missing = target - have - len(self._replacing)
+            if not self._armed or missing <= 0 or now < self._next_replace:
+                return
+            iid = self._new_instance_id()
+            self._replacing[iid] = self._lost.popleft() if self._lost else now
+        threading.Thread(target=self._replace, args=(iid,), daemon=True, name="replace").start()
+
+    def _replace(self, iid: str) -> None:
+        try:
+            self._launch(iid)
+        except Exception as e:  # noqa: BLE001 - tried again after the backoff
+            log.warning("replacing a lost instance with %s failed: %s", iid, e)
+            self.scaling_events.append({"time": time.time(), "kind": "replace-failed", "instance_id": iid,
+                                        "reason": str(e)})
+            with self._lock:
+                self._lost.appendleft(self._replacing.pop(iid))
+                self._next_replace = time.time() + self.replace_backoff_s
+            return
+        with self._lock:
+            lost_at = self._replacing.pop(iid)
+            self.num_replaced += 1
+        seconds = time.time() - lost_at
+        log.warning("instance %s replaces a lost instance; serving %.1f s after the loss", iid, seconds)
+        self.scaling_events.append({"time": time.time(), "kind": "replaced", "instance_id": iid,
+                                    "seconds_to_serve": seconds})
 
     def _health_check(self) -> None:
         """Pull, as a fallback to the pushes: an instance silent for too long is asked
@@ -403,6 +486,7 @@ class LlumSchedActor:
                 if time.time() - last_health > self.health_timeout_s:
                     last_health = time.time()
                     self._health_check()
+                self._replace_lost()
                 self._reschedule_round()
                 if self.gs.config.scaling.enabled:
                     self._autoscale()
@@ -485,30 +569,42 @@ class LlumSchedActor:
                     continue
             except ray.exceptions.RayActorError:
                 pass  # already gone: nothing to stop
-            self.remove_instance(iid, "scaled in")
+            self.remove_instance(iid, SCALED_IN)
             self.scaling_events.append({"time": time.time(), "kind": "stopped", "instance_id": iid})
             if handle is not None:
                 with contextlib.suppress(Exception):
                     ray.get(handle.shutdown.remote(), timeout=10)
                 ray.kill(handle)
 
+    def _new_instance_id(self) -> str:
+        """The next ``instance-N`` no instance has had (called under the lock)."""
+        used = [int(i.rsplit("-", 1)[1]) for i in (*self.handles, *self._removed, *self._replacing)
+                if i.rsplit("-", 1)[-1].isdigit()]
+        iid = f"instance-{max(used, default=-1) + 1}"
+        self._removed.discard(iid)
+        return iid
+
     def _start_instance(self) -> None:
+        with self._lock:
+            iid = self._new_instance_id()
+        try:
+            self._launch(iid)
+        except Exception as e:  # noqa: BLE001 - the scheduler may try again after its cooldown
+            self._scale_out_failed(iid, str(e))
+            return
+        self.scaling_events.append({"time": time.time(), "kind": "started", "instance_id": iid})
+
+    def _launch(self, iid: str) -> None:
+        """Start instance ``iid`` and register it once it serves; raises if it cannot."""
         spec = self._spec
         if spec is None:
-            self._scale_out_failed("a new instance", "no instance spec")
-            return
-        with self._lock:
-            used = [int(i.rsplit("-", 1)[1]) for i in (*self.handles, *self._removed)
-                    if i.rsplit("-", 1)[-1].isdigit()]
-            iid = f"instance-{max(used, default=-1) + 1}"
-            self._removed.discard(iid)
+            raise LlumnixError("no instance spec")
         gpus = float(spec.get("num_gpus", 0))
         free = float(ray.available_resources().get("GPU", 0)) if gpus else 0.0  # type: ignore[no-untyped-call]
         if gpus > free + 1e-9:
             # Ray would keep the actor pending until start_timeout_s; refuse now and let
-            # the scheduler try again after its cooldown (a GPU may be free by then).
-            self._scale_out_failed(iid, f"it needs {gpus:g} GPU and {free:g} are free")
-            return
+            # the caller try again later (a GPU may be free by then).
+            raise LlumnixError(f"it needs {gpus:g} GPU and {free:g} are free")
         handle = None
         try:
             # Detached, so it outlives a restart of this actor (its owner).
@@ -519,12 +615,11 @@ class LlumSchedActor:
             ray.get(handle.ready.remote(), timeout=float(spec.get("start_timeout_s", 300)))
             status = ray.get(handle.status.remote(), timeout=30)
             self.register(status, handle)
-            self.scaling_events.append({"time": time.time(), "kind": "started", "instance_id": iid})
-        except Exception as e:  # noqa: BLE001 - the scheduler may try again after its cooldown
-            self._scale_out_failed(iid, str(e))
+        except Exception:
             if handle is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(handle)
+            raise
 
     def _scale_out_failed(self, iid: str, why: str) -> None:
         log.warning("auto-scaling: starting %s failed: %s", iid, why)
@@ -536,9 +631,17 @@ class LlumSchedActor:
         done = [k for k, ref in self._in_flight.items() if ray.wait([ref], timeout=0)[0]]
         for k in done:
             try:
-                self.migrations.extend(ray.get(self._in_flight.pop(k)))
+                reports = ray.get(self._in_flight.pop(k))
             except Exception as e:  # noqa: BLE001 - a dead source: recorded as a failed round
-                self.migrations.append({"committed": False, "abort_reason": repr(e)})
+                reports = [{"committed": False, "abort_reason": repr(e)}]
+            for m in reports:
+                if m.get("committed"):
+                    self.num_committed += 1
+                    self.num_blocks_sent += int(m.get("num_blocks", 0))
+                    self.num_blocks_adopted += int(m.get("num_blocks_cached", 0))
+                else:
+                    self.num_aborted += 1
+            self.migrations.extend(reports)
 
     def update_status(self, status: InstanceStatus, handle: Any = None) -> None:
         with self._lock:
@@ -579,26 +682,28 @@ class LlumSchedActor:
 
         with self._lock:
             fcfg = self.gs.config.freeness
-            committed = [m for m in self.migrations if m.get("committed")]
+            downtimes = [m["downtime"] for m in self.migrations if m.get("committed")]
             index = self.gs.prefix_index
             return {"dispatch_policy": self.gs.config.dispatch.policy,
                     "prefix_affinity": index is not None,
                     "num_dispatched": self.num_dispatched,
-                    "migrations": {"committed": len(committed),
-                                   "aborted": len(self.migrations) - len(committed),
+                    "migrations": {"committed": self.num_committed,
+                                   "aborted": self.num_aborted,
                                    "in_flight": sorted(self._in_flight),
-                                   "blocks_sent": sum(int(m.get("num_blocks", 0)) for m in committed),
-                                   "blocks_adopted": sum(int(m.get("num_blocks_cached", 0)) for m in committed),
-                                   "downtime_s": [m["downtime"] for m in committed][-20:],
-                                   "all_downtimes_s": [m["downtime"] for m in committed],
+                                   "blocks_sent": self.num_blocks_sent,
+                                   "blocks_adopted": self.num_blocks_adopted,
+                                   "downtime_s": downtimes[-20:],
+                                   "recent_downtimes_s": downtimes,
                                    "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id",
                                                                      "dst_instance_id", "committed",
                                                                      "abort_reason", "end_time")}
-                                              for m in self.migrations[-50:]]},
+                                              for m in list(self.migrations)[-50:]]},
                     "scaling": {"enabled": self.gs.config.scaling.enabled,
                                 "num_starting": self.gs.num_starting,
                                 "draining": sorted(self._scaling_in),
-                                "events": self.scaling_events[-50:]},
+                                "events": list(self.scaling_events)[-50:]},
+                    "capacity": {"target": self._capacity_target(), "num_replaced": self.num_replaced,
+                                 "replacing": sorted(self._replacing)},
                     "instances": [{"instance_id": s.instance_id, "freeness": freeness(s, fcfg),
                                    "num_running": s.num_running, "num_waiting": s.num_waiting,
                                    "num_used_blocks": s.num_used_blocks,

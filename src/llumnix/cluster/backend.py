@@ -85,6 +85,8 @@ class ClusterBackend:
                  tokenizer: TokenizerLike) -> None:
         self.llumsched = llumsched
         self.instances = dict(instances)
+        self.num_configured = len(instances)
+        """The instances this gateway started with: /health's target when LlumSched is down."""
         self.model_name = info["model"]
         self.max_model_len = int(info["max_model_len"])
         self.vocab_size = int(info["vocab_size"])
@@ -447,13 +449,27 @@ class ClusterBackend:
 
     # -- admin ------------------------------------------------------------------------
     async def health(self) -> dict[str, Any]:
-        states = {}
-        for iid, actor in list(self.instances.items()):
+        """Readiness: "ok" only while as many instances serve (alive, schedulable, not
+        draining) as the cluster is configured to keep; "degraded" below that (a lost
+        instance not yet replaced, a drain), "unavailable" with none. Without LlumSched
+        the gateway compares with the instances it started with."""
+        async def alive(actor: Any) -> bool:
             try:
-                states[iid] = bool(await asyncio.wait_for(actor.health.remote(), 2.0))
+                return bool(await asyncio.wait_for(actor.health.remote(), 2.0))
             except Exception:  # noqa: BLE001 - an unreachable instance is unhealthy
-                states[iid] = False
-        return {"status": "ok" if any(states.values()) else "unavailable", "instances": states}
+                return False
+
+        ids = list(self.instances)
+        states = dict(zip(ids, await asyncio.gather(*(alive(self.instances[i]) for i in ids)), strict=True))
+        try:
+            cap = await asyncio.wait_for(self.llumsched.capacity.remote(), 2.0)
+            target, listed, replacing = int(cap["target"]), set(cap["serving"]), list(cap["replacing"])
+        except Exception:  # noqa: BLE001 - LlumSched down or restarting: judge from here
+            target, listed, replacing = self.num_configured, set(ids) - self._terminating, []
+        serving = sorted(i for i in listed if states.get(i))
+        status = "unavailable" if not serving else "ok" if len(serving) >= target else "degraded"
+        return {"status": status, "instances": states, "serving": serving, "target": target,
+                "replacing": replacing}
 
     async def cluster_info(self) -> dict[str, Any]:
         info = dict(await asyncio.wait_for(self.llumsched.cluster_info.remote(), 5.0))
@@ -468,3 +484,8 @@ class ClusterBackend:
         if instance_id not in self.instances:
             raise InvalidRequestError(f"no instance {instance_id!r}", "instance_id")
         return await asyncio.wait_for(self.llumsched.drain.remote(instance_id), 15.0)
+
+    async def undrain_instance(self, instance_id: str) -> dict[str, Any]:
+        if instance_id not in self.instances:
+            raise InvalidRequestError(f"no instance {instance_id!r}", "instance_id")
+        return await asyncio.wait_for(self.llumsched.undrain.remote(instance_id), 15.0)

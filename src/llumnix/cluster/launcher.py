@@ -43,6 +43,9 @@ class ClusterConfig:
     """GPUs Ray reserves for each instance actor. None: 1 when the engine's device is
     CUDA, else 0. Ray then sets each actor's CUDA_VISIBLE_DEVICES to its own GPU(s), so
     every instance uses device ``cuda`` (its first visible GPU); 0.5 packs two on one GPU."""
+    replace_lost_instances: bool = True
+    """Start a fresh instance in place of one that died (its requests resume on the others
+    meanwhile), so the cluster returns to ``instances``."""
 
 
 def instance_gpus(engine: dict[str, Any], gpus_per_instance: float | None = None) -> float:
@@ -117,7 +120,7 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     gpus = instance_gpus(cfg.engine, cfg.gpus_per_instance)
     spec = {"model": cfg.model, "engine": dict(cfg.engine), "scheduling": sched_cfg,
             "threads": cfg.threads_per_instance, "token": token, "migration": dict(cfg.migration),
-            "num_gpus": gpus}
+            "num_gpus": gpus, "num_instances": cfg.instances, "replace_lost": cfg.replace_lost_instances}
     check_gpu_capacity(cfg.instances, gpus, ray_gpus())
     # (Ray's stubs do not know a decorated class's .options(): hence the ignores.)
     llumsched = LlumSchedActor.options(name=cfg.llumsched_name, num_cpus=0, max_restarts=-1,  # type: ignore[attr-defined]

@@ -88,9 +88,13 @@ class GatewayMetrics:
         if mig:
             self.migrations.labels(model_name=name, outcome="committed").set(mig["committed"])
             self.migrations.labels(model_name=name, outcome="aborted").set(mig["aborted"])
-            for d in mig.get("all_downtimes_s", [])[self._downtimes_seen:]:
+            # LlumSched keeps the last HISTORY downtimes; observe those committed since the
+            # last scrape (a LlumSched restart starts the count again).
+            num_new = mig["committed"] - self._downtimes_seen
+            recent = mig.get("recent_downtimes_s", [])
+            for d in recent[len(recent) - min(num_new, len(recent)):] if num_new > 0 else ():
                 self.downtime.labels(model_name=name).observe(d)
-            self._downtimes_seen = len(mig.get("all_downtimes_s", []))
+            self._downtimes_seen = mig["committed"]
 
     def labels(self, metric: M) -> M:
         return metric.labels(model_name=self.model_name)

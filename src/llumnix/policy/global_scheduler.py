@@ -92,6 +92,14 @@ class GlobalScheduler:
         if s is not None:
             self._set(self._marked(s))
 
+    def unmark_terminating(self, instance_id: str) -> None:
+        """Undo a drain: dispatch may choose the instance again once its own report says
+        it is no longer terminating (or at once, when it never said so)."""
+        self._terminating.discard(instance_id)
+        s = self.statuses.get(instance_id)
+        if s is not None and s.is_terminating:
+            self._set(dataclasses.replace(s, is_terminating=False))
+
     def set_schedulable(self, instance_id: str, ok: bool) -> None:
         """The health check's verdict on a silent instance (until its next report)."""
         s = self.statuses.get(instance_id)

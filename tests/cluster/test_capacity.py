@@ -1,0 +1,92 @@
+"""Lost capacity comes back (issue 28, finding 2): a killed instance is replaced up to the
+configured count, /health says "ok" only while that many instances serve, and a drain can
+be undone."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from tests.cluster.helpers import StreamResult, running_cluster, stream_completion, wait_idle, where_is
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir):
+    with running_cluster(tiny_model_dir, "cap", instances=2, engine={"num_blocks": 400}) as c:
+        yield c
+
+
+def _health(url: str) -> tuple[int, dict]:
+    r = httpx.get(f"{url}/health", timeout=10)
+    return r.status_code, r.json()
+
+
+def _wait_health(url: str, want: str, timeout: float = 20.0) -> tuple[int, dict]:
+    deadline = time.time() + timeout
+    while True:
+        code, h = _health(url)
+        if h["status"] == want or time.time() > deadline:
+            return code, h
+        time.sleep(0.1)
+
+
+def test_a_drained_instance_makes_health_degraded_until_undrained(server, cluster):
+    url, _ = server
+    code, h = _health(url)
+    assert (code, h["status"], h["target"]) == (200, "ok", 2)
+    ray.get(cluster.llumsched.drain.remote("instance-0"), timeout=10)
+    code, h = _wait_health(url, "degraded")
+    assert (code, h["status"], h["serving"], h["target"]) == (503, "degraded", ["instance-1"], 2)
+    ray.get(cluster.llumsched.undrain.remote("instance-0"), timeout=10)
+    code, h = _wait_health(url, "ok")
+    assert code == 200 and h["serving"] == ["instance-0", "instance-1"]
+    assert not any(i["is_terminating"] for i in httpx.get(f"{url}/admin/cluster").json()["instances"])
+
+
+def test_a_killed_instance_is_replaced_and_its_stream_completes(server, cluster):
+    url, backend = server
+    name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    body = {"model": name, "prompt": "a stream that outlives its instance", "max_tokens": 200,
+            "ignore_eos": True, "temperature": 0}
+
+    async def main():
+        async with httpx.AsyncClient(timeout=120) as c:
+            ref = await stream_completion(c, url, dict(body))
+            pr = StreamResult()
+            task = asyncio.create_task(stream_completion(c, url, dict(body), pr))
+            while pr.num_chunks < 10 and not pr.done:
+                await asyncio.sleep(0.005)
+            victim = await asyncio.to_thread(where_is, dict(backend.instances), pr.request_id)
+            ray.kill(backend.instances[victim])
+            killed_at = time.time()
+            return ref, await asyncio.wait_for(task, 120), victim, killed_at
+
+    ref, res, victim, killed_at = asyncio.run(main())
+    assert victim is not None
+    assert not res.errors and res.text == ref.text and res.completion_tokens == 200
+    code, h = _wait_health(url, "ok", timeout=90)
+    back_in = time.time() - killed_at
+    assert code == 200 and len(h["serving"]) == 2 and victim not in h["serving"], h
+    info = httpx.get(f"{url}/admin/cluster").json()
+    replaced = [e for e in info["scaling"]["events"] if e["kind"] == "replaced"]
+    assert len(replaced) == 1 and replaced[0]["seconds_to_serve"] < back_in + 1, info["scaling"]
+    assert info["capacity"] == {"target": 2, "num_replaced": 1, "replacing": []}
+    new = replaced[0]["instance_id"]
+    print(f"replacement {new} served {replaced[0]['seconds_to_serve']:.1f} s after the loss")
+    deadline = time.time() + 10
+    while new not in backend.instances and time.time() < deadline:  # the gateway learns it
+        time.sleep(0.1)
+    # the new instance serves: with the survivor drained, a request can only go there
+    (survivor,) = set(h["serving"]) - {new}
+    ray.get(cluster.llumsched.drain.remote(survivor), timeout=10)
+    _wait_health(url, "degraded")
+    r = httpx.post(f"{url}/v1/completions", json={**body, "prompt": "after", "max_tokens": 4}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    assert ray.get(backend.instances[new].step_log.remote(), timeout=10), "the replacement never ran a step"
+    ray.get(cluster.llumsched.undrain.remote(survivor), timeout=10)
+    counts = wait_idle(backend.instances)
+    assert set(counts) == set(h["serving"]) and all(c["num_used_blocks"] == 0 for c in counts.values())
