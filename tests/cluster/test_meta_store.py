@@ -63,3 +63,81 @@ def test_make_meta_store_rejects_unknown_urls():
     assert isinstance(make_meta_store(None), MemoryMetaStore)
     with pytest.raises(ValueError, match="--cms"):
         make_meta_store("mysql://nope")
+
+
+def test_a_url_loses_its_password_in_messages():
+    from llumnix.cluster.meta_store import redact_url
+
+    assert redact_url("redis://:hunter2@127.0.0.1:6379/0") == "redis://***@127.0.0.1:6379/0"
+    assert redact_url("rediss://user:hunter2@cms.example:6380") == "rediss://***@cms.example:6380"
+    assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    with pytest.raises(ValueError) as e:
+        make_meta_store("mysql://root:hunter2@db/x")
+    assert "hunter2" not in str(e.value)
+
+
+def test_serve_refuses_an_unreachable_store_without_echoing_its_password():
+    from llumnix.cluster.serve import _check_reachable_parts
+    from llumnix.core.errors import LlumnixError
+
+    with pytest.raises(LlumnixError) as e:
+        _check_reachable_parts({"model": "smollm2", "cms": "redis://:hunter2@127.0.0.1:1/0"})
+    assert "hunter2" not in str(e.value) and "127.0.0.1:1" in str(e.value)
+
+
+def _wait(pred, timeout=5.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return pred()
+
+
+def test_the_writer_never_blocks_on_a_hung_redis_and_catches_up_when_it_is_back(caplog):
+    import os
+    import signal
+    import time
+
+    from llumnix.cluster.meta_store import StoreWriter
+    from tests.cluster.conftest import redis_server
+
+    with redis_server() as (url, proc):
+        reader = RedisMetaStore(url, prefix="w")
+        writer = StoreWriter(RedisMetaStore(url, prefix="w", timeout_s=0.3), retry_s=0.1)
+        writer.put_status(_status("a", 1.0))
+        assert writer.flush() and reader.get_status("a").timestamp == 1.0
+        os.kill(proc.pid, signal.SIGSTOP)  # hung: accepts bytes, answers nothing
+        try:
+            t0 = time.perf_counter()
+            for i in range(200):
+                writer.put_status(_status("a", 2.0 + i, used=i % 10))
+            took = time.perf_counter() - t0
+            assert _wait(lambda: not writer.is_reachable)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert took < 0.05  # 200 pushes, none waited on Redis
+        assert writer.flush(10) and _wait(lambda: reader.get_status("a").timestamp == 201.0)
+        assert writer.is_reachable
+        lines = [r.getMessage() for r in caplog.records if "meta store" in r.getMessage()]
+        assert any("unreachable" in m for m in lines) and any("reachable again" in m for m in lines)
+        assert len(lines) == 2  # one line when it went, one when it came back
+        writer.close()
+
+
+def test_the_writer_rewrites_a_restarted_redis():
+    from llumnix.cluster.meta_store import StoreWriter
+    from tests.cluster.conftest import _free_port, redis_server
+
+    port = _free_port()
+    with redis_server(port) as (url, _):
+        writer = StoreWriter(RedisMetaStore(url, prefix="r", timeout_s=0.3), retry_s=0.1)
+        writer.put_status(_status("a", 1.0))
+        assert writer.flush()
+    writer.put_status(_status("a", 2.0))  # Redis is down now
+    assert _wait(lambda: not writer.is_reachable)
+    with redis_server(port) as (url, _):  # back, empty
+        writer.put_status(_status("b", 3.0))
+        assert writer.flush(10)
+        assert set(RedisMetaStore(url, prefix="r").all_statuses()) == {"a", "b"}
+    writer.close()

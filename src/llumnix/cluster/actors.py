@@ -312,11 +312,13 @@ class LlumSchedActor:
     def __init__(self, scheduling: dict[str, Any] | None, cms_url: str | None = None, seed: int = 0,
                  reschedule_interval_s: float = 0.5, instance_spec: dict[str, Any] | None = None,
                  name: str = LLUMSCHED_NAME) -> None:
-        from llumnix.cluster.meta_store import make_meta_store
+        from llumnix.cluster.meta_store import MemoryMetaStore, StoreWriter, make_meta_store
 
         cfg = SchedulingConfig.from_dict(scheduling)
         self.gs = GlobalScheduler(cfg, seed=seed)
-        self.store = make_meta_store(cms_url)
+        store = make_meta_store(cms_url)
+        # A remote store is written off the lock: a hung Redis must not stall dispatch.
+        self.store: MemoryMetaStore | StoreWriter = store if isinstance(store, MemoryMetaStore) else StoreWriter(store)
         self._lock = threading.Lock()
         self.num_dispatched = 0
         self.handles: dict[str, Any] = {}

@@ -7,9 +7,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import threading
+import time
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from llumnix.core.status import InstanceStatus, RequestBrief
+
+log = logging.getLogger(__name__)
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (and user name), for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def status_to_json(status: InstanceStatus) -> str:
@@ -71,12 +87,15 @@ return 1
 
 
 class RedisMetaStore:
-    """Statuses in one Redis hash: ``{prefix}:status`` maps instance id to JSON."""
+    """Statuses in one Redis hash: ``{prefix}:status`` maps instance id to JSON. Every
+    operation times out (``timeout_s``); a caller on a latency path writes through a
+    ``StoreWriter`` instead of waiting on Redis."""
 
-    def __init__(self, url: str, prefix: str = "llumnix") -> None:
+    def __init__(self, url: str, prefix: str = "llumnix", timeout_s: float = 1.0) -> None:
         import redis
 
-        self._redis = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        self.url = redact_url(url)
+        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._key = f"{prefix}:status"
         self._put = self._redis.register_script(_PUT_IF_NEWER)
 
@@ -104,4 +123,89 @@ def make_meta_store(url: str | None) -> MemoryMetaStore | RedisMetaStore:
         return MemoryMetaStore()
     if url.startswith(("redis://", "rediss://", "unix://")):
         return RedisMetaStore(url)
-    raise ValueError(f"--cms must be 'memory' or a redis:// URL, not {url!r}")
+    raise ValueError(f"--cms must be 'memory' or a redis:// URL, not {redact_url(url)!r}")
+
+
+class StoreWriter:
+    """Writes to a remote store from a thread of its own, so no caller waits on it: the
+    newest status of each instance (and removals) wait in a map, coalesced, until the
+    store takes them. While the store is unreachable (hung, restarting) the newest ones
+    are kept and written once it is back; one log line when it goes, one when it is back.
+
+    A restarted Redis comes back empty: the statuses pushed after that rewrite it."""
+
+    def __init__(self, store: RedisMetaStore, retry_s: float = 0.5) -> None:
+        self.store = store
+        self.retry_s = retry_s
+        self._pending: dict[str, InstanceStatus | None] = {}  # None: remove the instance
+        self._cv = threading.Condition()
+        self.is_reachable = True
+        self.num_written = 0
+        self.num_failures = 0
+        self._closed = False
+        self._busy = False  # a batch is being written
+        threading.Thread(target=self._run, daemon=True, name="cms-writer").start()
+
+    def put_status(self, status: InstanceStatus) -> None:
+        with self._cv:
+            old = self._pending.get(status.instance_id)
+            if old is None or status.timestamp >= old.timestamp:
+                self._pending[status.instance_id] = status
+            self._cv.notify()
+
+    def remove(self, instance_id: str) -> None:
+        with self._cv:
+            self._pending[instance_id] = None
+            self._cv.notify()
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every pending write is in the store (tests, shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while (self._pending or self._busy) and time.monotonic() < deadline:
+                self._cv.wait(0.05)
+            return not (self._pending or self._busy)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                batch, self._pending = self._pending, {}
+                self._busy = True
+            try:
+                for iid, status in batch.items():
+                    if status is None:
+                        self.store.remove(iid)
+                    else:
+                        self.store.put_status(status)
+                    self.num_written += 1
+            except Exception as e:  # noqa: BLE001 - any Redis failure: keep the newest, retry
+                self._on_failure(batch, e)
+                with self._cv:
+                    self._busy = False
+                time.sleep(self.retry_s)
+                continue
+            if not self.is_reachable:
+                self.is_reachable = True
+                log.warning("meta store %s is reachable again; statuses are written again", self.store.url)
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    def _on_failure(self, batch: dict[str, InstanceStatus | None], e: Exception) -> None:
+        self.num_failures += 1
+        with self._cv:
+            for iid, status in batch.items():  # a newer one that arrived meanwhile wins
+                self._pending.setdefault(iid, status)
+        if self.is_reachable:
+            self.is_reachable = False
+            log.warning("meta store %s is unreachable (%s); scheduling goes on from this process's view and "
+                        "the newest statuses are written when it is back", self.store.url, type(e).__name__)
