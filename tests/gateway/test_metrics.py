@@ -39,3 +39,19 @@ def test_instances_that_leave_the_cluster_leave_the_per_instance_series():
     assert after[key("llumnix:gateway_instances_lost", outcome="retired")] == 1
     assert after[key("llumnix:gateway_instances_lost", outcome="failed")] == 0
     assert after[key("llumnix:gateway_requests_resumed")] == 0
+
+
+def test_the_downtime_histogram_observes_each_running_migration_once():
+    from llumnix.gateway.metrics import GatewayMetrics
+
+    m = GatewayMetrics("m")
+
+    def scrape(running: int, recent: list[float]) -> float:
+        m.observe_cluster({"migrations": {"committed": running + 5, "aborted": 0, "committed_running": running,
+                                          "committed_queued": 5, "recent_downtimes_s": recent}})
+        return m.registry.get_sample_value("llumnix:migration_downtime_seconds_count", {"model_name": "m"})
+
+    assert scrape(2, [0.01, 0.02]) == 2
+    assert scrape(2, [0.01, 0.02]) == 2  # nothing new
+    assert scrape(5, [0.01, 0.02, 0.03, 0.04, 0.05]) == 5
+    assert scrape(1005, [0.01] * 1000) == 1005  # the window holds the last 1,000

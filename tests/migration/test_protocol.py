@@ -66,6 +66,8 @@ def test_queued_request_moves_as_metadata_and_one_stage_means_blocking_copy():
     q = MigrationProtocol("r", "a", "b", MigrationConfig(), 0.0, has_kv=False)
     assert q.phase == P.COMMIT and q.on_committed(0.001) == P.COMMITTED
     assert q.report().num_stages == 0
+    # a queued request never stalls: no downtime (not 0 ms counted among the running ones)
+    assert q.report().downtime is None and q.report().was_queued and not blocking_was_queued()
     blocking = MigrationProtocol("r", "a", "b", MigrationConfig(max_stages=1), 0.0)
     assert blocking.phase == P.PAUSE
     blocking.on_paused(0.0, request_alive=True)
@@ -108,3 +110,7 @@ def test_blocks_adopted_from_the_destinations_cache_count_as_done_but_not_as_sen
     queued = MigrationProtocol("q", "a", "b", MigrationConfig(), 0.0, has_kv=False)
     with pytest.raises(RuntimeError):
         queued.on_cached(1)  # no KV: nothing to adopt
+
+
+def blocking_was_queued() -> bool:
+    return MigrationProtocol("r", "a", "b", MigrationConfig(max_stages=1), 0.0).report().was_queued

@@ -324,7 +324,8 @@ class LlumSchedActor:
         self.handles: dict[str, Any] = {}
         self._in_flight: dict[str, Any] = {}  # source instance -> ObjectRef of its migrate_out
         self.migrations: deque[dict[str, Any]] = deque(maxlen=HISTORY)
-        self.num_committed = self.num_aborted = self.num_blocks_sent = self.num_blocks_adopted = 0
+        self.num_committed = self.num_committed_queued = self.num_aborted = 0
+        self.num_blocks_sent = self.num_blocks_adopted = 0
         self._interval = reschedule_interval_s
         self.health_timeout_s = 2.0
         self._name = name
@@ -639,6 +640,7 @@ class LlumSchedActor:
             for m in reports:
                 if m.get("committed"):
                     self.num_committed += 1
+                    self.num_committed_queued += bool(m.get("was_queued"))
                     self.num_blocks_sent += int(m.get("num_blocks", 0))
                     self.num_blocks_adopted += int(m.get("num_blocks_cached", 0))
                 else:
@@ -684,12 +686,16 @@ class LlumSchedActor:
 
         with self._lock:
             fcfg = self.gs.config.freeness
-            downtimes = [m["downtime"] for m in self.migrations if m.get("committed")]
+            # A queued request moves as metadata and never stalls: its migrations are counted
+            # apart, and only running ones have a downtime.
+            downtimes = [m["downtime"] for m in self.migrations if m.get("committed") and m.get("downtime") is not None]
             index = self.gs.prefix_index
             return {"dispatch_policy": self.gs.config.dispatch.policy,
                     "prefix_affinity": index is not None,
                     "num_dispatched": self.num_dispatched,
                     "migrations": {"committed": self.num_committed,
+                                   "committed_running": self.num_committed - self.num_committed_queued,
+                                   "committed_queued": self.num_committed_queued,
                                    "aborted": self.num_aborted,
                                    "in_flight": sorted(self._in_flight),
                                    "blocks_sent": self.num_blocks_sent,

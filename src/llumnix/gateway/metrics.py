@@ -90,11 +90,11 @@ class GatewayMetrics:
             self.migrations.labels(model_name=name, outcome="aborted").set(mig["aborted"])
             # LlumSched keeps the last HISTORY downtimes; observe those committed since the
             # last scrape (a LlumSched restart starts the count again).
-            num_new = mig["committed"] - self._downtimes_seen
+            num_new = mig.get("committed_running", 0) - self._downtimes_seen
             recent = mig.get("recent_downtimes_s", [])
             for d in recent[len(recent) - min(num_new, len(recent)):] if num_new > 0 else ():
                 self.downtime.labels(model_name=name).observe(d)
-            self._downtimes_seen = mig["committed"]
+            self._downtimes_seen = mig.get("committed_running", 0)
 
     def labels(self, metric: M) -> M:
         return metric.labels(model_name=self.model_name)

@@ -84,6 +84,8 @@ class MigrationReport:
     num_blocks: int
     num_bytes: int
     downtime: float | None
+    """Seconds the request was out of every batch (pause to commit); None unless a running
+    request committed: a queued one never stalls."""
     duration: float
     num_blocks_cached: int = 0
     """Leading blocks the destination already cached, adopted instead of sent."""
@@ -91,6 +93,8 @@ class MigrationReport:
     end_time: float = 0.0
     marks: dict[str, float] = field(default_factory=dict)
     """Instants the driver recorded (e.g. where the last stage's time went)."""
+    was_queued: bool = False
+    """The request had no KV yet (it waited in the source's queue): moved as metadata."""
 
 
 class MigrationProtocol:
@@ -103,6 +107,7 @@ class MigrationProtocol:
         self.config = config
         self.bytes_per_block = bytes_per_block
         self.start_time = now
+        self.was_queued = not has_kv
         # No KV (a queued request): metadata only. One stage allowed: stop-and-copy.
         if not has_kv:
             self.phase = MigrationPhase.COMMIT
@@ -223,8 +228,8 @@ class MigrationProtocol:
     def report(self) -> MigrationReport:
         end = self.end_time if self.end_time is not None else self.start_time
         downtime = None
-        if self.phase == MigrationPhase.COMMITTED:
-            downtime = end - (self.paused_at if self.paused_at is not None else end)
+        if self.phase == MigrationPhase.COMMITTED and self.paused_at is not None:
+            downtime = end - self.paused_at
         blocks = sum(s.num_blocks for s in self.stages if s.end_time is not None)
         return MigrationReport(
             request_id=self.request_id, src_instance_id=self.src_instance_id,
@@ -232,6 +237,7 @@ class MigrationProtocol:
             abort_reason=self.abort_reason, num_stages=len(self.stages), num_blocks=blocks,
             num_bytes=blocks * self.bytes_per_block, downtime=downtime, duration=end - self.start_time,
             num_blocks_cached=self.num_blocks_cached, start_time=self.start_time, end_time=end, marks=dict(self.marks),
+            was_queued=self.was_queued,
         )
 
     def check_invariants(self) -> None:
