@@ -11,6 +11,10 @@ from typing import Any
 
 import httpx
 
+ADMIN_KEY = "test-admin"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+"""The gateways these tests serve have an admin key (drain needs one); admin calls send it."""
+
 
 @contextlib.contextmanager
 def running_cluster(model_dir: Any, tag: str, **cfg: Any) -> Iterator[Any]:
@@ -32,14 +36,15 @@ def running_cluster(model_dir: Any, tag: str, **cfg: Any) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def serve_cluster(cluster: Any, model_dir: Any, **app_kw: Any) -> Iterator[tuple[str, Any]]:
-    """The OpenAI gateway for ``cluster`` on a free loopback port: yields (url, backend)."""
+    """The OpenAI gateway for ``cluster`` on a free loopback port, with ``ADMIN_KEY``
+    unless ``app_kw`` says otherwise: yields (url, backend)."""
     from llumnix.cluster.backend import ClusterBackend
     from llumnix.gateway.inprocess import InProcessGateway
     from llumnix.model import Tokenizer
 
     tok = Tokenizer.from_dir(model_dir, None, 256)
     backend = ClusterBackend(cluster.llumsched, cluster.instances, cluster.info, tok)
-    with InProcessGateway(backend, **app_kw) as url:
+    with InProcessGateway(backend, **{"admin_key": ADMIN_KEY, **app_kw}) as url:
         yield url, backend
 
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster.helpers import running_cluster, stream_completion, wait_idle
+from tests.cluster.helpers import ADMIN, running_cluster, stream_completion, wait_idle
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def _body(name: str, prompt: str, n: int = N_TOKENS) -> dict:
 
 
 def _info(url: str) -> dict:
-    return httpx.get(f"{url}/admin/cluster", timeout=10).json()
+    return httpx.get(f"{url}/admin/cluster", headers=ADMIN, timeout=10).json()
 
 
 def test_scale_out_then_scale_in_with_real_instances_loses_no_request(server, cluster):

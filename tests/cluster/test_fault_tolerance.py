@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.cluster.helpers import (
+    ADMIN,
     StreamResult,
     running_cluster,
     stream_completion,
@@ -105,7 +106,7 @@ def test_instance_killed_mid_stream_resumes_on_a_survivor_with_the_same_greedy_t
     assert len(counts) == 3 and all(c["num_used_blocks"] == 0 for c in counts.values()), counts
     deadline = time.time() + 10
     while time.time() < deadline:  # LlumSched forgets it (told by the gateway, or its health check)
-        info = httpx.get(f"{url}/admin/cluster").json()
+        info = httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()
         if killed not in {i["instance_id"] for i in info["instances"]}:
             break
         time.sleep(0.1)
@@ -135,7 +136,7 @@ def test_llumsched_killed_mid_run_streams_survive_fallback_then_recovery(server,
     deadline = time.time() + 30
     info: dict = {}
     while time.time() < deadline:  # restarted by Ray; re-learns the three survivors from their pushes
-        with_info = httpx.get(f"{url}/admin/cluster")
+        with_info = httpx.get(f"{url}/admin/cluster", headers=ADMIN)
         if with_info.status_code == 200:
             info = with_info.json()
             if len(info["instances"]) == 3:
@@ -144,7 +145,7 @@ def test_llumsched_killed_mid_run_streams_survive_fallback_then_recovery(server,
     assert len(info["instances"]) == 3, info
     r = httpx.post(f"{url}/v1/completions", json={**_body("after", 4), "model": model_name}, timeout=30)
     assert r.status_code == 200
-    after = httpx.get(f"{url}/admin/cluster").json()
+    after = httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()
     assert after["num_dispatched"] >= info["num_dispatched"] + 1  # LlumSched dispatches again
     assert backend.num_fallback_dispatches >= fallbacks0  # fallback used only while it was down
     counts = wait_idle(backend.instances)
@@ -177,7 +178,7 @@ def test_llumsched_restarted_mid_scale_in_still_stops_the_victim_once_empty(serv
     deadline = time.time() + 40
     info: dict = {}
     while time.time() < deadline:
-        r = httpx.get(f"{url}/admin/cluster")
+        r = httpx.get(f"{url}/admin/cluster", headers=ADMIN)
         if r.status_code == 200:
             info = r.json()
             if any(e["kind"] == "stopped" and e["instance_id"] == victim for e in info["scaling"]["events"]):
@@ -204,10 +205,10 @@ def test_migration_whose_source_dies_aborts_cleanly_and_its_requests_resume(serv
     async def drain_first(request_id: str) -> None:
         where = await asyncio.to_thread(where_is, dict(backend.instances), request_id)
         async with httpx.AsyncClient() as c:
-            r = await c.post(f"{url}/admin/instances/{where}/drain")
+            r = await c.post(f"{url}/admin/instances/{where}/drain", headers=ADMIN)
             assert r.status_code == 200, r.text
         await asyncio.sleep(0.02)
-        seen["in_flight"] = httpx.get(f"{url}/admin/cluster").json()["migrations"]["in_flight"]
+        seen["in_flight"] = httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()["migrations"]["in_flight"]
 
     results, killed = asyncio.run(_run_and_kill(url, model_name, cluster, backend, 1, 10, drain_first))
     assert killed is not None

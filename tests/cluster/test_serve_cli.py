@@ -149,3 +149,17 @@ def test_cuda_graphs_flag(capsys):
     assert capsys.readouterr().err.strip() == "llumnix serve: error: --cuda-graphs needs --device cuda"
     assert main(["generate", "--cuda-graphs", "--prompt", "hi"]) == 2
     assert capsys.readouterr().err.strip() == "llumnix generate: error: CUDA graphs need a CUDA device, not 'cpu'"
+
+
+def test_admin_key_from_the_flag_or_the_environment_and_the_body_limit(monkeypatch):
+    import argparse
+
+    from llumnix.cluster.serve import add_serve_args
+
+    monkeypatch.setenv("LLUMNIX_ADMIN_KEY", "from-env")
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    args = p.parse_args([])
+    assert args.admin_key == "from-env" and args.max_request_bytes == 8 << 20
+    args = p.parse_args(["--admin-key", "flag", "--max-request-bytes", "1024"])
+    assert args.admin_key == "flag" and args.max_request_bytes == 1024

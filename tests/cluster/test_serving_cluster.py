@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster.helpers import running_cluster, serve_cluster, wait_idle
+from tests.cluster.helpers import ADMIN, running_cluster, serve_cluster, wait_idle
 
 ray = pytest.importorskip("ray")
 
@@ -52,9 +52,9 @@ def test_concurrent_streams_spread_over_instances_and_complete(server, cluster):
     async def main():
         return await asyncio.gather(*(one(i) for i in range(8)))
 
-    before = httpx.get(f"{url}/admin/cluster").json()["num_dispatched"]
+    before = httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()["num_dispatched"]
     assert asyncio.run(main()) == [12] * 8
-    info = httpx.get(f"{url}/admin/cluster").json()
+    info = httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()
     assert info["num_dispatched"] - before == 8
     assert all(i["age_s"] < 5 for i in info["instances"])
     # every instance got work, and every block came back
@@ -68,11 +68,11 @@ def test_a_repeated_prompt_goes_back_to_its_cached_prefix(server, cluster):
     one's blocks from the cache of the instance it went to (the answer's usage says so)."""
     url, _ = server
     name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-    before = {i["instance_id"]: i["prefix_blocks_sent"] for i in httpx.get(f"{url}/admin/cluster").json()["instances"]}
+    before = {i["instance_id"]: i["prefix_blocks_sent"] for i in httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()["instances"]}
     body = {"model": name, "prompt": "a long shared prefix " * 12, "max_tokens": 4, "ignore_eos": True,
             "temperature": 0}
     first = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
-    info = httpx.get(f"{url}/admin/cluster").json()
+    info = httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()
     assert info["prefix_affinity"] is True
     grown = {i["instance_id"]: i["prefix_blocks_sent"] - before[i["instance_id"]] for i in info["instances"]}
     n_prompt = first["usage"]["prompt_tokens"]
@@ -132,12 +132,12 @@ def test_llumnix_gateway_joins_a_running_cluster_and_leaves_it_running(server, c
             except httpx.HTTPError:
                 time.sleep(0.3)
         name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-        before = httpx.get(f"{server[0]}/admin/cluster").json()["num_dispatched"]
+        before = httpx.get(f"{server[0]}/admin/cluster", headers=ADMIN).json()["num_dispatched"]
         r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "joined", "max_tokens": 9,
                                                       "ignore_eos": True}, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 9
-        assert httpx.get(f"{server[0]}/admin/cluster").json()["num_dispatched"] == before + 1  # same LlumSched
+        assert httpx.get(f"{server[0]}/admin/cluster", headers=ADMIN).json()["num_dispatched"] == before + 1  # same LlumSched
     finally:
         proc.terminate()
         try:
@@ -491,7 +491,7 @@ def test_the_prefix_index_forgets_what_the_instances_report_evicted(server, clus
 
     def forgotten() -> dict[str, int]:
         return {i["instance_id"]: i["prefix_blocks_forgotten"]
-                for i in httpx.get(f"{url}/admin/cluster").json()["instances"]}
+                for i in httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()["instances"]}
 
     async def one(i: int) -> int:
         body = {"model": name, "prompt": f"{i:02d} evicted document " * 5, "max_tokens": 300,
@@ -587,7 +587,7 @@ def test_drain_migrates_running_requests_and_streams_survive(server, cluster):
         tasks = [asyncio.create_task(one(i)) for i in range(4)]
         await asyncio.sleep(0.3)
         async with httpx.AsyncClient() as c:
-            r = await c.post(f"{url}/admin/instances/instance-1/drain")
+            r = await c.post(f"{url}/admin/instances/instance-1/drain", headers=ADMIN)
             assert r.status_code == 200, r.text
         return await asyncio.gather(*tasks)
 
@@ -597,7 +597,7 @@ def test_drain_migrates_running_requests_and_streams_survive(server, cluster):
         assert json.loads(lines[-2][6:])["usage"]["completion_tokens"] == n_tokens
     deadline = time.time() + 5
     while time.time() < deadline:
-        info = httpx.get(f"{url}/admin/cluster").json()
+        info = httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()
         if not info["migrations"]["in_flight"]:
             break
         time.sleep(0.1)

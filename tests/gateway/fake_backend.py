@@ -14,6 +14,7 @@ from tests.engine.helpers import make_engine
 
 class ByteTokenizer:
     eos_token_id = None
+    max_token_bytes = 1
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode())
@@ -23,6 +24,9 @@ class ByteTokenizer:
 
     def apply_chat_template(self, messages, add_generation_prompt=True) -> str:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    def encode_chat(self, messages, add_generation_prompt=True) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
 
 
 class EngineBackend:
@@ -73,3 +77,22 @@ class EngineBackend:
 
     async def drain_instance(self, instance_id: str) -> dict[str, Any]:
         return {"draining": instance_id}
+
+    async def undrain_instance(self, instance_id: str) -> dict[str, Any]:
+        return {"undrained": instance_id}
+
+
+def chatml_tokenizer():
+    """A real ``Tokenizer``: byte-level BPE over single bytes (no merges), ChatML's two
+    control tokens, and the ChatML template."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    from llumnix.model.tokenizer import Tokenizer
+
+    tok = HFTokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}, merges=[]))
+    tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    return Tokenizer(tok, bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>"), chat_template=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import ipaddress
+import os
 import signal
 from typing import Any
 
@@ -53,6 +54,11 @@ def _add_http_args(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=default_port, help=f"port to listen on (default {default_port})")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
+    p.add_argument("--admin-key", default=os.environ.get("LLUMNIX_ADMIN_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /admin/* (default: $LLUMNIX_ADMIN_KEY); "
+                        "without one, drain and undrain are off and /admin/cluster is read-only")
+    p.add_argument("--max-request-bytes", type=positive_int, default=8 << 20, metavar="N",
+                   help="answer larger request bodies with a 413 before parsing them (default 8 MiB)")
     p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
                    help="on SIGTERM/Ctrl-C, stop taking requests and let running ones finish for up "
                         "to S seconds (default 30)")
@@ -347,7 +353,8 @@ def _run_gateway(title: str, cluster: Any, tokenizer: Any, args: argparse.Namesp
     from llumnix.gateway.app import build_app
 
     backend = ClusterBackend(cluster.llumsched, cluster.instances, cluster.info, tokenizer)
-    app = build_app(backend, api_key=args.api_key, admin_requires_key=not is_loopback(args.host))
+    app = build_app(backend, api_key=args.api_key, admin_key=args.admin_key,
+                    admin_requires_key=not is_loopback(args.host), max_request_bytes=args.max_request_bytes)
 
     @app.on_event("startup")
     async def _start() -> None:

@@ -28,9 +28,18 @@ class GenerateRequest:
 class TokenizerLike(Protocol):
     eos_token_id: int | None
 
+    @property
+    def max_token_bytes(self) -> int | None:
+        """The most UTF-8 bytes of text one token covers (a text of B bytes has at least
+        B / this many tokens), or None where no such bound holds."""
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(self, messages: list[dict[str, str]],
                             add_generation_prompt: bool = True) -> str: ...
+
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """The token ids a chat prefills, special-token text inside messages encoded as
+        plain text (only the template's own markers are control tokens)."""

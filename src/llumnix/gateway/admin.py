@@ -1,4 +1,5 @@
-"""Operators' routes: the cluster's state, and draining an instance."""
+"""Operators' routes: the cluster's state (read-only), and draining and undraining an
+instance (only with an admin key: see ``auth``)."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,14 +9,20 @@ from starlette.requests import Request
 
 from llumnix.gateway.context import context
 
-router = APIRouter()
+reads = APIRouter()
+changes = APIRouter()
 
 
-@router.get("/admin/cluster")
+@reads.get("/admin/cluster")
 async def cluster(request: Request) -> dict[str, Any]:
     return await context(request).backend.cluster_info()
 
 
-@router.post("/admin/instances/{instance_id}/drain")
+@changes.post("/admin/instances/{instance_id}/drain")
 async def drain(instance_id: str, request: Request) -> dict[str, Any]:
     return await context(request).backend.drain_instance(instance_id)
+
+
+@changes.post("/admin/instances/{instance_id}/undrain")
+async def undrain(instance_id: str, request: Request) -> dict[str, Any]:
+    return await context(request).backend.undrain_instance(instance_id)

@@ -1,4 +1,5 @@
-"""The FastAPI app: the routes, the error handlers and the key checks over one backend."""
+"""The FastAPI app: the routes, the error handlers, the body limit and the key checks
+over one backend."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +12,7 @@ from llumnix.gateway.auth import AuthMiddleware
 from llumnix.gateway.backend import Backend
 from llumnix.gateway.context import GatewayConfig, GatewayContext
 from llumnix.gateway.errors import install_error_handlers
+from llumnix.gateway.limits import BodyLimitMiddleware
 from llumnix.gateway.metrics import GatewayMetrics
 
 
@@ -21,7 +23,10 @@ def build_app(backend: Backend, config: GatewayConfig | None = None, **fields: A
     app = FastAPI(title="Llumnix", version="0.1.0")
     app.state.gateway = GatewayContext(backend, config, GatewayMetrics(backend.model_name))
     install_error_handlers(app)
-    app.add_middleware(AuthMiddleware, api_key=config.api_key, admin_requires_key=config.admin_requires_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
+    app.add_middleware(AuthMiddleware, config=config)  # added last: runs first, before any body is read
     app.include_router(routes.router)
-    app.include_router(admin.router)
+    app.include_router(admin.reads)
+    if config.admin_key is not None:
+        app.include_router(admin.changes)
     return app

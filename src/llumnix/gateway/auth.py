@@ -1,41 +1,66 @@
 """Bearer-key checks, as a plain ASGI middleware: Starlette's ``BaseHTTPMiddleware``
 (``@app.middleware``) re-wraps every request and stream and costs about a millisecond per
-request, which is most of the 5 ms the gateway may add."""
+request, which is most of the 5 ms the gateway may add.
+
+  /v1/*, /tokenize, /detokenize   the API key, when one is set
+  /admin/* with an admin key      that key (the API key does not open them)
+  /admin/* without one            drain, undrain: off (404); /admin/cluster: the API key
+                                  when set, refused (403) beyond loopback when neither is
+  /health, /live, /metrics        open, for probes
+"""
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from llumnix.gateway.context import GatewayConfig
 from llumnix.gateway.errors import error_response
 
 KEYED = ("/tokenize", "/detokenize")
 """Paths outside /v1/ that still need the API key when one is set."""
 
 
-def check_key(path: str, authorization: bytes, expected: bytes | None,
-              admin_requires_key: bool) -> JSONResponse | None:
-    """The refusal a request to ``path`` gets, or None when it may pass."""
-    admin = path.startswith("/admin/")
-    if admin and admin_requires_key and expected is None:
-        return error_response(403, "admin endpoints need --api-key when not on loopback",
-                              type_="permission_error")
-    if expected is not None and (admin or path.startswith("/v1/") or path in KEYED) and authorization != expected:
-        return error_response(401, "missing or wrong API key", type_="authentication_error")
-    return None
+def _bearer(key: str | None) -> bytes | None:
+    return None if key is None else f"Bearer {key}".encode()
 
 
 class AuthMiddleware:
-    def __init__(self, app: Any, api_key: str | None, admin_requires_key: bool) -> None:
+    def __init__(self, app: Any, config: GatewayConfig) -> None:
         self.app = app
-        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
-        self.admin_requires_key = admin_requires_key
+        self.api_key = _bearer(config.api_key)
+        self.admin_key = _bearer(config.admin_key)
+        self.admin_requires_key = config.admin_requires_key
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            authorization = b"" if self.expected is None else dict(scope["headers"]).get(b"authorization", b"")
-            rejection = check_key(scope["path"], authorization, self.expected, self.admin_requires_key)
+            rejection = self.refusal(scope["path"], scope["method"], scope["headers"])
             if rejection is not None:
                 await rejection(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    def refusal(self, path: str, method: str, headers: list[tuple[bytes, bytes]]) -> JSONResponse | None:
+        """The answer a request gets instead of its route's, or None when it may pass."""
+        admin = path.startswith("/admin/")
+        if not admin and (self.api_key is None or not (path.startswith("/v1/") or path in KEYED)):
+            return None
+        given = dict(headers).get(b"authorization", b"")
+        if not admin:
+            return None if given == self.api_key else _unauthorized("API key")
+        if self.admin_key is not None:
+            return None if given == self.admin_key else _unauthorized("admin key")
+        if method != "GET":
+            return error_response(404, f"no route {path}: the admin routes that change the cluster are off "
+                                  "until the server has an admin key (--admin-key or LLUMNIX_ADMIN_KEY)",
+                                  type_="NotFoundError")
+        if self.api_key is None:
+            if self.admin_requires_key:
+                return error_response(403, "admin endpoints need --admin-key or --api-key when not on loopback",
+                                      type_="permission_error")
+            return None
+        return None if given == self.api_key else _unauthorized("API key")
+
+
+def _unauthorized(what: str) -> JSONResponse:
+    return error_response(401, f"missing or wrong {what}", type_="authentication_error")

@@ -29,3 +29,6 @@ class Backend(Protocol):
     async def cluster_info(self) -> dict[str, Any]: ...
 
     async def drain_instance(self, instance_id: str) -> dict[str, Any]: ...
+
+    async def undrain_instance(self, instance_id: str) -> dict[str, Any]:
+        """Undo a drain: the instance takes requests again."""

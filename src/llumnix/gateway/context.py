@@ -15,10 +15,19 @@ from llumnix.gateway.metrics import GatewayMetrics
 class GatewayConfig:
     api_key: str | None = None
     """When set, /v1/*, /tokenize and /detokenize need 'Authorization: Bearer KEY'."""
+    admin_key: str | None = None
+    """When set, every /admin/* route needs 'Authorization: Bearer KEY'; when not, the
+    routes that change the cluster (drain, undrain) are off and /admin/cluster is read
+    under the API key's rules."""
     admin_requires_key: bool = False
-    """Refuse /admin/* (403) when no API key is set: the server listens beyond loopback."""
+    """Refuse /admin/cluster (403) when neither key is set: the server listens beyond loopback."""
     default_max_tokens: int = 256
     """max_tokens of a request that names none (shrunk to what the context leaves)."""
+    max_request_bytes: int | None = 8 << 20
+    """Larger request bodies get a 413 before they are parsed (None: no limit)."""
+    offload_bytes: int = 16 << 10
+    """Texts of more UTF-8 bytes than this (token lists of a quarter as many tokens) are
+    tokenized (detokenized) in a worker thread, so the event loop keeps serving."""
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI
@@ -65,26 +66,62 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
                           type_="NotFoundError" if exc.status_code == 404 else "invalid_request_error")
 
 
+def _from_ray(exc: BaseException) -> bool:
+    return any(cls.__module__.partition(".")[0] == "ray" for cls in type(exc).__mro__)
+
+
+def unwrap(exc: Exception) -> Exception:
+    """The exception an actor raised, where Ray wrapped it: a ``RayTaskError(X)`` is an
+    X too, but its text is the remote traceback, with source paths, pid and IP."""
+    cause = getattr(exc, "cause", None) if _from_ray(exc) else None
+    return cause if isinstance(cause, Exception) else exc
+
+
+def public_error(exc: Exception) -> tuple[int, str, str | None]:
+    """(status, message, param) to answer for ``exc``. The client sees our own one-line
+    messages, or a fixed line for anything else (Ray's text carries tracebacks, paths,
+    pids, IPs and actor ids): a server-side failure's detail goes to the log only."""
+    inner = unwrap(exc)
+    if isinstance(inner, LlumnixError) and not _from_ray(inner):  # our own words
+        if isinstance(inner, InvalidRequestError):
+            return 400, _first_line(inner), inner.param
+        log.warning("request failed: %s: %s", type(inner).__name__, _first_line(inner))
+        return 503, _first_line(inner), None
+    if isinstance(inner, TimeoutError):
+        status, message = 503, "the cluster did not answer in time"
+    elif _from_ray(inner):
+        status, message = 503, "an instance or the scheduler is unavailable"
+    else:
+        status, message = 500, "internal server error"
+    ref = uuid.uuid4().hex[:8]
+    log.warning("request failed (ref %s, answered %d)", ref, status, exc_info=exc)
+    return status, f"{message} (ref {ref} in the server log)", None
+
+
+def _first_line(exc: Exception) -> str:
+    return next(iter(str(exc).splitlines()), type(exc).__name__)
+
+
+def failure_body(exc: Exception, during: str = "") -> tuple[int, dict[str, Any]]:
+    """The status and error body for ``exc``; ``during`` leads a server-side message."""
+    status, message, param = public_error(exc)
+    if status >= 500:
+        return status, error_body(during + message, type_="server_error")
+    return status, error_body(message, param=param)
+
+
+async def on_error(_: Request, exc: Exception) -> JSONResponse:
+    status, body = failure_body(exc)
+    return JSONResponse(body, status_code=status)
+
+
 async def on_invalid_request(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, InvalidRequestError)
     context(request).reject(400)
-    return error_response(400, str(exc), param=exc.param)
-
-
-async def on_unavailable(_: Request, exc: Exception) -> JSONResponse:
-    return error_response(503, str(exc), type_="server_error")
-
-
-async def on_internal(_: Request, exc: Exception) -> JSONResponse:
-    # A dead or restarting actor behind an admin call: one clear line, no traceback.
-    log.warning("request failed: %s: %s", type(exc).__name__, exc)
-    return error_response(503 if isinstance(exc, TimeoutError) else 500,
-                          f"{type(exc).__name__}: {exc}", type_="server_error")
+    return await on_error(request, exc)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_invalid_body)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(InvalidRequestError, on_invalid_request)
-    app.add_exception_handler(LlumnixError, on_unavailable)
-    app.add_exception_handler(Exception, on_internal)
+    app.add_exception_handler(Exception, on_error)

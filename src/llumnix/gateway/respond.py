@@ -8,10 +8,9 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
 
-from llumnix.core.errors import InvalidRequestError, LlumnixError
 from llumnix.gateway.choices import Reply, merge_choices
 from llumnix.gateway.context import GatewayContext
-from llumnix.gateway.errors import error_response
+from llumnix.gateway.errors import failure_body
 from llumnix.gateway.formatting import EchoLogprob, TokenLogprob, echo_entries, response_body, usage
 from llumnix.gateway.protocol import now_s
 from llumnix.gateway.streaming import sse_events
@@ -65,10 +64,9 @@ async def complete(ctx: GatewayContext, reply: Reply) -> Response:
             pieces[i].append(step.text)
             lps[i] += step.logprobs
             reasons[i], n_outs[i] = step.finish_reason, step.num_output_tokens
-    except InvalidRequestError as e:
-        return error_response(400, str(e))
-    except LlumnixError as e:
-        return error_response(503, f"the request failed: {e}", type_="server_error")
+    except Exception as e:  # noqa: BLE001 - answered as the error handlers would, the detail logged
+        status, error = failure_body(e, "the request failed: ")
+        return JSONResponse(error, status_code=status)
     choices = [_choice(ctx, reply, i, "".join(pieces[i]), reasons[i], lps[i], prompt_lps[i]) for i in range(n)]
     body = response_body(reply.response_id, ctx.model_name, now_s(), choices, chat=reply.chat)
     body["usage"] = usage(len(reply.gens[0].prompt_token_ids), sum(n_outs), n_cached)

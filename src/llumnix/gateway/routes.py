@@ -1,5 +1,5 @@
 """The OpenAI routes (completions, chat, models), vLLM's /tokenize and /detokenize, and
-the probes (/health, /metrics)."""
+the probes (/health, /live, /metrics)."""
 from __future__ import annotations
 
 import dataclasses
@@ -35,6 +35,12 @@ async def health(request: Request) -> dict[str, Any] | JSONResponse:
     return state if state.get("status") == "ok" else JSONResponse(state, status_code=503)
 
 
+@router.get("/live")
+async def live() -> dict[str, str]:
+    """Liveness: the gateway process answers (``/health`` says whether the cluster can serve)."""
+    return {"status": "alive"}
+
+
 @router.get("/metrics")
 async def prometheus(request: Request) -> Response:
     ctx = context(request)
@@ -60,10 +66,10 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     prompt = body.prompt
     if not prompt:
         raise InvalidRequestError("prompt must not be empty", "prompt")
-    ids = encode_prompt(ctx, prompt) if isinstance(prompt, str) else list(prompt)
+    ids = await encode_prompt(ctx, prompt) if isinstance(prompt, str) else list(prompt)
     reply = prepare(ctx, body, ids, request)
     if body.echo:
-        reply = dataclasses.replace(reply, prefix=prompt if isinstance(prompt, str) else decode(ctx, ids))
+        reply = dataclasses.replace(reply, prefix=prompt if isinstance(prompt, str) else await decode(ctx, ids))
     return await respond(ctx, request, reply)
 
 
@@ -72,7 +78,7 @@ async def chat(body: ChatCompletionRequest, request: Request) -> Response:
     ctx = context(request)
     if (bad := check_model(ctx, body.model)) is not None:
         return bad
-    return await respond(ctx, request, prepare(ctx, body, encode_chat(ctx, body.messages), request))
+    return await respond(ctx, request, prepare(ctx, body, await encode_chat(ctx, body.messages), request))
 
 
 @router.post("/tokenize", response_model=None)
@@ -82,9 +88,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     if (bad := check_model(ctx, body.model)) is not None:
         return bad
     if body.messages is not None:
-        ids = encode_chat(ctx, body.messages)
+        ids = await encode_chat(ctx, body.messages, bounded=False)
     else:
-        ids = encode_prompt(ctx, body.prompt or "", add_special_tokens=body.add_special_tokens)
+        ids = await encode_prompt(ctx, body.prompt or "", body.add_special_tokens, bounded=False)
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": ctx.backend.max_model_len})
 
 
@@ -95,4 +101,4 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
         return bad
     if any(not 0 <= t < ctx.backend.vocab_size for t in body.tokens):
         raise InvalidRequestError("token ids must be in [0, vocab size)", "tokens")
-    return JSONResponse({"prompt": decode(ctx, body.tokens)})
+    return JSONResponse({"prompt": await decode(ctx, body.tokens)})

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from llumnix.core.errors import LlumnixError
 from llumnix.gateway.choices import Reply, merge_choices
 from llumnix.gateway.context import GatewayContext
+from llumnix.gateway.errors import failure_body
 from llumnix.gateway.formatting import EchoLogprob, TokenLogprob, echo_entries, response_body, sse, usage
 from llumnix.gateway.protocol import now_s
 
@@ -75,8 +75,8 @@ async def sse_events(ctx: GatewayContext, reply: Reply) -> AsyncIterator[str]:
                 continue
             n_outs[i] = step.num_output_tokens
             yield chunks.choice(i, step.text, step.finish_reason, lps=step.logprobs)
-    except LlumnixError as e:
-        yield sse({"error": {"message": f"the request failed: {e}", "type": "server_error"}})
+    except Exception as e:  # noqa: BLE001 - the headers are sent: the error is an event, the detail logged
+        yield sse(failure_body(e, "the request failed: ")[1])
     if reply.include_usage:
         yield chunks.usage(sum(n_outs), n_cached)
     yield sse("[DONE]")

@@ -1,20 +1,63 @@
-"""Text to token ids at the edge: prompts, and chats through the model's chat template."""
+"""Text to token ids at the edge, and back. What is cheap is checked first (valid
+Unicode; a length the bytes alone prove too long, which then is never tokenized), and
+large inputs are (de)tokenized in a worker thread so the event loop keeps serving."""
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from typing import TypeVar
+
+from llumnix.core.errors import InvalidRequestError, RequestTooLongError
 from llumnix.gateway.context import GatewayContext
 from llumnix.gateway.protocol import ChatMessage
 
-
-def encode_prompt(ctx: GatewayContext, text: str, add_special_tokens: bool = True) -> list[int]:
-    return ctx.backend.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+T = TypeVar("T")
 
 
-def encode_chat(ctx: GatewayContext, messages: list[ChatMessage]) -> list[int]:
-    """The token ids a chat prefills: the messages through the model's chat template."""
-    tokenizer = ctx.backend.tokenizer
-    text = tokenizer.apply_chat_template([msg.model_dump() for msg in messages])
-    return tokenizer.encode(text, add_special_tokens=False)
+def utf8_size(text: str, param: str) -> int:
+    """Bytes of ``text`` in UTF-8; a lone UTF-16 surrogate (JSON allows "\\ud800") is the
+    client's error, not one to find deep in a tokenizer."""
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(f"{param} is not valid Unicode: a lone surrogate "
+                                  f"{text[e.start]!r} at character {e.start}", param) from None
 
 
-def decode(ctx: GatewayContext, token_ids: list[int]) -> str:
-    return ctx.backend.tokenizer.decode(token_ids)
+def check_size(ctx: GatewayContext, num_bytes: int, param: str) -> None:
+    """Refuse a text whose bytes prove it longer than the context: each token covers at
+    most ``max_token_bytes`` bytes of it."""
+    per_token = ctx.backend.tokenizer.max_token_bytes
+    if per_token is None:
+        return
+    at_least, context_len = -(-num_bytes // per_token), ctx.backend.max_model_len
+    if at_least > context_len:
+        raise RequestTooLongError(f"the {param} has at least {at_least} tokens ({num_bytes} bytes); this "
+                                  f"model's context is {context_len} tokens", param)
+
+
+async def _run(ctx: GatewayContext, size: int, fn: Callable[..., T], *args: object) -> T:
+    if size > ctx.config.offload_bytes:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
+async def encode_prompt(ctx: GatewayContext, text: str, add_special_tokens: bool = True,
+                        bounded: bool = True) -> list[int]:
+    """``bounded``: refuse, untokenized, a prompt too long for the context."""
+    size = utf8_size(text, "prompt")
+    if bounded:
+        check_size(ctx, size, "prompt")
+    return await _run(ctx, size, ctx.backend.tokenizer.encode, text, add_special_tokens)
+
+
+async def encode_chat(ctx: GatewayContext, messages: list[ChatMessage], bounded: bool = True) -> list[int]:
+    """The token ids a chat prefills: its messages through the model's chat template."""
+    size = sum(utf8_size(m.content, "messages") for m in messages)
+    if bounded:
+        check_size(ctx, size, "messages")
+    return await _run(ctx, size, ctx.backend.tokenizer.encode_chat, [m.model_dump() for m in messages])
+
+
+async def decode(ctx: GatewayContext, token_ids: list[int]) -> str:
+    return await _run(ctx, 4 * len(token_ids), ctx.backend.tokenizer.decode, token_ids)

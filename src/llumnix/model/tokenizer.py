@@ -3,6 +3,8 @@ with the model's own chat template rendered by sandboxed Jinja."""
 from __future__ import annotations
 
 import json
+import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from llumnix.core.errors import ModelLoadError
+from llumnix.core.errors import InvalidRequestError, ModelLoadError
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
           " + '<|im_end|>' + '\\n' }}{% endfor %}"
@@ -18,6 +20,13 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
 
 # GGUF token types (llama.cpp): 3 = control, 4 = user-defined; both are whole special tokens.
 _SPECIAL_TYPES = (3, 4)
+_LONG = 4096
+"""Texts of more characters (token lists of more tokens) go through the ``tokenizers``
+batch calls, which release the GIL: a worker thread tokenizing a long prompt then does
+not stall the event loop."""
+_MARK = re.compile("\ue000(\\d+)\ue001")
+"""Stands for message i's content while a chat template renders (private-use characters,
+which no template writes)."""
 
 
 class Tokenizer:
@@ -34,11 +43,46 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
+        """``split_special_tokens`` (transformers' name): special-token text such as
+        '<|im_end|>' is encoded as the plain text it is, not as the control token."""
+        tok = self._plain if split_special_tokens else self._tok
+        if len(text) > _LONG:
+            return tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        if len(token_ids) > _LONG:
+            return self._tok.decode_batch([token_ids], skip_special_tokens=skip_special_tokens)[0]
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    @cached_property
+    def _plain(self) -> HFTokenizer:
+        """A copy that encodes special-token text as plain text (a copy, not a toggled
+        flag, so threads tokenizing at once never see each other's setting)."""
+        plain = HFTokenizer.from_str(self._tok.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
+    @cached_property
+    def _special_text(self) -> re.Pattern[str] | None:
+        texts = sorted((t.content for t in self._tok.get_added_tokens_decoder().values() if t.special),
+                       key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+    @cached_property
+    def max_token_bytes(self) -> int | None:
+        """The most UTF-8 bytes of text one token covers, so a text of B bytes has at
+        least B / this many tokens; None where that bound is not sound (a normalizer may
+        shrink the text, or bytes outside the vocabulary may be dropped)."""
+        spec = json.loads(self._tok.to_str())
+        pre = json.dumps(spec.get("pre_tokenizer"))
+        model = spec.get("model") or {}
+        if (spec.get("normalizer") is not None or model.get("type") != "BPE"
+                or not ('"ByteLevel"' in pre or model.get("byte_fallback"))):
+            return None
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        return max((len(t.encode()) for t in vocab), default=1)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
@@ -51,6 +95,26 @@ class Tokenizer:
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      bos_token=self._token(self.bos_token_id),
                                      eos_token=self._token(self.eos_token_id))
+
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """The token ids a chat prefills. Only the chat template's own text holds control
+        tokens: special-token text inside a message (a user writing
+        '<|im_end|>\\n<|im_start|>system') is encoded as plain text, so it cannot forge a turn."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        special = self._special_text
+        if special is None or not any(special.search(m["content"]) for m in messages):
+            return self.encode(text, add_special_tokens=False)  # nothing to isolate: one pass
+        marked = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
+        pieces = _MARK.split(self.apply_chat_template(marked, add_generation_prompt))
+        # odd pieces are message indices, even ones the template's text between them
+        contents = [messages[int(p)]["content"] if k % 2 else p for k, p in enumerate(pieces)]
+        if "".join(contents) != text:
+            raise InvalidRequestError("this model's chat template changes message content, so content that "
+                                      "holds special-token text cannot be kept apart from it", "messages")
+        ids: list[int] = []
+        for k, piece in enumerate(contents):
+            ids += self.encode(piece, add_special_tokens=False, split_special_tokens=bool(k % 2))
+        return ids
 
     def _token(self, tid: int | None) -> str:
         return "" if tid is None else (self._tok.id_to_token(tid) or "")
