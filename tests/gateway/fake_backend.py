@@ -28,6 +28,9 @@ class ByteTokenizer:
     def encode_chat(self, messages, add_generation_prompt=True) -> list[int]:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt))
 
+    def warm_up(self) -> None:
+        pass
+
 
 class EngineBackend:
     model_name = "fake"

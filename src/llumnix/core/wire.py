@@ -43,3 +43,6 @@ class TokenizerLike(Protocol):
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """The token ids a chat prefills, special-token text inside messages encoded as
         plain text (only the template's own markers are control tokens)."""
+
+    def warm_up(self) -> None:
+        """Build what serving needs now, before requests come (not on the event loop)."""

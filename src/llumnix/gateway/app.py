@@ -20,6 +20,7 @@ def build_app(backend: Backend, config: GatewayConfig | None = None, **fields: A
     """The gateway over ``backend``; ``fields`` override those of ``config``
     (``build_app(backend, api_key="k")``)."""
     config = dataclasses.replace(config or GatewayConfig(), **fields)
+    backend.tokenizer.warm_up()
     app = FastAPI(title="Llumnix", version="0.1.0")
     app.state.gateway = GatewayContext(backend, config, GatewayMetrics(backend.model_name))
     install_error_handlers(app)

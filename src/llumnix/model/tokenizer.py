@@ -75,14 +75,17 @@ class Tokenizer:
         """The most UTF-8 bytes of text one token covers, so a text of B bytes has at
         least B / this many tokens; None where that bound is not sound (a normalizer may
         shrink the text, or bytes outside the vocabulary may be dropped)."""
-        spec = json.loads(self._tok.to_str())
-        pre = json.dumps(spec.get("pre_tokenizer"))
-        model = spec.get("model") or {}
-        if (spec.get("normalizer") is not None or model.get("type") != "BPE"
-                or not ('"ByteLevel"' in pre or model.get("byte_fallback"))):
+        model, pre = self._tok.model, self._tok.pre_tokenizer
+        byte_level = pre is not None and '"ByteLevel"' in pre.__getstate__().decode()
+        if self._tok.normalizer is not None or not isinstance(model, models.BPE) or not (
+                byte_level or model.byte_fallback):
             return None
-        vocab = self._tok.get_vocab(with_added_tokens=True)
-        return max((len(t.encode()) for t in vocab), default=1)
+        return max((len(t.encode()) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
+
+    def warm_up(self) -> None:
+        """Build now what serving would build on first use (the length bound, the copy
+        that encodes special-token text as text), so no request waits for it."""
+        _ = self.max_token_bytes, self._plain, self._special_text
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
