@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.cluster.helpers import StreamResult, running_cluster, stream_completion, wait_idle, where_is
+from tests.cluster.helpers import ADMIN, StreamResult, running_cluster, stream_completion, wait_idle, where_is
 
 ray = pytest.importorskip("ray")
 
@@ -38,13 +38,15 @@ def test_a_drained_instance_makes_health_degraded_until_undrained(server, cluste
     url, _ = server
     code, h = _health(url)
     assert (code, h["status"], h["target"]) == (200, "ok", 2)
-    ray.get(cluster.llumsched.drain.remote("instance-0"), timeout=10)
+    assert httpx.post(f"{url}/admin/instances/instance-0/drain", timeout=10).status_code == 401  # no key
+    assert httpx.post(f"{url}/admin/instances/instance-0/drain", headers=ADMIN, timeout=10).status_code == 200
     code, h = _wait_health(url, "degraded")
     assert (code, h["status"], h["serving"], h["target"]) == (503, "degraded", ["instance-1"], 2)
-    ray.get(cluster.llumsched.undrain.remote("instance-0"), timeout=10)
+    r = httpx.post(f"{url}/admin/instances/instance-0/undrain", headers=ADMIN, timeout=10)
+    assert r.status_code == 200 and r.json()["draining"] is False
     code, h = _wait_health(url, "ok")
     assert code == 200 and h["serving"] == ["instance-0", "instance-1"]
-    assert not any(i["is_terminating"] for i in httpx.get(f"{url}/admin/cluster").json()["instances"])
+    assert not any(i["is_terminating"] for i in httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()["instances"])
 
 
 def test_a_killed_instance_is_replaced_and_its_stream_completes(server, cluster):
@@ -71,7 +73,7 @@ def test_a_killed_instance_is_replaced_and_its_stream_completes(server, cluster)
     code, h = _wait_health(url, "ok", timeout=90)
     back_in = time.time() - killed_at
     assert code == 200 and len(h["serving"]) == 2 and victim not in h["serving"], h
-    info = httpx.get(f"{url}/admin/cluster").json()
+    info = httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()
     replaced = [e for e in info["scaling"]["events"] if e["kind"] == "replaced"]
     assert len(replaced) == 1 and replaced[0]["seconds_to_serve"] < back_in + 1, info["scaling"]
     assert info["capacity"] == {"target": 2, "num_replaced": 1, "replacing": []}

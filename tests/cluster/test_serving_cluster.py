@@ -346,6 +346,35 @@ def test_silent_unresponsive_instance_is_marked_unschedulable(cluster):
     ray.kill(sched)
 
 
+def test_a_hung_redis_does_not_stall_dispatch(cluster):
+    """Issue 28 finding 8: LlumSched wrote each status to Redis under its lock, so a hung
+    Redis (2 s socket timeout) stalled every dispatch behind the status pushes."""
+    import os
+    import signal
+
+    from llumnix.cluster.actors import LlumSchedActor
+    from llumnix.core.status import InstanceStatus
+    from llumnix.policy import DispatchRequest
+    from tests.cluster.conftest import redis_server
+
+    with redis_server() as (url, proc):
+        sched = LlumSchedActor.options(num_cpus=0).remote(None, url, reschedule_interval_s=0.05)
+        ray.get(sched.register.remote(InstanceStatus("i0", time.time(), 100, 0, 1, 16, 8)))
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            slowest = 0.0
+            for i in range(10):
+                push = sched.update_status.remote(InstanceStatus("i0", time.time(), 100, i, 1, 16, 8))
+                t0 = time.perf_counter()
+                assert ray.get(sched.dispatch.remote(DispatchRequest(f"r{i}", 5)), timeout=30) == "i0"
+                slowest = max(slowest, time.perf_counter() - t0)
+                ray.get(push, timeout=30)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+            ray.kill(sched)
+    assert slowest < 0.5, slowest
+
+
 def test_llumsched_is_restarted_by_ray_and_relearns_the_instances(server, cluster):
     url, backend = server
     name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]

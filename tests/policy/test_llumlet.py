@@ -59,7 +59,36 @@ def test_should_keep_migrating(status, out, terminating, migrating, expected):
     ll.is_terminating = terminating
     for rid in migrating:
         ll.on_migration_started(rid)
-    assert ll.should_keep_migrating(0.0) is expected
+    assert ll.should_keep_migrating(0.0, IDLE, 0) is expected
+
+
+IDLE = inst("d")  # F = 100: a destination
+
+
+@pytest.mark.parametrize("dst,num_in,expected", [
+    (IDLE, 0, True),
+    (inst("d", term=True), 0, False),                  # became terminating meanwhile
+    (inst("d", sched=False), 0, False),                # unhealthy
+    (inst("d", running=[run("x", 96, 1500)]), 0, False),  # F = 4: no longer above the in threshold (5)
+    (IDLE, 1, False),                                  # another source's migration is coming in (max_in 1)
+    (inst("d", mig_in=1), 0, True),                    # a reservation the caller says is ours, committed
+])
+def test_the_chain_stops_when_the_destination_stops_being_one(dst, num_in, expected):
+    """The simulator checked this and the cluster did not, until both used policy.rounds."""
+    assert llumlet(BUSY, 5.0).should_keep_migrating(0.0, dst, num_in) is expected
+
+
+@pytest.mark.parametrize("status,expected", [
+    (inst("e"), True),
+    (inst("e", running=[run("a", 1)]), False),
+    (inst("e", waiting=[wait("q", 4)]), False),
+    (inst("e", mig_in=1), False),                    # a migration still coming in
+])
+def test_a_terminating_instance_is_drained_when_it_holds_nothing(status, expected):
+    ll = llumlet(status)
+    assert not ll.is_drained(0.0)  # not terminating: never "drained"
+    ll.is_terminating = True
+    assert ll.is_drained(0.0) is expected
 
 
 def test_beside_a_real_engine():

@@ -68,6 +68,9 @@ class StandInPolicy:
     def keep_migrating(self, src, dst):
         return False
 
+    def is_drained(self, inst):
+        return not inst.engine.requests and not inst.migrations_in
+
     def on_migration_started(self, src, request_id):
         pass
 

@@ -19,6 +19,7 @@ from llumnix.core.errors import LlumnixError
 from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest
 from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, SchedulingConfig
+from llumnix.policy.rounds import is_drained
 
 LLUMSCHED_NAME = "llumnix-llumsched"
 HISTORY = 1000
@@ -192,6 +193,10 @@ class InstanceActor:
     def mig_try_reserve_with_cache(self, request_id: str, keys: list[bytes]) -> tuple[int, list[int]] | None:
         return self.endpoint.try_reserve_with_cache(request_id, keys)
 
+    def mig_num_reservations(self) -> int:
+        """Migrations into this instance holding reserved blocks, not yet installed."""
+        return int(self.endpoint.num_reservations())
+
     def mig_release(self, request_id: str) -> int:
         return self.endpoint.release(request_id)
 
@@ -247,9 +252,9 @@ class InstanceActor:
             self._drop_if_broken(rep, dst_instance_id, transport)
         return dataclasses.asdict(rep)
 
-    def migrate_out(self, dst_instance_id: str, dst: Any, max_migrations: int = 16) -> list[dict[str, Any]]:
-        """Migrate requests to ``dst`` one at a time while this instance is still a
-        source (the paper's rule); returns the reports."""
+    def migrate_out(self, dst_instance_id: str, dst: Any) -> list[dict[str, Any]]:
+        """Migrate requests to ``dst`` one at a time while the pairing holds (the paper's
+        rule, ``policy.rounds.keep_migrating``, as in the simulator); returns the reports."""
         from llumnix.migration.driver import migrate
 
         if not self._migrating.acquire(blocking=False):
@@ -258,9 +263,8 @@ class InstanceActor:
             sender = self._sender(dst_instance_id, dst)
             remote = _RemoteDestination(dst_instance_id, dst)
             reports = []
-            for _ in range(max_migrations):
-                dst_status = ray.get(dst.status.remote(), timeout=30) if self.llumlet.reads_destination else None
-
+            dst_status = ray.get(dst.status.remote(), timeout=30) if self.llumlet.reads_destination else None
+            while True:
                 def pick(d: InstanceStatus | None = dst_status) -> list[str]:
                     return self.llumlet.select_requests_to_migrate(time.time(), 1, d)
 
@@ -270,8 +274,14 @@ class InstanceActor:
                 rep = migrate(picked[0], self.server, remote, sender, self.migration_config)
                 reports.append(dataclasses.asdict(rep))
                 self._drop_if_broken(rep, dst_instance_id)
-                if not rep.committed or not self.server.call(
-                        lambda: self.llumlet.should_keep_migrating(time.time())):
+                if not rep.committed:
+                    break
+                dst_status, num_in = ray.get([dst.status.remote(), dst.mig_num_reservations.remote()], timeout=30)
+
+                def keep(d: InstanceStatus = dst_status, n: int = num_in) -> bool:
+                    return self.llumlet.should_keep_migrating(time.time(), d, n)
+
+                if not self.server.call(keep):
                     break
             return reports
         except Exception as e:  # noqa: BLE001 - a failed round is reported, never fatal
@@ -562,8 +572,7 @@ class LlumSchedActor:
         with self._lock:
             ready = [(iid, self.handles.get(iid)) for iid, t in self._scaling_in.items()
                      if iid not in self._in_flight and time.time() - t > 1.0
-                     and (s := self.gs.statuses.get(iid)) is not None
-                     and not s.num_running and not s.num_waiting and not s.num_migrating_out]
+                     and (s := self.gs.statuses.get(iid)) is not None and is_drained(s)]
         for iid, handle in ready:
             try:
                 # The instance itself decides at a step boundary, so nothing that

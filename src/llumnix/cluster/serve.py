@@ -284,7 +284,7 @@ def _check_device(device: str) -> None:
 def _check_reachable_parts(cfg: dict[str, Any]) -> None:
     """What every instance actor would fail on, checked here in one line each instead of
     as actor tracebacks after Ray has started: the model path and the meta store."""
-    from llumnix.cluster.meta_store import make_meta_store
+    from llumnix.cluster.meta_store import make_meta_store, redact_url
     from llumnix.model.loader import resolve_model_path
 
     resolve_model_path(str(cfg.get("model", "smollm2")))
@@ -298,7 +298,7 @@ def _check_reachable_parts(cfg: dict[str, Any]) -> None:
     try:
         store.ping()  # type: ignore[union-attr]
     except Exception as e:  # noqa: BLE001 - redis raises its own connection errors
-        raise LlumnixError(f"--cms: cannot reach {url}: {e}") from None
+        raise LlumnixError(f"--cms: cannot reach {redact_url(str(url))}: {type(e).__name__}") from None
 
 
 def is_loopback(host: str) -> bool:

@@ -14,8 +14,9 @@ from typing import Any, Protocol
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.freeness import freeness, room_for_queued
-from llumnix.policy.pairing import demand_of, is_source, stays_destination
-from llumnix.policy.selection import movable_requests, select_requests
+from llumnix.policy.pairing import demand_of, stays_destination
+from llumnix.policy.rounds import is_drained, keep_migrating
+from llumnix.policy.selection import select_requests
 
 
 def flag_status(status: InstanceStatus, migrating: Collection[str] = (), **fields: Any) -> InstanceStatus:
@@ -102,13 +103,16 @@ class Llumlet:
         """Selection needs the destination's status (``queued_moves: fits``, ``pairing: stable``)."""
         return self.rescheduling.queued_moves != "any" or self.rescheduling.pairing == "stable"
 
-    def should_keep_migrating(self, now: float) -> bool:
-        """Still a source (terminating, or freeness below the out threshold) and still
-        holding a request it could give up."""
-        s = self.report(now)
-        if not movable_requests(s, self.migrating_out):
-            return False
-        return is_source(s, freeness(s, self.freeness_cfg), self.rescheduling)
+    def should_keep_migrating(self, now: float, dst: InstanceStatus, num_in: int) -> bool:
+        """After a migration to ``dst`` (its latest status; ``num_in`` other migrations
+        coming in there) ends: migrate the next request there? (``policy.rounds.
+        keep_migrating``: the one rule of the simulator and the cluster)."""
+        return keep_migrating(self.report(now), dst, num_in, self.rescheduling, self.freeness_cfg,
+                              self.migrating_out)
+
+    def is_drained(self, now: float) -> bool:
+        """Terminating and empty: the instance may stop (``policy.rounds.is_drained``)."""
+        return self.is_terminating and is_drained(self.report(now))
 
     def on_migration_started(self, request_id: str) -> None:
         self.migrating_out.add(request_id)

@@ -25,7 +25,6 @@ from llumnix.policy import (
     Llumlet,
     ReschedulingConfig,
     SchedulingConfig,
-    freeness,
 )
 
 if TYPE_CHECKING:
@@ -123,14 +122,15 @@ class PolicyBridge:
         src.llumlet.on_migration_finished(request_id, committed)
 
     def keep_migrating(self, src: SimInstance, dst: SimInstance) -> bool:
-        """The source is still a source (its llumlet says) and the destination, seen
-        fresh, is still above the in threshold and not terminating."""
+        """The cluster's rule (``Llumlet.should_keep_migrating``) on fresh statuses."""
         now = self._now()
-        if not src.llumlet.should_keep_migrating(now) or dst.llumlet.is_terminating:
-            return False
-        if len(dst.migrations_in) >= self.config.rescheduling.max_in:
-            return False
-        return freeness(dst.llumlet.report(now), self.config.freeness) > self.config.rescheduling.in_threshold
+        return bool(src.llumlet.should_keep_migrating(now, dst.llumlet.report(now), len(dst.migrations_in)))
+
+    def is_drained(self, inst: SimInstance) -> bool:
+        # A queued request migrating in holds no reservation, so no status shows it: the
+        # cluster's instance refuses it once closed (the request stays at its source);
+        # the simulator has no refusal path and waits for it instead.
+        return bool(inst.llumlet.is_drained(self._now())) and not inst.migrations_in
 
     # -- scaling -------------------------------------------------------------------
     def scale(self, num_active: int) -> tuple[str, str | None]:

@@ -51,6 +51,9 @@ class PolicyPort(Protocol):
     def keep_migrating(self, src: SimInstance, dst: SimInstance) -> bool:
         """After a migration: is the source still a source (and the destination still fit)?"""
 
+    def is_drained(self, inst: SimInstance) -> bool:
+        """A terminating instance holds nothing any more and may stop."""
+
     def scale(self, num_active: int) -> tuple[str, str | None]:
         """("out", None), ("in", instance to drain) or ("none", None); ``num_active``
         counts instances up or starting, not terminating."""

@@ -186,7 +186,7 @@ class Simulator:
             inst.engine.check_invariants()
         if inst.load_changed:
             self._maybe_report(inst)
-        if inst.is_terminating and not inst.engine.requests and not inst.migrations_in:
+        if inst.is_terminating and self.policy.is_drained(inst):
             events += self._retire(inst)
         return events
 
@@ -268,7 +268,7 @@ class Simulator:
         self._maybe_report(src)
         self._maybe_report(dst)
         events: list[Event] = []
-        if src.is_terminating and not src.engine.requests and not src.migrations_in:
+        if src.is_terminating and self.policy.is_drained(src):
             return self._retire(src)
         if (report.committed and not src.migrations_out and src.instance_id in
                 self.cluster.instances and dst.instance_id in self.cluster.instances
@@ -295,7 +295,7 @@ class Simulator:
             inst.is_terminating = True
             self.policy.on_terminating(inst)
             self._report(inst)
-            if not inst.engine.requests and not inst.migrations_in:
+            if self.policy.is_drained(inst):
                 events += self._retire(inst)
         return events
 
