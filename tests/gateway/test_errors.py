@@ -24,3 +24,13 @@ def test_validation_messages_name_the_parameter_or_the_body():
                               "application/json") == ("best_of is not supported", "best_of")
     message, param = validation_message({"type": "missing", "loc": ("body",), "msg": "Field required"}, "text/plain")
     assert param is None and message.endswith("sent as application/json (this one came as 'text/plain')")
+
+
+def test_a_request_the_engine_failed_on_is_a_500_and_an_unavailable_cluster_a_503():
+    from llumnix.core.errors import LlumnixError, RequestFailedError
+    from llumnix.gateway.errors import failure_body
+
+    status, body = failure_body(RequestFailedError("the engine failed on this request (RuntimeError)"))
+    assert status == 500 and body["error"]["type"] == "server_error" and "RuntimeError" in body["error"]["message"]
+    status, _ = failure_body(LlumnixError("no instance is available to serve the request"))
+    assert status == 503

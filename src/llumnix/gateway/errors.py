@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
-from llumnix.core.errors import InvalidRequestError, LlumnixError
+from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError
 from llumnix.gateway.context import context
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,8 @@ def public_error(exc: Exception) -> tuple[int, str, str | None]:
         if isinstance(inner, InvalidRequestError):
             return 400, _first_line(inner), inner.param
         log.warning("request failed: %s: %s", type(inner).__name__, _first_line(inner))
-        return 503, _first_line(inner), None
+        # The engine failed on this very request: retrying it elsewhere would fail again.
+        return (500 if isinstance(inner, RequestFailedError) else 503), _first_line(inner), None
     if isinstance(inner, TimeoutError):
         status, message = 503, "the cluster did not answer in time"
     elif _from_ray(inner):
