@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import ray
 
@@ -64,6 +64,7 @@ class InstanceActor:
         self.llumlet = Llumlet(instance_id, self.llm.engine, cfg.rescheduling, cfg.freeness)
         self._llumsched = ray.get_actor(llumsched_name)
         self._self_handle = ray.get_runtime_context().current_actor
+        self._cms = self._open_cms(instance_id)
         self.server = InstanceServer(self.llm.engine, self.llumlet, on_status=self._push)
         self.server.start()
         self._token = token
@@ -86,7 +87,23 @@ class InstanceActor:
         freeze_startup_objects()  # last: the model and Ray's state stay out of full collections
         self.gc_watch = GCWatch()
 
+    def _open_cms(self, instance_id: str) -> Any:
+        """With a shared meta store, this llumlet writes its statuses there itself, and its
+        membership record (its actor's name: where a restarted LlumSched finds it)."""
+        from llumnix.cluster.meta_store import RedisMetaStore, StoreWriter
+
+        url = cast(str | None, ray.get(self._llumsched.cms_url.remote(), timeout=60))
+        if url is None or url == "memory":
+            return None
+        cms = StoreWriter(RedisMetaStore(url))
+        name = ray.get_runtime_context().get_actor_name()
+        if name:
+            cms.put_member(instance_id, {"actor_name": name})
+        return cms
+
     def _push(self, status: InstanceStatus) -> None:
+        if self._cms is not None:
+            self._cms.put_status(status)  # never waits on Redis (StoreWriter)
         # Fire and forget: the newest wins. The handle rides along so a restarted
         # LlumSched, which lost its state, re-learns every instance from its next push.
         try:
@@ -322,13 +339,17 @@ class LlumSchedActor:
     def __init__(self, scheduling: dict[str, Any] | None, cms_url: str | None = None, seed: int = 0,
                  reschedule_interval_s: float = 0.5, instance_spec: dict[str, Any] | None = None,
                  name: str = LLUMSCHED_NAME) -> None:
-        from llumnix.cluster.meta_store import MemoryMetaStore, StoreWriter, make_meta_store
+        from llumnix.cluster.meta_store import MemoryMetaStore, RedisMetaStore, StoreWriter, make_meta_store
 
         cfg = SchedulingConfig.from_dict(scheduling)
         self.gs = GlobalScheduler(cfg, seed=seed)
+        self._cms_url = cms_url
         store = make_meta_store(cms_url)
-        # A remote store is written off the lock: a hung Redis must not stall dispatch.
+        # A shared store is written off the lock (a hung Redis must not stall dispatch) and
+        # read by a sync thread; the instances write their own statuses to it.
         self.store: MemoryMetaStore | StoreWriter = store if isinstance(store, MemoryMetaStore) else StoreWriter(store)
+        self._cms: RedisMetaStore | None = store if isinstance(store, RedisMetaStore) else None
+        self.num_cms_syncs = 0
         self._lock = threading.Lock()
         self.num_dispatched = 0
         self.handles: dict[str, Any] = {}
@@ -355,15 +376,72 @@ class LlumSchedActor:
         self._next_replace = 0.0
         self.replace_backoff_s = 5.0
         self.num_replaced = 0
+        self.num_resumed_from_cms = self._resume_from_cms()
         threading.Thread(target=self._reschedule_loop, daemon=True, name="rescheduler").start()
+        if self._cms is not None:
+            threading.Thread(target=self._cms_sync_loop, daemon=True, name="cms-sync").start()
+
+    def cms_url(self) -> str | None:
+        """Where the cluster's meta store is (None: in this actor's memory)."""
+        return self._cms_url
 
     def register(self, status: InstanceStatus, handle: Any = None) -> None:
         with self._lock:
             self._removed.discard(status.instance_id)
             self.gs.add_instance(status)
-            self.store.put_status(status)
+            if self._cms is None:
+                self.store.put_status(status)
             if handle is not None:
                 self.handles[status.instance_id] = handle
+
+    def _resume_from_cms(self) -> int:
+        """A (re)started LlumSched over a shared store takes its members and their latest
+        statuses from it: it schedules at once, without waiting for every instance's next
+        push. Members whose actor is gone are left to the health check's usual path."""
+        if self._cms is None:
+            return 0
+        try:
+            members, statuses = self._cms.members(), self._cms.all_statuses()
+        except Exception as e:  # noqa: BLE001 - unreachable: relearn from the pushes instead
+            log.warning("meta store %s unreachable at start (%s); instances are learnt from their pushes",
+                        self._cms.url, type(e).__name__)
+            return 0
+        found = 0
+        for iid, record in members.items():
+            status = statuses.get(iid)
+            if status is None:
+                continue
+            try:
+                handle = ray.get_actor(record["actor_name"])
+            except Exception:  # noqa: BLE001 - its actor is gone: a dead member
+                self.store.remove_member(iid)
+                continue
+            self.gs.add_instance(status)
+            self.handles[iid] = handle
+            if status.is_terminating:  # a scale-in victim, or an admin drain? asked next round
+                self._relearn.add(iid)
+            found += 1
+        if found:
+            log.warning("resumed %d instance(s) from the meta store %s", found, self._cms.url)
+        return found
+
+    def _cms_sync_loop(self) -> None:
+        """The view follows the shared store: statuses the instances wrote there (the pushes
+        over Ray carry the same statuses and the events; the newest of either wins)."""
+        assert self._cms is not None
+        interval = min(0.05, self._interval)
+        while True:
+            time.sleep(interval)
+            try:
+                statuses = self._cms.all_statuses()
+            except Exception:  # noqa: BLE001 - the writers log the outage; the pushes go on
+                time.sleep(0.5)
+                continue
+            with self._lock:
+                for iid, status in statuses.items():
+                    if iid in self.handles:
+                        self.gs.update_status(status)
+                self.num_cms_syncs += 1
 
     def remove_instance(self, instance_id: str, reason: str = "dead") -> bool:
         """Forget an instance (dead, or stopped by scale-in): no dispatch, no migration."""
@@ -376,6 +454,7 @@ class LlumSchedActor:
             self._scaling_in.pop(instance_id, None)
             with contextlib.suppress(Exception):  # the meta store is a view; the next run rewrites it
                 self.store.remove(instance_id)
+                self.store.remove_member(instance_id)
         if known:
             log.warning("instance %s removed (%s)", instance_id, reason)
             if reason != SCALED_IN:
@@ -668,7 +747,8 @@ class LlumSchedActor:
                 if status.is_terminating:  # a scale-in victim, or an admin drain? asked next round
                     self._relearn.add(status.instance_id)
             self.gs.update_status(status)
-            self.store.put_status(status)
+            if self._cms is None:
+                self.store.put_status(status)
 
     def dispatch(self, req: DispatchRequest) -> str | None:
         with self._lock:

@@ -21,6 +21,7 @@ from typing import Any
 from llumnix.core.batch import RequestOutput
 from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError, RequestTooLongError
 from llumnix.core.sampling_params import SamplingParams
+from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest, TokenizerLike
 from llumnix.policy import DispatchRequest
 
@@ -121,12 +122,46 @@ class ClusterBackend:
         """Request copies stopped because no stream wanted their outputs (see ``_route``)."""
         self._reaping: set[str] = set()
         self._stopping = False
+        self.cms: Any = None
+        """The shared meta store (Redis) when the cluster has one: the view this gateway
+        falls back on while LlumSched is away."""
+        self.cms_staleness_s = 2.0
+        self.num_cms_dispatches = 0
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         for iid, actor in self.instances.items():
             self._start_poller(iid, actor)
         self._spawn(self._sync_membership_loop())
+        with contextlib.suppress(Exception):  # LlumSched away: no shared view until a restart
+            url = await asyncio.wait_for(self.llumsched.cms_url.remote(), 5.0)
+            if url not in (None, "memory"):
+                from llumnix.cluster.meta_store import RedisMetaStore
+
+                self.cms = RedisMetaStore(str(url))
+
+    async def _cms_statuses(self) -> dict[str, InstanceStatus]:
+        """The shared meta store's view ({} without one, or while it is unreachable)."""
+        if self.cms is None:
+            return {}
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self.cms.all_statuses), 2.0)
+        except Exception:  # noqa: BLE001 - no view: the callers fall back further
+            return {}
+
+    async def _cms_pick(self) -> str | None:
+        """Fallback dispatch from the shared view: the freest instance this gateway can
+        reach whose status is fresh, schedulable and not terminating (None without a view)."""
+        from llumnix.policy import FreenessConfig, freeness
+
+        now = time.time()
+        fresh = [s for iid, s in (await self._cms_statuses()).items()
+                 if iid in self.instances and iid not in self._dead_ids and s.is_schedulable
+                 and not s.is_terminating and now - s.timestamp <= self.cms_staleness_s]
+        if not fresh:
+            return None
+        cfg = FreenessConfig()
+        return max(fresh, key=lambda s: (freeness(s, cfg), s.instance_id)).instance_id
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Cancel the pollers and background tasks and wait for them. A cancel can be
@@ -414,10 +449,14 @@ class ClusterBackend:
             where = await self._locate(rid, exclude=set())  # a forward that made it in time
             if where is not None:
                 return where, _PRESENT
+            self.num_fallback_dispatches += 1
+            picked = await self._cms_pick()
+            if picked is not None:
+                self.num_cms_dispatches += 1
+                return picked, None
             ids = [i for i in sorted(self.instances) if i not in self._terminating] or sorted(self.instances)
             if not ids:
                 return None, None
-            self.num_fallback_dispatches += 1
             return ids[self.num_fallback_dispatches % len(ids)], None
 
     async def _reap(self, iid: str, request_id: str) -> None:
@@ -472,13 +511,32 @@ class ClusterBackend:
                 "replacing": replacing}
 
     async def cluster_info(self) -> dict[str, Any]:
-        info = dict(await asyncio.wait_for(self.llumsched.cluster_info.remote(), 5.0))
+        try:
+            info = dict(await asyncio.wait_for(self.llumsched.cluster_info.remote(), 5.0))
+            info["source"] = "llumsched"
+        except Exception:
+            if self.cms is None:
+                raise
+            info = await self._cms_info()  # LlumSched away: the shared view, read here
         info["gateway"] = {"num_fallback_dispatches": self.num_fallback_dispatches,
+                           "num_cms_dispatches": self.num_cms_dispatches,
                            "num_resumed": self.num_resumed,
                            "num_failed_instances": self.num_failed_instances,
                            "num_retired_instances": self.num_retired_instances,
                            "instances": sorted(self.instances)}
         return info
+
+    async def _cms_info(self) -> dict[str, Any]:
+        from llumnix.policy import FreenessConfig, freeness
+
+        cfg, now = FreenessConfig(), time.time()
+        statuses = await self._cms_statuses()
+        return {"source": "cms", "instances": [
+            {"instance_id": s.instance_id, "freeness": freeness(s, cfg), "num_running": s.num_running,
+             "num_waiting": s.num_waiting, "num_used_blocks": s.num_used_blocks,
+             "num_total_blocks": s.num_total_blocks, "is_terminating": s.is_terminating,
+             "is_schedulable": s.is_schedulable, "age_s": now - s.timestamp}
+            for s in sorted(statuses.values(), key=lambda s: s.instance_id)]}
 
     async def drain_instance(self, instance_id: str) -> dict[str, Any]:
         if instance_id not in self.instances:

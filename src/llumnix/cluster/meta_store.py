@@ -1,7 +1,11 @@
-"""Cluster Meta Store: the latest status of every instance, for LlumSched to read.
+"""Cluster Meta Store (CMS): the latest status of every instance and the members.
 
-In-process by default; Redis when several gateways or schedulers must share one
-view. Statuses are JSON on the wire so any language can read them.
+In memory by default, inside LlumSched, whose scheduler state is then the view (no copies
+on the hot path). With Redis, the store is the cluster's source of truth: every llumlet
+writes its own status there (on each load change and at a heartbeat), LlumSched syncs its
+view from it and keeps the members there, so a restarted LlumSched resumes from it at
+once, and a second gateway reads the same view (``/admin/cluster``, its fallback dispatch)
+while LlumSched is away. Statuses are JSON on the wire so any language can read them.
 """
 from __future__ import annotations
 
@@ -45,6 +49,9 @@ def status_from_json(text: str | bytes) -> InstanceStatus:
 
 
 class MetaStore(Protocol):
+    """Each instance's latest status, and the members: instance id -> a small record
+    (its actor's name, where a process that lost its handles finds it again)."""
+
     def put_status(self, status: InstanceStatus) -> None: ...
 
     def get_status(self, instance_id: str) -> InstanceStatus | None: ...
@@ -53,10 +60,26 @@ class MetaStore(Protocol):
 
     def remove(self, instance_id: str) -> None: ...
 
+    def put_member(self, instance_id: str, record: dict[str, Any]) -> None: ...
+
+    def remove_member(self, instance_id: str) -> None: ...
+
+    def members(self) -> dict[str, dict[str, Any]]: ...
+
 
 class MemoryMetaStore:
     def __init__(self) -> None:
         self._statuses: dict[str, InstanceStatus] = {}
+        self._members: dict[str, dict[str, Any]] = {}
+
+    def put_member(self, instance_id: str, record: dict[str, Any]) -> None:
+        self._members[instance_id] = dict(record)
+
+    def remove_member(self, instance_id: str) -> None:
+        self._members.pop(instance_id, None)
+
+    def members(self) -> dict[str, dict[str, Any]]:
+        return {k: dict(v) for k, v in self._members.items()}
 
     def put_status(self, status: InstanceStatus) -> None:
         # A late report must never overwrite a newer one.
@@ -97,6 +120,7 @@ class RedisMetaStore:
         self.url = redact_url(url)
         self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._key = f"{prefix}:status"
+        self._members_key = f"{prefix}:members"
         self._put = self._redis.register_script(_PUT_IF_NEWER)
 
     def ping(self) -> bool:
@@ -115,6 +139,16 @@ class RedisMetaStore:
 
     def remove(self, instance_id: str) -> None:
         self._redis.hdel(self._key, instance_id)
+
+    def put_member(self, instance_id: str, record: dict[str, Any]) -> None:
+        self._redis.hset(self._members_key, instance_id, json.dumps(record, separators=(",", ":")))
+
+    def remove_member(self, instance_id: str) -> None:
+        self._redis.hdel(self._members_key, instance_id)
+
+    def members(self) -> dict[str, dict[str, Any]]:
+        raw = self._redis.hgetall(self._members_key)
+        return {k.decode() if isinstance(k, bytes) else k: json.loads(v) for k, v in raw.items()}
 
 
 def make_meta_store(url: str | None) -> MemoryMetaStore | RedisMetaStore:
@@ -138,6 +172,7 @@ class StoreWriter:
         self.store = store
         self.retry_s = retry_s
         self._pending: dict[str, InstanceStatus | None] = {}  # None: remove the instance
+        self._pending_members: dict[str, dict[str, Any] | None] = {}  # None: remove the member
         self._cv = threading.Condition()
         self.is_reachable = True
         self.num_written = 0
@@ -158,13 +193,23 @@ class StoreWriter:
             self._pending[instance_id] = None
             self._cv.notify()
 
+    def put_member(self, instance_id: str, record: dict[str, Any]) -> None:
+        with self._cv:
+            self._pending_members[instance_id] = dict(record)
+            self._cv.notify()
+
+    def remove_member(self, instance_id: str) -> None:
+        with self._cv:
+            self._pending_members[instance_id] = None
+            self._cv.notify()
+
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every pending write is in the store (tests, shutdown)."""
         deadline = time.monotonic() + timeout_s
         with self._cv:
-            while (self._pending or self._busy) and time.monotonic() < deadline:
+            while (self._pending or self._pending_members or self._busy) and time.monotonic() < deadline:
                 self._cv.wait(0.05)
-            return not (self._pending or self._busy)
+            return not (self._pending or self._pending_members or self._busy)
 
     def close(self) -> None:
         with self._cv:
@@ -174,20 +219,31 @@ class StoreWriter:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._pending and not self._closed:
+                while not self._pending and not self._pending_members and not self._closed:
                     self._cv.wait()
                 if self._closed:
                     return
                 batch, self._pending = self._pending, {}
+                members, self._pending_members = self._pending_members, {}
                 self._busy = True
             try:
-                for iid, status in batch.items():
+                for iid, record in list(members.items()):
+                    if record is None:
+                        self.store.remove_member(iid)
+                    else:
+                        self.store.put_member(iid, record)
+                    del members[iid]
+                for iid, status in list(batch.items()):
                     if status is None:
                         self.store.remove(iid)
                     else:
                         self.store.put_status(status)
+                    del batch[iid]
                     self.num_written += 1
             except Exception as e:  # noqa: BLE001 - any Redis failure: keep the newest, retry
+                with self._cv:
+                    for iid, record in members.items():  # unwritten, and nothing newer came
+                        self._pending_members.setdefault(iid, record)
                 self._on_failure(batch, e)
                 with self._cv:
                     self._busy = False
