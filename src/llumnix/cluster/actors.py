@@ -19,12 +19,15 @@ from llumnix.core.errors import LlumnixError
 from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest
 from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, SchedulingConfig
+from llumnix.policy.lifecycle import InstanceState, Lifecycles
 from llumnix.policy.rounds import is_drained
 
 LLUMSCHED_NAME = "llumnix-llumsched"
 HISTORY = 1000
 """Migration reports and scaling events LlumSched keeps (the counts are kept in full)."""
 SCALED_IN = "scaled in"
+SCALE_IN = "scale-in"
+"""The reason of a TERMINATING instance that is stopped once drained (an admin drain is not)."""
 """``remove_instance``'s reason for a planned stop: the one loss that is not replaced."""
 log = logging.getLogger(__name__)
 
@@ -362,8 +365,9 @@ class LlumSchedActor:
         self._name = name
         self._spec = instance_spec
         """How to start an instance (model, engine, token...): scale-out needs it."""
-        self._removed: set[str] = set()  # dead or stopped: a late push must not revive them
-        self._scaling_in: dict[str, float] = {}  # victim -> when it was marked terminating
+        self.lifecycle = Lifecycles()
+        """Every instance's state (starting, serving, terminating, retired, failed): a gone
+        one's late push revives nothing, and a scale-in victim is stopped once drained."""
         self._relearn: set[str] = set()  # terminating instances first heard of after a restart
         self.scaling_events: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._started_at = time.time()
@@ -381,13 +385,26 @@ class LlumSchedActor:
         if self._cms is not None:
             threading.Thread(target=self._cms_sync_loop, daemon=True, name="cms-sync").start()
 
+    def _relearnt(self, instance_id: str, status: InstanceStatus) -> None:
+        """First heard of after a restart of this actor (caller holds the lock)."""
+        if status.is_terminating:  # a scale-in victim, or an admin drain? asked next round
+            self.lifecycle.move(instance_id, InstanceState.TERMINATING, time.time(), "drain")
+            self._relearn.add(instance_id)
+        else:
+            self.lifecycle.move(instance_id, InstanceState.SERVING, time.time())
+
+    def _scaling_in(self) -> dict[str, float]:
+        """Scale-in victims (stopped once drained) and since when."""
+        return {iid: e.since for iid in self.lifecycle.ids(InstanceState.TERMINATING)
+                if (e := self.lifecycle.get(iid)) is not None and e.reason == SCALE_IN}
+
     def cms_url(self) -> str | None:
         """Where the cluster's meta store is (None: in this actor's memory)."""
         return self._cms_url
 
     def register(self, status: InstanceStatus, handle: Any = None) -> None:
         with self._lock:
-            self._removed.discard(status.instance_id)
+            self.lifecycle.restart(status.instance_id, time.time())
             self.gs.add_instance(status)
             if self._cms is None:
                 self.store.put_status(status)
@@ -418,8 +435,7 @@ class LlumSchedActor:
                 continue
             self.gs.add_instance(status)
             self.handles[iid] = handle
-            if status.is_terminating:  # a scale-in victim, or an admin drain? asked next round
-                self._relearn.add(iid)
+            self._relearnt(iid, status)
             found += 1
         if found:
             log.warning("resumed %d instance(s) from the meta store %s", found, self._cms.url)
@@ -447,11 +463,12 @@ class LlumSchedActor:
         """Forget an instance (dead, or stopped by scale-in): no dispatch, no migration."""
         with self._lock:
             known = instance_id in self.handles or instance_id in self.gs.statuses
-            self._removed.add(instance_id)
+            now = time.time()
+            if reason != SCALED_IN or not self.lifecycle.move(instance_id, InstanceState.RETIRED, now, reason):
+                self.lifecycle.move(instance_id, InstanceState.FAILED, now, reason)
             self.gs.remove_instance(instance_id)
             self.handles.pop(instance_id, None)
             self._in_flight.pop(instance_id, None)
-            self._scaling_in.pop(instance_id, None)
             with contextlib.suppress(Exception):  # the meta store is a view; the next run rewrites it
                 self.store.remove(instance_id)
                 self.store.remove_member(instance_id)
@@ -482,6 +499,7 @@ class LlumSchedActor:
             raise KeyError(f"no instance {instance_id!r}")
         ray.get(handle.set_terminating.remote(True), timeout=10)
         with self._lock:
+            self.lifecycle.move(instance_id, InstanceState.TERMINATING, time.time(), "drain")
             self.gs.mark_terminating(instance_id)
         return {"instance_id": instance_id, "draining": True}
 
@@ -492,7 +510,7 @@ class LlumSchedActor:
             raise KeyError(f"no instance {instance_id!r}")
         ray.get(handle.set_terminating.remote(False), timeout=10)
         with self._lock:
-            self._scaling_in.pop(instance_id, None)
+            self.lifecycle.move(instance_id, InstanceState.SERVING, time.time())
             self.gs.unmark_terminating(instance_id)
         return {"instance_id": instance_id, "draining": False}
 
@@ -500,8 +518,9 @@ class LlumSchedActor:
         """What /health compares with: the instance count to keep, and the instances
         serving (schedulable, not terminating) or being started in place of lost ones."""
         with self._lock:
-            serving = sorted(iid for iid, s in self.gs.statuses.items()
-                             if s.is_schedulable and not s.is_terminating and iid in self.handles)
+            serving = sorted(iid for iid in self.lifecycle.ids(InstanceState.SERVING)
+                             if iid in self.handles and (s := self.gs.statuses.get(iid)) is not None
+                             and s.is_schedulable and not s.is_terminating)
             return {"target": self._capacity_target(), "serving": serving, "replacing": sorted(self._replacing)}
 
     def _capacity_target(self) -> int:
@@ -537,6 +556,7 @@ class LlumSchedActor:
             with self._lock:
                 self._lost.appendleft(self._replacing.pop(iid))
                 self._next_replace = time.time() + self.replace_backoff_s
+                self.lifecycle.move(iid, InstanceState.FAILED, time.time(), str(e))
             return
         with self._lock:
             lost_at = self._replacing.pop(iid)
@@ -582,7 +602,7 @@ class LlumSchedActor:
                 self._reschedule_round()
                 if self.gs.config.scaling.enabled:
                     self._autoscale()
-                elif self._scaling_in or self._relearn:
+                elif self._scaling_in() or self._relearn:
                     self._stop_drained()
             except Exception:  # noqa: BLE001 - one bad round must not end rescheduling
                 log.exception("rescheduling round failed")
@@ -613,7 +633,7 @@ class LlumSchedActor:
             act = self.gs.scaling_decision(now)
             if act.kind == "in" and act.instance_id in self.handles:
                 self.gs.mark_terminating(act.instance_id)
-                self._scaling_in[act.instance_id] = now
+                self.lifecycle.move(act.instance_id, InstanceState.TERMINATING, now, SCALE_IN)
                 num_running = self.gs.statuses[act.instance_id].num_running
         if act.kind != "none":
             self.scaling_events.append({"time": now, "kind": act.kind, "instance_id": act.instance_id,
@@ -642,14 +662,14 @@ class LlumSchedActor:
             if victim:
                 with self._lock:
                     if iid in self.handles:
-                        self._scaling_in.setdefault(iid, time.time())
+                        self.lifecycle.move(iid, InstanceState.TERMINATING, time.time(), SCALE_IN)
                 log.warning("instance %s is still being scaled in; stopped once empty", iid)
 
     def _stop_drained(self) -> None:
         if self._relearn:
             self._relearn_victims()
         with self._lock:
-            ready = [(iid, self.handles.get(iid)) for iid, t in self._scaling_in.items()
+            ready = [(iid, self.handles.get(iid)) for iid, t in self._scaling_in().items()
                      if iid not in self._in_flight and time.time() - t > 1.0
                      and (s := self.gs.statuses.get(iid)) is not None and is_drained(s)]
         for iid, handle in ready:
@@ -669,10 +689,10 @@ class LlumSchedActor:
 
     def _new_instance_id(self) -> str:
         """The next ``instance-N`` no instance has had (called under the lock)."""
-        used = [int(i.rsplit("-", 1)[1]) for i in (*self.handles, *self._removed, *self._replacing)
+        used = [int(i.rsplit("-", 1)[1]) for i in (*self.handles, *self.lifecycle.all_ids(), *self._replacing)
                 if i.rsplit("-", 1)[-1].isdigit()]
         iid = f"instance-{max(used, default=-1) + 1}"
-        self._removed.discard(iid)
+        self.lifecycle.move(iid, InstanceState.STARTING, time.time())
         return iid
 
     def _start_instance(self) -> None:
@@ -681,6 +701,8 @@ class LlumSchedActor:
         try:
             self._launch(iid)
         except Exception as e:  # noqa: BLE001 - the scheduler may try again after its cooldown
+            with self._lock:
+                self.lifecycle.move(iid, InstanceState.FAILED, time.time(), str(e))
             self._scale_out_failed(iid, str(e))
             return
         self.scaling_events.append({"time": time.time(), "kind": "started", "instance_id": iid})
@@ -737,15 +759,14 @@ class LlumSchedActor:
 
     def update_status(self, status: InstanceStatus, handle: Any = None) -> None:
         with self._lock:
-            if status.instance_id in self._removed:
+            if self.lifecycle.is_gone(status.instance_id):
                 return  # a late push of a dead or stopped instance
             if status.instance_id not in self.gs.statuses:
                 if handle is None:
                     return
                 self.gs.add_instance(status)  # first push after a restart of this actor
                 self.handles[status.instance_id] = handle
-                if status.is_terminating:  # a scale-in victim, or an admin drain? asked next round
-                    self._relearn.add(status.instance_id)
+                self._relearnt(status.instance_id, status)
             self.gs.update_status(status)
             if self._cms is None:
                 self.store.put_status(status)
@@ -797,7 +818,7 @@ class LlumSchedActor:
                                               for m in list(self.migrations)[-50:]]},
                     "scaling": {"enabled": self.gs.config.scaling.enabled,
                                 "num_starting": self.gs.num_starting,
-                                "draining": sorted(self._scaling_in),
+                                "draining": sorted(self._scaling_in()),
                                 "events": list(self.scaling_events)[-50:]},
                     "capacity": {"target": self._capacity_target(), "num_replaced": self.num_replaced,
                                  "replacing": sorted(self._replacing)},
