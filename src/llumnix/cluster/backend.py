@@ -24,6 +24,7 @@ from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest, TokenizerLike
 from llumnix.policy import DispatchRequest
+from llumnix.policy.lifecycle import InstanceState, Lifecycles
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,10 @@ class ClusterBackend:
         self._pollers: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._dead: set[str] = set()  # actor ids of instances found dead: never polled again
-        self._dead_ids: set[str] = set()
-        self._terminating: set[str] = set()
-        self._retired: set[str] = set()
+        self.lifecycle = Lifecycles()
+        """This gateway's view of each instance's state (LlumSched's members, its own polls)."""
+        for iid in self.instances:
+            self.lifecycle.move(iid, InstanceState.SERVING, time.time())
         """Terminating instances LlumSched no longer lists: scale-in stopped them once empty."""
         self.client_id = uuid.uuid4().hex
         """This gateway's tag on its requests: instances keep one outbox per tag, so
@@ -156,7 +158,7 @@ class ClusterBackend:
 
         now = time.time()
         fresh = [s for iid, s in (await self._cms_statuses()).items()
-                 if iid in self.instances and iid not in self._dead_ids and s.is_schedulable
+                 if iid in self.instances and not self.lifecycle.is_gone(iid) and s.is_schedulable
                  and not s.is_terminating and now - s.timestamp <= self.cms_staleness_s]
         if not fresh:
             return None
@@ -205,17 +207,20 @@ class ClusterBackend:
             raise
         except Exception:  # noqa: BLE001 - LlumSched down or restarting: keep what we know
             return
+        now, lc, s_ = time.time(), self.lifecycle, InstanceState
         for iid, m in members.items():
             handle = m["handle"]
             if iid not in self.instances and _actor_key(handle) not in self._dead:
                 log.info("gateway: new instance %s", iid)
                 self.instances[iid] = handle
-                self._dead_ids.discard(iid)
+                lc.restart(iid, now)
                 self._start_poller(iid, handle)
+            lc.move(iid, s_.TERMINATING if m["is_terminating"] else s_.SERVING, now)
         # A terminating instance that is no longer a member was stopped by scale-in; its
         # poller ends when the stopped actor answers with an error (see _on_instance_failed).
-        self._retired |= {iid for iid in self._terminating if iid not in members}
-        self._terminating = {iid for iid, m in members.items() if m["is_terminating"]}
+        for iid in lc.ids(s_.TERMINATING):
+            if iid not in members:
+                lc.move(iid, s_.RETIRED, now, "no longer a member")
 
     # -- outputs ----------------------------------------------------------------------
     async def _poll(self, iid: str, actor: Any) -> None:
@@ -265,8 +270,10 @@ class ClusterBackend:
         del self.instances[iid]
         self._pollers.pop(iid, None)
         self._dead.add(_actor_key(actor))
-        self._dead_ids.add(iid)
-        if iid in self._terminating or iid in self._retired:
+        planned = self.lifecycle.state(iid) in (InstanceState.TERMINATING, InstanceState.RETIRED)
+        if not planned:
+            self.lifecycle.move(iid, InstanceState.FAILED, time.time(), type(err).__name__)
+        else:
             # Scale-in (or a drain) empties an instance by migration and then stops it: a
             # planned end, unless a stream of ours is still there. A stream whose request
             # migrated may not have had an output from its new home yet: look for it.
@@ -277,8 +284,10 @@ class ClusterBackend:
                     stream.instance_id = home
             if all(home is not None for home in homes):
                 log.info("gateway: instance %s retired (drained and stopped)", iid)
+                self.lifecycle.move(iid, InstanceState.RETIRED, time.time())
                 self.num_retired_instances += 1
                 return
+            self.lifecycle.move(iid, InstanceState.FAILED, time.time(), "stopped with a stream on it")
         log.warning("gateway: instance %s failed (%s: %s); resuming its requests elsewhere",
                     iid, type(err).__name__, err)
         self.num_failed_instances += 1
@@ -361,7 +370,7 @@ class ClusterBackend:
             first = await asyncio.wait_for(self.llumsched.dispatch.remote(DispatchRequest(
                 request.request_id, len(request.prompt_token_ids), request.priority,
                 request.arrival_time, request.prompt_token_ids)), timeout=self.dispatch_timeout_s)
-        rest = sorted(live, key=lambda i: (i in self._terminating, i))
+        rest = sorted(live, key=lambda i: (self.lifecycle.state(i) == InstanceState.TERMINATING, i))
         return ([first] if first in live else []) + [i for i in rest if i != first]
 
     # -- requests ---------------------------------------------------------------------
@@ -440,7 +449,7 @@ class ClusterBackend:
             if sub is None:
                 return None, None
             iid, refs = sub
-            if iid in self._dead_ids:
+            if self.lifecycle.is_gone(iid):
                 raise LookupError(f"LlumSched chose {iid}, which this gateway found dead")
             return iid, (refs[0] if refs else None)
         except Exception as e:  # noqa: BLE001 - any LlumSched failure means: use the fallback
@@ -454,7 +463,8 @@ class ClusterBackend:
             if picked is not None:
                 self.num_cms_dispatches += 1
                 return picked, None
-            ids = [i for i in sorted(self.instances) if i not in self._terminating] or sorted(self.instances)
+            ids = [i for i in sorted(self.instances)
+                   if self.lifecycle.state(i) != InstanceState.TERMINATING] or sorted(self.instances)
             if not ids:
                 return None, None
             return ids[self.num_fallback_dispatches % len(ids)], None
@@ -504,7 +514,7 @@ class ClusterBackend:
             cap = await asyncio.wait_for(self.llumsched.capacity.remote(), 2.0)
             target, listed, replacing = int(cap["target"]), set(cap["serving"]), list(cap["replacing"])
         except Exception:  # noqa: BLE001 - LlumSched down or restarting: judge from here
-            target, listed, replacing = self.num_configured, set(ids) - self._terminating, []
+            target, listed, replacing = self.num_configured, set(self.lifecycle.ids(InstanceState.SERVING)), []
         serving = sorted(i for i in listed if states.get(i))
         status = "unavailable" if not serving else "ok" if len(serving) >= target else "degraded"
         return {"status": status, "instances": states, "serving": serving, "target": target,
