@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from llumnix.cluster.actors import LLUMSCHED_NAME, InstanceActor, LlumSchedActor
 from llumnix.core.errors import LlumnixError
@@ -46,6 +47,10 @@ class ClusterConfig:
     replace_lost_instances: bool = True
     """Start a fresh instance in place of one that died (its requests resume on the others
     meanwhile), so the cluster returns to ``instances``."""
+    instance_resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each instance actor asks for: with ``{"llumnix_slot": 1}`` and
+    one such slot per node (``ray start --resources '{"llumnix_slot": 1}'``), one instance
+    per node."""
 
 
 def instance_gpus(engine: dict[str, Any], gpus_per_instance: float | None = None) -> float:
@@ -102,7 +107,7 @@ def init_ray(cfg: ClusterConfig) -> None:
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if cfg.ray_address:
-        ray.init(address=cfg.ray_address, namespace=cfg.namespace, log_to_driver=True)
+        join_ray(cfg.ray_address, cfg.namespace, log_to_driver=True)
     else:
         ray.init(num_cpus=cfg.ray_num_cpus, include_dashboard=False, namespace=cfg.namespace,
                  log_to_driver=True)
@@ -120,18 +125,23 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     gpus = instance_gpus(cfg.engine, cfg.gpus_per_instance)
     spec = {"model": cfg.model, "engine": dict(cfg.engine), "scheduling": sched_cfg,
             "threads": cfg.threads_per_instance, "token": token, "migration": dict(cfg.migration),
-            "num_gpus": gpus, "num_instances": cfg.instances, "replace_lost": cfg.replace_lost_instances}
+            "num_gpus": gpus, "resources": dict(cfg.instance_resources), "num_instances": cfg.instances,
+            "replace_lost": cfg.replace_lost_instances}
     check_gpu_capacity(cfg.instances, gpus, ray_gpus())
     # (Ray's stubs do not know a decorated class's .options(): hence the ignores.)
+    # On this process's node: the instances' nodes may come and go. Soft, so a restart
+    # after this node is lost finds another.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     llumsched = LlumSchedActor.options(name=cfg.llumsched_name, num_cpus=0, max_restarts=-1,  # type: ignore[attr-defined]
-                                       max_task_retries=0).remote(
+                                       max_task_retries=0, scheduling_strategy=here).remote(
         sched_cfg, cfg.cms, reschedule_interval_s=cfg.reschedule_interval_s, instance_spec=spec,
         name=cfg.llumsched_name)
     ray.get(llumsched.cluster_info.remote(), timeout=60)
     instances = {}
     for i in range(cfg.instances):
         iid = f"instance-{i}"
-        instances[iid] = InstanceActor.options(num_cpus=0, num_gpus=gpus).remote(  # type: ignore[attr-defined]
+        instances[iid] = InstanceActor.options(num_cpus=0, num_gpus=gpus,  # type: ignore[attr-defined]
+                                               resources=dict(cfg.instance_resources)).remote(
             iid, cfg.model, dict(cfg.engine), sched_cfg, cfg.llumsched_name, cfg.threads_per_instance,
             token, dict(cfg.migration))
     try:
@@ -140,8 +150,7 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
         for actor in (llumsched, *instances.values()):
             with contextlib.suppress(Exception):
                 ray.kill(actor)
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        raise LlumnixError(f"an instance failed to start: {lines[-1] if lines else e}") from None
+        raise LlumnixError(f"an instance failed to start: {_last_line(e)}") from None
     statuses = ray.get([a.status.remote() for a in instances.values()], timeout=60)
     ray.get([llumsched.register.remote(s, instances[s.instance_id]) for s in statuses], timeout=60)
     return Cluster(llumsched, instances, infos[0])
@@ -152,11 +161,7 @@ def attach_cluster(ray_address: str, namespace: str = "llumnix", llumsched_name:
     """A running cluster (its LlumSched and instances), for one more gateway in front of
     it: nothing is started, and ``shutdown`` leaves it running."""
     if not ray.is_initialized():
-        _check_reachable(ray_address)
-        try:
-            ray.init(address=ray_address, namespace=namespace, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise LlumnixError(f"cannot reach a Ray cluster at {ray_address!r}: {e}") from None
+        join_ray(ray_address, namespace, log_to_driver=False)
     try:
         llumsched = ray.get_actor(llumsched_name)
     except ValueError:
@@ -172,15 +177,68 @@ def attach_cluster(ray_address: str, namespace: str = "llumnix", llumsched_name:
     return Cluster(llumsched, instances, info, owned=False)
 
 
+def join_ray(ray_address: str, namespace: str, log_to_driver: bool) -> None:
+    """``ray.init`` on a running cluster, with one line where it fails. Ray turns on
+    token authentication for the clusters it starts (whenever a token exists), but a
+    process joining by explicit address sends no token unless ``RAY_AUTH_MODE=token``:
+    where that is unset and a token can be found as Ray finds one (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), token mode is turned on here. A
+    token sent to a cluster without authentication is ignored."""
+    _check_reachable(ray_address)
+    has_token = _use_auth_token()
+    try:
+        ray.init(address=ray_address, namespace=namespace, log_to_driver=log_to_driver)
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.AuthenticationError) as e:
+        hint = "" if has_token else (
+            f" (if it uses token authentication, set {AUTH_TOKEN_ENV} to its token: `ray get-auth-token` "
+            f"on its head prints it; or {AUTH_TOKEN_ENV}_PATH to a file holding it)")
+        raise LlumnixError(f"cannot join the Ray cluster at {ray_address!r}: {_last_line(e)}{hint}") from None
+
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+
+
+def _use_auth_token() -> bool:
+    """Turn on Ray's token mode for this process (and what it starts) where the user
+    chose no mode and a token exists; returns whether the process has a token."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+        from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+    except ImportError:  # a Ray without token authentication
+        return True
+    mode = os.environ.get(AUTH_MODE_ENV)
+    if mode is None:
+        return bool(maybe_enable_token_auth_if_token_available(warn_if_disabled=False))
+    if mode.lower() != "token":
+        return True  # the user's choice: no hint about tokens
+    return bool(AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True))
+
+
+def _last_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
 def _check_reachable(ray_address: str, timeout_s: float = 3.0) -> None:
     """Fail in seconds, with one line, where ``ray.init`` would retry for minutes."""
     import socket
+
+    from ray._private.services import resolve_ip_for_localhost
 
     addr = ray_address.removeprefix("ray://")
     if addr == "auto" or ":" not in addr:
         return
     host, _, port = addr.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except (OSError, ValueError) as e:
-        raise LlumnixError(f"cannot reach a Ray cluster at {ray_address!r}: {e}") from None
+    # Ray dials a loopback address as this node's IP (its GCS binds that one).
+    hosts = dict.fromkeys([host, resolve_ip_for_localhost(host)] if host else [host])
+    error: Exception | None = None
+    for h in hosts:
+        try:
+            socket.create_connection((h, int(port)), timeout=timeout_s).close()
+            return
+        except (OSError, ValueError) as e:
+            error = e
+    raise LlumnixError(f"cannot reach a Ray cluster at {ray_address!r}: {error}") from None

@@ -3,7 +3,9 @@
 rendezvous store; the destination joins it when asked (``accept_gloo``). Both
 sides prove they hold the cluster token through the store before the group
 forms. The source gathers into a reused send buffer (one copy); the
-destination receives into a reused buffer and scatters it once.
+destination receives into a reused buffer and scatters it once. Each side binds
+and advertises its node's address (``node_host``), as the tcp receiver does, so a
+pair forms across hosts.
 
 Per frame, rank 0 -> rank 1: ``meta int64[2] = (header_len, nbytes)``, the
 header (JSON bytes), the payload; rank 1 -> rank 0: ``int64[1]`` 1 = written.
@@ -24,10 +26,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from llumnix.migration.tcp_transport import migration_host
 from llumnix.migration.transport import BulkWorker, KVSink, KVSource, TransportError, TransportOptions
 
 log = logging.getLogger(__name__)
 _DATA, _ACK = 0, 1
+
+
+def node_host() -> str:
+    """This process's address for a pair: the node's, as Ray sees it where Ray runs
+    here (``migration_host``: ``LLUMNIX_MIGRATION_HOST`` wins), which the peer's
+    node can reach; 127.0.0.1 would send a peer on another host to itself."""
+    import sys
+
+    node_ip = None
+    ray = sys.modules.get("ray")  # only where this process already uses Ray
+    if ray is not None and ray.is_initialized():
+        node_ip = ray.util.get_node_ip_address()
+    return migration_host(node_ip)
 
 
 def _group(store: Any, name: str, host: str, rank: int, timeout_s: float) -> Any:
@@ -70,9 +86,11 @@ class _Buffer:
 class GlooSender:
     name = "gloo"
 
-    def __init__(self, accept: Any, token: bytes, host: str = "127.0.0.1",
+    def __init__(self, accept: Any, token: bytes, host: str | None = None,
                  options: TransportOptions | None = None) -> None:
-        """``accept(host, port, pair_id)`` asks the destination to join (it must return at once)."""
+        """``accept(host, port, pair_id)`` asks the destination to join (it must return at
+        once); ``host`` (default ``node_host()``) is where it finds this side."""
+        host = host or node_host()
         self._options = options or TransportOptions()
         t = self._options.timeout_s
         pair_id = os.urandom(8).hex()
@@ -144,9 +162,9 @@ class GlooReceiver:
     own thread (the bulk one niced) until the source closes the pair or dies."""
 
     def __init__(self, host: str, port: int, pair_id: str, sink: KVSink, token: bytes,
-                 options: TransportOptions, local_host: str = "127.0.0.1") -> None:
+                 options: TransportOptions, local_host: str | None = None) -> None:
         self._args = (host, port, pair_id)
-        self._local_host = local_host
+        self._local_host = local_host or node_host()
         self._sink = sink
         self._token = token
         self._options = options
