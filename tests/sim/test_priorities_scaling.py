@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from llumnix.policy.lifecycle import InstanceState
 from llumnix.sim.cluster import ClusterConfig
 from llumnix.sim.config import SystemSpec
 from llumnix.sim.latency import fit_a10_llama7b
@@ -194,7 +195,7 @@ def test_retiring_while_a_migration_of_the_finished_last_request_is_in_flight():
         def on_status_round(self, ev):
             inst = self.cluster.instances.get("instance-0")
             if inst is not None and not inst.is_terminating and self.clock.now() >= 0.68:
-                inst.is_terminating = True  # what on_scaling does to a victim
+                inst.move(InstanceState.TERMINATING)  # what on_scaling does to a victim
                 self.policy.on_terminating(inst)
                 self._report(inst)
             return super().on_status_round(ev)

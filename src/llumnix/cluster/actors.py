@@ -722,7 +722,8 @@ class LlumSchedActor:
         try:
             # Detached, so it outlives a restart of this actor (its owner).
             handle = InstanceActor.options(name=f"{self._name}-{iid}", lifetime="detached",  # type: ignore[attr-defined]
-                                           num_cpus=0, num_gpus=spec.get("num_gpus", 0)).remote(
+                                           num_cpus=0, num_gpus=spec.get("num_gpus", 0),
+                                           resources=dict(spec.get("resources") or {})).remote(
                 iid, spec["model"], dict(spec["engine"]), spec["scheduling"], self._name,
                 spec["threads"], spec["token"], dict(spec["migration"]))
             ray.get(handle.ready.remote(), timeout=float(spec.get("start_timeout_s", 300)))

@@ -140,7 +140,8 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     instances = {}
     for i in range(cfg.instances):
         iid = f"instance-{i}"
-        instances[iid] = InstanceActor.options(num_cpus=0, num_gpus=gpus,  # type: ignore[attr-defined]
+        # Named, so a restarted LlumSched finds them again through the meta store.
+        instances[iid] = InstanceActor.options(name=f"{cfg.llumsched_name}-{iid}", num_cpus=0, num_gpus=gpus,  # type: ignore[attr-defined]
                                                resources=dict(cfg.instance_resources)).remote(
             iid, cfg.model, dict(cfg.engine), sched_cfg, cfg.llumsched_name, cfg.threads_per_instance,
             token, dict(cfg.migration))

@@ -39,6 +39,11 @@ _ALLOWED: dict[InstanceState | None, frozenset[InstanceState]] = {
 }
 
 
+def can_move(frm: InstanceState | None, to: InstanceState) -> bool:
+    """Whether the machine allows ``frm`` -> ``to`` (``frm`` None: first heard of)."""
+    return to in _ALLOWED[frm]
+
+
 @dataclass(frozen=True)
 class Entry:
     state: InstanceState
@@ -66,7 +71,7 @@ class Lifecycles:
         return None if e is None else e.state
 
     def can_move(self, instance_id: str, to: InstanceState) -> bool:
-        return to in _ALLOWED[self.state(instance_id)]
+        return can_move(self.state(instance_id), to)
 
     def move(self, instance_id: str, to: InstanceState, now: float, reason: str = "") -> bool:
         if not self.can_move(instance_id, to):

@@ -9,6 +9,7 @@ from llumnix.core.clock import VirtualClock
 from llumnix.core.config import CacheConfig, EngineConfig, SchedulerConfig
 from llumnix.engine import EngineCore
 from llumnix.migration.protocol import MigrationConfig
+from llumnix.policy.lifecycle import InstanceState
 from llumnix.sim.executor import HostSteps, SimExecutor
 from llumnix.sim.instance import SimInstance
 from llumnix.sim.latency import LatencyModel
@@ -98,7 +99,8 @@ class Cluster:
         engine = EngineCore(self._engine_config, ex, self.config.num_blocks, clock=self.clock, instance_id=iid)
         llumlet = self.make_llumlet(iid, engine) if self.make_llumlet else None
         inst = SimInstance(iid, engine, ex, llumlet, up_since=self.clock.now())
-        inst.is_up = up
+        if not up:
+            inst.state = InstanceState.STARTING
         self.instances[iid] = inst
         return inst
 

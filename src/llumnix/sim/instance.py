@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from llumnix.core.batch import ModelOutput, RequestOutput, SchedulerOutput
 from llumnix.engine import EngineCore
+from llumnix.policy.lifecycle import InstanceState, can_move
 from llumnix.sim.events import Event, EventKind
 from llumnix.sim.executor import SimExecutor
 
@@ -30,8 +31,8 @@ class SimInstance:
         self.executor = executor
         self.llumlet = llumlet
         self.up_since = up_since
-        self.is_up = True
-        self.is_terminating = False
+        self.state = InstanceState.SERVING
+        """Where it is in the lifecycle every part of Llumnix shares (policy/lifecycle.py)."""
         self.migrations_out: dict[str, MigrationRun] = {}
         self.migrations_in: dict[str, MigrationRun] = {}
         self.at_boundary: list[Callable[[float], list[Event]]] = []
@@ -44,6 +45,20 @@ class SimInstance:
         self._num_requests = 0
         self.block_seconds = 0.0
         """Integral of the KV blocks in use over time (blocks held during each step)."""
+
+    @property
+    def is_up(self) -> bool:
+        """Started and not gone: it steps, reports and may be paired."""
+        return self.state in (InstanceState.SERVING, InstanceState.TERMINATING)
+
+    @property
+    def is_terminating(self) -> bool:
+        return self.state == InstanceState.TERMINATING
+
+    def move(self, to: InstanceState) -> None:
+        if not can_move(self.state, to):
+            raise RuntimeError(f"{self.instance_id}: {self.state.name} -> {to.name} is not a lifecycle transition")
+        self.state = to
 
     @property
     def is_busy(self) -> bool:

@@ -24,6 +24,7 @@ from typing import Any
 from llumnix.core.errors import RequestTooLongError
 from llumnix.core.request import Priority
 from llumnix.core.sampling_params import SamplingParams
+from llumnix.policy.lifecycle import InstanceState
 from llumnix.sim.cluster import Cluster, ClusterConfig
 from llumnix.sim.events import Event, EventKind
 from llumnix.sim.instance import SimInstance
@@ -292,7 +293,7 @@ class Simulator:
             self.metrics.on_instances(now, self.cluster.num_live)
         elif kind == "in" and victim in self.cluster.instances:
             inst = self.cluster.instances[victim]
-            inst.is_terminating = True
+            inst.move(InstanceState.TERMINATING)
             self.policy.on_terminating(inst)
             self._report(inst)
             if self.policy.is_drained(inst):
@@ -301,7 +302,7 @@ class Simulator:
 
     def on_instance_up(self, ev: Event) -> list[Event]:
         inst: SimInstance = ev.target
-        inst.is_up = True
+        inst.move(InstanceState.SERVING)
         inst.up_since = self.clock.now()
         self.policy.add_instance(inst)
         self._report(inst)
@@ -311,6 +312,7 @@ class Simulator:
         if inst.instance_id not in self.cluster.instances:
             return []  # already retired: an abort below re-enters through _on_migration_done
         self.cluster.remove(inst.instance_id)
+        inst.move(InstanceState.RETIRED)
         events: list[Event] = []
         # A run whose request finished here has not noticed yet (its stage is in flight).
         # Its abort frees the destination's reservation and may wake the destination:
