@@ -52,9 +52,21 @@ def test_an_unreadable_model_file_fails_before_ray_starts(capsys, monkeypatch, t
 
 @pytest.mark.parametrize("text,message", [
     ("instances: [1\n", "is not valid YAML"),
-    ("- 1\n", "must hold a mapping of ClusterConfig fields"),
-    ("engine: 5\n", "engine must be a mapping, not 5"),
-    ("engine: {device: tpu}\n", "--device must be cpu, cuda or cuda:N, not 'tpu'"),
+    ("- 1\n", "must hold a mapping (model, engine, scheduling, migration, deployment)"),
+    ("engine: 5\n", "error: engine: must be a mapping, not 5"),
+    ("engine: {device: tpu}\n", "error: engine.device: must be cpu, cuda or cuda:N, not 'tpu'"),
+    ("engine: {max_num_seq: 8}\n", "error: engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),
+    ("engine: {max_num_seqs: many}\n", "error: engine.max_num_seqs: must be an integer, not 'many'"),
+    ("scheduling: {dispatch: {prefix_slack: 1}}\n",
+     "error: scheduling.dispatch.prefix_slack: unknown key (known: policy, params, staleness_s, "),
+    ("scheduling: {dispatch: {params: {prefix_slack: -1}}}\n",
+     "error: scheduling.dispatch.params.prefix_slack: must be an integer >= 0, got -1"),
+    ("scheduling: {rescheduling: {selection: best}}\n",
+     "error: scheduling.rescheduling.selection: unknown selection policy 'best'"),
+    ("migration: {transport: udp}\n", "error: migration.transport: must be tcp, gloo or ray, not 'udp'"),
+    ("deployment: {instances: 0}\n", "error: deployment.instances: must be >= 1, got 0"),
+    ("instances: 2\ndeployment: {instances: 3}\n", "error: deployment.instances: given twice"),
+    ("bogus: 1\n", "error: bogus: unknown key (known: model, engine, scheduling, migration, deployment)"),
 ])
 def test_a_bad_config_file_is_one_line(capsys, tmp_path, text, message):
     cfg = tmp_path / "cluster.yaml"
@@ -62,6 +74,57 @@ def test_a_bad_config_file_is_one_line(capsys, tmp_path, text, message):
     assert main(["serve", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def _build(*argv: str):
+    import argparse
+
+    from llumnix.cluster.serve import add_serve_args, build_config
+
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    return build_config(p.parse_args(list(argv)))
+
+
+def test_a_config_file_is_the_system_tree_and_flags_override_it(tmp_path):
+    cfg = tmp_path / "system.yaml"
+    cfg.write_text("engine: {max_num_seqs: 32, enable_prefix_caching: false}\n"
+                   "scheduling: {rescheduling: {out_threshold: 5, in_threshold: 8}}\n"
+                   "migration: {transport: gloo, max_stages: 2}\n"
+                   "deployment: {instances: 3, reschedule_interval_s: 0.25}\n")
+    c = _build("--config", str(cfg))
+    assert (c.instances, c.reschedule_interval_s, c.migration["transport"], c.migration["max_stages"]) == (
+        3, 0.25, "gloo", 2)
+    assert (c.engine["max_num_seqs"], c.engine["enable_prefix_caching"]) == (32, False)
+    assert c.scheduling["rescheduling"]["selection"] == "paper"  # no cache: the paper's order
+    c = _build("--config", str(cfg), "--instances", "4", "--max-num-seqs", "16", "--migrate-out-threshold", "6",
+               "--transport", "ray")
+    assert (c.instances, c.engine["max_num_seqs"], c.migration["transport"]) == (4, 16, "ray")
+    r = c.scheduling["rescheduling"]
+    assert (r["out_threshold"], r["in_threshold"]) == (6, 8)  # in_threshold only ever rises with the flag
+    assert _build("--config", str(cfg), "--migrate-out-threshold", "9").scheduling["rescheduling"][
+        "in_threshold"] == 9
+
+
+def test_old_config_files_with_flat_cluster_fields_still_work(tmp_path):
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text("instances: 3\ncms: memory\nthreads_per_instance: 2\nreschedule_interval_s: 1.5\n"
+                   "engine: {kv_cache_bytes: 1048576}\nscheduling: {dispatch: {policy: round-robin}}\n"
+                   "migration: {transport: gloo}\n")
+    c = _build("--config", str(cfg))
+    assert (c.instances, c.cms, c.threads_per_instance, c.reschedule_interval_s) == (3, "memory", 2, 1.5)
+    assert c.engine["kv_cache_bytes"] == 1 << 20 and c.scheduling["dispatch"]["policy"] == "round-robin"
+    assert c.migration["transport"] == "gloo"
+
+
+def test_scaling_starts_at_its_minimum_and_instances_must_fall_in_its_range(capsys):
+    assert _build("--scaling", "3:5").instances == 3
+    assert _build("--scaling", "1:5", "--instances", "4").instances == 4
+    assert main(["serve", "--scaling", "1:2", "--instances", "3"]) == 2
+    assert capsys.readouterr().err.strip() == ("llumnix serve: error: --instances 3 is outside the auto-scaling "
+                                               "range 1:2 (scheduling.scaling)")
+    assert main(["serve", "--scaling", "x"]) == 2
+    assert "--scaling must be MIN:MAX (two integers), not 'x'" in capsys.readouterr().err
 
 
 def test_an_unknown_device_is_one_line(capsys):
@@ -85,27 +148,30 @@ def test_prefix_affinity_flag_sets_the_llumnix_dispatch_param(capsys):
     # on with the prefix cache and the llumnix policy, its slack growing with load
     assert params() == {"prefix": True, "prefix_slack_ratio": 2.0}
     assert params("--no-prefix-affinity") == {"prefix": False}
-    assert params("--no-prefix-caching") is None
-    assert params("--dispatch", "infaas++") is None
+    assert params("--no-prefix-caching") == {}
+    assert params("--dispatch", "infaas++") == {}
     assert params("--no-prefix-caching", "--prefix-affinity") == {"prefix": True, "prefix_slack_ratio": 2.0}
     assert params("--prefix-slack", "16", "--prefix-slack-ratio", "0") == {
         "prefix": True, "prefix_slack": 16, "prefix_slack_ratio": 0.0}
     for argv, message in (
-            (["--no-prefix-affinity", "--prefix-slack", "8"], "--prefix-slack needs prefix affinity"),
-            (["--no-prefix-caching", "--prefix-slack-ratio", "1"], "--prefix-slack-ratio needs prefix affinity"),
-            (["--prefix-slack", "-1"], "--prefix-slack must be >= 0, got -1"),
-            (["--prefix-slack-ratio", "nan"], "--prefix-slack-ratio must be >= 0, got nan")):
+            (["--no-prefix-affinity", "--prefix-slack", "8"], "--prefix-slack applies only with prefix: true"),
+            (["--no-prefix-caching", "--prefix-slack-ratio", "1"],
+             "--prefix-slack-ratio applies only with prefix: true"),
+            (["--prefix-slack", "-1"], "--prefix-slack must be an integer >= 0, got -1"),
+            (["--prefix-slack-ratio", "nan"], "--prefix-slack-ratio must be a number >= 0, got nan")):
         assert main(["serve", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
     # with the cache, the prefix index forgets what the engines report evicted (a config can say no)
     assert config().scheduling["dispatch"]["prefix_evictions"] is True
-    assert "dispatch" not in config("--no-prefix-caching").scheduling
-    assert config("--dispatch", "llm-d").scheduling["dispatch"] == {"policy": "llm-d", "prefix_evictions": True}
+    assert config("--no-prefix-caching").scheduling["dispatch"]["prefix_evictions"] is False
+    llm_d = config("--dispatch", "llm-d").scheduling["dispatch"]
+    assert (llm_d["policy"], llm_d["params"], llm_d["prefix_evictions"]) == ("llm-d", {}, True)
     # with the cache, a migration source gives up what frees it most per block moved
-    assert config().scheduling["rescheduling"] == {"selection": "freed"}
-    assert "rescheduling" not in config("--no-prefix-caching").scheduling
-    assert config("--no-migration").scheduling["rescheduling"] == {"enabled": False, "selection": "freed"}
+    assert config().scheduling["rescheduling"]["selection"] == "freed"
+    assert config("--no-prefix-caching").scheduling["rescheduling"]["selection"] == "paper"
+    resched = config("--no-migration").scheduling["rescheduling"]
+    assert (resched["enabled"], resched["selection"]) == (False, "freed")
     assert main(["serve", "--dispatch", "round-robin", "--prefix-affinity"]) == 2
     assert capsys.readouterr().err.strip() == ("llumnix serve: error: --prefix-affinity needs the llumnix "
                                                "dispatch policy, not 'round-robin'")
@@ -114,22 +180,26 @@ def test_prefix_affinity_flag_sets_the_llumnix_dispatch_param(capsys):
 def test_chunked_prefill_is_on_by_default_with_its_budget(capsys):
     import argparse
 
-    from llumnix.cluster.serve import CHUNKED_BUDGET, add_serve_args, build_config
+    from llumnix.cluster.serve import add_serve_args, build_config
+    from llumnix.config import CHUNKED_BUDGET
 
     def engine(*argv: str):
         p = argparse.ArgumentParser()
         add_serve_args(p)
         e = build_config(p.parse_args(list(argv))).engine
-        return e["chunked_prefill"], e.get("max_num_batched_tokens")
+        return e["chunked_prefill"], e["max_num_batched_tokens"]
 
     assert engine() == (True, CHUNKED_BUDGET["cpu"]) == (True, 256)
     assert engine("--device", "cuda:1") == (True, 2048)  # vLLM's usual budget on a GPU
     assert engine("--max-num-batched-tokens", "512") == (True, 512)
-    assert engine("--no-chunked-prefill") == (False, None)
+    assert engine("--no-chunked-prefill") == (False, 4096)  # the engine's: one whole prefill a step
     assert engine("--no-chunked-prefill", "--max-num-batched-tokens", "8") == (False, 8)
     assert main(["serve", "--max-num-batched-tokens", "32", "--max-num-seqs", "64"]) == 2
-    assert capsys.readouterr().err.strip() == ("llumnix serve: error: with chunked prefill --max-num-batched-tokens "
-                                               "(32) must be at least --max-num-seqs (64)")
+    assert capsys.readouterr().err.strip() == ("llumnix serve: error: --max-num-batched-tokens must be at least "
+                                               "max_num_seqs (64) with chunked prefill, got 32")
+    assert main(["serve", "--max-num-seqs", "512"]) == 2  # the default budget (256) is too small
+    assert capsys.readouterr().err.strip() == ("llumnix serve: error: engine.max_num_batched_tokens: must be at "
+                                               "least max_num_seqs (512) with chunked prefill, got 256")
 
 
 def test_cuda_graphs_flag(capsys):
@@ -142,11 +212,11 @@ def test_cuda_graphs_flag(capsys):
         add_serve_args(p)
         return build_config(p.parse_args(list(argv))).engine
 
-    assert "cuda_graphs" not in engine("--device", "cuda")  # the engine's default: on with CUDA
+    assert engine("--device", "cuda")["cuda_graphs"] is None  # the engine's default: on with CUDA
     assert engine("--device", "cuda", "--no-cuda-graphs")["cuda_graphs"] is False
     assert engine("--device", "cuda:0", "--cuda-graphs")["cuda_graphs"] is True
     assert main(["serve", "--cuda-graphs"]) == 2
-    assert capsys.readouterr().err.strip() == "llumnix serve: error: --cuda-graphs needs --device cuda"
+    assert capsys.readouterr().err.strip() == "llumnix serve: error: --cuda-graphs needs device cuda"
     assert main(["generate", "--cuda-graphs", "--prompt", "hi"]) == 2
     assert capsys.readouterr().err.strip() == "llumnix generate: error: CUDA graphs need a CUDA device, not 'cpu'"
 

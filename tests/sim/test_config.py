@@ -23,6 +23,8 @@ def _cfg(**changes):
     ({"traces": [{"name": "Q", "kind": "Q-Q", "rates": [1]}]}, "traces.Q"),
     ({"systems": {"s": {"dispatch": "no-such-policy"}}}, "systems.s.dispatch"),
     ({"systems": {"s": {"dispatch": "round-robin", "migration": "yes"}}}, "systems.s.migration"),
+    ({"systems": {"s": {"engine": {"max_num_seq": 1}}}}, "systems.s.engine.max_num_seq"),
+    ({"systems": {"s": {"scheduling": {"dispatch": {"policy": "nope"}}}}}, "systems.s.scheduling.dispatch.policy"),
     ({"cluster": {"num_instance": 4}}, "cluster.num_instance"),
     ({"cluster": {"num_instances": 0}}, "num_instances"),
     ({"cluster": {"chunked_prefill": True, "max_num_seqs": 64, "max_num_batched_tokens": 32}},

@@ -10,21 +10,7 @@ from typing import Any
 
 import yaml
 
-from llumnix.core.config import SchedulerConfig
 from llumnix.core.errors import LlumnixError
-
-CHUNKED_BUDGET = {"cpu": 256, "cuda": 2048}
-"""Tokens a step computes with chunked prefill, unless told otherwise, by device.
-
-CPU: SmolLM2 on this 2-core machine, 1 thread an instance. One engine, chats decoding while
-1,000-token prompts arrive (benchmarks/chunked_prefill.py): the chats' P99 gap between
-tokens 0.90 s against 3.30 s unchunked, the long prompts' TTFT 3.62 s against 3.57 s (128
-tokens: 0.50 s, TTFT 4.04 s). The 2-instance cluster under ShareGPT-like lengths
-(benchmarks/chunked_serve.sh, two seeds with long prompts): the longest stall 1.1-1.45 s
-against 7.8-8.2 s, but more gaps of about a chunk step (P99 0.90 s against 0.22-0.29 s);
-TTFT P99 8.7 / 7.9 s against 6.7-6.9 / 10.8 s: on a CPU a chunk step is no cheaper for
-the decodes riding in it, so the stall is spread, not shrunk.
-CUDA: vLLM's usual default, not measured here (no GPU lent since chunking landed)."""
 
 
 def port(text: str) -> int:
@@ -65,7 +51,8 @@ def _add_http_args(p: argparse.ArgumentParser, default_port: int) -> None:
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML file with ClusterConfig fields (flags override it)")
+    p.add_argument("--config", help="YAML file with the system's model, engine, scheduling, migration and "
+                   "deployment sections (benchmarks/configs/); flags override it")
     p.add_argument("--model", default=None, help="'smollm2' (default), a .gguf file or an HF directory")
     p.add_argument("--instances", type=positive_int, default=None, help="instance actors (default 2)")
     _add_http_args(p, 8000)
@@ -124,181 +111,121 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="torch threads of each instance (default 1)")
 
 
-def build_config(args: argparse.Namespace) -> Any:
-    from llumnix.cluster.launcher import ClusterConfig
+FLAG_PATHS = {
+    "model": "model", "instances": "deployment.instances", "dispatch": "scheduling.dispatch.policy",
+    "prefix_affinity": "scheduling.dispatch.params.prefix",
+    "prefix_slack": "scheduling.dispatch.params.prefix_slack",
+    "prefix_slack_ratio": "scheduling.dispatch.params.prefix_slack_ratio",
+    "migration": "scheduling.rescheduling.enabled",
+    "migrate_out_threshold": "scheduling.rescheduling.out_threshold",
+    "scale_out_below": "scheduling.scaling.scale_out_below", "scale_in_above": "scheduling.scaling.scale_in_above",
+    "scaling_window": "scheduling.scaling.window_s", "scaling_cooldown": "scheduling.scaling.cooldown_s",
+    "scaling_signal": "scheduling.scaling.signal", "reschedule_interval": "deployment.reschedule_interval_s",
+    "transport": "migration.transport", "cms": "deployment.cms", "ray_address": "deployment.ray_address",
+    "kv_cache_mib": "engine.kv_cache_bytes", "max_num_seqs": "engine.max_num_seqs",
+    "chunked_prefill": "engine.chunked_prefill", "max_num_batched_tokens": "engine.max_num_batched_tokens",
+    "prefix_caching": "engine.enable_prefix_caching", "device": "engine.device",
+    "cuda_graphs": "engine.cuda_graphs", "gpus_per_instance": "deployment.gpus_per_instance",
+    "threads_per_instance": "deployment.threads_per_instance",
+}
+"""Each serve flag (its argparse dest) and the field of the system config it sets."""
 
-    base: dict[str, Any] = {}
-    if args.config:
-        try:
-            with open(args.config) as f:
-                base = yaml.safe_load(f) or {}
-        except OSError as e:
-            raise LlumnixError(f"cannot read --config: {e}") from e
-        except yaml.YAMLError as e:
-            raise LlumnixError(f"--config {args.config} is not valid YAML: {' '.join(str(e).split())}") from None
-        if not isinstance(base, dict):
-            raise LlumnixError(f"--config {args.config} must hold a mapping of ClusterConfig fields")
-        for key in ("engine", "scheduling", "migration"):
-            if base.get(key) is not None and not isinstance(base[key], dict):
-                raise LlumnixError(f"--config {args.config}: {key} must be a mapping, not {base[key]!r}")
-        known = set(ClusterConfig.__dataclass_fields__)
-        unknown = sorted(set(base) - known)
-        if unknown:
-            raise LlumnixError(f"unknown field {unknown[0]!r} in {args.config} (known: {', '.join(sorted(known))})")
-    engine = dict(base.get("engine") or {})
-    scheduling = dict(base.get("scheduling") or {})
+
+def build_config(args: argparse.Namespace) -> Any:
+    """The ``ClusterConfig`` of ``--config`` (a ``SystemConfig`` document) with the flags
+    over it; a bad value is one line naming the flag, or the file's key, that gave it."""
+    from llumnix.config import SystemConfig, SystemConfigError
+
+    doc = _read_config(args.config) if args.config else {}
+    flags = _flag_values(args, doc)
+    for path, (_, value) in flags.items():
+        _set_path(doc, path, value)
+    try:
+        system = SystemConfig.from_dict(doc)
+        cfg = system.to_cluster_config()
+    except SystemConfigError as e:
+        flag = flags.get(e.path, (None,))[0]
+        raise LlumnixError(f"{flag} {e.problem}" if flag else str(e)) from None
+    _check_reachable_parts(system.model, system.deployment.cms)
+    return cfg
+
+
+def _read_config(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise LlumnixError(f"cannot read --config: {e}") from e
+    except yaml.YAMLError as e:
+        raise LlumnixError(f"--config {path} is not valid YAML: {' '.join(str(e).split())}") from None
+    if not isinstance(doc, dict | None):
+        raise LlumnixError(f"--config {path} must hold a mapping (model, engine, scheduling, migration, "
+                           "deployment)")
+    return doc or {}
+
+
+def _flag_values(args: argparse.Namespace, doc: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """The fields the given flags set: path -> (flag, value)."""
+    out = {path: ("--" + dest.replace("_", "-"), getattr(args, dest))
+           for dest, path in FLAG_PATHS.items() if getattr(args, dest) is not None}
     if args.kv_cache_mib is not None:
-        engine["kv_cache_bytes"] = args.kv_cache_mib * 2**20
-    if args.max_num_seqs is not None:
-        engine["max_num_seqs"] = args.max_num_seqs
-    if args.device is not None:
-        engine["device"] = args.device
-    if engine.get("device") is not None:
-        _check_device(str(engine["device"]))
-    if args.cuda_graphs is not None:
-        if args.cuda_graphs and not str(engine.get("device") or "cpu").startswith("cuda"):
-            raise LlumnixError("--cuda-graphs needs --device cuda")
-        engine["cuda_graphs"] = args.cuda_graphs
-    if args.chunked_prefill is not None:
-        engine["chunked_prefill"] = args.chunked_prefill
-    engine.setdefault("chunked_prefill", True)
-    if args.max_num_batched_tokens is not None:
-        engine["max_num_batched_tokens"] = args.max_num_batched_tokens
-    if engine["chunked_prefill"]:
-        device = str(engine.get("device") or "cpu").split(":")[0]
-        engine.setdefault("max_num_batched_tokens", CHUNKED_BUDGET.get(device, CHUNKED_BUDGET["cuda"]))
-        seqs = engine.get("max_num_seqs", SchedulerConfig.max_num_seqs)  # LLM's default
-        if engine["max_num_batched_tokens"] < seqs:
-            raise LlumnixError(f"with chunked prefill --max-num-batched-tokens ({engine['max_num_batched_tokens']}) "
-                               f"must be at least --max-num-seqs ({seqs})")
-    if args.prefix_caching is not None:
-        engine["enable_prefix_caching"] = args.prefix_caching
-    engine.setdefault("enable_prefix_caching", True)
-    if args.gpus_per_instance is not None:
-        if args.gpus_per_instance < 0:
-            raise LlumnixError(f"--gpus-per-instance must be >= 0, got {args.gpus_per_instance:g}")
-        base["gpus_per_instance"] = args.gpus_per_instance
-    resched = dict(scheduling.get("rescheduling") or {})
-    if args.migration is not None:
-        resched["enabled"] = args.migration
-    if args.migrate_out_threshold is not None:
-        resched["out_threshold"] = args.migrate_out_threshold
-        resched["in_threshold"] = max(args.migrate_out_threshold, resched.get("in_threshold", 0))
-    if engine["enable_prefix_caching"]:
-        # requests share prefix blocks: give up what frees the most per block moved (the
-        # paper's order when nothing is shared; policy/selection.py)
-        resched.setdefault("selection", "freed")
-    if resched:
-        scheduling["rescheduling"] = resched
-    scaling = dict(scheduling.get("scaling") or {})
+        out["engine.kv_cache_bytes"] = ("--kv-cache-mib", args.kv_cache_mib * 2**20)
+    if args.migrate_out_threshold is not None:  # in_threshold rises with it, never below it
+        old_in = _get_path(doc, "scheduling.rescheduling.in_threshold")
+        value = max(args.migrate_out_threshold, old_in if isinstance(old_in, int | float) else 0)
+        out["scheduling.rescheduling.in_threshold"] = ("--migrate-out-threshold", value)
     if args.scaling is not None:
         try:
             lo, hi = (int(x) for x in args.scaling.split(":"))
         except ValueError:
             raise LlumnixError(f"--scaling must be MIN:MAX (two integers), not {args.scaling!r}") from None
-        scaling.update(enabled=True, min_instances=lo, max_instances=hi)
-        if args.instances is None and "instances" not in base:
-            base["instances"] = lo
-    for key, val in (("scale_out_below", args.scale_out_below), ("scale_in_above", args.scale_in_above),
-                     ("window_s", args.scaling_window), ("cooldown_s", args.scaling_cooldown),
-                     ("signal", args.scaling_signal)):
-        if val is not None:
-            scaling[key] = val
-    if scaling:
-        scheduling["scaling"] = scaling
-    if args.transport is not None:
-        from llumnix.migration.transports import check_transport
-
-        try:
-            check_transport(args.transport)
-        except ValueError as e:
-            raise LlumnixError(f"--transport: {e}") from None
-        base["migration"] = {**(base.get("migration") or {}), "transport": args.transport}
-    if args.reschedule_interval is not None:
-        if args.reschedule_interval <= 0:
-            raise LlumnixError("--reschedule-interval must be > 0")
-        base["reschedule_interval_s"] = args.reschedule_interval
-    if args.dispatch is not None:
-        scheduling["dispatch"] = {**(scheduling.get("dispatch") or {}), "policy": args.dispatch}
-    dispatch = dict(scheduling.get("dispatch") or {})
-    params = dict(dispatch.get("params") or {})
-    llumnix = dispatch.get("policy", "llumnix") == "llumnix"
-    if args.prefix_affinity is not None:
-        if not llumnix:
-            raise LlumnixError(f"--prefix-affinity needs the llumnix dispatch policy, not {dispatch['policy']!r}")
-        params["prefix"] = args.prefix_affinity
-    elif llumnix and engine["enable_prefix_caching"] and "prefix" not in params and not params.get("shield"):
-        params["prefix"] = True  # the caches are only worth as much as the hits dispatch finds them
-    for flag, key, val in (("--prefix-slack", "prefix_slack", args.prefix_slack),
-                           ("--prefix-slack-ratio", "prefix_slack_ratio", args.prefix_slack_ratio)):
-        if val is None:
-            continue
-        if params.get("prefix") is not True:
-            raise LlumnixError(f"{flag} needs prefix affinity (the llumnix policy with --prefix-affinity "
-                               "or prefix caching on)")
-        if not 0 <= val < float("inf"):
-            raise LlumnixError(f"{flag} must be >= 0, got {val:g}")
-        params[key] = val
-    if params.get("prefix") is True:
-        # the slack grows with load (benchmarks/sim/beyond.md: at light load as the fixed 4,
-        # under load far more hits)
-        params.setdefault("prefix_slack_ratio", 2.0)
-    if params:
-        dispatch["params"] = params
-    if engine["enable_prefix_caching"]:
-        # the prefix index (affinity, llm-d's prefix scorer) forgets what the engines
-        # report evicted (benchmarks/sim/beyond.md)
-        dispatch.setdefault("prefix_evictions", True)
-    if dispatch:
-        scheduling["dispatch"] = dispatch
-    for key, val in (("model", args.model), ("instances", args.instances), ("cms", args.cms),
-                     ("ray_address", args.ray_address), ("threads_per_instance", args.threads_per_instance)):
-        if val is not None:
-            base[key] = val
-    if int(base.get("instances", 2)) < 1:
-        raise LlumnixError("--instances must be >= 1")
-    _check_reachable_parts(base)
-    base["engine"], base["scheduling"] = engine, scheduling
-    from llumnix.policy import SchedulingConfig
-
-    sched = SchedulingConfig.from_dict(scheduling)  # fail fast on a bad policy name or field
-    if sched.scaling.enabled and not (sched.scaling.min_instances <= int(base.get("instances", 2))
-                                      <= sched.scaling.max_instances):
-        raise LlumnixError(f"--instances {base.get('instances', 2)} is outside --scaling "
-                           f"{sched.scaling.min_instances}:{sched.scaling.max_instances}")
-    return ClusterConfig(**base)
+        for key, value in (("enabled", True), ("min_instances", lo), ("max_instances", hi)):
+            out[f"scheduling.scaling.{key}"] = ("--scaling", value)
+        if args.instances is None and _get_path(doc, "deployment.instances", doc.get("instances")) is None:
+            out["deployment.instances"] = ("--scaling", lo)  # start at the minimum
+    return out
 
 
-def _check_device(device: str) -> None:
-    """cpu, cuda or cuda:N: what an instance's engine can run on."""
-    import torch
-
-    try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        kind = None
-    if kind not in ("cpu", "cuda"):
-        raise LlumnixError(f"--device must be cpu, cuda or cuda:N, not {device!r}")
+def _get_path(doc: dict[str, Any], path: str, default: Any = None) -> Any:
+    node: Any = doc
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return default
+        node = node[key]
+    return node
 
 
-def _check_reachable_parts(cfg: dict[str, Any]) -> None:
+def _set_path(doc: dict[str, Any], path: str, value: Any) -> None:
+    """Set a field of the document; a section that is not a mapping is left for the
+    config's own error."""
+    *heads, last = path.split(".")
+    node = doc
+    for key in heads:
+        if node.get(key) is None:
+            node[key] = {}
+        if not isinstance(node[key], dict):
+            return
+        node = node[key]
+    node[last] = value
+
+
+def _check_reachable_parts(model: str, cms: str | None) -> None:
     """What every instance actor would fail on, checked here in one line each instead of
     as actor tracebacks after Ray has started: the model path and the meta store."""
     from llumnix.cluster.meta_store import make_meta_store, redact_url
     from llumnix.model.loader import resolve_model_path
 
-    resolve_model_path(str(cfg.get("model", "smollm2")))
-    url = cfg.get("cms")
-    if url is None or url == "memory":
+    resolve_model_path(model)
+    if cms is None or cms == "memory":
         return
     try:
-        store = make_meta_store(str(url))
+        store = make_meta_store(cms)
     except ValueError as e:
         raise LlumnixError(str(e)) from None
     try:
         store.ping()  # type: ignore[union-attr]
     except Exception as e:  # noqa: BLE001 - redis raises its own connection errors
-        raise LlumnixError(f"--cms: cannot reach {redact_url(str(url))}: {type(e).__name__}") from None
+        raise LlumnixError(f"--cms: cannot reach {redact_url(cms)}: {type(e).__name__}") from None
 
 
 def is_loopback(host: str) -> bool:

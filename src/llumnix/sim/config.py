@@ -18,6 +18,11 @@ YAML layout (every key optional except ``systems`` and ``traces``)::
       round-robin: {dispatch: round-robin}
       llumnix: {dispatch: llumnix, migration: true, migrate_out_threshold: 3}
       no-prio: {dispatch: llumnix, migration: true, priorities: false}  # all sent as normal
+      served:                       # `llumnix serve --config`'s spelling (llumnix.config):
+        engine: {max_num_seqs: 256, max_num_batched_tokens: 12800,      # the whole system,
+                 enable_prefix_caching: false}
+        scheduling: {rescheduling: {out_threshold: 3}}                  # serve's defaults
+        migration: {max_stages: 3}                                      # included
     traces:
       - {name: M-M, kind: M-M, rates: [7.4, 7.6, 7.8],
          systems: {llumnix: {migrate_out_threshold: 10}}}   # per-trace system overrides
@@ -31,6 +36,17 @@ YAML layout (every key optional except ``systems`` and ``traces``)::
 
 ``--set a.b.c=value`` overrides any key (value parsed as YAML; list items by index,
 traces also by name: ``--set traces.M-M.rates=[7.6]``).
+
+A system written in serve's spelling (any of ``model``, ``engine``, ``scheduling``,
+``deployment``, or ``migration`` as a mapping) is the system `llumnix serve --config`
+would run, defaults included: its engine fields replace the cluster's, its migration
+stages replace ``cluster.migration``, and ``deployment.instances``, when given, the
+cluster's size. What the simulator cannot model is left to ``cluster``: ``num_blocks``
+(unless ``engine.num_blocks``; the KV bytes need a model), ``max_model_len`` (unless
+``engine.max_model_len``), the device, dtype, transport and the rest of the deployment.
+Dispatched requests arrive at once here, so ``dispatch.pending_grace_s`` is 0 in either
+spelling. Prefix caching (serve's default) needs traces with ``prefix_groups``: others'
+prompts carry no token ids, and such a system is refused on them. Per-trace overrides of such a system merge into it key by key.
 """
 from __future__ import annotations
 
@@ -41,6 +57,7 @@ from typing import Any
 
 import yaml
 
+from llumnix.config import SystemConfig, SystemConfigError
 from llumnix.core.errors import LlumnixError
 from llumnix.migration.protocol import MigrationConfig
 from llumnix.sim.cluster import ClusterConfig
@@ -68,6 +85,8 @@ class SystemSpec:
     """Honour request priorities. False: every request is sent (dispatched, queued, run)
     as normal priority, the paper's "Llumnix without priorities"; metrics still split
     requests by the class the trace gave them."""
+    system: SystemConfig | None = None
+    """The system, when written in serve's spelling (``options`` then holds that document)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +119,24 @@ class ExperimentConfig:
         extra = trace.system_overrides.get(system.name)
         if not extra:
             return system
-        return parse_system(system.name, {**_system_dict(system), **extra}, f"traces.{trace.spec.name}.systems")
+        merged = _merge(_system_dict(system), extra) if system.system else {**_system_dict(system), **extra}
+        return parse_system(system.name, merged, f"traces.{trace.spec.name}.systems")
+
+    def cluster_for(self, system: SystemSpec) -> ClusterConfig:
+        """The cluster a system runs on: ``cluster``, with a served system's engine,
+        migration stages and instances (see the module's docstring)."""
+        s = system.system
+        if s is None:
+            return self.cluster
+        e = s.engine
+        changes: dict[str, Any] = dict(block_size=e.block_size, max_num_seqs=e.max_num_seqs,
+                                       max_num_batched_tokens=e.num_batched_tokens, chunked_prefill=e.chunked_prefill,
+                                       enable_prefix_caching=e.enable_prefix_caching, migration=s.migration.protocol)
+        for key, value in (("num_blocks", e.num_blocks), ("max_model_len", e.max_model_len),
+                           ("num_instances", s.deployment.instances)):
+            if value is not None:
+                changes[key] = value
+        return dataclasses.replace(self.cluster, **changes)
 
 
 # -- overrides ---------------------------------------------------------------------
@@ -145,13 +181,53 @@ def _list_index(node: list[Any], part: str, key: str) -> int:
 
 # -- parsing -----------------------------------------------------------------------
 def _system_dict(s: SystemSpec) -> dict[str, Any]:
+    if s.system is not None:
+        return {**s.options, "priorities": s.priorities}
     return {"dispatch": s.dispatch, "migration": s.enable_migration, "priorities": s.priorities, **s.options}
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+_SERVED_KEYS = ("model", "engine", "scheduling", "deployment")
+_OLD_KEYS = {"dispatch": "scheduling.dispatch.policy", "migration": "scheduling.rescheduling.enabled",
+             "migrate_out_threshold": "scheduling.rescheduling.out_threshold",
+             "dispatch_params": "scheduling.dispatch.params", "staleness_s": "scheduling.dispatch.staleness_s",
+             "prefix_evictions": "scheduling.dispatch.prefix_evictions", "rescheduling": "scheduling.rescheduling",
+             "freeness": "scheduling.freeness", "scaling": "scheduling.scaling"}
+"""A key of the experiment spelling of a system, and where serve's spelling has it."""
+
+
+def is_served_spelling(d: dict[str, Any]) -> bool:
+    return any(k in d for k in _SERVED_KEYS) or isinstance(d.get("migration"), dict)
+
+
+def _parse_served(name: str, d: dict[str, Any], where: str) -> SystemSpec:
+    priorities = d.pop("priorities", True)
+    if not isinstance(priorities, bool):
+        raise ConfigError(f"{where}.{name}.priorities must be true or false")
+    for key, new in _OLD_KEYS.items():
+        if key in d and not (key == "migration" and isinstance(d[key], dict)):
+            raise ConfigError(f"{where}.{name}.{key}: not a key of serve's spelling (engine, scheduling, "
+                              f"migration, deployment): write {new}")
+    try:
+        system = SystemConfig.from_dict(d, f"{where}.{name}")
+    except SystemConfigError as e:
+        raise ConfigError(str(e)) from None
+    return SystemSpec(name, system.scheduling.dispatch.policy, system.scheduling.rescheduling.enabled, d,
+                      priorities, system)
 
 
 def parse_system(name: str, d: Any, where: str = "systems") -> SystemSpec:
     if not isinstance(d, dict):
         raise ConfigError(f"{where}.{name} must be a mapping")
     d = dict(d)
+    if is_served_spelling(d):
+        return _parse_served(name, d, where)
     dispatch = d.pop("dispatch", None)
     if not isinstance(dispatch, str):
         raise ConfigError(f"{where}.{name}.dispatch must name a dispatch policy")
@@ -293,8 +369,20 @@ def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
         seq_overhead_s=_overhead(doc, "seq_overhead_s"))
     for t in cfg.traces:  # per-trace overrides must parse too
         for system in cfg.systems:
-            cfg.system_for(system, t)
+            _check_served(cfg, cfg.system_for(system, t), t)
     return cfg
+
+
+def _check_served(cfg: ExperimentConfig, system: SystemSpec, trace: TraceRun) -> None:
+    try:
+        cluster = cfg.cluster_for(system)
+    except ValueError as e:
+        raise ConfigError(f"systems.{system.name}: {e}") from None
+    if system.system is not None and cluster.enable_prefix_caching and not trace.spec.prefix_groups:
+        # such a trace's prompts are all token 0: every prompt would hit every other's KV
+        raise ConfigError(f"systems.{system.name}.engine.enable_prefix_caching: on (serve's default), but trace "
+                          f"{trace.spec.name} has no prefix_groups, so its prompts carry no token ids to cache; "
+                          "set it false or give the trace prefix_groups and prefix_tokens")
 
 
 def _overhead(doc: dict[str, Any], key: str) -> float | None:

@@ -13,9 +13,12 @@ A system in an experiment config::
       dispatch_params: {}          # DispatchConfig.params
       prefix_evictions: true       # DispatchConfig.prefix_evictions
       scaling: {enabled: true, scale_out_below: 10, scale_in_above: 60}
+
+or in `llumnix serve --config`'s spelling (``llumnix.config.SystemConfig``; ``sim/config.py``).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from llumnix.core.errors import InvalidRequestError
@@ -38,7 +41,11 @@ _SECTIONS = ("freeness", "rescheduling", "scaling")
 
 
 def scheduling_config(spec: SystemSpec) -> SchedulingConfig:
-    """SystemSpec -> SchedulingConfig; raises the policy's own PolicyConfigError."""
+    """SystemSpec -> SchedulingConfig; raises the policy's own PolicyConfigError. The
+    simulator delivers a dispatched request at once: nothing is pending in flight."""
+    if spec.system is not None:
+        sched = spec.system.scheduling
+        return dataclasses.replace(sched, dispatch=dataclasses.replace(sched.dispatch, pending_grace_s=0.0))
     opts = dict(spec.options)
     unknown = sorted(set(opts) - {*_SECTIONS, "migrate_out_threshold", "dispatch_params", "staleness_s",
                                   "prefix_evictions"})

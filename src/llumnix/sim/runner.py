@@ -70,8 +70,9 @@ def plan(cfg: ExperimentConfig, seeds: int | None = None) -> list[RunSpec]:
         top = max(t.rates)
         for rate in t.rates:
             for seed in range(seeds or t.seeds or cfg.seeds):
-                for s in cfg.systems:
-                    runs.append(RunSpec(cfg.system_for(s, t), t.spec, rate, seed, cfg.cluster,
+                for system in cfg.systems:
+                    s = cfg.system_for(system, t)
+                    runs.append(RunSpec(s, t.spec, rate, seed, cfg.cluster_for(s),
                                         cfg.latency_model, keep_samples=(rate == top and seed == 0),
                                         step_overhead_s=cfg.step_overhead_s,
                                         seq_overhead_s=cfg.seq_overhead_s))
