@@ -49,23 +49,27 @@ def test_the_llumlets_write_their_statuses_and_membership_to_the_store(cluster, 
 
 
 def test_a_restarted_llumsched_resumes_from_the_store_without_relearning(cluster):
-    before = ray.get(cluster.llumsched.cluster_info.remote(), timeout=10)["num_dispatched"]
+    first = ray.get(cluster.llumsched.cluster_info.remote(), timeout=10)
+    assert first["num_resumed_from_cms"] == 0  # started before any instance
     ray.kill(cluster.llumsched, no_restart=False)
-    # the first answer of the restarted actor already knows both instances: its constructor
-    # read them from the store (pushes alone would take up to a status interval each)
     deadline = time.time() + 30
-    members = None
+    info: dict = {}
     while time.time() < deadline:
         try:
-            members = ray.get(cluster.llumsched.members.remote(), timeout=5)
-            break
+            info = ray.get(cluster.llumsched.cluster_info.remote(), timeout=5)
         except Exception:  # noqa: BLE001 - still restarting
             time.sleep(0.05)
-    assert members is not None and set(members) == {"instance-0", "instance-1"}
+            continue
+        if info["started_at"] != first["started_at"]:
+            break
+    # the new incarnation's constructor read both instances from the store: it did not
+    # wait for their pushes to learn them
+    assert info["started_at"] != first["started_at"] and info["num_resumed_from_cms"] == 2
     from llumnix.policy import DispatchRequest
 
+    members = ray.get(cluster.llumsched.members.remote(), timeout=10)
+    assert set(members) == {"instance-0", "instance-1"}
     assert ray.get(cluster.llumsched.dispatch.remote(DispatchRequest("after-restart", 5)), timeout=10) in members
-    assert ray.get(cluster.llumsched.cluster_info.remote(), timeout=10)["num_dispatched"] <= before + 1
 
 
 def test_a_gateway_reads_the_shared_view_while_llumsched_is_away(cluster, tiny_model_dir):

@@ -44,13 +44,37 @@ def test_requests_stream_out_and_blocks_return():
         srv.stop()
 
 
+def test_a_step_that_fails_on_a_request_ends_that_request_and_the_loop_goes_on():
+    srv, _ = _server()
+    real = srv.engine.executor.execute
+
+    def poisoned(batch):
+        if any(r.request_id == "bad" for r in batch.scheduled):
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        return real(batch)
+
+    srv.engine.executor.execute = poisoned
+    try:
+        for rid in ("bad", "good"):
+            srv.call(lambda rid=rid: srv.engine.add_request(rid, [1, 2], SamplingParams(max_tokens=3)))
+        done: dict[str, str] = {}
+        deadline = time.time() + 10
+        while len(done) < 2 and time.time() < deadline:
+            for o in srv.get_outputs(0.2):
+                if o.finish_reason:
+                    done[o.request_id] = o.finish_reason
+        assert done == {"bad": "error", "good": "length"} and srv.is_alive
+    finally:
+        srv.stop()
+
+
 def test_a_dead_step_thread_is_reported_not_waited_on():
     srv, _ = _server()
 
-    def boom(batch):
-        raise RuntimeError("executor crashed")
+    def boom():
+        raise RuntimeError("scheduler crashed")  # a bug outside the model step: the loop ends
 
-    srv.engine.executor.execute = boom
+    srv.engine.schedule = boom
     srv.call(lambda: srv.engine.add_request("r", [1, 2], SamplingParams(max_tokens=3)))
     deadline = time.time() + 5
     while srv.is_alive and time.time() < deadline:

@@ -81,7 +81,7 @@ def test_serve_refuses_an_unreachable_store_without_echoing_its_password():
     from llumnix.core.errors import LlumnixError
 
     with pytest.raises(LlumnixError) as e:
-        _check_reachable_parts({"model": "smollm2", "cms": "redis://:hunter2@127.0.0.1:1/0"})
+        _check_reachable_parts("smollm2", "redis://:hunter2@127.0.0.1:1/0")
     assert "hunter2" not in str(e.value) and "127.0.0.1:1" in str(e.value)
 
 

@@ -802,6 +802,8 @@ class LlumSchedActor:
             downtimes = [m["downtime"] for m in self.migrations if m.get("committed") and m.get("downtime") is not None]
             index = self.gs.prefix_index
             return {"dispatch_policy": self.gs.config.dispatch.policy,
+                    "started_at": self._started_at,
+                    "num_resumed_from_cms": self.num_resumed_from_cms,
                     "prefix_affinity": index is not None,
                     "num_dispatched": self.num_dispatched,
                     "migrations": {"committed": self.num_committed,
