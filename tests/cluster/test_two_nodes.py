@@ -244,8 +244,14 @@ def test_migration_across_nodes_and_back_keeps_the_greedy_tokens(cluster, transp
     add(actors[here], rid, 400)
     for k, (src, dst) in enumerate(((here, there), (there, here))):
         wait_tokens(actors[src], rid, 20 + 40 * k)
-        rep = ray.get(actors[src].migrate_request.remote(rid, dst, actors[dst], None, transport), timeout=120)
-        assert rep["committed"], rep["abort_reason"]
+        aborts = []
+        for _ in range(3):  # an abort (a timeout on a loaded machine) leaves it on the source
+            rep = ray.get(actors[src].migrate_request.remote(rid, dst, actors[dst], None, transport), timeout=120)
+            if rep["committed"]:
+                break
+            aborts.append(rep["abort_reason"])
+            assert where_is(actors, rid) == src
+        assert rep["committed"], aborts
         assert rep["num_stages"] >= 1 and rep["num_bytes"] > 0
         assert where_is(actors, rid) == dst
     assert out.result(rid) == reference
