@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import ray
 
+from llumnix.cluster.history import HISTORY, MigrationHistory
 from llumnix.core.batch import RequestOutput
 from llumnix.core.errors import LlumnixError
 from llumnix.core.status import InstanceStatus
@@ -23,8 +24,6 @@ from llumnix.policy.lifecycle import InstanceState, Lifecycles
 from llumnix.policy.rounds import is_drained
 
 LLUMSCHED_NAME = "llumnix-llumsched"
-HISTORY = 1000
-"""Migration reports and scaling events LlumSched keeps (the counts are kept in full)."""
 SCALED_IN = "scaled in"
 SCALE_IN = "scale-in"
 """The reason of a TERMINATING instance that is stopped once drained (an admin drain is not)."""
@@ -357,9 +356,7 @@ class LlumSchedActor:
         self.num_dispatched = 0
         self.handles: dict[str, Any] = {}
         self._in_flight: dict[str, Any] = {}  # source instance -> ObjectRef of its migrate_out
-        self.migrations: deque[dict[str, Any]] = deque(maxlen=HISTORY)
-        self.num_committed = self.num_committed_queued = self.num_aborted = 0
-        self.num_blocks_sent = self.num_blocks_adopted = 0
+        self.migrations = MigrationHistory()
         self._interval = reschedule_interval_s
         self.health_timeout_s = 2.0
         self._name = name
@@ -442,22 +439,25 @@ class LlumSchedActor:
         return found
 
     def _cms_sync_loop(self) -> None:
-        """The view follows the shared store: statuses the instances wrote there (the pushes
-        over Ray carry the same statuses and the events; the newest of either wins)."""
+        """The view follows the shared store once per rescheduling round: statuses the
+        instances wrote there that no push brought (the pushes over Ray carry the same
+        statuses as they happen, and the events; the newest of either wins). Only newer
+        ones take the lock, so at 1,024 instances a sync does not hold up dispatch."""
         assert self._cms is not None
-        interval = min(0.05, self._interval)
         while True:
-            time.sleep(interval)
+            time.sleep(self._interval)
             try:
                 statuses = self._cms.all_statuses()
             except Exception:  # noqa: BLE001 - the writers log the outage; the pushes go on
-                time.sleep(0.5)
                 continue
-            with self._lock:
-                for iid, status in statuses.items():
-                    if iid in self.handles:
+            seen = self.gs.statuses
+            newer = [s for iid, s in statuses.items()
+                     if iid in self.handles and (old := seen.get(iid)) is not None and s.timestamp > old.timestamp]
+            if newer:
+                with self._lock:
+                    for status in newer:
                         self.gs.update_status(status)
-                self.num_cms_syncs += 1
+            self.num_cms_syncs += 1
 
     def remove_instance(self, instance_id: str, reason: str = "dead") -> bool:
         """Forget an instance (dead, or stopped by scale-in): no dispatch, no migration."""
@@ -748,15 +748,7 @@ class LlumSchedActor:
                 reports = ray.get(self._in_flight.pop(k))
             except Exception as e:  # noqa: BLE001 - a dead source: recorded as a failed round
                 reports = [{"committed": False, "abort_reason": repr(e)}]
-            for m in reports:
-                if m.get("committed"):
-                    self.num_committed += 1
-                    self.num_committed_queued += bool(m.get("was_queued"))
-                    self.num_blocks_sent += int(m.get("num_blocks", 0))
-                    self.num_blocks_adopted += int(m.get("num_blocks_cached", 0))
-                else:
-                    self.num_aborted += 1
-            self.migrations.extend(reports)
+            self.migrations.add(reports)
 
     def update_status(self, status: InstanceStatus, handle: Any = None) -> None:
         with self._lock:
@@ -797,28 +789,13 @@ class LlumSchedActor:
 
         with self._lock:
             fcfg = self.gs.config.freeness
-            # A queued request moves as metadata and never stalls: its migrations are counted
-            # apart, and only running ones have a downtime.
-            downtimes = [m["downtime"] for m in self.migrations if m.get("committed") and m.get("downtime") is not None]
             index = self.gs.prefix_index
             return {"dispatch_policy": self.gs.config.dispatch.policy,
                     "started_at": self._started_at,
                     "num_resumed_from_cms": self.num_resumed_from_cms,
                     "prefix_affinity": index is not None,
                     "num_dispatched": self.num_dispatched,
-                    "migrations": {"committed": self.num_committed,
-                                   "committed_running": self.num_committed - self.num_committed_queued,
-                                   "committed_queued": self.num_committed_queued,
-                                   "aborted": self.num_aborted,
-                                   "in_flight": sorted(self._in_flight),
-                                   "blocks_sent": self.num_blocks_sent,
-                                   "blocks_adopted": self.num_blocks_adopted,
-                                   "downtime_s": downtimes[-20:],
-                                   "recent_downtimes_s": downtimes,
-                                   "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id",
-                                                                     "dst_instance_id", "committed",
-                                                                     "abort_reason", "end_time")}
-                                              for m in list(self.migrations)[-50:]]},
+                    "migrations": self.migrations.summary(self._in_flight),
                     "scaling": {"enabled": self.gs.config.scaling.enabled,
                                 "num_starting": self.gs.num_starting,
                                 "draining": sorted(self._scaling_in()),
