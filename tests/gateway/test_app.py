@@ -10,16 +10,6 @@ from llumnix.gateway.app import build_app
 from tests.gateway.fake_backend import EngineBackend
 
 
-@pytest.fixture()
-def backend():
-    return EngineBackend()
-
-
-@pytest.fixture()
-def client(backend):
-    return TestClient(build_app(backend))
-
-
 def test_completion_non_streaming(client, backend):
     r = client.post("/v1/completions", json={"model": "fake", "prompt": "hello", "max_tokens": 7,
                                              "temperature": 0})

@@ -12,17 +12,7 @@ from fastapi.testclient import TestClient
 from llumnix.core.errors import InvalidRequestError, LlumnixError
 from llumnix.gateway.app import build_app
 from llumnix.gateway.inprocess import InProcessGateway
-from tests.gateway.fake_backend import ByteTokenizer, EngineBackend, chatml_tokenizer
-
-
-@pytest.fixture()
-def backend():
-    return EngineBackend()
-
-
-@pytest.fixture()
-def client(backend):
-    return TestClient(build_app(backend))
+from tests.gateway.fake_backend import ByteTokenizer, chatml_tokenizer
 
 
 @pytest.mark.parametrize("path,body,param", [
