@@ -224,3 +224,37 @@ def test_a_request_whose_second_instance_dies_is_not_resumed_a_third_time():
 
     err = asyncio.run(main())
     assert "not resumed again" in str(err) and "Traceback" not in str(err) and "10.0.0.7" not in str(err)
+
+
+def test_the_fallback_from_the_shared_view_never_picks_a_stale_draining_or_dead_instance():
+    import time
+
+    from llumnix.core.status import InstanceStatus, RequestBrief
+
+    now = time.time()
+
+    def st(iid, used, age=0.0, **kw):
+        running = (RequestBrief(f"{iid}-r", 0, used, 16 * used, now, True),)
+        return InstanceStatus(iid, now - age, 100, used, 1, 16, 8, running=running, **kw)
+
+    class Store:
+        def __init__(self, statuses):
+            self.statuses = statuses
+
+        def all_statuses(self):
+            return dict(self.statuses)
+
+    async def pick(statuses, dead=()):
+        be = _backend({k: FakeInstance(set()) for k in ("a", "b", "c", "d")})
+        be.cms = Store({s.instance_id: s for s in statuses})
+        for iid in dead:
+            be.lifecycle.move(iid, InstanceState.FAILED, now)
+        return await be._cms_pick()
+
+    from llumnix.policy.lifecycle import InstanceState
+
+    assert asyncio.run(pick([st("a", 90), st("b", 10), st("c", 50)])) == "b"  # the freest
+    assert asyncio.run(pick([st("a", 90), st("b", 10, age=5.0)])) == "a"  # b's entry is stale
+    assert asyncio.run(pick([st("a", 90), st("b", 10, is_terminating=True)])) == "a"  # b drains
+    assert asyncio.run(pick([st("a", 90), st("b", 10)], dead=["b"])) == "a"  # b's actor died
+    assert asyncio.run(pick([st("b", 10, age=5.0)])) is None  # nothing fresh: round-robin instead
