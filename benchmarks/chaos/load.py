@@ -92,7 +92,8 @@ class Driver:
             rows.append(row)
             outs += done
             log(f"ramp: concurrency {level}: {rps:.3f} req/s ({tokens} tokens in {end - start:.0f} s)")
-            if rps < 1.1 * best:
+            row["saturated"] = rps < 1.1 * best
+            if row["saturated"]:
                 break
             best = max(best, rps)
         return max(best, max(r["requests_per_s"] for r in rows)), rows, outs

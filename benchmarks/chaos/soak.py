@@ -191,7 +191,7 @@ async def soak(args: argparse.Namespace, report: dict[str, Any]) -> None:
             capacity, rows, ramp_outs = await driver.ramp(levels, args.ramp_window, log)
             rate = args.load_fraction * capacity
             report["capacity"] = {"rule": CAPACITY_RULE, "levels": rows, "capacity_rps": round(capacity, 4),
-                                  "saturated": len(rows) < len(levels),
+                                  "saturated": bool(rows and rows[-1]["saturated"]),
                                   "load_fraction": args.load_fraction, "load_rps": round(rate, 4)}
             report["control_no_faults"] = judge(ramp_outs, refs, args.max_tokens, t_ref, [])
             log(f"capacity {capacity:.3f} req/s -> soak at {rate:.3f} req/s; control: "
