@@ -91,7 +91,7 @@ class PollOnce:
 
     def __init__(self) -> None:
         self.polls: list[asyncio.Future] = []
-        self.get_outputs = self
+        self.poll_outputs = self
 
     def remote(self, *args):
         fut = asyncio.get_running_loop().create_future()
@@ -111,7 +111,7 @@ def test_stop_ends_a_poller_whose_cancel_raced_with_its_poll_answer():
         be._start_poller("a", inst)
         while not inst.polls:
             await asyncio.sleep(0)
-        inst.polls[0].set_result([])  # the answer and the cancel in the same turn
+        inst.polls[0].set_result((0, []))  # the answer and the cancel in the same turn
         await asyncio.wait_for(be.stop(timeout_s=5), 5)
         return be._pollers["a"]
 
@@ -123,7 +123,7 @@ class StoppedInstance:
     """An instance actor that has stopped: its output poll raises, as the real one does."""
 
     def __init__(self, iid: str) -> None:
-        self.get_outputs = _Remote(self._stopped)
+        self.poll_outputs = _Remote(self._stopped)
         self.iid = iid
 
     def _stopped(self, *args):
@@ -258,3 +258,33 @@ def test_the_fallback_from_the_shared_view_never_picks_a_stale_draining_or_dead_
     assert asyncio.run(pick([st("a", 90), st("b", 10, is_terminating=True)])) == "a"  # b drains
     assert asyncio.run(pick([st("a", 90), st("b", 10)], dead=["b"])) == "a"  # b's actor died
     assert asyncio.run(pick([st("b", 10, age=5.0)])) is None  # nothing fresh: round-robin instead
+
+
+def test_llumsched_dying_with_the_forwarded_add_does_not_fail_a_healthy_instance():
+    """Issue 28's soak: LlumSched died 0.3 s after dispatch; the forwarded add's ref died
+    with it (OwnerDiedError), and the gateway took that for the instance failing, excluded
+    it, and ended the request with an error although the instance was serving."""
+    import ray.exceptions
+
+    class Healthy:
+        def __init__(self, holds):
+            self.holds, self.added = set(holds), []
+            self.num_output_tokens = _Remote(lambda rid: 0 if rid in self.holds else -1)
+            self.add_request = _Remote(lambda req: (self.added.append(req.request_id), self.holds.add(req.request_id)))
+
+    async def lost():
+        raise ray.exceptions.OwnerDiedError("ff" * 14, None, "")
+
+    async def main(holds):
+        inst = Healthy(holds)
+        be = _backend({"a": inst})
+        req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
+        stream = be._streams["r"] = _Stream(req)
+        stream.instance_id = "a"
+        await be._confirm_added(stream, "a", lost())
+        return inst, stream
+
+    inst, stream = asyncio.run(main(set()))  # the add never arrived: the gateway adds it there
+    assert inst.added == ["r"] and stream.queue.empty() and stream.instance_id == "a"
+    inst, stream = asyncio.run(main({"r"}))  # it arrived: nothing more to do
+    assert inst.added == [] and stream.queue.empty() and stream.instance_id == "a"

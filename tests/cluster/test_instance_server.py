@@ -122,3 +122,28 @@ def test_the_step_log_marks_prefill_steps_and_times_the_step_thread():
     stats = step_stats([log])
     assert stats["num_steps"] == 5 and stats["count_by_batch"] == {"1": 5}
     assert set(stats["decode_mean_s_by_batch"]) == {"1"} and "1" in stats["wall_over_cpu_by_batch"]
+
+
+def test_a_lost_poll_reply_is_sent_again_until_acknowledged():
+    """Issue 28's soak: a reset connection lost a reply of get_outputs, which had already
+    taken its outputs; the stream then waited forever for the missing token. Outputs now
+    stay until a later poll acknowledges them."""
+    srv, _ = _server()
+    try:
+        srv.call(lambda: srv.engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=6), client="gw"))
+        deadline = time.time() + 10
+        got: list = []
+        while len(got) < 2 and time.time() < deadline:
+            _, got = srv.poll_outputs(0.2, "gw", ack=0)  # replies "lost": nothing acknowledged
+        last, again = srv.poll_outputs(0.2, "gw", ack=0)
+        assert [o.num_output_tokens for o in again[:len(got)]] == [o.num_output_tokens for o in got]
+        seen = [o.num_output_tokens for o in again]
+        while not again or not again[-1].is_finished:
+            last, again = srv.poll_outputs(0.5, "gw", ack=last)  # acknowledged: only newer ones
+            assert not again or again[0].num_output_tokens == seen[-1] + 1
+            seen += [o.num_output_tokens for o in again]
+            assert time.time() < deadline
+        assert seen == [1, 2, 3, 4, 5, 6]
+        assert srv.poll_outputs(0.05, "gw", ack=last) == (last, [])
+    finally:
+        srv.stop()

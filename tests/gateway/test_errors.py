@@ -34,3 +34,23 @@ def test_a_request_the_engine_failed_on_is_a_500_and_an_unavailable_cluster_a_50
     assert status == 500 and body["error"]["type"] == "server_error" and "RuntimeError" in body["error"]["message"]
     status, _ = failure_body(LlumnixError("no instance is available to serve the request"))
     assert status == 503
+
+
+def test_an_admin_call_that_fails_is_answered_and_not_re_raised_to_the_server():
+    """The soak's LlumSched restarts: Starlette's catch-all answered /admin/cluster with a
+    503 but re-raised to uvicorn, which logged a traceback per call (the TestClient
+    re-raises what the server would have logged)."""
+    from fastapi.testclient import TestClient
+
+    from llumnix.gateway.app import build_app
+    from tests.gateway.fake_backend import EngineBackend
+
+    backend = EngineBackend()
+
+    async def down():
+        raise TimeoutError("LlumSched did not answer")
+
+    backend.cluster_info = down
+    client = TestClient(build_app(backend, admin_key="k"))
+    r = client.get("/admin/cluster", headers={"Authorization": "Bearer k"})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"

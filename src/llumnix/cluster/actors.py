@@ -192,6 +192,9 @@ class InstanceActor:
     def get_outputs(self, timeout: float = 0.5, client: str = "") -> list[RequestOutput]:
         return self.server.get_outputs(timeout, client)
 
+    def poll_outputs(self, timeout: float = 0.5, client: str = "", ack: int = 0) -> tuple[int, list[RequestOutput]]:
+        return self.server.poll_outputs(timeout, client, ack)
+
     def status(self) -> InstanceStatus:
         return self.server.status()
 

@@ -225,9 +225,11 @@ class ClusterBackend:
     # -- outputs ----------------------------------------------------------------------
     async def _poll(self, iid: str, actor: Any) -> None:
         misses = 0
+        acked = 0  # the instance keeps our outputs until a poll acknowledges them
         while not self._stopping:
             try:
-                outs = await asyncio.wait_for(actor.get_outputs.remote(0.5, self.client_id), self.poll_timeout_s)
+                acked, outs = await asyncio.wait_for(actor.poll_outputs.remote(0.5, self.client_id, acked),
+                                                     self.poll_timeout_s)
             except asyncio.CancelledError:
                 raise
             except TimeoutError:
@@ -433,8 +435,20 @@ class ClusterBackend:
         except InvalidRequestError as e:
             stream.queue.put_nowait(e)
         except Exception as e:  # noqa: BLE001 - dead, stopping, or LlumSched died holding the ref
-            if request_id_live(self._streams, stream):
-                await self._recover(stream, iid, e, exclude={iid})
+            if not request_id_live(self._streams, stream):
+                return
+            import ray
+
+            if isinstance(e, ray.exceptions.ObjectLostError) and iid in self.instances:
+                # LlumSched, the ref's owner, died: the add may or may not have reached a
+                # healthy instance. Find the request; else add it there ourselves.
+                where = await self._locate(stream.request.request_id, exclude=set())
+                if where is not None:
+                    stream.instance_id = where
+                else:
+                    await self._add(stream, iid)
+                return
+            await self._recover(stream, iid, e, exclude={iid})
 
     async def _submit(self, request: GenerateRequest) -> tuple[str | None, Any]:
         """LlumSched dispatches and forwards (one call): the instance id and the forwarded

@@ -36,8 +36,8 @@ class InstanceServer:
         self._on_status = on_status
         self._status_interval = status_interval_s
         self._commands: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
-        self._outboxes: dict[str, list[RequestOutput]] = {}
-        """Outputs not yet read, by the request's ``client`` tag."""
+        self._outboxes: dict[str, _Outbox] = {}
+        """Outputs not yet acknowledged, by the request's ``client`` tag."""
         self._last_read: dict[str, float] = {}
         self._outbox_cv = threading.Condition()
         self._stop = threading.Event()
@@ -76,22 +76,41 @@ class InstanceServer:
         return self.run_at_boundary(fn).result(timeout)
 
     def get_outputs(self, timeout: float = 0.5, client: str = "") -> list[RequestOutput]:
-        """Outputs of ``client``'s requests produced since its last call; waits up to
-        ``timeout`` for some. Raises once the step thread has died, so nobody waits on
-        it forever."""
+        """Outputs of ``client``'s requests produced since its last call, taken: waits up
+        to ``timeout`` for some (a caller that can lose a reply uses ``poll_outputs``)."""
+        last, out = self.poll_outputs(timeout, client, ack=None)
+        with self._outbox_cv:
+            box = self._outboxes.get(client)
+            if box is not None:
+                box.ack(last)
+        return out
+
+    def poll_outputs(self, timeout: float = 0.5, client: str = "",
+                     ack: int | None = 0) -> tuple[int, list[RequestOutput]]:
+        """``client``'s outputs after sequence number ``ack`` (those up to it are dropped:
+        the caller has them), and the sequence number of the last one returned. Nothing is
+        dropped until acknowledged, so a reply lost on the way (a reset connection, a call
+        Ray retried) is sent again by the next poll. Waits up to ``timeout`` for some.
+        Raises once the step thread has died, so nobody waits on it forever."""
         now = time.monotonic()
         deadline = now + timeout
         with self._outbox_cv:
             self._last_read[client] = now
-            while not self._outboxes.get(client) and self.is_alive:
+            box = self._outboxes.get(client)
+            if box is None:
+                box = self._outboxes[client] = _Outbox()
+            if ack is not None:
+                box.ack(ack)
+            while not box.items and self.is_alive:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._outbox_cv.wait(left):
                     break
-            out = self._outboxes.pop(client, [])
+            out = list(box.items)
+            last = box.first + len(box.items) - 1
             self._forget_idle_clients(now)
         if not out and not self.is_alive:
             raise RuntimeError(f"instance {self.instance_id} stopped: {self.error!r}")
-        return out
+        return last, out
 
     def status(self) -> InstanceStatus:
         return self.call(lambda: self.llumlet.report(time.time()))
@@ -151,8 +170,8 @@ class InstanceServer:
             for out in outputs:
                 box = boxes.get(out.client)
                 if box is None:
-                    box = boxes[out.client] = []
-                box.append(out)
+                    box = boxes[out.client] = _Outbox()
+                box.items.append(out)
             self._outbox_cv.notify_all()
 
     _IDLE_CLIENT_S = 120.0
@@ -181,3 +200,20 @@ class InstanceServer:
                 return
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(RuntimeError(f"instance {self.instance_id} stopped"))
+
+
+class _Outbox:
+    """One consumer's outputs not yet acknowledged; ``items[i]`` has sequence number
+    ``first + i`` (numbers start at 1 and only grow, so an ack of an older number is a no-op)."""
+
+    __slots__ = ("first", "items")
+
+    def __init__(self) -> None:
+        self.items: list[RequestOutput] = []
+        self.first = 1
+
+    def ack(self, upto: int) -> None:
+        k = max(0, min(len(self.items), upto - self.first + 1))
+        if k:
+            del self.items[:k]
+            self.first += k

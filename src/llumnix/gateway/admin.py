@@ -2,27 +2,42 @@
 instance (only with an admin key: see ``auth``)."""
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from llumnix.gateway.context import context
+from llumnix.gateway.errors import failure_body
 
 reads = APIRouter()
 changes = APIRouter()
 
 
-@reads.get("/admin/cluster")
-async def cluster(request: Request) -> dict[str, Any]:
-    return await context(request).backend.cluster_info()
+async def _answer(call: Awaitable[dict[str, Any]]) -> Any:
+    """The backend's answer, or its failure as an error body: handled here, since an
+    exception left to the app's catch-all is answered but also re-raised to the server,
+    which logs a traceback per call while LlumSched restarts. (The routes keep their dict
+    response model: it writes a draining instance's infinite freeness as null.)"""
+    try:
+        return await call
+    except Exception as e:  # noqa: BLE001 - public_error logs the detail once
+        status, body = failure_body(e)
+        return JSONResponse(body, status_code=status)
 
 
-@changes.post("/admin/instances/{instance_id}/drain")
-async def drain(instance_id: str, request: Request) -> dict[str, Any]:
-    return await context(request).backend.drain_instance(instance_id)
+@reads.get("/admin/cluster", response_model=dict[str, Any])
+async def cluster(request: Request) -> Any:
+    return await _answer(context(request).backend.cluster_info())
 
 
-@changes.post("/admin/instances/{instance_id}/undrain")
-async def undrain(instance_id: str, request: Request) -> dict[str, Any]:
-    return await context(request).backend.undrain_instance(instance_id)
+@changes.post("/admin/instances/{instance_id}/drain", response_model=dict[str, Any])
+async def drain(instance_id: str, request: Request) -> Any:
+    return await _answer(context(request).backend.drain_instance(instance_id))
+
+
+@changes.post("/admin/instances/{instance_id}/undrain", response_model=dict[str, Any])
+async def undrain(instance_id: str, request: Request) -> Any:
+    return await _answer(context(request).backend.undrain_instance(instance_id))
