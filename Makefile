@@ -31,7 +31,7 @@ test-slow: setup
 	$(PY) -m pytest -q -m slow
 
 lint: setup
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
 
 bench-engine: setup
