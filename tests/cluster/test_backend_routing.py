@@ -288,3 +288,26 @@ def test_llumsched_dying_with_the_forwarded_add_does_not_fail_a_healthy_instance
     assert inst.added == ["r"] and stream.queue.empty() and stream.instance_id == "a"
     inst, stream = asyncio.run(main({"r"}))  # it arrived: nothing more to do
     assert inst.added == [] and stream.queue.empty() and stream.instance_id == "a"
+
+
+def test_a_llumsched_with_an_empty_view_does_not_fail_a_request_the_gateway_can_place():
+    """The soak: a request 1.3 s after a LlumSched restart got 'no instance is available'
+    from the new incarnation, whose view was still empty, though two instances served."""
+    class EmptyView:
+        submit = _Remote(lambda req: None)
+
+    async def main(states):
+        be = _backend({"a": FakeInstance(set()), "b": FakeInstance(set())})
+        be.llumsched = EmptyView()
+        be.dispatch_timeout_s = 0.05
+        for iid, state in states.items():
+            be.lifecycle.move(iid, state, 0.0)
+        be._locate = lambda rid, exclude: asyncio.sleep(0, None)
+        req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
+        return await be._submit(req)
+
+    from llumnix.policy.lifecycle import InstanceState
+
+    iid, added = asyncio.run(main({}))
+    assert iid in ("a", "b") and added is None  # placed by the gateway
+    assert asyncio.run(main({"a": InstanceState.FAILED, "b": InstanceState.FAILED})) == (None, None)

@@ -133,6 +133,7 @@ def test_the_writer_rewrites_a_restarted_redis():
     with redis_server(port) as (url, _):
         writer = StoreWriter(RedisMetaStore(url, prefix="r", timeout_s=0.3), retry_s=0.1)
         writer.put_status(_status("a", 1.0))
+        writer.put_member("a", {"actor_name": "llumnix-llumsched-a"})
         assert writer.flush()
     writer.put_status(_status("a", 2.0))  # Redis is down now
     assert _wait(lambda: not writer.is_reachable)
@@ -140,4 +141,7 @@ def test_the_writer_rewrites_a_restarted_redis():
         writer.put_status(_status("b", 3.0))
         assert writer.flush(10)
         assert set(RedisMetaStore(url, prefix="r").all_statuses()) == {"a", "b"}
+        # membership is written once by a llumlet: the writer writes it again (the soak lost
+        # it to a Redis restart, and a LlumSched restarted after that found no members)
+        assert RedisMetaStore(url, prefix="r").members() == {"a": {"actor_name": "llumnix-llumsched-a"}}
     writer.close()

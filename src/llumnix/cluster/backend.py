@@ -461,7 +461,12 @@ class ClusterBackend:
             sub = await asyncio.wait_for(self.llumsched.submit.remote(
                 dataclasses.replace(request, admit_by=admit_by)), timeout=self.dispatch_timeout_s)
             if sub is None:
-                return None, None
+                # Nothing schedulable in LlumSched's view. Just after a restart that view can
+                # be empty for a moment: where this gateway knows live instances, it places
+                # the request itself rather than fail it.
+                if not any(self.lifecycle.state(i) == InstanceState.SERVING for i in self.instances):
+                    return None, None
+                raise LookupError("LlumSched has no schedulable instance in its view")
             iid, refs = sub
             if self.lifecycle.is_gone(iid):
                 raise LookupError(f"LlumSched chose {iid}, which this gateway found dead")

@@ -173,6 +173,9 @@ class StoreWriter:
         self.retry_s = retry_s
         self._pending: dict[str, InstanceStatus | None] = {}  # None: remove the instance
         self._pending_members: dict[str, dict[str, Any] | None] = {}  # None: remove the member
+        self._members: dict[str, dict[str, Any]] = {}  # every member this writer keeps in the store
+        self.member_refresh_s = 5.0
+        self._members_written_at = 0.0
         self._cv = threading.Condition()
         self.is_reachable = True
         self.num_written = 0
@@ -195,13 +198,23 @@ class StoreWriter:
 
     def put_member(self, instance_id: str, record: dict[str, Any]) -> None:
         with self._cv:
+            self._members[instance_id] = dict(record)
             self._pending_members[instance_id] = dict(record)
             self._cv.notify()
 
     def remove_member(self, instance_id: str) -> None:
         with self._cv:
+            self._members.pop(instance_id, None)
             self._pending_members[instance_id] = None
             self._cv.notify()
+
+    def _rewrite_members(self) -> None:
+        """Membership records are written once, so a Redis restarted (empty) in between
+        would lose them: they are written again when the store comes back and every
+        ``member_refresh_s``. (Statuses need nothing: every push rewrites its own.)"""
+        with self._cv:
+            for iid, record in self._members.items():
+                self._pending_members.setdefault(iid, dict(record))
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every pending write is in the store (tests, shutdown)."""
@@ -218,9 +231,14 @@ class StoreWriter:
 
     def _run(self) -> None:
         while True:
+            if self._members and time.monotonic() - self._members_written_at > self.member_refresh_s:
+                self._members_written_at = time.monotonic()
+                self._rewrite_members()
             with self._cv:
                 while not self._pending and not self._pending_members and not self._closed:
-                    self._cv.wait()
+                    self._cv.wait(self.member_refresh_s if self._members else None)
+                    if self._members and time.monotonic() - self._members_written_at > self.member_refresh_s:
+                        break
                 if self._closed:
                     return
                 batch, self._pending = self._pending, {}
@@ -252,6 +270,7 @@ class StoreWriter:
             if not self.is_reachable:
                 self.is_reachable = True
                 log.warning("meta store %s is reachable again; statuses are written again", self.store.url)
+                self._rewrite_members()
             with self._cv:
                 self._busy = False
                 self._cv.notify_all()
