@@ -344,16 +344,17 @@ class LlumSchedActor:
     def __init__(self, scheduling: dict[str, Any] | None, cms_url: str | None = None, seed: int = 0,
                  reschedule_interval_s: float = 0.5, instance_spec: dict[str, Any] | None = None,
                  name: str = LLUMSCHED_NAME) -> None:
-        from llumnix.cluster.meta_store import MemoryMetaStore, RedisMetaStore, StoreWriter, make_meta_store
+        from llumnix.cluster.meta_store import RedisMetaStore, StoreWriter, make_meta_store
 
         cfg = SchedulingConfig.from_dict(scheduling)
         self.gs = GlobalScheduler(cfg, seed=seed)
         self._cms_url = cms_url
         store = make_meta_store(cms_url)
-        # A shared store is written off the lock (a hung Redis must not stall dispatch) and
-        # read by a sync thread; the instances write their own statuses to it.
-        self.store: MemoryMetaStore | StoreWriter = store if isinstance(store, MemoryMetaStore) else StoreWriter(store)
+        # In memory the scheduler's own statuses are the store: nothing to copy. A shared
+        # store is read by a sync thread and written off the lock (a hung Redis must not
+        # stall dispatch); the instances write their own statuses to it.
         self._cms: RedisMetaStore | None = store if isinstance(store, RedisMetaStore) else None
+        self._cms_writer: StoreWriter | None = None if self._cms is None else StoreWriter(self._cms)
         self.num_cms_syncs = 0
         self._lock = threading.Lock()
         self.num_dispatched = 0
@@ -406,8 +407,6 @@ class LlumSchedActor:
         with self._lock:
             self.lifecycle.restart(status.instance_id, time.time())
             self.gs.add_instance(status)
-            if self._cms is None:
-                self.store.put_status(status)
             if handle is not None:
                 self.handles[status.instance_id] = handle
 
@@ -415,7 +414,7 @@ class LlumSchedActor:
         """A (re)started LlumSched over a shared store takes its members and their latest
         statuses from it: it schedules at once, without waiting for every instance's next
         push. Members whose actor is gone are left to the health check's usual path."""
-        if self._cms is None:
+        if self._cms is None or self._cms_writer is None:
             return 0
         try:
             members, statuses = self._cms.members(), self._cms.all_statuses()
@@ -431,7 +430,7 @@ class LlumSchedActor:
             try:
                 handle = ray.get_actor(record["actor_name"])
             except Exception:  # noqa: BLE001 - its actor is gone: a dead member
-                self.store.remove_member(iid)
+                self._cms_writer.remove_member(iid)
                 continue
             self.gs.add_instance(status)
             self.handles[iid] = handle
@@ -472,14 +471,13 @@ class LlumSchedActor:
             self.gs.remove_instance(instance_id)
             self.handles.pop(instance_id, None)
             self._in_flight.pop(instance_id, None)
-            with contextlib.suppress(Exception):  # the meta store is a view; the next run rewrites it
-                self.store.remove(instance_id)
-                self.store.remove_member(instance_id)
+            if self._cms_writer is not None:
+                self._cms_writer.remove(instance_id)
+                self._cms_writer.remove_member(instance_id)
+            if known and reason != SCALED_IN:
+                self._lost.append(now)
         if known:
             log.warning("instance %s removed (%s)", instance_id, reason)
-            if reason != SCALED_IN:
-                with self._lock:
-                    self._lost.append(time.time())
         return known
 
     def model_source(self) -> str | None:
@@ -764,8 +762,6 @@ class LlumSchedActor:
                 self.handles[status.instance_id] = handle
                 self._relearnt(status.instance_id, status)
             self.gs.update_status(status)
-            if self._cms is None:
-                self.store.put_status(status)
 
     def dispatch(self, req: DispatchRequest) -> str | None:
         with self._lock:
@@ -788,10 +784,10 @@ class LlumSchedActor:
         return iid, ([] if handle is None else [handle.add_request.remote(request)])
 
     def cluster_info(self) -> dict[str, Any]:
-        from llumnix.policy import freeness
+        from llumnix.cluster.meta_store import status_summary
 
         with self._lock:
-            fcfg = self.gs.config.freeness
+            fcfg, now = self.gs.config.freeness, time.time()
             index = self.gs.prefix_index
             return {"dispatch_policy": self.gs.config.dispatch.policy,
                     "started_at": self._started_at,
@@ -805,13 +801,7 @@ class LlumSchedActor:
                                 "events": list(self.scaling_events)[-50:]},
                     "capacity": {"target": self._capacity_target(), "num_replaced": self.num_replaced,
                                  "replacing": sorted(self._replacing)},
-                    "instances": [{"instance_id": s.instance_id, "freeness": freeness(s, fcfg),
-                                   "num_running": s.num_running, "num_waiting": s.num_waiting,
-                                   "num_used_blocks": s.num_used_blocks,
-                                   "num_total_blocks": s.num_total_blocks,
-                                   "is_terminating": s.is_terminating,
-                                   "is_schedulable": s.is_schedulable,
-                                   "age_s": time.time() - s.timestamp,
+                    "instances": [{**status_summary(s, fcfg, now),
                                    # prompt blocks LlumSched remembers sending there (prefix affinity)
                                    "prefix_blocks_sent": None if index is None else index.size(s.instance_id),
                                    # keys forgotten so far because the instance reported them evicted

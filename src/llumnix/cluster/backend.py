@@ -556,16 +556,13 @@ class ClusterBackend:
         return info
 
     async def _cms_info(self) -> dict[str, Any]:
-        from llumnix.policy import FreenessConfig, freeness
+        from llumnix.cluster.meta_store import status_summary
+        from llumnix.policy import FreenessConfig
 
         cfg, now = FreenessConfig(), time.time()
         statuses = await self._cms_statuses()
-        return {"source": "cms", "instances": [
-            {"instance_id": s.instance_id, "freeness": freeness(s, cfg), "num_running": s.num_running,
-             "num_waiting": s.num_waiting, "num_used_blocks": s.num_used_blocks,
-             "num_total_blocks": s.num_total_blocks, "is_terminating": s.is_terminating,
-             "is_schedulable": s.is_schedulable, "age_s": now - s.timestamp}
-            for s in sorted(statuses.values(), key=lambda s: s.instance_id)]}
+        return {"source": "cms", "instances": [status_summary(s, cfg, now)
+                                               for s in sorted(statuses.values(), key=lambda s: s.instance_id)]}
 
     async def drain_instance(self, instance_id: str) -> dict[str, Any]:
         if instance_id not in self.instances:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from llumnix.core.status import InstanceStatus, RequestBrief
+from llumnix.policy import FreenessConfig, freeness
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,16 @@ def status_to_json(status: InstanceStatus) -> str:
     d = dataclasses.asdict(status)
     del d["evicted_prefix_keys"]  # an event of one report, not the instance's state
     return json.dumps(d, separators=(",", ":"))
+
+
+def status_summary(status: InstanceStatus, fcfg: FreenessConfig, now: float) -> dict[str, Any]:
+    """One instance as ``/admin/cluster`` lists it, from its status (LlumSched's view, or
+    the store's when a gateway reads it while LlumSched is away)."""
+    return {"instance_id": status.instance_id, "freeness": freeness(status, fcfg),
+            "num_running": status.num_running, "num_waiting": status.num_waiting,
+            "num_used_blocks": status.num_used_blocks, "num_total_blocks": status.num_total_blocks,
+            "is_terminating": status.is_terminating, "is_schedulable": status.is_schedulable,
+            "age_s": now - status.timestamp}
 
 
 def status_from_json(text: str | bytes) -> InstanceStatus:
