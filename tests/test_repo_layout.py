@@ -87,3 +87,50 @@ def test_no_tracked_file_is_over_1_mb():
              if name and (ROOT / name).is_file()}
     big = {name: size for name, size in sizes.items() if size > MAX_TRACKED_BYTES}
     assert not big, (f"commit a summary instead (benchmarks/summarize.py) and git-ignore the raw file: {big}")
+
+
+MAX_FUNCTION_LINES = 80
+"""Issue 29's limit on any function in src/ (aim for about 60; STYLE.md, habit 1)."""
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """(qualified name, lines) of each function, method or nested function over ``limit``
+    lines, decorators left out."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef) and child.end_lineno is not None:
+                    lines = child.end_lineno - child.lineno + 1
+                    if lines > limit:
+                        found.append((name, lines))
+                visit(child, f"{name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def test_the_length_check_counts_nested_functions_and_methods():
+    src = ("def a():\n    x = 1\n    def b():\n        y = 2\n        return y\n    return b\n"
+           "class C:\n    def m(self):\n        z = 3\n        return z\n")
+    assert long_functions(src, limit=2) == [("a", 6), ("a.b", 3), ("C.m", 3)]
+    assert long_functions(src, limit=3) == [("a", 6)]
+    assert long_functions(src, limit=6) == []
+
+
+def test_no_function_in_src_is_over_80_lines():
+    offenders = {f"{p.relative_to(ROOT)}::{name}": n for p in sorted((ROOT / "src").rglob("*.py"))
+                 for name, n in long_functions(p.read_text())}
+    assert not offenders, f"split these (issue 29: at most {MAX_FUNCTION_LINES} lines): {offenders}"
+
+
+def test_the_gateway_app_and_the_readme_stay_small():
+    """Issue 29's front door: build_app in modules, a README a new user reads in minutes."""
+    app_lines = len((ROOT / "src/llumnix/gateway/app.py").read_text().splitlines())
+    assert app_lines <= 200, f"gateway/app.py has {app_lines} lines (at most 200)"
+    words = len((ROOT / "README.md").read_text().split())
+    assert words <= 1200, f"README.md has {words} words (at most 1,200)"
