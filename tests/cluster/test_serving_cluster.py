@@ -633,7 +633,7 @@ def test_drain_migrates_running_requests_and_streams_survive(server, cluster):
     assert info["migrations"]["committed"] >= 1, info
     assert info["migrations"]["blocks_sent"] >= 1, info  # their KV moved: counted from the reports
     text = httpx.get(f"{url}/metrics").text
-    assert 'llumnix:migrations{model_name=' in text and "llumnix:migration_downtime_seconds_count" in text
+    assert 'llumnix:migrations_total{model_name=' in text and "llumnix:migration_downtime_seconds_count" in text
     assert 'llumnix:instance_freeness{instance_id="instance-0"' in text
     statuses = {s.instance_id: s for s in ray.get([a.status.remote() for a in cluster.instances.values()])}
     assert statuses["instance-1"].is_terminating and not statuses["instance-1"].running

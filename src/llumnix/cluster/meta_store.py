@@ -45,8 +45,13 @@ def status_summary(status: InstanceStatus, fcfg: FreenessConfig, now: float) -> 
     return {"instance_id": status.instance_id, "freeness": freeness(status, fcfg),
             "num_running": status.num_running, "num_waiting": status.num_waiting,
             "num_used_blocks": status.num_used_blocks, "num_total_blocks": status.num_total_blocks,
+            "block_size": status.block_size,
             "is_terminating": status.is_terminating, "is_schedulable": status.is_schedulable,
-            "age_s": now - status.timestamp}
+            "age_s": now - status.timestamp,
+            # cumulative since the instance started (Prometheus counters at the gateway)
+            "num_preemptions": status.num_preemptions,
+            "num_prefix_cache_queries": status.num_prefix_cache_queries,
+            "num_prefix_cache_hits": status.num_prefix_cache_hits}
 
 
 def status_from_json(text: str | bytes) -> InstanceStatus:

@@ -116,6 +116,15 @@ class RequestMetrics:
     priority: int
     num_cached_tokens: int = 0
     """Prompt tokens whose KV the prefix cache held at the first admission."""
+    instance_id: str = ""
+    """The instance that finished the request."""
+    num_migrations: int = 0
+    """Live migrations the request went through (committed)."""
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival at the instance to the first admission (vLLM's queue time)."""
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
     @property
     def ttft(self) -> float | None:

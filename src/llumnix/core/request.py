@@ -73,6 +73,8 @@ class Request:
     preemption_loss: float = 0.0
     """Seconds from each preemption until the recompute finished, summed."""
     preempted_at: float | None = None
+    num_migrations: int = 0
+    """Live migrations committed (counted where the request is installed)."""
     client: str = ""
     """Opaque tag of the consumer of this request's outputs (a gateway's id): outputs
     carry it, so each gateway reads only its own; it travels with the request when it

@@ -42,6 +42,11 @@ class InstanceStatus:
     """Blocks the head-of-line queued request needs to be admitted (0 if none)."""
     num_preemptions: int = 0
     """Preemptions since the instance started."""
+    num_prefix_cache_queries: int = 0
+    """With prefix caching, tokens looked up in the prefix cache since the instance started
+    (each admission of a sequence looks up all its tokens)."""
+    num_prefix_cache_hits: int = 0
+    """Of those, the tokens the cache held (not computed)."""
     num_reserved_blocks: int = 0
     """Blocks held for incoming migrations (included in num_used_blocks)."""
     num_shared_block_holds: int = 0

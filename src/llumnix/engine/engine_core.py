@@ -260,6 +260,7 @@ class EngineCore(MigrationOpsMixin):
             num_prompt_tokens=req.num_prompt_tokens, num_output_tokens=req.num_output_tokens,
             num_preemptions=req.num_preemptions, preemption_loss=req.preemption_loss,
             priority=req.priority, num_cached_tokens=req.num_cached_tokens,
+            instance_id=self.instance_id, num_migrations=req.num_migrations,
         )
 
     # -- introspection ---------------------------------------------------------

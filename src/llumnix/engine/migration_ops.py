@@ -110,6 +110,7 @@ class MigrationOpsMixin:
             raise InvalidRequestError(f"request {req.request_id} is already here")
         if req.num_computed_tokens == 0:
             self.release_reservation(req.request_id)  # queued: metadata only
+            req.num_migrations += 1
             self.requests[req.request_id] = req
             self.scheduler.enqueue(req)
             return
@@ -121,5 +122,6 @@ class MigrationOpsMixin:
             raise InvalidRequestError(f"{req.request_id}: {have} blocks reserved, {need} needed")
         self.kv.commit_reservation(req.request_id)
         req.status = RequestStatus.RUNNING
+        req.num_migrations += 1
         self.requests[req.request_id] = req
         self.scheduler.running.append(req)

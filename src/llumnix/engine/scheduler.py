@@ -41,6 +41,11 @@ class LocalScheduler:
         self.running: list[Request] = []
         self.paused: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.num_prefix_queried_tokens = 0
+        """With prefix caching: tokens of the sequences looked up in the cache at their
+        admissions, and of those, the tokens the cache held (vLLM's prefix-cache queries
+        and hits, cumulative)."""
+        self.num_prefix_hit_tokens = 0
         self._waiting_keys: list[tuple[int, float, int]] = []
         self._seq = itertools.count()
         self._blocked: tuple[Request, int] | None = None
@@ -203,6 +208,9 @@ class LocalScheduler:
             self._pop_waiting_head()
             self._forget_blocked(req)
             self.kv.allocate(req.request_id, req.num_tokens, cached)
+            if cached is not None:
+                self.num_prefix_queried_tokens += req.num_tokens
+                self.num_prefix_hit_tokens += hit
             if hit:
                 req.num_computed_tokens = hit
                 if req.first_scheduled_time is None:

@@ -39,6 +39,8 @@ def build_status(engine: EngineCore, *, migrating: Collection[str] = (), **field
         "waiting": tuple(_briefs(engine, sched.waiting, running=False, migrating=migrating)),
         "head_of_line_demand": sched.head_of_line_demand(),
         "num_preemptions": sched.num_preemptions,
+        "num_prefix_cache_queries": sched.num_prefix_queried_tokens,
+        "num_prefix_cache_hits": sched.num_prefix_hit_tokens,
         "num_reserved_blocks": kv.num_reserved_blocks,
         "num_shared_block_holds": kv.num_shared_block_holds,
         "num_migrating_in": len(kv.reserved_ids()),

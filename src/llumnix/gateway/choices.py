@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from llumnix.core.batch import RequestOutput
+from llumnix.core.batch import RequestMetrics, RequestOutput
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.wire import GenerateRequest
 from llumnix.gateway.context import GatewayContext
 from llumnix.gateway.detokenizer import IncrementalDetokenizer
 from llumnix.gateway.formatting import TokenLogprob
+from llumnix.gateway.request_log import FinishedRequest
 
 
 class Step(NamedTuple):
@@ -72,28 +73,70 @@ def _new_logprobs(out: RequestOutput) -> list[TokenLogprob]:
             for j, (t, lp) in enumerate(zip(out.new_token_ids, out.new_logprobs or (), strict=False))]
 
 
+class _Progress:
+    """When a request's outputs came (the gateway's clock), observing TTFT and inter-token
+    latency as they come and counting tokens for the throughput line."""
+
+    __slots__ = ("ctx", "gen", "first", "last", "last_token")
+
+    def __init__(self, ctx: GatewayContext, gen: GenerateRequest) -> None:
+        self.ctx, self.gen = ctx, gen
+        self.first: float | None = None
+        self.last: float | None = None
+        self.last_token: float | None = None
+
+    def on_output(self, out: RequestOutput) -> None:
+        self.last = now = time.monotonic()
+        metrics, rlog, k = self.ctx.metrics, self.ctx.request_log, len(out.new_token_ids)
+        if self.first is None:
+            self.first = now
+            metrics.ttft.observe(now - self.gen.arrival_time)
+            rlog.num_prompt_tokens += len(self.gen.prompt_token_ids)
+        elif k and self.last_token is not None:
+            gap = (now - self.last_token) / k  # outputs that carry k tokens: k gaps
+            for _ in range(k):
+                metrics.itl.observe(gap)
+        if k:
+            self.last_token = now
+            rlog.num_generation_tokens += k
+
+    def finished(self, step: Step, m: RequestMetrics | None) -> None:
+        gen, first, last = self.gen, self.first, self.last
+        n_prompt = len(gen.prompt_token_ids)
+        ttft = None if first is None else first - gen.arrival_time
+        e2e = None if last is None else last - gen.arrival_time
+        decode = None if first is None or last is None else last - first
+        self.ctx.metrics.observe_finished(m, n_prompt, step.num_output_tokens, ttft, decode, e2e)
+        self.ctx.metrics.params_max_tokens.observe(gen.params.max_tokens)
+        self.ctx.request_log.on_finished(FinishedRequest(
+            gen.request_id, m.instance_id if m else "", n_prompt, step.num_cached_tokens,
+            step.num_output_tokens, step.finish_reason or "", ttft, e2e,
+            None if m is None else m.queue_time, m.num_migrations if m else 0))
+
+
 async def run_choice(ctx: GatewayContext, gen: GenerateRequest) -> AsyncIterator[Step]:
     """The request's steps (those that add text or logprobs, and the last), keeping the
     metrics; a request left unfinished (client gone, or an error) is aborted, freeing its KV."""
-    metrics, backend = ctx.metrics, ctx.backend
+    metrics, backend, rlog = ctx.metrics, ctx.backend, ctx.request_log
     det = IncrementalDetokenizer(backend.tokenizer, gen.params.stop, gen.params.min_tokens)
     metrics.labels(metrics.in_flight).inc()
-    first = last = None
+    rlog.ensure_running(backend.cluster_info)
+    rlog.num_in_flight += 1
+    progress = _Progress(ctx, gen)
     step: Step | None = None
+    final: RequestMetrics | None = None
     want_lp = gen.params.logprobs is not None
     n_cached = 0
     try:
         async for out in backend.generate(gen):
-            last = time.monotonic()
-            if first is None:
-                first = last
-                metrics.labels(metrics.ttft).observe(first - gen.arrival_time)
+            progress.on_output(out)
             text = det.add(out.new_token_ids, final=out.is_finished)
             reason = out.finish_reason
             if det.stopped and reason is None:
                 reason = "stop"  # the stop string completed before the engine saw it
             if out.metrics is not None:
-                n_cached = out.metrics.num_cached_tokens
+                final = out.metrics
+                n_cached = final.num_cached_tokens
             step = Step(text, reason, out.num_output_tokens, _new_logprobs(out) if want_lp else [],
                         out.prompt_logprobs, n_cached)
             if reason is not None:
@@ -104,29 +147,19 @@ async def run_choice(ctx: GatewayContext, gen: GenerateRequest) -> AsyncIterator
                 yield step
     finally:
         metrics.labels(metrics.in_flight).dec()
+        rlog.num_in_flight -= 1
         if step is None or step.finish_reason is None:
             metrics.labels(metrics.aborted).inc()
             await backend.abort(gen.request_id)
         else:
-            _record_finished(ctx, gen, step, first, last)
-
-
-def _record_finished(ctx: GatewayContext, gen: GenerateRequest, step: Step,
-                     first: float | None, last: float | None) -> None:
-    m, n_out = ctx.metrics, step.num_output_tokens
-    m.labels(m.prompt_tokens).inc(len(gen.prompt_token_ids))
-    m.labels(m.prompt_tokens_cached).inc(step.num_cached_tokens)
-    m.labels(m.generation_tokens).inc(n_out)
-    if first is not None and last is not None:
-        m.labels(m.e2e).observe(last - gen.arrival_time)
-        if n_out > 1:
-            m.labels(m.tpot).observe((last - first) / (n_out - 1))
+            progress.finished(step, final)
 
 
 async def merge_choices(ctx: GatewayContext, gens: list[GenerateRequest]) -> AsyncIterator[tuple[int, Step]]:
     """Every choice's steps as they come, tagged with the choice's index. If one choice
     fails, or the consumer stops (the client left), the others are stopped too: each
     one's ``run_choice`` then aborts its request and frees its KV."""
+    ctx.metrics.params_n.observe(len(gens))
     if len(gens) == 1:  # no task or queue in the common case
         async for item in run_choice(ctx, gens[0]):
             yield 0, item

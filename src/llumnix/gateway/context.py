@@ -1,7 +1,7 @@
 """The gateway's configuration and the state its routes share (``app.state.gateway``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from starlette.requests import Request
@@ -9,6 +9,7 @@ from starlette.requests import Request
 from llumnix.gateway.backend import Backend
 from llumnix.gateway.formatting import LogprobFormat
 from llumnix.gateway.metrics import GatewayMetrics
+from llumnix.gateway.request_log import RequestLog
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,12 @@ class GatewayConfig:
     offload_bytes: int = 16 << 10
     """Texts of more UTF-8 bytes than this (token lists of a quarter as many tokens) are
     tokenized (detokenized) in a worker thread, so the event loop keeps serving."""
+    log_requests: bool = True
+    """One INFO line per finished request (``--disable-log-requests`` turns it off)."""
+    log_stats_interval_s: float = 10.0
+    """Seconds between the throughput lines logged while there is traffic."""
+    model_root: str | None = None
+    """The model the served name stands for (/v1/models' ``root``); None: the served name."""
 
 
 @dataclass
@@ -35,6 +42,10 @@ class GatewayContext:
     backend: Backend
     config: GatewayConfig
     metrics: GatewayMetrics
+    request_log: RequestLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.request_log = RequestLog(self.config.log_requests, self.config.log_stats_interval_s)
 
     @property
     def model_name(self) -> str:
