@@ -1,0 +1,235 @@
+"""``LiteBackend``: the gateway's ``Backend`` over engines Llumnix does not own.
+
+The gateway tokenizes, formats, streams and counts exactly as in full mode; this
+backend dispatches each request with the pool's policy pipeline (``pool.py``), sends it
+to the endpoint (``client.py``) and turns the streamed chunks back into
+``RequestOutput``s. The engine's text is what the client gets: each text delta is
+encoded with the gateway's tokenizer (byte-level BPE decodes its encoding back to the
+same text, so the gateway's incremental detokenizer, stop strings and formatting work
+unchanged) unless the engine sends its token ids, which are used as they are. Usage
+counts the engine's tokens (its final usage chunk, else one per streamed chunk).
+
+Failures: a request whose endpoint fails before any output was produced is sent to the
+next endpoint (the pool's dispatch, excluding those tried; then the fallback pool), up
+to ``max_attempts``; one that fails after outputs were produced ends with an error,
+which the gateway streams as an error event. Nothing is ever sent twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import httpx
+
+from llumnix.core.batch import RequestMetrics, RequestOutput
+from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError, RequestTooLongError
+from llumnix.core.sampling_params import SamplingParams
+from llumnix.core.wire import GenerateRequest, TokenizerLike
+from llumnix.lite.client import TOKEN_PROMPTS, Chunk, EndpointError, request_body, stream_chunks
+from llumnix.lite.config import LiteConfig
+from llumnix.lite.endpoint import Endpoint
+from llumnix.lite.pool import Pool
+from llumnix.lite.routing import route
+
+log = logging.getLogger(__name__)
+
+_USAGE_GRACE_S = 2.0
+"""How long to wait after the finish chunk for the usage chunk and the stream's end."""
+
+
+class LiteBackend:
+    def __init__(self, config: LiteConfig, tokenizer: TokenizerLike, model_name: str, vocab_size: int,
+                 max_model_len: int = 8192, seed: int = 0) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.pools = {p.name: Pool(p, config, seed + i) for i, p in enumerate(config.pools)}
+        self.endpoints: dict[str, Endpoint] = {i: e for p in self.pools.values() for i, e in p.endpoints.items()}
+        self._rng = random.Random(seed)
+        self._client: httpx.AsyncClient | None = None
+        self._watchers: list[asyncio.Task[None]] = []
+        self.num_retries = 0
+        """Requests sent again after their endpoint failed before any output."""
+        self.num_fallbacks = 0
+        """Requests served by a pool other than their first choice."""
+        self.num_failed_mid_stream = 0
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        timeout = httpx.Timeout(connect=self.config.connect_timeout_s, read=None, write=10.0, pool=None)
+        self._client = httpx.AsyncClient(limits=limits, timeout=timeout)
+        await asyncio.gather(*(e.probe(self._client) for e in self.endpoints.values()))
+        known = [e.max_model_len for e in self.endpoints.values() if e.max_model_len]
+        if known:
+            self.max_model_len = min(self.max_model_len, *known)
+        self._watchers = [asyncio.create_task(e.watch(self._client), name=f"watch-{i}")
+                          for i, e in self.endpoints.items()]
+
+    async def stop(self) -> None:
+        for t in self._watchers:
+            t.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+
+    # -- requests -----------------------------------------------------------------------
+    def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        if num_prompt_tokens + 1 > self.max_model_len:
+            raise RequestTooLongError(f"the prompt has {num_prompt_tokens} tokens; this model's context is "
+                                      f"{self.max_model_len} tokens including at least one output token", "prompt")
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            raise InvalidRequestError("logprobs are not available in lite mode (the engines' token ids "
+                                      "are not known to the gateway)", "logprobs")
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        model = getattr(request, "model", "") or self.model_name
+        pools = route([p for p in self.pools.values()], model, self._rng)
+        tried: set[str] = set()
+        errors: list[str] = []
+        for n in range(self.config.max_attempts):
+            got = self._dispatch(request, pools, tried)
+            if got is None:
+                break
+            pool, ep = got
+            if n:
+                self.num_retries += 1
+            if pool is not pools[0]:
+                self.num_fallbacks += 1
+            produced = False
+            try:
+                async with contextlib.aclosing(self._run(pool, ep, request)) as outs:
+                    async for out in outs:
+                        produced = True
+                        yield out
+                return
+            except EndpointError as e:
+                if e.endpoint_fault:
+                    ep.on_request_failed(str(e), e.refused)
+                if e.client_error:
+                    raise InvalidRequestError(f"the engine refused the request: {e}") from None
+                if produced:
+                    self.num_failed_mid_stream += 1
+                    raise RequestFailedError(f"endpoint {ep.endpoint_id} failed mid-stream ({e}); "
+                                             "the output so far is all there is") from None
+                errors.append(f"{ep.endpoint_id}: {e}")
+                log.warning("lite: %s failed on %s before any output (%s); trying another endpoint",
+                            request.request_id, ep.endpoint_id, e)
+        tried_on = "; ".join(errors) if errors else "none is healthy"
+        raise LlumnixError(f"no endpoint could serve the request ({tried_on})")
+
+    def _dispatch(self, request: GenerateRequest, pools: list[Pool], tried: set[str]) -> tuple[Pool, Endpoint] | None:
+        for pool in pools:
+            ep = pool.dispatch(request.request_id, request.prompt_token_ids, request.priority, tried)
+            if ep is not None:
+                tried.add(ep.endpoint_id)
+                return pool, ep
+        return None
+
+    async def _run(self, pool: Pool, ep: Endpoint, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
+        """One attempt on ``ep``: its outputs, the last one finished; EndpointError on failure."""
+        assert self._client is not None, "LiteBackend.start() was not awaited"
+        rid, lrs = request.request_id, ep.lrs
+        prompt: list[int] | str = request.prompt_token_ids if ep.kind in TOKEN_PROMPTS else \
+            self.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False)
+        body = request_body(ep.model or self.model_name, ep.kind, prompt, request.params)
+        n_out, ok, final_ids = 0, False, []
+        try:
+            async with contextlib.aclosing(stream_chunks(
+                    self._client, ep.url, body, ep.headers, self.config.first_byte_timeout_s,
+                    self.config.idle_timeout_s)) as chunks:
+                final: Chunk | None = None
+                async for chunk in chunks:
+                    ids = self._ids(chunk)
+                    n_new = len(chunk.token_ids) if chunk.token_ids is not None else int(bool(chunk.text))
+                    if chunk.finish_reason is not None:
+                        final, final_ids, n_out = chunk, ids, n_out + n_new
+                        break
+                    if not ids:
+                        continue
+                    n_out += n_new
+                    lrs.on_tokens(rid, n_new)
+                    pool.touch(ep.endpoint_id)
+                    yield RequestOutput(rid, ids, n_out)
+                if final is None:
+                    raise EndpointError("the stream ended without a finish reason")
+                if final.finish_reason not in ("stop", "length"):
+                    raise EndpointError(f"the engine ended the request ({final.finish_reason})")
+                await _read_usage(chunks, final)
+            ok = True
+            n_out = max(n_out, final.num_completion_tokens or 0)
+            yield RequestOutput(rid, final_ids, n_out, final.finish_reason, stop_reason=final.stop_reason,
+                                metrics=_metrics(request, n_out, final.num_cached_tokens or 0))
+        finally:
+            if ok:
+                ep.health.on_success(time.time())
+            lrs.on_finish(rid, failed=not ok)
+            pool.touch(ep.endpoint_id)
+
+    def _ids(self, chunk: Chunk) -> list[int]:
+        if chunk.token_ids is not None:
+            return chunk.token_ids
+        return self.tokenizer.encode(chunk.text, add_special_tokens=False) if chunk.text else []
+
+    async def abort(self, request_id: str) -> None:
+        """Nothing to do here: the gateway stops reading, the stream's close ends the HTTP
+        request, and an OpenAI server aborts a request whose connection closed."""
+
+    # -- admin --------------------------------------------------------------------------
+    async def health(self) -> dict[str, Any]:
+        states = {i: e.can_serve() for i, e in self.endpoints.items()}
+        serving = sorted(i for i, ok in states.items() if ok)
+        status = "unavailable" if not serving else "ok" if len(serving) == len(states) else "degraded"
+        return {"status": status, "instances": states, "serving": serving, "target": len(states),
+                "replacing": []}
+
+    async def cluster_info(self) -> dict[str, Any]:
+        instances = [s for p in self.pools.values() for s in p.summaries()]
+        ejections = sum(e.health.num_ejections for e in self.endpoints.values())
+        return {"source": "lite", "instances": instances,
+                "pools": [{"name": p.name, "models": list(p.cfg.models), "weight": p.cfg.weight,
+                           "fallback": p.cfg.fallback, "endpoints": sorted(p.endpoints)} for p in self.pools.values()],
+                "num_dispatched": sum(e.lrs.num_dispatched for e in self.endpoints.values()),
+                "gateway": {"num_failed_instances": ejections, "num_retired_instances": 0, "num_resumed": 0,
+                            "num_retries": self.num_retries, "num_fallbacks": self.num_fallbacks,
+                            "num_failed_mid_stream": self.num_failed_mid_stream,
+                            "instances": sorted(self.endpoints)}}
+
+    async def drain_instance(self, instance_id: str) -> dict[str, Any]:
+        return self._set_drained(instance_id, True)
+
+    async def undrain_instance(self, instance_id: str) -> dict[str, Any]:
+        return self._set_drained(instance_id, False)
+
+    def _set_drained(self, instance_id: str, drained: bool) -> dict[str, Any]:
+        ep = self.endpoints.get(instance_id)
+        if ep is None:
+            raise InvalidRequestError(f"no endpoint {instance_id!r}", "instance_id")
+        ep.is_drained = drained
+        return {"instance_id": instance_id, "is_drained": drained, "num_in_flight": ep.lrs.num_in_flight}
+
+
+async def _read_usage(chunks: AsyncIterator[Chunk], final: Chunk) -> None:
+    """After the finish chunk: the usage chunk, if the engine sends one, and the end.
+    The request is complete already, so a failure or a delay here only loses the usage."""
+    with contextlib.suppress(EndpointError, TimeoutError):
+        async with asyncio.timeout(_USAGE_GRACE_S):
+            async for chunk in chunks:
+                if chunk.num_completion_tokens is not None:
+                    final.num_completion_tokens = chunk.num_completion_tokens
+                    final.num_cached_tokens = chunk.num_cached_tokens
+
+
+def _metrics(request: GenerateRequest, n_out: int, n_cached: int) -> RequestMetrics:
+    """What the gateway reads of a finished request's metrics (it times the rest itself)."""
+    return RequestMetrics(arrival_time=request.arrival_time, first_scheduled_time=None, first_token_time=None,
+                          finish_time=time.monotonic(), num_prompt_tokens=len(request.prompt_token_ids),
+                          num_output_tokens=n_out, num_preemptions=0, preemption_loss=0.0,
+                          priority=request.priority, num_cached_tokens=n_cached)

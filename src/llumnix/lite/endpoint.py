@@ -1,0 +1,112 @@
+"""One external endpoint: its books (LRS), its health, and the two loops that watch it:
+an active probe (``GET /v1/models``, which also says the engine's model name and
+context) and a metrics scrape (``GET /metrics``; the engine kind is read off the first
+page when not configured, and an engine without metrics is not scraped again)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import httpx
+
+from llumnix.lite.config import EndpointConfig, LiteConfig
+from llumnix.lite.health import EndpointHealth, HealthOptions
+from llumnix.lite.lrs import LocalState
+from llumnix.lite.scrape import detect_kind, parse_metrics
+
+log = logging.getLogger(__name__)
+
+
+class Endpoint:
+    def __init__(self, cfg: EndpointConfig, pool: str, lite: LiteConfig) -> None:
+        self.cfg = cfg
+        self.endpoint_id = cfg.name
+        self.pool = pool
+        self.kind = cfg.kind
+        """The engine kind; 'auto' until its metrics (or their absence) say."""
+        self.model = cfg.model
+        self.max_model_len: int | None = None
+        self.lrs = LocalState(cfg.name, cfg.capacity_tokens, cfg.max_num_seqs,
+                              max_scrape_age_s=max(2.0, 4 * lite.scrape_interval_s))
+        self.health = EndpointHealth(HealthOptions(lite.eject_after, lite.backoff_s, lite.max_backoff_s))
+        self.is_drained = False
+        """An operator's drain: no new requests (those in flight finish)."""
+        self.headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        self._lite = lite
+        self._scrapes = cfg.kind != "openai"
+
+    @property
+    def url(self) -> str:
+        return self.cfg.url
+
+    def can_serve(self) -> bool:
+        return self.health.can_serve() and not self.is_drained
+
+    def on_request_failed(self, error: str, refused: bool) -> None:
+        if self.health.on_failure(time.time(), error, fatal=refused):
+            log.warning("lite: endpoint %s ejected: %s", self.endpoint_id, error)
+
+    # -- watching -----------------------------------------------------------------------
+    async def probe(self, client: httpx.AsyncClient) -> bool:
+        """One active probe; learns the engine's model name and context on success."""
+        try:
+            resp = await client.get(self.url + "/v1/models", headers=self.headers,
+                                    timeout=self._lite.connect_timeout_s + 2.0)
+            ok = resp.status_code == 200
+            error = "" if ok else f"probe: HTTP {resp.status_code}"
+            if ok:
+                self._learn(resp.json())
+        except (httpx.HTTPError, ValueError) as e:
+            ok, error = False, f"probe: {type(e).__name__}: {e}"
+        if self.health.on_probe(ok, time.time(), error):
+            log.warning("lite: endpoint %s re-admitted", self.endpoint_id)
+        return ok
+
+    def _learn(self, models: Any) -> None:
+        data = models.get("data") if isinstance(models, dict) else None
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+            return
+        if not self.model:
+            self.model = str(data[0].get("id", ""))
+        mine = next((m for m in data if m.get("id") == self.model), data[0])
+        n = mine.get("max_model_len")
+        if isinstance(n, int) and n > 0:
+            self.max_model_len = n
+
+    async def scrape(self, client: httpx.AsyncClient) -> None:
+        if not self._scrapes:
+            return
+        try:
+            resp = await client.get(self.url + "/metrics", headers=self.headers, timeout=2.0)
+        except httpx.HTTPError:
+            return  # the probe judges health; a scrape only informs
+        if resp.status_code == 404:
+            self._scrapes = False  # an engine without metrics: the books alone
+            self.kind = "openai" if self.kind == "auto" else self.kind
+            return
+        if resp.status_code != 200:
+            return
+        text = resp.text
+        if self.kind == "auto":
+            self.kind = detect_kind(text)
+            log.info("lite: endpoint %s is %s", self.endpoint_id, self.kind)
+        with contextlib.suppress(ValueError):  # a page that does not parse is skipped
+            self.lrs.on_scrape(parse_metrics(self.kind, text, time.time()))
+
+    async def watch(self, client: httpx.AsyncClient) -> None:
+        """Probe and scrape until cancelled."""
+        next_probe = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_probe:
+                await self.probe(client)
+                next_probe = time.monotonic() + self._lite.probe_interval_s
+            await self.scrape(client)
+            await asyncio.sleep(min(self._lite.scrape_interval_s, max(0.0, next_probe - time.monotonic())))
+
+    def summary(self, now: float) -> dict[str, Any]:
+        return {"url": self.url, "pool": self.pool, "kind": self.kind, "model": self.model,
+                "is_drained": self.is_drained, "health": self.health.summary(now), "lrs": self.lrs.summary(now)}
