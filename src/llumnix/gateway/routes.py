@@ -48,6 +48,7 @@ async def prometheus(request: Request) -> Response:
         ctx.metrics.observe_cluster(await ctx.backend.cluster_info())
     except Exception as e:  # noqa: BLE001 - the gateway's own metrics are still worth serving
         log.warning("cluster metrics unavailable: %s", e)
+        ctx.metrics.observe_cluster(None)  # no cluster series rather than stale ones
     return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
