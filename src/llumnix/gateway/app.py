@@ -22,7 +22,7 @@ def build_app(backend: Backend, config: GatewayConfig | None = None, **fields: A
     config = dataclasses.replace(config or GatewayConfig(), **fields)
     backend.tokenizer.warm_up()
     app = FastAPI(title="Llumnix", version="0.1.0")
-    app.state.gateway = GatewayContext(backend, config, GatewayMetrics(backend.model_name))
+    app.state.gateway = GatewayContext(backend, config, GatewayMetrics(backend.model_name, backend.max_model_len))
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
     app.add_middleware(AuthMiddleware, config=config)  # added last: runs first, before any body is read
