@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from llumnix.bench.machine import RESULTS_DIR
 from llumnix.core.errors import LlumnixError
 
 
@@ -121,14 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("config", help="experiment YAML, e.g. benchmarks/sim/figure11.yaml")
     sim.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field")
     sim.add_argument("--seeds", type=int, default=None, help="seeds per point")
-    sim.add_argument("--out", default=None, help="output directory")
+    sim.add_argument("--out", default=None, help=f"output directory (default: ./{RESULTS_DIR}/simulate/NAME)")
     sim.add_argument("--resume", action="store_true",
                      help="keep the runs already in the output's metrics.json; run only the missing ones")
     sim.set_defaults(func=_cmd_simulate)
 
     pr = sub.add_parser("profile", help="measure the real engine and write a latency profile for simulate")
     _add_model_args(pr)
-    pr.add_argument("--out", default="benchmarks/fidelity/profile-smollm2-cpu.json", help="profile JSON to write")
+    pr.add_argument("--out", default=f"{RESULTS_DIR}/profile.json",
+                    help=f"profile JSON to write (default: ./{RESULTS_DIR}/profile.json)")
     pr.add_argument("--neighbor", action=argparse.BooleanOptionalAction, default=True,
                     help="measure while a second engine process decodes (two instances share the cores)")
     pr.add_argument("--nice", type=int, default=15,
@@ -139,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a committed benchmark")
     b.add_argument("what", choices=["engine", "migration", "serve"])
     _add_model_args(b)
-    b.add_argument("--out", default="benchmarks/results", help="directory for the JSON result")
+    b.add_argument("--out", default=RESULTS_DIR,
+                   help=f"directory for the JSON result and plot (default: ./{RESULTS_DIR}, never the checkout's "
+                        "committed results unless named)")
     b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
     b.add_argument("--no-reference", action="store_true",
                    help="skip the Hugging Face transformers reference")

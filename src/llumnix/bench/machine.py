@@ -8,6 +8,11 @@ import resource
 from pathlib import Path
 from typing import Any
 
+RESULTS_DIR = "llumnix-results"
+"""Where `llumnix bench`, `profile` and `simulate` write unless --out says otherwise: a
+folder in the current working directory (ignored by git), so a run never rewrites the
+repository's committed results; to update those, name their path with --out."""
+
 
 def machine_info(with_torch: bool = True) -> dict[str, object]:
     """CPU, cores, Python, platform, load average; torch version and threads unless

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -127,7 +128,7 @@ def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transpor
     time.sleep(0.5)
     src_log, dst_log = ray.get(src.step_log.remote(cpu=True)), ray.get(dst.step_log.remote(cpu=True))
     start, end = rep["start_time"], rep["end_time"]
-    paused_at = end - rep["downtime"] if rep["committed"] else end
+    paused_at = rep["marks"].get("paused", end - rep["downtime"]) if rep["committed"] else end
     row: dict[str, Any] = {
         "transport": transport, "mode": mode, "committed": rep["committed"],
         "abort_reason": rep["abort_reason"], "downtime_s": rep["downtime"], "stages": rep["num_stages"],
@@ -330,6 +331,11 @@ def summarize(rows: list[dict[str, Any]], recompute: dict[int, float], lengths: 
     return {"table": table, "rows": rows, "floors": floors}
 
 
+def _ms(seconds: float | None) -> float:
+    """Milliseconds to plot; NaN (a gap in the line, never a 0) for a value not measured."""
+    return math.nan if seconds is None else 1000 * seconds
+
+
 def _plot(r: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -340,11 +346,10 @@ def _plot(r: dict[str, Any], path: Path) -> None:
     xs = [row["length"] for row in t]
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for name in r["transports"]:
-        ax.plot(xs, [1000 * (row[name]["downtime_s"] or 0) for row in t], marker="o",
-                label=f"live, {name} (median)")
-    ax.plot(xs, [1000 * (row["tcp"]["resume_s"] or 0) if "tcp" in row else 0 for row in t], marker=".",
+        ax.plot(xs, [_ms(row[name]["downtime_s"]) for row in t], marker="o", label=f"live, {name} (median)")
+    ax.plot(xs, [_ms(row["tcp"]["resume_s"]) if "tcp" in row else math.nan for row in t], marker=".",
             linestyle=":", label="live tcp: pause -> first step on dst")
-    ax.plot(xs, [1000 * (row["blocking_downtime_s"] or 0) for row in t], marker="s", label="blocking copy (tcp)")
+    ax.plot(xs, [_ms(row["blocking_downtime_s"]) for row in t], marker="s", label="blocking copy (tcp)")
     ax.plot(xs, [1000 * row["recompute_s"] for row in t], marker="^", label="recompute")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

@@ -250,6 +250,15 @@ def update_results(path: Path, section: str, key: str | None, record: dict[str, 
     return data
 
 
+def panel_values(runs: dict[str, Any], labels: list[str], key: str, stat: str) -> list[float | None]:
+    """Milliseconds of ``summary[key][stat]`` per run; None where a run lacks it."""
+    vals: list[float | None] = []
+    for lb in labels:
+        x = (runs[lb].get("summary", {}).get(key) or {}).get(stat)
+        vals.append(None if x is None else 1000 * float(x))
+    return vals
+
+
 def plot_runs(data: dict[str, Any], png: Path) -> None:
     runs = data.get("runs") or {}
     if not runs:
@@ -262,14 +271,19 @@ def plot_runs(data: dict[str, Any], png: Path) -> None:
     labels = list(runs)
     panels = [("P99 TTFT (ms)", "ttft_s", "p99"), ("P99 time per output token (ms)", "tpot_s", "p99"),
               ("P99 inter-token latency (ms)", "itl_s", "p99"), ("mean end-to-end (ms)", "e2e_s", "mean")]
+    colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3"]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
     for ax, (title, key, stat) in zip(axes, panels, strict=True):
-        vals = [1000 * ((runs[lb]["summary"].get(key) or {}).get(stat) or 0.0) for lb in labels]  # older runs: no ITL
-        ax.bar(labels, vals, color=["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3"][:len(labels)])
+        vals = panel_values(runs, labels, key, stat)
+        for i, v in enumerate(vals):
+            if v is None:  # a run that did not measure it (older runs: no ITL): no bar, not a 0
+                ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=8, color="gray")
+            else:
+                ax.bar(i, v, color=colors[i % len(colors)])
+                ax.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(labels)), labels)
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelrotation=20, labelsize=8)
-        for i, v in enumerate(vals):
-            ax.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
     fig.suptitle("llumnix bench serve", fontsize=11)
     fig.tight_layout()
     fig.savefig(png, dpi=110)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llumnix.bench.machine import RESULTS_DIR
 from llumnix.sim.cluster import ClusterConfig
 from llumnix.sim.config import ConfigError, ExperimentConfig, SystemSpec, load_config
 from llumnix.sim.latency import get_latency_model
@@ -163,7 +164,7 @@ def main_simulate(config_path: str, overrides: list[str], seeds: int | None, out
     if seeds is not None and seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
     cfg = load_config(config_path, overrides)
-    out = Path(out_dir) if out_dir else Path(config_path).parent / "results" / cfg.name
+    out = Path(out_dir) if out_dir else Path(RESULTS_DIR) / "simulate" / cfg.name
     start = time.perf_counter()
     records = run_experiment(cfg, out, seeds, show_progress=sys.stderr.isatty(), resume=resume)
     wall = time.perf_counter() - start
