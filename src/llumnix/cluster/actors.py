@@ -225,6 +225,9 @@ class InstanceActor:
     def mig_install(self, snapshot: Any) -> float:
         return self.endpoint.install(snapshot)
 
+    def mig_first_step(self, request_id: str, timeout_s: float) -> tuple[float, float] | None:
+        return self.endpoint.first_step(request_id, timeout_s)
+
     def mig_accept_gloo(self, host: str, port: int, pair_id: str) -> None:
         self.endpoint.accept_gloo(host, port, pair_id)
 
@@ -337,6 +340,11 @@ class _RemoteDestination:
 
     def install(self, snapshot: Any) -> float:
         return float(ray.get(self._actor.mig_install.remote(snapshot), timeout=30))
+
+    def first_step(self, request_id: str, timeout_s: float) -> tuple[float, float] | None:
+        got: tuple[float, float] | None = ray.get(self._actor.mig_first_step.remote(request_id, timeout_s),
+                                                  timeout=timeout_s + 30)
+        return got
 
 
 @ray.remote(max_concurrency=8)  # type: ignore[call-overload]

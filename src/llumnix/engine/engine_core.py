@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import pickle
 import random
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from llumnix.core.batch import Executor, ModelOutput, RequestMetrics, RequestOutput, SchedulerOutput
@@ -61,6 +61,7 @@ class EngineCore(MigrationOpsMixin):
         self.num_failed_requests = 0
         """Requests ended with an error because a step failed on them."""
         self._failed_steps_in_row = 0
+        self._first_step_hooks: dict[str, Callable[[float | None], None]] = {}
 
     # -- requests ------------------------------------------------------------
     def add_request(
@@ -115,6 +116,7 @@ class EngineCore(MigrationOpsMixin):
             return False
         self.scheduler.remove(req)
         self.kv.free(request_id)
+        self.drop_first_step_hook(request_id)
         req.status = RequestStatus.FINISHED_ABORTED
         req.finish_time = self.clock.now()
         return True
@@ -173,7 +175,10 @@ class EngineCore(MigrationOpsMixin):
                              error=f"the engine failed on this request ({type(exc).__name__})")
 
     def schedule(self) -> SchedulerOutput:
-        return self.scheduler.schedule()
+        batch = self.scheduler.schedule()
+        if self._first_step_hooks:  # a migrated request may rejoin a batch: its downtime ends
+            self.run_first_step_hooks(batch)
+        return batch
 
     def update(self, batch: SchedulerOutput, output: ModelOutput) -> list[RequestOutput]:
         self.step_id += 1

@@ -8,16 +8,20 @@ Source side: ``pause_request`` (out of the batch, blocks kept),
 ``remove_request`` once the destination has committed.
 Destination side: ``try_reserve_with_cache`` (the first pre-copy stage's reservation,
 starting with the blocks this prefix cache already holds), ``try_reserve``,
-``release_reservation``, ``install_request``.
+``release_reservation``, ``install_request`` (with a hook told when the request's
+first step here begins: where a migration's downtime ends).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from llumnix.core.errors import InvalidRequestError, UnknownRequestError
 from llumnix.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
+    from llumnix.core.batch import SchedulerOutput
+    from llumnix.core.clock import Clock
     from llumnix.engine.scheduler import LocalScheduler
     from llumnix.kv.kv_manager import KVManager
 
@@ -26,6 +30,9 @@ class MigrationOpsMixin:
     kv: KVManager
     scheduler: LocalScheduler
     requests: dict[str, Request]
+    clock: Clock
+    _first_step_hooks: dict[str, Callable[[float | None], None]]
+    """Installed requests not yet in a step here -> what to tell when one is (or leaves)."""
 
     def _held(self, request_id: str) -> Request:
         try:
@@ -76,6 +83,7 @@ class MigrationOpsMixin:
             raise UnknownRequestError(request_id)
         self.scheduler.remove(req)
         self.kv.free(request_id)
+        self.drop_first_step_hook(request_id)
         return req
 
     # -- destination -----------------------------------------------------------
@@ -104,8 +112,10 @@ class MigrationOpsMixin:
             return 0
         return self.kv.free(request_id)
 
-    def install_request(self, req: Request) -> None:
-        """Resume a migrated request here. Its KV must already sit in its reservation."""
+    def install_request(self, req: Request, on_first_step: Callable[[float | None], None] | None = None) -> None:
+        """Resume a migrated request here. Its KV must already sit in its reservation.
+        ``on_first_step(now)``: called when the first step here that computes it begins
+        (with None if it leaves first), the end of its migration's downtime."""
         if req.request_id in self.requests:
             raise InvalidRequestError(f"request {req.request_id} is already here")
         if req.num_computed_tokens == 0:
@@ -125,3 +135,18 @@ class MigrationOpsMixin:
         req.num_migrations += 1
         self.requests[req.request_id] = req
         self.scheduler.running.append(req)
+        if on_first_step is not None:
+            self._first_step_hooks[req.request_id] = on_first_step
+
+    def run_first_step_hooks(self, batch: SchedulerOutput) -> None:
+        """At the start of a step: tell the installed requests in ``batch`` that they run."""
+        now = self.clock.now()
+        for entry in batch.scheduled:
+            hook = self._first_step_hooks.pop(entry.request_id, None)
+            if hook is not None:
+                hook(now)
+
+    def drop_first_step_hook(self, request_id: str) -> None:
+        hook = self._first_step_hooks.pop(request_id, None)
+        if hook is not None:
+            hook(None)

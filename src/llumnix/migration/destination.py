@@ -1,5 +1,6 @@
 """The destination side of migration for one instance: reservations, KV writes
-into reserved blocks (from any transport), installs through an inbox, and a
+into reserved blocks (from any transport), installs through an inbox, the moment
+an installed request's first step here begins (where its downtime ends), and a
 watchdog that frees reservations a dead or stuck source never committed.
 
 A request's reservation moves through::
@@ -50,6 +51,12 @@ class DestinationEndpoint:
         self.installed_at: dict[str, float] = {}
         """request id -> when it joined this instance's batch (monotonic; recent ones)."""
         self.failed_installs: dict[str, str] = {}
+        self._arrived: dict[str, tuple[float, float]] = {}
+        """Running requests installed here -> (when their install call arrived, when it
+        was queued), until their source asks ``first_step``."""
+        self._first_steps: dict[str, float | None] = {}
+        """Running requests installed here -> when their first step here began (None:
+        they left before one), until their source asks."""
         self.receiver = KVReceiver(token, self, host=host, options=self.options)
         self._gloo: list[Any] = []
         self._bulk: BulkWorker | None = None
@@ -113,6 +120,7 @@ class DestinationEndpoint:
         schedulable: the next step takes it, and nothing can free its blocks."""
         rid = snapshot.request_id
         eng = self.server.engine
+        arrived = self._now()
         with self._cv:
             if rid in eng.requests:
                 raise InvalidRequestError(f"request {rid} is already here")
@@ -125,6 +133,7 @@ class DestinationEndpoint:
             if not self._close_to_writes(rid):
                 raise InvalidRequestError(f"{rid} is already being installed or released")
             self._reserved_at.pop(rid, None)
+            self._first_steps.pop(rid, None)
         fut = self.server.run_at_boundary(lambda: self._install_now(snapshot))
         queued_at = self._now()
         err = fut.exception() if fut.done() else None
@@ -132,22 +141,47 @@ class DestinationEndpoint:
             with self._cv:
                 self._closed_to_writes.discard(rid)
             raise err
+        if snapshot.num_computed_tokens > 0:
+            with self._cv:
+                self._arrived[rid] = (arrived, queued_at)
+                _bound(self._arrived)
         return queued_at
+
+    def first_step(self, request_id: str, timeout_s: float) -> tuple[float, float] | None:
+        """For a running request installed here: (seconds from its install call's arrival
+        to the call's return, seconds from that arrival to the start of its first step
+        here), this instance's clock; waits up to ``timeout_s`` for that step. None if it
+        left first, or no step took it in time. Asked once, by its source."""
+        with self._cv:
+            if request_id not in self._arrived:
+                return None
+            self._cv.wait_for(lambda: request_id in self._first_steps, timeout_s)
+            arrived, queued = self._arrived.pop(request_id)
+            stepped = self._first_steps.pop(request_id, None)
+        return None if stepped is None else (queued - arrived, stepped - arrived)
+
+    def _on_first_step(self, request_id: str, now: float | None) -> None:
+        """The engine's hook (on the step thread): the request's first step here begins."""
+        with self._cv:
+            self._first_steps[request_id] = None if now is None else self._now()
+            _bound(self._first_steps)
+            self._cv.notify_all()
 
     def _install_now(self, snapshot: Request) -> None:
         eng, rid = self.server.engine, snapshot.request_id
         try:
-            eng.install_request(snapshot)
+            hook = (lambda t: self._on_first_step(rid, t)) if snapshot.num_computed_tokens > 0 else None
+            eng.install_request(snapshot, on_first_step=hook)
             self.installed_at[rid] = self._now()
         except Exception as e:  # noqa: BLE001 - checked before the claim; never expected
             log.error("install of %s failed at the boundary: %r; its reservation is freed", rid, e)
             self.failed_installs[rid] = repr(e)
             eng.release_reservation(rid)
+            self._on_first_step(rid, None)
         finally:
             with self._cv:
                 self._closed_to_writes.discard(rid)
-            while len(self.installed_at) > 1024:
-                self.installed_at.pop(next(iter(self.installed_at)))
+            _bound(self.installed_at)
 
     def num_reservations(self) -> int:
         with self._cv:
@@ -234,3 +268,9 @@ class DestinationEndpoint:
                         log.warning("freed the reservation of %s: its source never committed", rid)
                 except Exception:  # noqa: BLE001 - the instance is stopping
                     log.debug("watchdog release failed", exc_info=True)
+
+
+def _bound(records: dict[str, Any], most: int = 1024) -> None:
+    """Keep the ``most`` newest of ``records`` (a source that died never asks for its)."""
+    while len(records) > most:
+        records.pop(next(iter(records)))

@@ -12,9 +12,16 @@ request's full blocks: the destination adopts the leading ones it already caches
 (their KV never travels) and reserves fresh blocks for the rest, in one round trip.
 
 Downtime is measured from the pausing boundary (right after the request's last
-step on the source) to the destination's acknowledgement that the request is
-queued in its inbox, from where its next step boundary takes it: the paper's
-"schedulable on the destination".
+step on the source) to the start of the destination's first step that computes the
+request: the install queues it in the destination's inbox (the source need not wait
+for that boundary), and once the source has dropped its copy it asks the destination
+when that step began. The two ends lie on two machines' clocks, so each side measures
+its own part and the install call's one-way delay is taken as half its round trip
+less the destination's time inside it::
+
+    source   pause ─── last stage ─── sent ·········· acked   (remove, ask)
+    dest.                                   arrived ── queued ── boundary ── first step
+    downtime = (sent - pause) + (round trip - (queued - arrived)) / 2 + (first step - arrived)
 
 Invariant after any outcome: the request lives in exactly one place (the
 destination after COMMITTED, the source after ABORTED if the source is
@@ -24,6 +31,7 @@ reservation on abort).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -34,6 +42,7 @@ from llumnix.migration.protocol import MigrationConfig, MigrationPhase, Migratio
 from llumnix.migration.transport import KVSender, KVSource
 
 P = MigrationPhase
+log = logging.getLogger(__name__)
 
 
 class SourceServer(Protocol):
@@ -60,6 +69,12 @@ class Destination(Protocol):
         """Queue the request to resume at the destination's next step boundary; raises
         if it cannot resume there (then nothing changed on the destination)."""
         ...
+
+    # It may also offer ``first_step(request_id, timeout_s) -> tuple[float, float] | None``
+    # (DestinationEndpoint.first_step): for a running request installed there, (seconds
+    # its install call spent there, seconds from the call's arrival to the start of the
+    # first step with the request). One that does not (a timing wrapper) leaves each
+    # downtime at its commit: the last stage alone.
 
 
 def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
@@ -220,11 +235,14 @@ def _commit(request_id: str, src: SourceServer, dst: Destination, proto: Migrati
             snapshot: Request | None, now: Callable[[], float]) -> None:
     eng = src.engine
     if snapshot is not None:  # paused with its KV sent
+        sent = now()
         queued = dst.install(snapshot)  # raises -> abort -> resumed on the source
+        acked = now()
         if isinstance(queued, float):
             proto.marks["dst_queued"] = queued  # the destination's clock
-        proto.on_committed(now())
+        proto.on_committed(acked)
         src.call(lambda: eng.remove_request(request_id))
+        _await_first_step(request_id, dst, proto, sent, acked)
         return
     # Metadata only: take the queued request off the source first, so it is never in two
     # queues; put it back if the destination will not take it.
@@ -240,6 +258,24 @@ def _commit(request_id: str, src: SourceServer, dst: Destination, proto: Migrati
         src.call(lambda: eng.install_request(snap))
         raise
     proto.on_committed(now())
+
+
+def _await_first_step(request_id: str, dst: Destination, proto: MigrationProtocol, sent: float,
+                      acked: float) -> None:
+    """End the committed request's downtime at the destination's first step with it (the
+    module's diagram), on this side's clock. Unseen (it left first, or the destination
+    stopped answering): the report's downtime stays at the commit, a lower bound."""
+    first_step = getattr(dst, "first_step", None)
+    if first_step is None:
+        return
+    try:
+        got = first_step(request_id, proto.config.timeout_s)
+    except Exception as e:  # noqa: BLE001 - committed already; only the measure is lost
+        log.warning("migration of %s: no first step from %s: %r", request_id, dst.instance_id, e)
+        return
+    if got is not None:
+        inside, to_step = got
+        proto.on_resumed(sent + max(0.0, (acked - sent) - inside) / 2 + to_step)
 
 
 def _clean_up_abort(request_id: str, src: SourceServer, dst: Destination, paused: bool) -> None:

@@ -22,8 +22,12 @@ the destination may already hold the request's leading blocks (``on_cached``,
 before the first stage): they are adopted there and never sent. A request that
 has no KV yet (queued) starts at COMMIT: it migrates as metadata. With
 ``max_stages == 1`` it starts at PAUSE: a blocking stop-and-copy, the baseline.
-Downtime is from PAUSE to COMMITTED: only the last stage, however long the
-sequence, which is what keeps it flat.
+Downtime is the time the request is out of every batch: from PAUSE (right after its
+last step on the source) to the start of the destination's first step that computes
+it (``on_resumed``, after COMMITTED: the install waits for the destination's next
+step boundary, and that step may still leave it out). It covers the last stage and
+that wait, however long the sequence, which is what keeps it flat. A queued request
+(no KV) never stalls and has none.
 """
 from __future__ import annotations
 
@@ -84,15 +88,18 @@ class MigrationReport:
     num_blocks: int
     num_bytes: int
     downtime: float | None
-    """Seconds the request was out of every batch (pause to commit); None unless a running
-    request committed: a queued one never stalls."""
+    """Seconds the request was out of every batch: from its pause on the source to the
+    start of the destination's first step with it (to the commit, where the driver never
+    saw that step: ``marks`` then has no ``resumed``). None unless a running request
+    committed: a queued one never stalls."""
     duration: float
     num_blocks_cached: int = 0
     """Leading blocks the destination already cached, adopted instead of sent."""
     start_time: float = 0.0
     end_time: float = 0.0
     marks: dict[str, float] = field(default_factory=dict)
-    """Instants the driver recorded (e.g. where the last stage's time went)."""
+    """Instants recorded on the way: ``paused`` and ``resumed`` (the downtime's ends, the
+    driver's clock) and the driver's own (e.g. where the last stage's time went)."""
     was_queued: bool = False
     """The request had no KV yet (it waited in the source's queue): moved as metadata."""
 
@@ -119,6 +126,8 @@ class MigrationProtocol:
         self.num_blocks_sent = 0
         self.num_blocks_cached = 0
         self.paused_at: float | None = None
+        self.resumed_at: float | None = None
+        """When the destination's first step with the request began (the driver's clock)."""
         self.end_time: float | None = None
         self.abort_reason: str | None = None
         self._pending_blocks: list[int] = []
@@ -204,6 +213,7 @@ class MigrationProtocol:
         if not request_alive:
             return self.abort("the request ended before its last stage", now)
         self.paused_at = now
+        self.marks["paused"] = now
         self.phase = MigrationPhase.RESERVE
         return self.phase
 
@@ -213,6 +223,21 @@ class MigrationProtocol:
         self.phase = MigrationPhase.COMMITTED
         self.end_time = now
         return self.phase
+
+    def on_resumed(self, now: float) -> None:
+        """The destination's first step with the (running) request began: its downtime ends."""
+        if self.phase != MigrationPhase.COMMITTED or self.paused_at is None:
+            raise RuntimeError(f"migration of {self.request_id}: resumed before a paused request committed")
+        if self.resumed_at is None:
+            self.resumed_at = now
+            self.marks["resumed"] = now
+
+    @property
+    def is_final(self) -> bool:
+        """The report will not change: aborted, committed as metadata, or committed and
+        resumed on the destination."""
+        return self.phase == MigrationPhase.ABORTED or (self.phase == MigrationPhase.COMMITTED and (
+            self.paused_at is None or self.resumed_at is not None))
 
     def abort(self, reason: str, now: float) -> MigrationPhase:
         """Either side failed, or a check said stop. The driver frees the
@@ -229,7 +254,7 @@ class MigrationProtocol:
         end = self.end_time if self.end_time is not None else self.start_time
         downtime = None
         if self.phase == MigrationPhase.COMMITTED and self.paused_at is not None:
-            downtime = end - self.paused_at
+            downtime = (end if self.resumed_at is None else self.resumed_at) - self.paused_at
         blocks = sum(s.num_blocks for s in self.stages if s.end_time is not None)
         return MigrationReport(
             request_id=self.request_id, src_instance_id=self.src_instance_id,

@@ -11,8 +11,11 @@ reports back::
     check    finished or preempted meanwhile -> abort; few blocks left or stage
              limit -> PAUSE; otherwise the next pre-copy stage
     PAUSE    at the source's next step boundary: pause_request
-    last     RESERVE + COPY of the rest (+ commit cost): the downtime
+    last     RESERVE + COPY of the rest (+ commit cost)
     COMMIT   src.remove_request -> dst.install_request (the request object moves)
+    resumed  the destination's next step that takes the request begins: the downtime,
+             as the real driver's, runs from PAUSE to here (the last stage, and the
+             wait for the destination's current step to end)
 
 An abort frees the destination's reservation and resumes the request on the source.
 """
@@ -22,7 +25,7 @@ from collections.abc import Callable
 
 from llumnix.core.request import RequestStatus
 from llumnix.kv.prefix_cache import sequence_keys
-from llumnix.migration.protocol import MigrationConfig, MigrationPhase, MigrationProtocol
+from llumnix.migration.protocol import MigrationConfig, MigrationPhase, MigrationProtocol, MigrationReport
 from llumnix.sim.events import Event, EventKind
 from llumnix.sim.instance import SimInstance
 from llumnix.sim.latency import MigrationCost
@@ -45,6 +48,8 @@ class MigrationRun:
             has_kv=not self._was_waiting, bytes_per_block=cost.bytes_per_block)
         self._copying = False
         self._first_ids: list[int] | None = None  # the first stage's, reserved with the cache
+        self._on_report: Callable[[MigrationReport], None] | None = None
+        self._left_unstepped = False  # moved on from the destination before any step there
         src.migrations_out[request_id] = self
         dst.migrations_in[request_id] = self
 
@@ -141,7 +146,8 @@ class MigrationRun:
         # The source's copy is dropped at commit anyway, so the request object itself
         # moves; snapshot_request (a pickle round trip of the token lists, ~0.2 ms per long
         # request) would dominate migration-heavy runs.
-        dst.engine.install_request(src.engine.remove_request(rid))
+        paused = self.protocol.paused_at is not None
+        dst.engine.install_request(src.engine.remove_request(rid), self._on_resumed if paused else None)
         self.protocol.on_committed(now)
         src.note_requests_changed()
         dst.note_requests_changed()
@@ -172,6 +178,23 @@ class MigrationRun:
                 src.engine.resume_request(rid)
         events = src.wake(now) + dst.wake(now)
         return events + self.on_done(self, now)
+
+    def on_report(self, record: Callable[[MigrationReport], None]) -> None:
+        """Hand the final report to ``record``: now, or once the destination's first step
+        with the committed request begins (its downtime is known then)."""
+        if self.protocol.is_final or self._left_unstepped:
+            record(self.protocol.report())
+        else:
+            self._on_report = record
+
+    def _on_resumed(self, now: float | None) -> None:
+        if now is None:
+            self._left_unstepped = True
+        else:
+            self.protocol.on_resumed(now)
+        if self._on_report is not None:
+            record, self._on_report = self._on_report, None
+            record(self.protocol.report())
 
     @property
     def is_done(self) -> bool:

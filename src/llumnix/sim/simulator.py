@@ -263,7 +263,7 @@ class Simulator:
     def _on_migration_done(self, run: MigrationRun, now: float) -> list[Event]:
         self._num_migrating -= 1
         report = run.protocol.report()
-        self.metrics.on_migration(report)
+        run.on_report(self.metrics.on_migration)  # once the destination's first step with it began
         src, dst = run.src, run.dst
         self.policy.on_migration_finished(src, run.request_id, report.committed)
         self._maybe_report(src)
