@@ -193,7 +193,7 @@ class LiteBackend:
     async def cluster_info(self) -> dict[str, Any]:
         instances = [s for p in self.pools.values() for s in p.summaries()]
         ejections = sum(e.health.num_ejections for e in self.endpoints.values())
-        return {"source": "lite", "instances": instances,
+        return {"source": "lite", "instances": instances, "dispatch_policy": self.config.dispatch,
                 "pools": [{"name": p.name, "models": list(p.cfg.models), "weight": p.cfg.weight,
                            "fallback": p.cfg.fallback, "endpoints": sorted(p.endpoints)} for p in self.pools.values()],
                 "num_dispatched": sum(e.lrs.num_dispatched for e in self.endpoints.values()),

@@ -98,6 +98,12 @@ class LiteConfig:
                 raise SystemConfigError(f"pools[{i}].fallback", f"must name another pool, not {p.fallback!r}")
         if self.max_attempts < 1:
             raise SystemConfigError("max_attempts", "must be >= 1")
+        from llumnix.policy import PolicyConfigError, make_pipeline
+
+        try:
+            make_pipeline(self.dispatch, self.policy_params)
+        except PolicyConfigError as e:
+            raise SystemConfigError("dispatch", str(e)) from None
 
     @property
     def policy_params(self) -> dict[str, Any]:
@@ -136,7 +142,7 @@ def from_doc(pools: Any, lite: Any = None) -> LiteConfig:
                                  f"{where}.endpoints[{j}]") for j, e in enumerate(eps))
         pool = _build(_PoolFields, {k: v for k, v in p.items() if k != "endpoints"}, where)
         models = [pool.models] if isinstance(pool.models, str) else pool.models
-        if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+        if not isinstance(models, list | tuple) or not all(isinstance(m, str) and m for m in models):
             raise SystemConfigError(join(where, "models"), f"must be a list of model names, not {pool.models!r}")
         built.append(PoolConfig(pool.name, endpoints, tuple(models), pool.weight, pool.fallback))
     settings = _build(_LiteFields, lite or {}, "lite")

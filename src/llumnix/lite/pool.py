@@ -75,5 +75,6 @@ class Pool:
             out.append({"instance_id": iid, "freeness": freeness(s, self.scheduler.config.freeness),
                         "num_running": s.num_running, "num_waiting": s.num_waiting,
                         "num_used_blocks": s.num_used_blocks, "num_total_blocks": s.num_total_blocks,
+                        "block_size": s.block_size,
                         "is_schedulable": s.is_schedulable, **ep.summary(now)})
         return out

@@ -3,7 +3,7 @@
 The pools that serve the model (by name, or by prefix with ``name*``) share its traffic
 by weight; the first choice is drawn among those with a healthy endpoint (all of them
 when none has one), then come its fallback chain and the other pools that serve the
-model, heaviest first. Dispatch walks the list: a pool with no endpoint to offer (all
+model (each followed by its own fallback chain), heaviest first. Dispatch walks the list: a pool with no endpoint to offer (all
 ejected, drained or already tried) hands the request to the next.
 """
 from __future__ import annotations
@@ -31,13 +31,13 @@ def route(pools: list[P], model: str, rng: random.Random) -> list[P]:
         return []
     healthy = [p for p in serving if p.has_healthy()] or serving
     first = _weighted(healthy, rng)
-    order = [first]
     by_name = {p.name: p for p in pools}
-    nxt = first.cfg.fallback
-    while nxt is not None and by_name[nxt] not in order:
-        order.append(by_name[nxt])
-        nxt = by_name[nxt].cfg.fallback
-    order += sorted((p for p in serving if p not in order), key=lambda p: (-p.cfg.weight, p.name))
+    order: list[P] = []
+    for head in [first, *sorted((p for p in serving if p is not first), key=lambda p: (-p.cfg.weight, p.name))]:
+        p: P | None = head
+        while p is not None and p not in order:  # the pool, then its fallback chain
+            order.append(p)
+            p = by_name[p.cfg.fallback] if p.cfg.fallback is not None else None
     return order
 
 

@@ -20,8 +20,10 @@ _NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "sglang": (("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:token_usage",)),
     "llamacpp": (("llamacpp:requests_processing",), ("llamacpp:requests_deferred",),
                  ("llamacpp:kv_cache_usage_ratio",)),
-    # Our own gateway, as an opaque endpoint: requests in flight, its instances' KV usage.
-    "llumnix": (("llumnix:gateway_requests_in_flight",), (), ("vllm:gpu_cache_usage_perc",)),
+    # Our own gateway, as an opaque endpoint: its instances' vLLM-named series (older
+    # gateways: the requests in flight and the old KV gauge).
+    "llumnix": (("vllm:num_requests_running", "llumnix:gateway_requests_in_flight"), ("vllm:num_requests_waiting",),
+                ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
 }
 _FRACTIONS = {n for names in _NAMES.values() for n in names[2]}
 
@@ -36,15 +38,15 @@ def detect_kind(text: str) -> str:
     return "openai"
 
 
-def _samples(text: str) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
+def _samples(text: str) -> tuple[dict[str, float], dict[str, list[dict[str, str]]]]:
     """Per metric name: the sum (or, for a fraction, the mean) of its samples, and the
-    labels of its last sample."""
+    labels of each sample."""
     values: dict[str, list[float]] = defaultdict(list)
-    labels: dict[str, dict[str, str]] = {}
+    labels: dict[str, list[dict[str, str]]] = defaultdict(list)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             values[s.name].append(float(s.value))
-            labels[s.name] = s.labels
+            labels[s.name].append(s.labels)
     out = {n: (sum(v) / len(v) if n in _FRACTIONS else sum(v)) for n, v in values.items() if v}
     return out, labels
 
@@ -66,10 +68,12 @@ def parse_metrics(kind: str, text: str, now: float) -> EngineLoad:
                       kv, _capacity(values, labels))
 
 
-def _capacity(values: dict[str, float], labels: dict[str, dict[str, str]]) -> int | None:
-    info = labels.get("vllm:cache_config_info")
-    if info and info.get("num_gpu_blocks", "").isdigit() and info.get("block_size", "").isdigit():
-        return int(info["num_gpu_blocks"]) * int(info["block_size"])
+def _capacity(values: dict[str, float], labels: dict[str, list[dict[str, str]]]) -> int | None:
+    """KV tokens: vLLM's cache config (summed over engines behind one endpoint), SGLang's total."""
+    tokens = [int(i["num_gpu_blocks"]) * int(i["block_size"]) for i in labels.get("vllm:cache_config_info", ())
+              if i.get("num_gpu_blocks", "").isdigit() and i.get("block_size", "").isdigit()]
+    if tokens:
+        return sum(tokens)
     if "sglang:max_total_num_tokens" in values:
         return int(values["sglang:max_total_num_tokens"])
     return None

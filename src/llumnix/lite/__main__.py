@@ -1,0 +1,5 @@
+import sys
+
+from llumnix.lite.serve import main
+
+sys.exit(main())
