@@ -1,0 +1,147 @@
+"""Lite-mode Llumnix against sglang-router in front of the same three engines.
+
+    python -m benchmarks.lite.bench [--out ~/lite-bench/result.json] [--seeds 0 1 2] [--n 18]
+
+Engines: llama.cpp's server (llama-cpp-python, /work/venvs/llamacpp) on the SmolLM2
+GGUF, three of them, one thread each. Routers, all running at once in front of them:
+lite-mode Llumnix (``python -m llumnix.lite``: llumnix, least-requests) and sglang-router
+(cache_aware, power_of_two, round_robin).
+
+The rule, fixed before any run: per workload, capacity is the completed requests per
+second of a closed loop with 2 requests per engine in flight, sent straight to the
+engines round-robin; the light rate is 0.3 x capacity, the near-capacity rate 0.85 x.
+Seeds are replayed router by router in turn (seed-major), so drift of the machine hits
+every router alike. Added latency: one-token requests sent straight to engine 0 and
+through each router alternately, with nothing else running (P50/P99 of the difference
+of pairs). Failures: at the near-capacity rate of ``sharegpt`` one engine is killed
+(SIGKILL) 40% into the trace and restarted after; a request fails on a non-200, an error
+event or a missing ``[DONE]``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.lite import routers
+from benchmarks.lite.workloads import Req, Result, chats, one, replay, sharegpt
+
+from llumnix.bench.machine import machine_info, write_result
+
+WORKLOADS = {"chats": chats, "sharegpt": sharegpt}
+ROUTERS = [("llumnix-lite", "llumnix"), ("llumnix-lite", "least-requests"),
+           ("sglang-router", "cache_aware"), ("sglang-router", "power_of_two"), ("sglang-router", "round_robin")]
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def summary(results: list[Result]) -> dict[str, Any]:
+    ttft = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
+    e2e = [r.e2e_s for r in results if r.ok and r.e2e_s is not None]
+    return {"n": len(results), "failed": sum(not r.ok for r in results),
+            "errors": sorted({r.error for r in results if not r.ok})[:3],
+            "ttft_mean_s": statistics.fmean(ttft) if ttft else None, "ttft_p99_s": pct(ttft, 0.99),
+            "e2e_mean_s": statistics.fmean(e2e) if e2e else None, "e2e_p99_s": pct(e2e, 0.99)}
+
+
+async def capacity(urls: list[str], trace: list[Req]) -> float:
+    """Closed loop, 2 in flight per engine, straight to the engines round-robin."""
+    import aiohttp
+
+    queue = list(trace)
+    done = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+        async def worker(i: int) -> None:
+            nonlocal done
+            while queue:
+                r = queue.pop(0)
+                if (await one(s, urls[i % len(urls)], r)).ok:
+                    done += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(2 * len(urls))))
+        return done / (time.perf_counter() - t0)
+
+
+async def added_latency(direct: str, via: dict[str, str], n: int) -> dict[str, Any]:
+    import aiohttp
+
+    req = Req("The capital of France is a city called", 1, 0.0)
+    diffs: dict[str, list[float]] = {k: [] for k in via}
+    async with aiohttp.ClientSession() as s:
+        for _ in range(2):  # warm connections and caches
+            for url in [direct, *via.values()]:
+                await one(s, url, req)
+        for _ in range(n):
+            for name, url in via.items():
+                a, b = await one(s, direct, req), await one(s, url, req)
+                if a.ok and b.ok and a.e2e_s is not None and b.e2e_s is not None:
+                    diffs[name].append((b.e2e_s - a.e2e_s) * 1e3)
+    return {k: {"p50_ms": pct(v, 0.5), "p99_ms": pct(v, 0.99), "n": len(v)} for k, v in diffs.items()}
+
+
+async def kill_run(url: str, victim: routers.Proc, trace: list[Req]) -> dict[str, Any]:
+    async def killer() -> None:
+        await asyncio.sleep(trace[int(0.4 * len(trace))].arrival_s)
+        victim.kill()
+
+    results, _ = await asyncio.gather(replay(url, trace), killer())
+    victim.start()
+    return summary(results)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(Path.home() / "lite-bench" / "result.json"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--n", type=int, default=18, help="requests per run")
+    p.add_argument("--latency-pairs", type=int, default=30)
+    args = p.parse_args()
+    log_dir = Path(args.out).parent / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    engines = [routers.llamacpp(i, log_dir).start() for i in range(3)]
+    urls = [e.url for e in engines]
+    procs = {f"{kind}/{pol}": (routers.lite if kind == "llumnix-lite" else routers.sglang_router)(urls, pol, log_dir)
+             for kind, pol in ROUTERS}
+    record: dict[str, Any] = {"benchmark": "lite-vs-sglang-router", "machine": machine_info(with_torch=False),
+                              "settings": vars(args), "engines": "llama-cpp-python server, SmolLM2-135M Q4_1, "
+                              "n_ctx 2048, 1 thread each, x3", "runs": []}
+    try:
+        for proc in procs.values():
+            proc.start()
+        via = {k: v.url for k, v in procs.items()}
+        record["added_latency_ms"] = asyncio.run(added_latency(urls[0], via, args.latency_pairs))
+        print("added latency (ms):", record["added_latency_ms"], flush=True)
+        record["capacity_rps"] = {w: asyncio.run(capacity(urls, make(99, 0.0, 2 * args.n)))
+                                  for w, make in WORKLOADS.items()}
+        print("capacity (req/s):", record["capacity_rps"], flush=True)
+        for seed in args.seeds:
+            for w, make in WORKLOADS.items():
+                for level, factor in (("light", 0.3), ("near", 0.85)):
+                    trace = make(seed, factor * record["capacity_rps"][w], args.n)
+                    for name, proc in procs.items():
+                        s = summary(asyncio.run(replay(proc.url, trace)))
+                        record["runs"].append({"seed": seed, "workload": w, "rate": level, "router": name, **s})
+                        print(seed, w, level, name, s, flush=True)
+        for name, proc in procs.items():
+            trace = sharegpt(7, 0.85 * record["capacity_rps"]["sharegpt"], args.n + 6)
+            s = asyncio.run(kill_run(proc.url, engines[2], trace))
+            record.setdefault("kill_one_of_three", {})[name] = s
+            print("kill", name, s, flush=True)
+            time.sleep(3)  # the routers see the restarted engine again
+    finally:
+        for proc in [*procs.values(), *engines]:
+            proc.stop()
+        write_result(args.out, record)
+
+
+if __name__ == "__main__":
+    main()

