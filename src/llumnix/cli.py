@@ -70,6 +70,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from llumnix.bench.serve_bench import main_serve_bench
 
         return main_serve_bench(args)
+    if args.what == "cluster":
+        from llumnix.bench.cluster_bench import main_cluster_bench
+
+        return main_cluster_bench(args)
     raise LlumnixError(f"unknown benchmark {args.what!r}")
 
 
@@ -139,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=_cmd_profile)
 
     b = sub.add_parser("bench", help="run a committed benchmark")
-    b.add_argument("what", choices=["engine", "migration", "serve"])
+    b.add_argument("what", choices=["engine", "migration", "serve", "cluster"])
     _add_model_args(b)
     b.add_argument("--out", default=RESULTS_DIR,
                    help=f"directory for the JSON result and plot (default: ./{RESULTS_DIR}, never the checkout's "
@@ -158,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     from llumnix.bench.serve_bench import add_serve_bench_args
 
     add_serve_bench_args(b)
+    from llumnix.bench.cluster_bench import add_cluster_bench_args
+
+    add_cluster_bench_args(b)
     b.set_defaults(func=_cmd_bench)
     return parser
 

@@ -40,7 +40,7 @@ _SHAREGPT_SIGMA = {"input": 1.0, "output": 0.8}
 @dataclass(frozen=True)
 class PlannedRequest:
     arrival_s: float
-    prompt: str
+    prompt: str | list[int]
     num_input_words: int
     max_tokens: int
 

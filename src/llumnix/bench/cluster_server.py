@@ -1,0 +1,134 @@
+"""A `llumnix serve` process for ``bench cluster``, and what its gateway tells about the
+cluster: ``/metrics`` counters and ``/admin/cluster`` samples (KV usage, migrations)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llumnix.core.errors import LlumnixError
+
+
+class ServeProcess:
+    """``with ServeProcess(config, log) as server``: `llumnix serve --config config` on a free
+    loopback port until the block ends (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, config: Path, log: Path, start_timeout_s: float = 600.0) -> None:
+        self.config, self.log_path, self.timeout = config, log, start_timeout_s
+        self.url = ""
+        self.model = ""
+
+    def __enter__(self) -> ServeProcess:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llumnix.cli", "serve", "--config", str(self.config), "--port", str(port),
+             "--shutdown-grace", "5"],
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self.proc.poll() is not None:
+                self._log.close()
+                tail = self.log_path.read_text().strip().splitlines()[-1:] or ["(no output)"]
+                raise LlumnixError(f"llumnix serve exited with {self.proc.returncode}: {tail[0][:200]}")
+            if time.monotonic() > deadline:
+                self.__exit__()
+                raise LlumnixError(f"llumnix serve did not answer /health in {self.timeout:.0f} s")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    self.model = httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"][0]["id"]
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        self._log.close()
+
+    def wait_idle(self, timeout_s: float = 120.0) -> None:
+        """Until no instance runs or queues a request and no migration is under way (the
+        next run starts on an empty cluster); then one status interval more."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            info = admin_cluster(self.url)
+            busy = any(i["num_running"] or i["num_waiting"] for i in info.get("instances", ()))
+            if not busy and not info.get("migrations", {}).get("in_flight"):
+                time.sleep(0.3)
+                return
+            time.sleep(0.2)
+        raise LlumnixError(f"the cluster was still busy {timeout_s:.0f} s after a run")
+
+
+def admin_cluster(url: str) -> dict[str, Any]:
+    r = httpx.get(f"{url}/admin/cluster", timeout=30)
+    r.raise_for_status()
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def metric_sums(text: str) -> dict[str, float]:
+    """Prometheus text -> {sample name with its non-model labels: value summed over the rest}.
+    ``vllm:num_preemptions_total`` sums the instances; ``llumnix:migrations_total{outcome=
+    "aborted"}`` keeps its outcome."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine")}
+            key = s.name + "".join(f"{{{k}={v}}}" for k, v in sorted(labels.items()))
+            out[key] = out.get(key, 0.0) + float(s.value)
+    return out
+
+
+def cluster_counters(url: str) -> dict[str, Any]:
+    """Preemptions and migrations so far, from ``/metrics``; downtimes from ``/admin/cluster``."""
+    m = metric_sums(httpx.get(f"{url}/metrics", timeout=30).text)
+    mig = admin_cluster(url).get("migrations", {})
+    return {"num_preemptions": m.get("vllm:num_preemptions_total", 0.0),
+            "migrations_committed": m.get("llumnix:migrations_total{outcome=committed}", 0.0),
+            "migrations_aborted": m.get("llumnix:migrations_total{outcome=aborted}", 0.0),
+            "committed_running": mig.get("committed_running", 0),
+            "downtimes_s": list(mig.get("recent_downtimes_s", ())), "recent": list(mig.get("recent", ()))}
+
+
+async def poll_cluster(url: str, every_s: float, samples: list[dict[str, Any]], stop: asyncio.Event) -> None:
+    """Append ``/admin/cluster``'s instances and recent migrations every ``every_s`` until
+    ``stop`` (and once more after it)."""
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(timeout=30) as client:
+        while True:
+            try:
+                info = (await client.get(f"{url}/admin/cluster")).json()
+                samples.append({"t": time.perf_counter() - t0,
+                                "instances": [{k: i.get(k) for k in ("instance_id", "num_used_blocks",
+                                                                     "num_total_blocks", "num_running",
+                                                                     "num_waiting", "freeness")}
+                                              for i in info.get("instances", ())],
+                                "recent": info.get("migrations", {}).get("recent", [])})
+            except (httpx.HTTPError, ValueError):
+                pass  # one missed sample; the next poll tries again
+            if stop.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
