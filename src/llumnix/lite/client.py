@@ -92,11 +92,14 @@ async def stream_chunks(client: httpx.AsyncClient, url: str, body: dict[str, Any
                 client.stream("POST", url + "/v1/completions", json=body, headers=headers) as resp:
             if resp.status_code != 200:
                 raise _status_error(resp.status_code, (await resp.aread())[:300].decode(errors="replace"))
-            async for line in resp.aiter_lines():
+            lines = resp.aiter_lines()
+            async for line in lines:
                 if not line.startswith("data:"):
                     continue  # blank separators and ': keep-alive' comments
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    async for _ in lines:
+                        pass  # the body's end: a connection read to its end is kept for the next request
                     return
                 chunk = parse_chunk(data)
                 # No deadline while the consumer holds the chunk: it would cancel the consumer.
