@@ -21,7 +21,7 @@ from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest
 from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, SchedulingConfig
 from llumnix.policy.lifecycle import InstanceState, Lifecycles
-from llumnix.policy.rounds import is_drained
+from llumnix.policy.rounds import pairs_to_start, scaling_round, victims_to_stop
 
 LLUMSCHED_NAME = "llumnix-llumsched"
 SCALED_IN = "scaled in"
@@ -619,15 +619,9 @@ class LlumSchedActor:
     def _reschedule_round(self) -> None:
         with self._lock:
             self._reap_finished()
-            orders = self.gs.reschedule(time.time())
-            for o in orders:
-                if o.src_instance_id in self._in_flight or o.dst_instance_id not in self.handles:
-                    continue
-                src = self.handles.get(o.src_instance_id)
-                if src is None:
-                    continue
-                self._in_flight[o.src_instance_id] = src.migrate_out.remote(
-                    o.dst_instance_id, self.handles[o.dst_instance_id])
+            pairs = [(o.src_instance_id, o.dst_instance_id) for o in self.gs.reschedule(time.time())]
+            for src_id, dst_id in pairs_to_start(pairs, self._in_flight, self.handles):
+                self._in_flight[src_id] = self.handles[src_id].migrate_out.remote(dst_id, self.handles[dst_id])
 
     # -- auto-scaling ----------------------------------------------------------------
     def _autoscale(self) -> None:
@@ -638,8 +632,7 @@ class LlumSchedActor:
         now = time.time()
         num_running = 0
         with self._lock:
-            self.gs.record_freeness(now)
-            act = self.gs.scaling_decision(now)
+            act = scaling_round(self.gs, now)
             if act.kind == "in" and act.instance_id in self.handles:
                 self.gs.mark_terminating(act.instance_id)
                 self.lifecycle.move(act.instance_id, InstanceState.TERMINATING, now, SCALE_IN)
@@ -678,9 +671,8 @@ class LlumSchedActor:
         if self._relearn:
             self._relearn_victims()
         with self._lock:
-            ready = [(iid, self.handles.get(iid)) for iid, t in self._scaling_in().items()
-                     if iid not in self._in_flight and time.time() - t > 1.0
-                     and (s := self.gs.statuses.get(iid)) is not None and is_drained(s)]
+            ready = [(iid, self.handles.get(iid)) for iid in victims_to_stop(
+                self._scaling_in(), self.gs.statuses, self._in_flight, time.time(), settle_s=1.0)]
         for iid, handle in ready:
             try:
                 # The instance itself decides at a step boundary, so nothing that

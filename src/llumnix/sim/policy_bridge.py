@@ -29,6 +29,7 @@ from llumnix.policy import (
     ReschedulingConfig,
     SchedulingConfig,
 )
+from llumnix.policy.rounds import scaling_round
 
 if TYPE_CHECKING:
     from llumnix.core.clock import Clock
@@ -144,9 +145,7 @@ class PolicyBridge:
         """("out", None), ("in", victim id) or ("none", None). ``num_active``: instances
         up or starting and not terminating; the scheduler only sees those up, so a
         scale-out while others still start must not pass max_instances."""
-        now = self._now()
-        self.gs.record_freeness(now)
-        act = self.gs.scaling_decision(now)
+        act = scaling_round(self.gs, self._now())  # as the cluster's round
         if act.kind == "out" and num_active >= self.config.scaling.max_instances:
             return "none", None
         return act.kind, act.instance_id

@@ -25,6 +25,7 @@ from llumnix.core.errors import RequestTooLongError
 from llumnix.core.request import Priority
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.policy.lifecycle import InstanceState
+from llumnix.policy.rounds import pairs_to_start
 from llumnix.sim.cluster import Cluster, ClusterConfig
 from llumnix.sim.events import Event, EventKind
 from llumnix.sim.instance import SimInstance
@@ -243,11 +244,13 @@ class Simulator:
         self._resched_n += 1
         self._next_reschedule = self._resched_n * self.config.status_interval_s * self.config.reschedule_every
         events = [Event(self._next_reschedule, EventKind.RESCHEDULE)]
-        for src_id, dst_id in self.policy.pair_migrations():
-            src, dst = self.cluster.instances.get(src_id), self.cluster.instances.get(dst_id)
-            if src is None or dst is None or src.migrations_out or not dst.is_up:
-                continue
-            events += self._migrate_next(src, dst, now)
+        instances = self.cluster.instances
+        busy = [iid for iid, inst in instances.items() if inst.migrations_out]
+        up = [iid for iid, inst in instances.items() if inst.is_up]
+        for src_id, dst_id in pairs_to_start(self.policy.pair_migrations(), busy, up):  # as the cluster's round
+            src, dst = instances.get(src_id), instances.get(dst_id)
+            if src is not None and dst is not None:  # an earlier pair's abort may have retired one
+                events += self._migrate_next(src, dst, now)
         return events
 
     def _migrate_next(self, src: SimInstance, dst: SimInstance, now: float) -> list[Event]:
