@@ -53,8 +53,9 @@ def ctx(now=0.0, sent=None, seed=0, fcfg=NO_HEADROOM, staleness=2.0):
     ("llm-d", {}, CLUSTER, NO_HEADROOM, "i2"),                     # queue 1 + kv .5 beats 1 + .2 and 0 + .7
     ("llm-d", {"queue_weight": 0, "kv_weight": 1}, CLUSTER, NO_HEADROOM, "i1"),  # kv alone: least used
     ("llm-d", {"queue_weight": 1, "kv_weight": 0}, CLUSTER, NO_HEADROOM, "i0"),  # queue alone: tie -> id
-    ("llumnix", {}, QUEUE_CLUSTER, NO_HEADROOM, "qa"),              # Algorithm 1: only the head counts
+    ("llumnix", {"queued": "head"}, QUEUE_CLUSTER, NO_HEADROOM, "qa"),  # Algorithm 1: only the head counts
     ("llumnix", {"queued": "all"}, QUEUE_CLUSTER, NO_HEADROOM, "qb"),  # the whole queue counts
+    ("llumnix", {}, QUEUE_CLUSTER, NO_HEADROOM, "qb"),              # ... by default (issue 32)
     ("llumnix", {}, PRIORITY_CLUSTER, FreenessConfig(), "lo"),     # headroom keeps normal load away
     ("llumnix", {}, PRIORITY_CLUSTER, NO_HEADROOM, "hi"),
     ("infaas++", {}, PRIORITY_CLUSTER, FreenessConfig(), "hi"),    # INFaaS++ knows no headroom

@@ -59,7 +59,7 @@ def test_virtual_usage(status, cfg, expected):
     (inst("a", running=[run("r1", 60)], waiting=[wait("q", 1600)]), NO_HEADROOM, -60.0),  # overloaded
     (inst("q", waiting=[wait("q", 1600), wait("q2", 16)]), NO_HEADROOM, 0.0),       # queue only: B = 0 -> 1
     (inst("a", running=[run("r1", 10)], reserved=20), NO_HEADROOM, 70.0),           # incoming reservations
-    (inst("h", running=[run("h", 10, prio=1), run("n", 10)]), HIGH_1600, -10.0),    # (100 - 120) / 2
+    (inst("h", running=[run("h", 10, prio=1), run("n", 10)]), HIGH_1600, -40.0),    # (100 - 120) x 2: a deficit
     (inst("h", running=[run("h", 10, prio=1), run("n", 10)]), NO_HEADROOM, 40.0),
     (inst("a", running=[run("r1", 10)], term=True), NO_HEADROOM, -math.inf),
 ])
@@ -154,7 +154,7 @@ def test_memory_load(status, expected):
     (inst("idle"), NO_HEADROOM, 100.0),
     # every queued request counts its demand and a batch slot: (100 - 30 - 10 - 20) / 3
     (inst("a", running=[run("r", 30)], waiting=[wait("q1", 160), wait("q2", 320)]), NO_HEADROOM, 40 / 3),
-    (inst("h", running=[run("h", 10, prio=1)], waiting=[wait("q", 16)]), HIGH_1600, (100 - 110 - 1) / 2),
+    (inst("h", running=[run("h", 10, prio=1)], waiting=[wait("q", 16)]), HIGH_1600, (100 - 110 - 1) * 2),
     (inst("a", running=[run("r", 30)], reserved=10), NO_HEADROOM, 60.0),
     (inst("a", running=[run("r", 30)], term=True), NO_HEADROOM, -math.inf),
 ])
@@ -197,3 +197,22 @@ def test_blocks_shared_by_running_requests_count_once():
     assert freeness(s, NO_HEADROOM) == (100 - 20) / 2
     assert freeness(shared, NO_HEADROOM) == (100 - 14) / 2
     assert queue_aware_freeness(shared, NO_HEADROOM) == (100 - 14) / 2
+
+
+# A burst's prompts counted before any runs can overdraw an instance (sum V > M). Dividing
+# the deficit by B ranked the more crowded one freer: -10 / 10 = -1 > -6 / 4 = -1.5.
+OVERDRAWN_CROWDED = inst("crowded", total=40, running=[run(f"c{k}", 5) for k in range(10)])  # 50 of 40
+OVERDRAWN_FEW = inst("few", total=40, running=[run(f"f{k}", 11) for k in range(4)] + [run("f4", 2)])  # 46
+
+
+@pytest.mark.parametrize("score", [freeness, queue_aware_freeness])
+def test_an_overdrawn_instance_with_more_requests_is_less_free(score):
+    crowded, few = score(OVERDRAWN_CROWDED, NO_HEADROOM), score(OVERDRAWN_FEW, NO_HEADROOM)
+    assert crowded == -10 * 10 and few == -6 * 5
+    assert crowded < few
+
+
+def test_freeness_falls_as_requests_join_on_both_sides_of_zero():
+    values = [freeness(inst("a", total=40, running=[run(f"r{k}", 6) for k in range(n)]), NO_HEADROOM)
+              for n in range(1, 12)]
+    assert values == sorted(values, reverse=True) and values[-1] < 0 < values[0]

@@ -8,7 +8,10 @@
     freeness F = (M - sum V) / B      M = total blocks, B = batch size (running requests)
 
 F is in blocks per running request: how many more decode steps the batch can
-take before it runs out of KV. An idle instance (B = 0) divides by 1, so its
+take before it runs out of KV. Past full (M - sum V < 0, e.g. a burst's prompts counted
+before any of them ran) dividing by B would rank the more crowded instance freer
+(-10 / 10 > -6 / 4), so an overdrawn instance's deficit is multiplied by B instead
+(``per_request``): F keeps falling as requests join, on both sides of 0. An idle instance (B = 0) divides by 1, so its
 freeness is its whole free capacity in blocks: higher than any busy instance
 with the same free space. Blocks reserved for incoming migrations are not
 attached to any request here, so they are added to sum V.
@@ -89,6 +92,13 @@ def total_virtual_usage(status: InstanceStatus, cfg: FreenessConfig, *, fake: bo
     return sum(_other_usages(status, fake), running) + status.num_reserved_blocks - status.num_shared_block_holds
 
 
+def per_request(free: float, num_requests: int) -> float:
+    """Free blocks per request, ``free / n``; a deficit (``free < 0``) times ``n``, so that
+    more requests never make an instance look freer (n = 0 counts as 1)."""
+    n = max(1, num_requests)
+    return free / n if free >= 0 else free * n
+
+
 def freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
     """F = (M - sum V) / max(B, 1); -inf for a terminating instance."""
     return freeness_after(status, cfg, 0, 0)
@@ -97,7 +107,7 @@ def freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
 def freeness_after(status: InstanceStatus, cfg: FreenessConfig, blocks: float, requests: int = 1) -> float:
     """F once ``requests`` more running requests holding ``blocks`` more blocks join the
     instance (a migration's destination, judged before the move)."""
-    return (status.num_total_blocks - total_virtual_usage(status, cfg) - blocks) / max(1, status.num_running + requests)
+    return per_request(status.num_total_blocks - total_virtual_usage(status, cfg) - blocks, status.num_running + requests)
 
 
 def queue_aware_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
@@ -108,7 +118,7 @@ def queue_aware_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
     the ``llumnix`` dispatch option ``queued: all``; -inf for a terminating instance."""
     usage = sum(virtual_usages(dataclasses.replace(status, waiting=()), cfg)) + _queued_demand(status)
     usage += status.num_reserved_blocks - status.num_shared_block_holds
-    return (status.num_total_blocks - usage) / max(1, status.num_running + status.num_waiting)
+    return per_request(status.num_total_blocks - usage, status.num_running + status.num_waiting)
 
 
 def _queued_demand(status: InstanceStatus) -> int:
@@ -121,6 +131,18 @@ def room_for_queued(status: InstanceStatus) -> int:
     blocks beyond the watermark and beyond what every request already queued needs to start
     (FCFS admits those first); 0 when there are none."""
     return max(0, status.num_free_blocks - status.num_watermark_blocks - _queued_demand(status))
+
+
+MIGRATION_GROWTH_BLOCKS = 1
+"""Blocks a migrating request may add while its earlier stages are copied (it keeps
+decoding; the last stage moves at most ``last_stage_max_blocks``, and each stage reserves
+what the request grew by): a destination must have them free beyond its own blocks."""
+
+
+def room_for_migration(status: InstanceStatus) -> int:
+    """Blocks a running request migrating in may hold and still be reserved here through
+    its last stage: free beyond the watermark, less ``MIGRATION_GROWTH_BLOCKS``; >= 0."""
+    return max(0, status.num_free_blocks - status.num_watermark_blocks - MIGRATION_GROWTH_BLOCKS)
 
 
 def fits_now(status: InstanceStatus, num_prompt_tokens: int) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
-from llumnix.policy.freeness import freeness, room_for_queued
+from llumnix.policy.freeness import freeness, room_for_migration, room_for_queued
 from llumnix.policy.pairing import demand_of, stays_destination
 from llumnix.policy.rounds import is_drained, keep_migrating
 from llumnix.policy.selection import select_requests
@@ -81,7 +81,8 @@ class Llumlet:
         already migrating. ``dst``: the destination's latest status; with
         ``queued_moves: fits`` a queued request goes only where it starts at once (without
         ``dst`` that cannot be known, and no queued request is given up); with
-        ``pairing: stable`` nothing is picked if taking the request would make ``dst`` a source."""
+        ``pairing: stable`` nothing is picked if taking the request would make ``dst`` a source;
+        with ``dst`` no running request is picked that ``dst`` has no room to reserve for."""
         room = None
         if self.rescheduling.queued_moves == "fits":
             room = 0 if dst is None else room_for_queued(dst)
@@ -90,7 +91,8 @@ class Llumlet:
         if self.rescheduling.selection == "freed":
             shared = self.engine.shared_blocks([r.request_id for r in status.running])
         picks = select_requests(status, self.rescheduling.selection, max_n, exclude=self.migrating_out,
-                                hol_first=self.rescheduling.defrag == "hol", dst_room=room, shared=shared)
+                                hol_first=self.rescheduling.defrag == "hol", dst_room=room, shared=shared,
+                                dst_free=None if dst is None else room_for_migration(dst))
         # with pairing: stable the next move, like the first (pairing.py), must not make the
         # destination a source
         if (self.rescheduling.pairing == "stable" and dst is not None and picks

@@ -24,6 +24,10 @@ moving it is what unblocks the queue (``policy/defrag.py``).
 ``dst_room`` (``rescheduling.queued_moves: fits``, not the paper's): the blocks the
 destination has for a request joining its queue (``freeness.room_for_queued``); a queued
 request that needs more is not a candidate, since it would only queue again there.
+
+``dst_free``: the blocks the destination can reserve for a running request
+(``freeness.room_for_migration``); a running request holding more is not a candidate,
+since the destination would refuse its reservation.
 """
 from __future__ import annotations
 
@@ -56,17 +60,20 @@ def movable_requests(status: InstanceStatus, exclude: Collection[str] = frozense
 
 def select_requests(status: InstanceStatus, policy: str = "paper", max_n: int = 1,
                     exclude: Collection[str] = frozenset(), hol_first: bool = False,
-                    dst_room: int | None = None, shared: Mapping[str, int] | None = None) -> list[str]:
+                    dst_room: int | None = None, shared: Mapping[str, int] | None = None,
+                    dst_free: int | None = None) -> list[str]:
     """Up to ``max_n`` request ids to migrate out of ``status``, best first. ``shared``
     (policy ``freed``): request id -> blocks of its table other requests hold too."""
     if dst_room is not None:
         exclude = {*exclude, *(r.request_id for r in status.waiting
                                if blocks_for(r.num_tokens, status.block_size) > dst_room)}
+    if dst_free is not None:
+        exclude = {*exclude, *(r.request_id for r in status.running if r.num_blocks > dst_free)}
     if hol_first and is_blocked(status):
         hol = status.waiting[0]
         if not hol.is_migrating and hol.request_id not in exclude:
             rest = select_requests(status, policy, max_n - 1, (*exclude, hol.request_id),
-                                   shared=shared) if max_n > 1 else []
+                                   shared=shared, dst_free=dst_free) if max_n > 1 else []
             return [hol.request_id, *rest]
     if policy not in _POLICIES:
         raise PolicyConfigError(f"unknown selection policy {policy!r} (known: {', '.join(SELECTIONS)})",
