@@ -97,10 +97,20 @@ def test_a_gateway_reads_the_shared_view_while_llumsched_is_away(cluster, tiny_m
             assert info["source"] == "cms"
             assert {i["instance_id"]: i["is_terminating"] for i in info["instances"]} == {
                 "instance-0": True, "instance-1": False}
-            for i in range(4):  # round-robin would send two of these to the drained instance
-                r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": f"cms {i}", "max_tokens": 3,
+            local = backend.num_local_dispatches
+            for i in range(2):  # the gateway's own dispatch sees the drain on the channel's statuses
+                r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": f"own {i}", "max_tokens": 3,
                                                                "ignore_eos": True}, timeout=60)
                 assert r.status_code == 200, r.text
+            assert backend.num_local_dispatches == local + 2
+            gs, backend.gs = backend.gs, None  # no dispatch state of its own: the store's view
+            try:
+                for i in range(4):  # round-robin would send two of these to the drained instance
+                    r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": f"cms {i}",
+                                                                   "max_tokens": 3, "ignore_eos": True}, timeout=60)
+                    assert r.status_code == 200, r.text
+            finally:
+                backend.gs = gs
             assert backend.num_cms_dispatches == 4
             steps = ray.get(cluster.instances["instance-0"].step_log.remote(), timeout=10)
             assert not steps, "a request reached the drained instance"

@@ -132,12 +132,18 @@ def test_llumnix_gateway_joins_a_running_cluster_and_leaves_it_running(server, c
             except httpx.HTTPError:
                 time.sleep(0.3)
         name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-        before = httpx.get(f"{server[0]}/admin/cluster", headers=ADMIN).json()["num_dispatched"]
+        # Gateways dispatch by themselves (over their own channels to the instances):
+        # the joined one counts its dispatch, over the very instances the first serves.
+        before = httpx.get(f"{url}/admin/cluster").json()
         r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "joined", "max_tokens": 9,
                                                       "ignore_eos": True}, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 9
-        assert httpx.get(f"{server[0]}/admin/cluster", headers=ADMIN).json()["num_dispatched"] == before + 1  # same LlumSched
+        after = httpx.get(f"{url}/admin/cluster").json()
+        assert after["num_dispatched"] == before["num_dispatched"] + 1
+        first = httpx.get(f"{server[0]}/admin/cluster", headers=ADMIN).json()
+        assert after["gateway"]["instances"] == first["gateway"]["instances"]
+        assert after["gateway"]["channels"] == first["gateway"]["instances"]
     finally:
         proc.terminate()
         try:
@@ -310,7 +316,16 @@ def test_gateway_falls_back_when_llumsched_does_not_answer(server):
         cluster_info = real.cluster_info
 
     backend.llumsched = Dead()
+    gs = backend.gs
     try:
+        # Dispatch is the gateway's own (over its channels): LlumSched is not on the path.
+        local, fallback = backend.num_local_dispatches, backend.num_fallback_dispatches
+        r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "x", "max_tokens": 4},
+                       timeout=30)
+        assert r.status_code == 200
+        assert (backend.num_local_dispatches, backend.num_fallback_dispatches) == (local + 1, fallback)
+        # A gateway without dispatch state (LlumSched was away when it started) falls back.
+        backend.gs = None
         t0 = time.time()
         r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "x", "max_tokens": 4},
                        timeout=30)
@@ -318,6 +333,7 @@ def test_gateway_falls_back_when_llumsched_does_not_answer(server):
         assert time.time() - t0 < 10
     finally:
         backend.llumsched = real
+        backend.gs = gs
 
 
 def test_silent_unresponsive_instance_is_marked_unschedulable(cluster):
@@ -392,9 +408,14 @@ def test_llumsched_is_restarted_by_ray_and_relearns_the_instances(server, cluste
             pass
         time.sleep(0.2)
     assert len(info["instances"]) == 2
-    before = info["num_dispatched"]
-    httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "y", "max_tokens": 4}, timeout=30)
-    assert ray.get(cluster.llumsched.cluster_info.remote())["num_dispatched"] == before + 1
+    r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "y", "max_tokens": 4}, timeout=30)
+    assert r.status_code == 200
+    # The restarted scheduler decides again over what it relearnt (gateways use its
+    # dispatch when they have no channel, and to place a resumed request).
+    from llumnix.policy import DispatchRequest
+
+    picked = ray.get(cluster.llumsched.dispatch.remote(DispatchRequest("probe", 4, 0, time.time())), timeout=10)
+    assert picked in {i["instance_id"] for i in info["instances"]}
 
 
 def test_official_openai_client_completions_and_chat_streaming_and_not(server, cluster):

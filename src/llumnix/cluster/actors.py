@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from typing import Any, cast
 
 import ray
@@ -67,6 +68,9 @@ class InstanceActor:
         self._llumsched = ray.get_actor(llumsched_name)
         self._self_handle = ray.get_runtime_context().current_actor
         self._cms = self._open_cms(instance_id)
+        self._evicted: list[bytes] = []
+        self._last_pushed: InstanceStatus | None = None
+        self._pushed_at = self._handle_sent_at = -1e9
         self.server = InstanceServer(self.llm.engine, self.llumlet, on_status=self._push)
         self.server.start()
         self._token = token
@@ -78,6 +82,9 @@ class InstanceActor:
         self.endpoint = DestinationEndpoint(self.server, token,
                                             reservation_timeout_s=2 * self.migration_config.timeout_s,
                                             host=migration_host(node_ip), options=self.transport_options)
+        from llumnix.cluster.channel import ChannelServer
+
+        self.channel = ChannelServer(self.server, token, self._add_at_boundary, host=migration_host(node_ip))
         self._senders: dict[tuple[str, str], Any] = {}
         self._migrating = threading.Lock()
         self._closed = False  # set by close_if_idle: a stopping instance takes no new work
@@ -103,13 +110,34 @@ class InstanceActor:
             cms.put_member(instance_id, {"actor_name": name})
         return cms
 
+    PUSH_INTERVAL_S = 0.1
+    HANDLE_EVERY_S = 2.0
+
     def _push(self, status: InstanceStatus) -> None:
+        """To the meta store, and to LlumSched at most every ``PUSH_INTERVAL_S``: it
+        dispatches only when a gateway cannot and reschedules twice a second, while the
+        gateways get every status on their channels. A skipped push's evicted prefix keys
+        ride on the next one; a change of state (drain, health) is never held back."""
         if self._cms is not None:
             self._cms.put_status(status)  # never waits on Redis (StoreWriter)
-        # Fire and forget: the newest wins. The handle rides along so a restarted
-        # LlumSched, which lost its state, re-learns every instance from its next push.
-        try:
-            self._llumsched.update_status.remote(status, self._self_handle)
+        now = time.monotonic()
+        self._evicted.extend(status.evicted_prefix_keys)
+        last = self._last_pushed
+        changed = last is None or (last.is_terminating, last.is_schedulable) != (
+            status.is_terminating, status.is_schedulable)
+        if not changed and now - self._pushed_at < self.PUSH_INTERVAL_S:
+            return
+        status = dataclasses.replace(status, evicted_prefix_keys=tuple(self._evicted))
+        self._evicted.clear()
+        self._last_pushed, self._pushed_at = status, now
+        # The handle rides along now and then, so a restarted LlumSched (which lost its
+        # state) re-learns every instance from a push; deserializing it costs LlumSched
+        # more than the status.
+        handle = None
+        if now - self._handle_sent_at >= self.HANDLE_EVERY_S:
+            handle, self._handle_sent_at = self._self_handle, now
+        try:  # fire and forget: the newest wins
+            self._llumsched.update_status.remote(status, handle)
         except Exception:  # noqa: BLE001 - LlumSched is restarting; the next push retries
             log.debug("status push to LlumSched failed", exc_info=True)
 
@@ -127,6 +155,11 @@ class InstanceActor:
     def add_request(self, req: GenerateRequest) -> None:
         if req.admit_by is not None and time.time() > req.admit_by:
             raise TimeoutError(f"request {req.request_id} was forwarded after its gateway stopped waiting")
+        self._add_at_boundary(req).result(30.0)
+
+    def _add_at_boundary(self, req: GenerateRequest) -> Future[None]:
+        """Queue ``req`` for the engine's next step boundary (Ray calls and the request
+        channel alike)."""
         e = self.llm.engine
 
         def add() -> None:
@@ -134,7 +167,11 @@ class InstanceActor:
             e.add_request(req.request_id, req.prompt_token_ids, req.params, priority=req.priority,
                           client=req.client, epoch=req.epoch)
 
-        self.server.call(add)
+        return self.server.run_at_boundary(add)
+
+    def channel_address(self) -> tuple[str, int]:
+        """Where a gateway's request channel connects (``channel.py``)."""
+        return self.channel.address
 
     def resume_request(self, req: GenerateRequest, output_token_ids: list[int]) -> None:
         """Take over a request whose instance died: queue it with the outputs already
@@ -202,6 +239,7 @@ class InstanceActor:
         return self.server.is_alive
 
     def shutdown(self) -> None:
+        self.channel.close()
         self.endpoint.close()
         self.server.stop()
 
@@ -488,15 +526,23 @@ class LlumSchedActor:
             log.warning("instance %s removed (%s)", instance_id, reason)
         return known
 
+    def gateway_setup(self) -> dict[str, Any]:
+        """What a gateway needs to dispatch by itself over its request channels: the
+        scheduling config (the same policy as here) and the cluster's token."""
+        return {"scheduling": self.gs.config, "token": (self._spec or {}).get("token")}
+
     def model_source(self) -> str | None:
         """The model the instances load ('smollm2', a path): where a gateway that joins
         later finds the tokenizer."""
         return None if self._spec is None else str(self._spec["model"])
 
-    def members(self) -> dict[str, dict[str, Any]]:
-        """Every live instance with its actor handle, for gateways to poll the new ones."""
+    def members(self, known: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Every live instance, whether it is terminating, and its actor handle unless
+        the caller names it in ``known`` (a gateway asking twice a second needs the
+        handles of new instances only; each costs it a deserialization)."""
+        skip = set(known or ())
         with self._lock:
-            return {iid: {"handle": h, "is_terminating": bool(
+            return {iid: {"handle": None if iid in skip else h, "is_terminating": bool(
                 self.gs.statuses[iid].is_terminating if iid in self.gs.statuses else False)}
                 for iid, h in self.handles.items()}
 

@@ -1,5 +1,7 @@
-"""The gateway's view of a Ray cluster: dispatch through LlumSched, collect every
-request's outputs from whichever instance produces them, in order.
+"""The gateway's view of a Ray cluster: dispatch (here, on the statuses each
+instance streams on its request channel, with LlumSched's policy; through
+LlumSched while no channel is up), send each request on its instance's channel,
+collect every request's outputs from whichever instance produces them, in order.
 
 Fault tolerance lives here, where the streams are: when an instance dies, each
 request it held is resumed on a healthy instance from its prompt plus the tokens
@@ -18,12 +20,13 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
+from llumnix.cluster.link import InstanceLink
 from llumnix.core.batch import RequestOutput
 from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError, RequestTooLongError
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest, TokenizerLike
-from llumnix.policy import DispatchRequest
+from llumnix.policy import DispatchRequest, GlobalScheduler
 from llumnix.policy.lifecycle import InstanceState, Lifecycles
 
 log = logging.getLogger(__name__)
@@ -97,6 +100,17 @@ class ClusterBackend:
         self.tokenizer = tokenizer
         self._streams: dict[str, _Stream] = {}
         self._pollers: dict[str, asyncio.Task[None]] = {}
+        """Per instance, the task that keeps its request channel open and reads it."""
+        self._links: dict[str, InstanceLink] = {}
+        self._token = b""
+        self.gs: GlobalScheduler | None = None
+        """Dispatch state (LlumSched's policy, fed by the channels' statuses): requests are
+        dispatched here, with no call to LlumSched on their path."""
+        self._unconfirmed: dict[str, str] = {}
+        """Requests sent on a channel whose add the instance has not confirmed yet."""
+        self.num_local_dispatches = 0
+        self.link_silence_s = 20.0
+        """A channel silent this long (instances send a status every second) is reopened."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._dead: set[str] = set()  # actor ids of instances found dead: never polled again
         self.lifecycle = Lifecycles()
@@ -132,6 +146,11 @@ class ClusterBackend:
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
+        with contextlib.suppress(Exception):  # LlumSched away: dispatch waits for it (or falls back)
+            setup = await asyncio.wait_for(self.llumsched.gateway_setup.remote(), 5.0)
+            self._token = setup["token"] or b""
+            if self._token:
+                self.gs = GlobalScheduler(setup["scheduling"])
         for iid, actor in self.instances.items():
             self._start_poller(iid, actor)
         self._spawn(self._sync_membership_loop())
@@ -191,18 +210,24 @@ class ClusterBackend:
     def _start_poller(self, iid: str, actor: Any) -> None:
         if self._stopping:
             return
-        self._pollers[iid] = asyncio.create_task(self._poll(iid, actor), name=f"poll-{iid}")
+        run = self._serve_link if self._token else self._poll
+        self._pollers[iid] = asyncio.create_task(run(iid, actor), name=f"link-{iid}")
 
     async def _sync_membership_loop(self) -> None:
         while not self._stopping:
             await asyncio.sleep(self.membership_interval_s)
             await self.refresh_members()
+            now = time.monotonic()
+            for link in list(self._links.values()):
+                if now - link.last_frame_at > self.link_silence_s:
+                    log.warning("gateway: the channel to %s is silent; reopening it", link.instance_id)
+                    link.close()
 
     async def refresh_members(self) -> None:
         """Learn instances that auto-scaling started (and which are terminating) from
         LlumSched; a restarting LlumSched leaves the known set as it is."""
         try:
-            members = await asyncio.wait_for(self.llumsched.members.remote(), 2.0)
+            members = await asyncio.wait_for(self.llumsched.members.remote(list(self.instances)), 2.0)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - LlumSched down or restarting: keep what we know
@@ -210,12 +235,16 @@ class ClusterBackend:
         now, lc, s_ = time.time(), self.lifecycle, InstanceState
         for iid, m in members.items():
             handle = m["handle"]
-            if iid not in self.instances and _actor_key(handle) not in self._dead:
+            if iid not in self.instances and handle is not None and _actor_key(handle) not in self._dead:
                 log.info("gateway: new instance %s", iid)
                 self.instances[iid] = handle
                 lc.restart(iid, now)
                 self._start_poller(iid, handle)
+            if iid not in self.instances:
+                continue
             lc.move(iid, s_.TERMINATING if m["is_terminating"] else s_.SERVING, now)
+            if self.gs is not None:
+                (self.gs.mark_terminating if m["is_terminating"] else self.gs.unmark_terminating)(iid)
         # A terminating instance that is no longer a member was stopped by scale-in; its
         # poller ends when the stopped actor answers with an error (see _on_instance_failed).
         for iid in lc.ids(s_.TERMINATING):
@@ -223,6 +252,77 @@ class ClusterBackend:
                 lc.move(iid, s_.RETIRED, now, "no longer a member")
 
     # -- outputs ----------------------------------------------------------------------
+    async def _serve_link(self, iid: str, actor: Any) -> None:
+        """Keep ``iid``'s request channel open and read it. A line that breaks is reopened
+        (resuming after the last output this gateway has); the instance counts as failed
+        when it cannot be reopened, or breaks again before a single frame."""
+        link: InstanceLink | None = None
+        failures, err = 0, None
+        while not self._stopping and failures < 2:
+            opened_at = time.monotonic()
+            try:
+                if link is None:
+                    address = await asyncio.wait_for(actor.channel_address.remote(), self.call_timeout_s)
+                    link = InstanceLink(iid, (str(address[0]), int(address[1])), self._token, self.client_id, self)
+                await link.open()
+                self._links[iid] = link
+                self._resend_unconfirmed(iid)
+                await link.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a broken line; the instance may be dead
+                err = e
+            self._links.pop(iid, None)
+            if self.gs is not None:
+                self.gs.set_schedulable(iid, False)  # until its next status says otherwise
+            failures = 0 if link is not None and link.last_frame_at > opened_at else failures + 1
+            if not self._stopping:
+                await asyncio.sleep(0.1 * failures)
+        if not self._stopping:
+            await self._on_instance_failed(iid, actor, err or ConnectionError(f"the channel to {iid} closed"))
+
+    def on_outputs(self, instance_id: str, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            self._route(instance_id, out)
+
+    def on_statuses(self, instance_id: str, statuses: list[InstanceStatus]) -> None:
+        if self.gs is None or instance_id not in self.instances or self.lifecycle.is_gone(instance_id):
+            return
+        for status in statuses:
+            self.gs.update_status(status)
+
+    def on_add_result(self, instance_id: str, request_id: str, error: BaseException | None) -> None:
+        self._unconfirmed.pop(request_id, None)
+        stream = self._streams.get(request_id)
+        if error is None or stream is None or stream.instance_id != instance_id:
+            return
+        if isinstance(error, InvalidRequestError):
+            stream.queue.put_nowait(error)
+        else:  # the instance is stopping (or its engine refused): another one takes it
+            self._spawn(self._recover(stream, instance_id, error, exclude={instance_id}))
+
+    def _resend_unconfirmed(self, iid: str) -> None:
+        """After a reopened line: adds that may have been lost with the old one."""
+        for rid, where in list(self._unconfirmed.items()):
+            stream = self._streams.get(rid)
+            if where == iid and stream is not None:
+                self._spawn(self._confirm_added(stream, iid, None))
+
+    def _dispatch_here(self, request: GenerateRequest) -> str | None:
+        """Dispatch on this gateway's statuses and send on the channel (None: no open
+        channel, or no status yet: the caller goes through LlumSched)."""
+        if self.gs is None or not self._links:
+            return None
+        iid = self.gs.dispatch(DispatchRequest(request.request_id, len(request.prompt_token_ids), request.priority,
+                                               request.arrival_time, request.prompt_token_ids), time.time())
+        link = self._links.get(iid) if iid is not None else None
+        if link is None or not link.is_open:
+            return None
+        self._unconfirmed[request.request_id] = link.instance_id
+        link.add(request)
+        self.num_local_dispatches += 1
+        return link.instance_id
+
     async def _poll(self, iid: str, actor: Any) -> None:
         misses = 0
         acked = 0  # the instance keeps our outputs until a poll acknowledges them
@@ -271,6 +371,9 @@ class ClusterBackend:
 
         del self.instances[iid]
         self._pollers.pop(iid, None)
+        self._links.pop(iid, None)
+        if self.gs is not None:
+            self.gs.remove_instance(iid)
         self._dead.add(_actor_key(actor))
         planned = self.lifecycle.state(iid) in (InstanceState.TERMINATING, InstanceState.RETIRED)
         if not planned:
@@ -394,7 +497,10 @@ class ClusterBackend:
         request = dataclasses.replace(request, client=self.client_id)
         stream = self._streams[request.request_id] = _Stream(request)
         try:
-            iid, added = await self._submit(request)
+            iid = self._dispatch_here(request)
+            added: Any = _PRESENT
+            if iid is None:
+                iid, added = await self._submit(request)
             if iid is None:
                 raise LlumnixError("no instance is available to serve the request")
             if iid not in self.instances:
@@ -413,6 +519,7 @@ class ClusterBackend:
                     return
         finally:
             self._streams.pop(request.request_id, None)
+            self._unconfirmed.pop(request.request_id, None)
 
     async def _add(self, stream: _Stream, iid: str) -> None:
         """Send the request to ``iid`` ourselves (when LlumSched did not forward it)."""
@@ -427,7 +534,12 @@ class ClusterBackend:
 
     async def _confirm_added(self, stream: _Stream, iid: str, added: Any) -> None:
         """Wait, off the request's critical path, for the add that LlumSched forwarded; a
-        failed one is handled as if the gateway had sent it."""
+        failed one is handled as if the gateway had sent it. ``added`` None: an add sent
+        on a channel that broke before confirming it (the request is looked for first)."""
+        if added is None:
+            if self._unconfirmed.get(stream.request.request_id) == iid and request_id_live(self._streams, stream):
+                await self._readd(stream, iid)
+            return
         try:
             await asyncio.wait_for(added, self.call_timeout_s)
         except asyncio.CancelledError:
@@ -449,6 +561,18 @@ class ClusterBackend:
                     await self._add(stream, iid)
                 return
             await self._recover(stream, iid, e, exclude={iid})
+
+    async def _readd(self, stream: _Stream, iid: str) -> None:
+        where = await self._locate(stream.request.request_id, exclude=set())
+        if where is not None:
+            stream.instance_id = where
+            self._unconfirmed.pop(stream.request.request_id, None)
+            return
+        link = self._links.get(iid)
+        if link is not None and link.is_open:
+            link.add(stream.request)
+        else:
+            await self._add(stream, iid)
 
     async def _submit(self, request: GenerateRequest) -> tuple[str | None, Any]:
         """LlumSched dispatches and forwards (one call): the instance id and the forwarded
@@ -547,13 +671,28 @@ class ClusterBackend:
             if self.cms is None:
                 raise
             info = await self._cms_info()  # LlumSched away: the shared view, read here
+        self._add_dispatch_info(info)
         info["gateway"] = {"num_fallback_dispatches": self.num_fallback_dispatches,
+                           "num_local_dispatches": self.num_local_dispatches,
+                           "channels": sorted(self._links),
                            "num_cms_dispatches": self.num_cms_dispatches,
                            "num_resumed": self.num_resumed,
                            "num_failed_instances": self.num_failed_instances,
                            "num_retired_instances": self.num_retired_instances,
                            "instances": sorted(self.instances)}
         return info
+
+    def _add_dispatch_info(self, info: dict[str, Any]) -> None:
+        """Dispatch happens here: this gateway's count joins LlumSched's (its dispatches
+        while no channel was up), and prefix affinity's memory is this gateway's."""
+        info["num_dispatched"] = int(info.get("num_dispatched", 0)) + self.num_local_dispatches
+        index = self.gs.prefix_index if self.gs is not None else None
+        if index is None:
+            return
+        for inst in info.get("instances", []):
+            iid = inst["instance_id"]
+            inst["prefix_blocks_sent"] = index.size(iid)
+            inst["prefix_blocks_forgotten"] = index.num_forgotten.get(iid, 0)
 
     async def _cms_info(self) -> dict[str, Any]:
         from llumnix.cluster.meta_store import status_summary

@@ -1,6 +1,7 @@
 """One serving instance: an engine stepping in its own thread, its llumlet, and an
-outbox of token outputs per consumer (each gateway reads only its own requests'). Transport-agnostic: the Ray actor in
-``actors.py`` wraps it, tests drive it directly.
+outbox of token outputs per consumer (each gateway reads only its own requests').
+Transport-agnostic: the Ray actor in ``actors.py`` and the request channel in
+``channel.py`` read it, tests drive it directly.
 
 Everything that touches the engine runs on the step thread, between two steps
 (so at a step boundary): callers enqueue a command and wait for its result.
@@ -29,12 +30,19 @@ log = logging.getLogger(__name__)
 class InstanceServer:
     def __init__(self, engine: EngineCore, llumlet: Llumlet,
                  on_status: Callable[[InstanceStatus], None] | None = None,
-                 status_interval_s: float = 0.05) -> None:
+                 status_interval_s: float = 0.05, idle_status_interval_s: float = 1.0) -> None:
         self.engine = engine
         self.llumlet = llumlet
         self.instance_id = engine.instance_id
         self._on_status = on_status
         self._status_interval = status_interval_s
+        self._idle_status_interval = idle_status_interval_s
+        """With no request here a status changes only through a command (which reports
+        at once): a heartbeat this often is enough, and costs nothing per request."""
+        self.statuses: collections.deque[tuple[int, InstanceStatus]] = collections.deque(maxlen=64)
+        """The latest pushed statuses, numbered: what the request channels forward (with
+        the evicted prefix keys of every push since the one a channel sent last)."""
+        self._status_seq = 0
         self._commands: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._outboxes: dict[str, _Outbox] = {}
         """Outputs not yet acknowledged, by the request's ``client`` tag."""
@@ -92,6 +100,25 @@ class InstanceServer:
         dropped until acknowledged, so a reply lost on the way (a reset connection, a call
         Ray retried) is sent again by the next poll. Waits up to ``timeout`` for some.
         Raises once the step thread has died, so nobody waits on it forever."""
+        if ack is not None:
+            self.ack_outputs(client, ack)
+        last, out, _ = self.wait_outputs(client, after=None, timeout=timeout)
+        return last, out
+
+    def ack_outputs(self, client: str, upto: int) -> None:
+        """``client`` has every output up to sequence number ``upto``: they are dropped."""
+        with self._outbox_cv:
+            box = self._outboxes.get(client)
+            if box is None:
+                box = self._outboxes[client] = _Outbox()
+            box.ack(upto)
+
+    def wait_outputs(self, client: str, after: int | None, timeout: float, status_after: int = -1,
+                     wake: Callable[[], bool] | None = None) -> tuple[int, list[RequestOutput], int]:
+        """``client``'s outputs numbered after ``after`` (None: every unacknowledged one),
+        the number of the last, and the number of the newest pushed status; waits up to
+        ``timeout`` for an output, a status newer than ``status_after`` or ``wake()``
+        (checked under the outbox lock, which whoever makes it true must notify)."""
         now = time.monotonic()
         deadline = now + timeout
         with self._outbox_cv:
@@ -99,18 +126,33 @@ class InstanceServer:
             box = self._outboxes.get(client)
             if box is None:
                 box = self._outboxes[client] = _Outbox()
-            if ack is not None:
-                box.ack(ack)
-            while not box.items and self.is_alive:
+            while self.is_alive:
+                skip = 0 if after is None else max(0, after - box.first + 1)
+                if len(box.items) > skip or self._status_seq > status_after or (wake is not None and wake()):
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._outbox_cv.wait(left):
                     break
-            out = list(box.items)
+            skip = 0 if after is None else max(0, after - box.first + 1)
+            out = box.items[skip:]
             last = box.first + len(box.items) - 1
             self._forget_idle_clients(now)
+            status_seq = self._status_seq
         if not out and not self.is_alive:
             raise RuntimeError(f"instance {self.instance_id} stopped: {self.error!r}")
-        return last, out
+        return last, out, status_seq
+
+    def statuses_after(self, seq: int) -> list[InstanceStatus]:
+        """The pushed statuses numbered after ``seq`` still kept (oldest first)."""
+        with self._outbox_cv:
+            return [st for n, st in self.statuses if n > seq]
+
+    def notify_readers(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` under the outbox lock and wake every waiting reader."""
+        with self._outbox_cv:
+            result = fn()
+            self._outbox_cv.notify_all()
+            return result
 
     def status(self) -> InstanceStatus:
         return self.call(lambda: self.llumlet.report(time.time()))
@@ -185,12 +227,17 @@ class InstanceServer:
             self._outboxes.pop(c, None)
 
     def _maybe_report(self, force: bool) -> None:
-        if self._on_status is None:
-            return
         now = time.monotonic()
-        if force or now - self._last_report >= self._status_interval:
+        interval = self._status_interval if self.engine.has_unfinished_requests() else self._idle_status_interval
+        if force or now - self._last_report >= interval:
             self._last_report = now
-            self._on_status(self.llumlet.push(time.time()))
+            status = self.llumlet.push(time.time())
+            with self._outbox_cv:
+                self._status_seq += 1
+                self.statuses.append((self._status_seq, status))
+                self._outbox_cv.notify_all()
+            if self._on_status is not None:
+                self._on_status(status)
 
     def _fail_pending(self) -> None:
         while True:

@@ -1,0 +1,197 @@
+"""The request channel: a gateway's own line to one instance, beside Ray.
+
+A Ray actor call costs about a millisecond of CPU on each side; a request took
+three of them (submit to LlumSched, its forward to the instance, an output poll)
+and statuses took twenty more a second per instance. On this line a request is
+one frame to the instance, and its outputs come back in one frame per engine
+step for all of a gateway's requests there, together with the instance's newest
+status (what the gateway dispatches on). Ray stays the control plane: membership,
+migration, drain, resume.
+
+Frames are a 4-byte length and a pickle, exchanged only after both ends proved
+they hold the cluster's token (HMAC over the other's nonce), so nothing is
+unpickled from an unauthenticated peer::
+
+    server -> nonce_s    client -> nonce_c, HMAC(token, nonce_s), (client, ack)
+    server -> HMAC(token, nonce_c)
+    client -> ("add", GenerateRequest) | ("ack", seq)
+    server -> ("out", last_seq, [RequestOutput], [InstanceStatus], [(request_id, error)])
+
+Outputs stay in the instance's outbox until acknowledged, so a client that
+reconnects (``ack`` in its hello) gets again whatever it may have missed.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import hmac
+import logging
+import os
+import pickle
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from llumnix.cluster.instance import InstanceServer
+from llumnix.core.errors import LlumnixError
+from llumnix.core.wire import GenerateRequest
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct("!I")
+NONCE = 16
+MAX_FRAME = 64 << 20
+"""The largest frame either end accepts (a batch of outputs is far below it)."""
+
+
+def mac(token: bytes, nonce: bytes) -> bytes:
+    return hmac.new(token, b"llumnix-channel" + nonce, hashlib.sha256).digest()
+
+
+def pack(obj: Any) -> bytes:
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(body)) + body
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionError("the channel closed")
+        got += k
+    return bytes(buf)
+
+
+def _recv_frame(sock: socket.socket) -> Any:
+    (n,) = HEADER.unpack(_recv_exact(sock, HEADER.size))
+    if n > MAX_FRAME:
+        raise ConnectionError(f"a {n}-byte frame is over the channel's limit")
+    return pickle.loads(_recv_exact(sock, n))
+
+
+class ChannelServer:
+    """The instance's end: one listening socket; per client connection a reader thread
+    (adds and acks) and a writer thread (outputs, statuses, add results)."""
+
+    def __init__(self, server: InstanceServer, token: bytes, add: Callable[[GenerateRequest], Future[Any]],
+                 host: str = "127.0.0.1", heartbeat_s: float = 1.0) -> None:
+        self._server, self._token, self._add = server, token, add
+        self._heartbeat_s = heartbeat_s
+        self._sock = socket.create_server((host, 0))
+        self.address: tuple[str, int] = (host, self._sock.getsockname()[1])
+        self._closed = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True, name="channel-accept").start()
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with self._lock:
+            for c in self._conns:
+                with contextlib.suppress(OSError):
+                    c.shutdown(socket.SHUT_RDWR)
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True, name="channel-conn").start()
+
+    def _handshake(self, conn: socket.socket) -> tuple[str, int] | None:
+        conn.settimeout(5.0)
+        nonce = os.urandom(NONCE)
+        conn.sendall(nonce)
+        peer_nonce, proof = _recv_exact(conn, NONCE), _recv_exact(conn, 32)
+        if not hmac.compare_digest(proof, mac(self._token, nonce)):
+            log.warning("request channel: a peer without the cluster's token was refused")
+            return None
+        conn.sendall(mac(self._token, peer_nonce))
+        client, ack = _recv_frame(conn)
+        conn.settimeout(None)
+        return str(client), int(ack)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conns.add(conn)
+        try:
+            hello = self._handshake(conn)
+            if hello is None:
+                return
+            client, ack = hello
+            writer = _Writer(self._server, conn, client, ack, self._heartbeat_s)
+            threading.Thread(target=writer.run, daemon=True, name="channel-writer").start()
+            try:
+                self._read(conn, client, writer)
+            finally:
+                writer.stop()
+        except (OSError, ConnectionError, EOFError, pickle.UnpicklingError, ValueError):
+            pass  # the client went away (or spoke nonsense): its outbox waits for a reconnect
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _read(self, conn: socket.socket, client: str, writer: _Writer) -> None:
+        while not self._closed.is_set():
+            kind, arg = _recv_frame(conn)
+            if kind == "add":
+                self._add(arg).add_done_callback(functools.partial(writer.added, arg.request_id))
+            elif kind == "ack":
+                self._server.ack_outputs(client, int(arg))
+
+
+class _Writer:
+    """Sends one client its outputs as the engine publishes them (a frame per step at
+    most), the statuses pushed since its last frame, and the results of its adds; a
+    status at least every heartbeat, so silence means a dead line."""
+
+    def __init__(self, server: InstanceServer, conn: socket.socket, client: str, ack: int,
+                 heartbeat_s: float) -> None:
+        self._server, self._conn, self._client = server, conn, client
+        self._sent, self._status_sent = ack, -1
+        self._heartbeat_s = heartbeat_s
+        self._results: list[tuple[str, BaseException | None]] = []
+        self._stopped = False
+
+    def added(self, request_id: str, fut: Future[Any]) -> None:
+        err = fut.exception()
+        if err is not None and not isinstance(err, (LlumnixError, RuntimeError, TimeoutError)):
+            err = RuntimeError(f"{type(err).__name__}: {err}")  # what surely unpickles
+        self._server.notify_readers(lambda: self._results.append((request_id, err)))
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._server.notify_readers(lambda: None)
+
+    def run(self) -> None:
+        server = self._server
+        try:
+            while not self._stopped:
+                last, outs, status_seq = server.wait_outputs(
+                    self._client, self._sent, self._heartbeat_s, status_after=self._status_sent,
+                    wake=lambda: bool(self._results) or self._stopped)
+                results = server.notify_readers(self._take_results)
+                statuses = server.statuses_after(self._status_sent)
+                if not (outs or statuses or results) and server.statuses:
+                    statuses = [server.statuses[-1][1]]  # a heartbeat: the newest again
+                self._conn.sendall(pack(("out", last, outs, statuses, results)))
+                self._sent, self._status_sent = last, status_seq
+        except (OSError, RuntimeError):  # the client went away, or the engine stopped
+            with contextlib.suppress(OSError):
+                self._conn.shutdown(socket.SHUT_RDWR)
+
+    def _take_results(self) -> list[tuple[str, BaseException | None]]:
+        results, self._results = self._results, []
+        return results
