@@ -154,3 +154,15 @@ def test_push_carries_the_prefix_keys_evicted_since_the_last_push_and_report_doe
     assert lm.report(0.2).evicted_prefix_keys == ()  # a plain report leaves them for the push
     assert set(lm.push(0.2).evicted_prefix_keys) == set(eng.kv.prefix_keys(list(range(9))))
     assert lm.push(0.3).evicted_prefix_keys == ()
+
+
+@pytest.mark.parametrize("dst,expected", [
+    (inst("d", running=[run("x", 50)]), ["short"]),            # room 100 - 50 - 1 - 1 = 48: the paper's pick
+    (inst("d", total=10, running=[run("x", 5)]), ["short"]),   # room 10 - 5 - 1 - 1 = 3 = short's 3 blocks
+    (inst("d", total=10, running=[run("x", 6)]), []),          # room 2: neither short (3) nor long (60) fits
+    (None, ["short"]),                                         # destination unknown: the pick stands
+])
+def test_a_chain_never_picks_a_running_request_the_destination_cannot_reserve(dst, expected):
+    # issue 32: a fifth of the migrations started on an H200 were refused at reservation
+    src = inst("engine-id", running=[run("short", 3, 40), run("long", 60, 900)])
+    assert llumlet(src).select_requests_to_migrate(0.0, 1, dst) == expected

@@ -80,3 +80,14 @@ def test_freed_prefers_what_frees_the_source_per_block_moved():
     # without sharing it is the paper's order; a request that frees nothing goes last
     assert select_requests(s, "freed", max_n=10, shared={}) == select_requests(s, "paper", max_n=10)
     assert select_requests(s, "freed", max_n=10, shared={**shared, "own": 120})[-1] == "own"
+
+
+@pytest.mark.parametrize("dst_free,expected", [
+    (None, ["a", "b", "c"]),   # no destination given: shortest first
+    (10, ["a", "b", "q"]),     # c (12 blocks) cannot be reserved there; q moves as metadata
+    (4, ["a", "q"]),           # only a (4 blocks) and the queued request
+    (0, ["q"]),
+])
+def test_dst_free_leaves_out_running_requests_the_destination_cannot_reserve(dst_free, expected):
+    s = inst("s", running=[run("a", 4, 50), run("b", 8, 120), run("c", 12, 180)], waiting=[wait("q", 400)])
+    assert select_requests(s, "paper", 3, dst_free=dst_free) == expected
