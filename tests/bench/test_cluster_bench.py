@@ -1,0 +1,129 @@
+"""`llumnix bench cluster` without a cluster: the trace, the settings, one run's record
+from literal counters and samples, the aggregate over seeds, the goals, /metrics parsing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llumnix.bench.cluster_bench import ClusterBenchSettings, make_requests, scaled_pairs, settings_from_args
+from llumnix.bench.cluster_report import REFUSED, aggregate, goals, run_record
+from llumnix.bench.cluster_server import metric_sums
+from llumnix.bench.serve_bench import RequestRecord
+from llumnix.cli import build_parser
+from llumnix.core.errors import LlumnixError
+
+S = ClusterBenchSettings()
+PAIRS = (np.array([8, 400, 2000, 80]), np.array([40, 1000, 8, 200]))
+
+
+def test_lengths_are_scaled_and_capped():
+    p, o = scaled_pairs(S, *PAIRS)
+    assert p.tolist() == [4, 50, 192, 10] and o.tolist() == [5, 96, 4, 25]
+
+
+def test_a_trace_is_seeded_and_keeps_its_requests_across_rates():
+    pairs = scaled_pairs(S, *PAIRS)
+    a = make_requests(S, pairs, 12, 1.0, seed=3, vocab=49152)
+    b = make_requests(S, pairs, 12, 2.0, seed=3, vocab=49152)
+    assert [r.prompt for r in a] == [r.prompt for r in b]
+    assert [r.arrival_s for r in b] == pytest.approx([r.arrival_s / 2 for r in a])
+    assert all(len(r.prompt) == r.num_input_words for r in a)
+    burst = make_requests(S, pairs, 5, None, seed=3, vocab=49152)
+    assert {r.arrival_s for r in burst} == {0.0}
+    assert make_requests(S, pairs, 12, 1.0, seed=4, vocab=49152)[0].prompt != a[0].prompt
+
+
+def _args(*extra):
+    return build_parser().parse_args(["bench", "cluster", *extra])
+
+
+def test_flags_map_onto_the_settings_and_bad_ones_are_one_line_errors():
+    s = settings_from_args(_args("--systems", "infaas++,llumnix", "--seeds", "0,5", "--loads", "0.5,1",
+                                 "--num-blocks", "20", "--device", "cuda"))
+    assert s.systems == ("infaas++", "llumnix") and s.seeds == (0, 5) and s.loads == (0.5, 1.0)
+    doc = s.system_doc("llumnix")
+    assert doc["engine"]["device"] == "cuda" and doc["engine"]["num_blocks"] == 20
+    assert doc["scheduling"]["rescheduling"]["enabled"] is True
+    assert s.system_doc("llumnix-default")["engine"].get("enable_prefix_caching") is None  # serve's default
+    with pytest.raises(LlumnixError, match="unknown 'nope'"):
+        settings_from_args(_args("--systems", "nope"))
+    with pytest.raises(LlumnixError, match="--seeds"):
+        settings_from_args(_args("--seeds", "a,b"))
+
+
+def _rec(ttft, e2e, n, itl):
+    r = RequestRecord(arrival_s=0.0, ttft_s=ttft, e2e_s=e2e, num_output_tokens=n)
+    r.itl_s = list(itl)
+    return r
+
+
+def _counters(preempt, ok, aborted, running, downtimes, recent):
+    return {"num_preemptions": preempt, "migrations_committed": ok, "migrations_aborted": aborted,
+            "committed_running": running, "downtimes_s": downtimes, "recent": recent}
+
+
+OLD = {"request_id": "x", "end_time": 1.0, "committed": False, "abort_reason": REFUSED}
+RAW = {
+    "records": [_rec(0.5, 2.5, 11, [0.2] * 10), _rec(6.0, 7.0, 3, [0.5, 0.5]), RequestRecord(0.0, error="HTTP 500")],
+    "duration_s": 10.0,
+    "before": _counters(3, 2, 1, 2, [0.01, 0.02], [OLD]),
+    "after": _counters(7, 4, 3, 3, [0.01, 0.02, 0.03], [OLD]),
+    "samples": [
+        {"t": 0.0, "instances": [{"num_used_blocks": 8, "num_total_blocks": 32}, {"num_used_blocks": 0,
+                                                                                  "num_total_blocks": 32}],
+         "recent": [OLD, {"request_id": "a", "end_time": 2.0, "committed": False, "abort_reason": REFUSED}]},
+        {"t": 0.5, "instances": [{"num_used_blocks": 32, "num_total_blocks": 32}, {"num_used_blocks": 16,
+                                                                                   "num_total_blocks": 32}],
+         "recent": [{"request_id": "a", "end_time": 2.0, "committed": False, "abort_reason": REFUSED},
+                    {"request_id": "b", "end_time": 3.0, "committed": False, "abort_reason": "timeout"},
+                    {"request_id": "c", "end_time": 3.5, "committed": True, "abort_reason": None}]},
+    ],
+}
+
+
+def test_one_runs_record_from_counters_samples_and_client_records():
+    r = run_record(S, RAW, 0.85, 0, 1.5)
+    assert (r["num_preemptions"], r["migrations_committed"], r["migrations_aborted"]) == (4, 2, 2)
+    assert r["abort_reasons"] == {REFUSED: 1, "timeout": 1}  # the one listed before the run is not counted
+    assert r["downtime_s"]["max"] == 0.03 and r["downtime_s"]["mean"] == pytest.approx(0.03)
+    assert r["num_ok"] == 2 and r["errors"] == ["HTTP 500"]
+    assert r["ttft_s"]["max"] == 6.0 and r["itl_s"]["max"] == 0.5
+    assert r["tpot_s"]["p50"] == pytest.approx(0.2)
+    # goodput at TTFT <= 5 s and TPOT <= 0.5 s: the first request only
+    assert r["goodput_req_s"] == pytest.approx(0.1)
+    assert r["kv_usage"]["series"] == [(0.0, 0.125), (0.5, 0.75)] and r["kv_usage"]["max"] == 0.75
+
+
+def _sys(name, runs):
+    return {"system": name, "runs": [{**run_record(S, RAW, load, seed, 1.0), **over} for load, seed, over in runs]}
+
+
+def test_aggregate_over_seeds_and_the_goals():
+    systems = [
+        _sys("round-robin", [("burst", 0, {"ttft_s": {"mean": 1.0, "p50": 1.0, "p99": 2.0, "max": 2.0}})]),
+        _sys("infaas++", [(1.0, 0, {"num_preemptions": 10}), (1.0, 1, {"num_preemptions": 10}),
+                          ("burst", 0, {"ttft_s": {"mean": 1.5, "p50": 1.0, "p99": 1.0, "max": 2.0}})]),
+        _sys("llumnix", [(1.0, 0, {"num_preemptions": 6}), (1.0, 1, {"num_preemptions": 7}),
+                         ("burst", 0, {"ttft_s": {"mean": 0.9, "p50": 1.0, "p99": 1.9, "max": 2.0}})]),
+    ]
+    agg = aggregate(systems)
+    assert agg["llumnix"]["1.0"]["num_preemptions"] == 13 and agg["llumnix"]["1.0"]["num_seeds"] == 2
+    g = goals(agg, (1.0,))
+    assert g["llumnix"]["1.0"]["met"] is True  # 13 <= 0.7 x 20
+    assert g["llumnix"]["reservation_refusals"] == {"refused": 3, "started": 12, "met": False}
+    assert g["burst_vs_round_robin"]["llumnix"]["met"] is True
+    assert g["burst_vs_round_robin"]["infaas++"]["met"] is False  # mean 1.5 > 1.0
+
+
+def test_metric_sums_add_the_instances_and_keep_the_outcome():
+    text = """# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="instance-0",model_name="m"} 3.0
+vllm:num_preemptions_total{engine="instance-1",model_name="m"} 4.0
+# TYPE llumnix:migrations counter
+llumnix:migrations_total{model_name="m",outcome="committed"} 5.0
+llumnix:migrations_total{model_name="m",outcome="aborted"} 1.0
+"""
+    m = metric_sums(text)
+    assert m["vllm:num_preemptions_total"] == 7.0
+    assert m["llumnix:migrations_total{outcome=committed}"] == 5.0
+    assert m["llumnix:migrations_total{outcome=aborted}"] == 1.0
