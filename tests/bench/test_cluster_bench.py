@@ -18,7 +18,7 @@ PAIRS = (np.array([8, 400, 2000, 80]), np.array([40, 1000, 8, 200]))
 
 def test_lengths_are_scaled_and_capped():
     p, o = scaled_pairs(S, *PAIRS)
-    assert p.tolist() == [4, 50, 192, 10] and o.tolist() == [5, 96, 4, 25]
+    assert p.tolist() == [4, 50, 96, 10] and o.tolist() == [5, 64, 4, 25]
 
 
 def test_a_trace_is_seeded_and_keeps_its_requests_across_rates():
