@@ -42,4 +42,22 @@ def test_usage_and_envelopes():
     objects = [response_body("r", "m", 1, [], chat=chat, chunk=chunk)["object"]
                for chat in (False, True) for chunk in (False, True)]
     assert objects == ["text_completion", "text_completion", "chat.completion", "chat.completion.chunk"]
-    assert sse("[DONE]") == "data: [DONE]\n\n" and sse({"a": 1}) == 'data: {"a": 1}\n\n'
+    assert sse("[DONE]") == b"data: [DONE]\n\n" and sse({"a": 1}) == b'data: {"a":1}\n\n'
+
+
+def test_a_logprob_of_minus_infinity_is_written_as_valid_json():
+    import json
+
+    from llumnix.gateway.formatting import MIN_LOGPROB, LogprobFormat, json_bytes
+
+    fmt = LogprobFormat(token_text=lambda t: f"<{t}>")
+    chat = fmt.chat([(1, float("-inf"), [(2, float("nan")), (3, -1.5)])])
+    comp, _ = fmt.completion([(1, None, None), (4, float("-inf"), [(5, -0.5)])], 0)
+    for body in (chat, comp):
+        def refuse(token: str) -> None:
+            raise AssertionError(f"{token} is not JSON")
+
+        json.loads(json_bytes(body), parse_constant=refuse)
+    assert chat["content"][0]["logprob"] == MIN_LOGPROB
+    assert [a["logprob"] for a in chat["content"][0]["top_logprobs"]] == [MIN_LOGPROB, -1.5]
+    assert comp["token_logprobs"] == [None, MIN_LOGPROB] and comp["top_logprobs"][1]["<4>"] == MIN_LOGPROB

@@ -126,7 +126,7 @@ class ClusterBackend:
         """Most seconds any call to an instance may take before it counts as failed."""
         self.poll_timeout_s = 10.0
         """An instance whose output poll does not answer twice in a row is treated as dead."""
-        self.membership_interval_s = 0.5
+        self.membership_interval_s = 1.0
         self.max_resumes = 1
         """Resumes after an instance failure; a request whose second instance dies too is
         ended with an error rather than risk taking down a third (it may be the cause)."""

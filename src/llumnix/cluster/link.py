@@ -35,6 +35,10 @@ class InstanceLink:
         self.acked = 0
         """Sequence number of the last output this gateway has: a reconnect resumes after it."""
         self.last_frame_at = time.monotonic()
+        self._ack_timer: asyncio.TimerHandle | None = None
+
+    ACK_DELAY_S = 0.05
+    """Acks only let the instance drop what this gateway has: they need not be prompt."""
 
     @property
     def is_open(self) -> bool:
@@ -66,6 +70,11 @@ class InstanceLink:
         if self._writer is not None:
             self._writer.close()
 
+    def _send_ack(self) -> None:
+        self._ack_timer = None
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(pack(("ack", self.acked)))
+
     async def run(self) -> None:
         """Read frames until the line breaks (raises ConnectionError / EOF)."""
         assert self._reader is not None and self._writer is not None
@@ -85,7 +94,8 @@ class InstanceLink:
                     sink.on_outputs(iid, outs)
                 if last > self.acked:
                     self.acked = last
-                    writer.write(pack(("ack", last)))
+                    if self._ack_timer is None:  # one ack per ACK_DELAY_S, not a syscall per frame
+                        self._ack_timer = asyncio.get_running_loop().call_later(self.ACK_DELAY_S, self._send_ack)
         except asyncio.IncompleteReadError as e:
             raise ConnectionError(f"the channel to {iid} closed") from e
         finally:

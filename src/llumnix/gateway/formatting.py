@@ -3,10 +3,11 @@ shapes (the legacy completions one, and chat's). Pure: a token's text comes from
 ``token_text`` function the caller passes."""
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 TokenLogprob = tuple[int, float, list[tuple[int, float]] | None]
 """A generated token, its logprob, and its most likely alternatives when asked for."""
@@ -40,15 +41,16 @@ class LogprobFormat:
         tokens = [f"token_id:{t}" for t, _, _ in lps] if self.as_ids else texts
         tops = None
         if any(top is not None for _, _, top in lps):
-            tops = [None if lp is None else {**{self.label(a): alp for a, alp in (top or ())}, tok: lp}
+            tops = [None if lp is None else {**{self.label(a): finite(alp) for a, alp in (top or ())}, tok: finite(lp)}
                     for tok, (_, lp, top) in zip(tokens, lps, strict=True)]
-        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in lps], "top_logprobs": tops,
+        return {"tokens": tokens, "token_logprobs": [None if lp is None else finite(lp) for _, lp, _ in lps],
+                "top_logprobs": tops,
                 "text_offset": offsets}, pos
 
     def chat(self, lps: Sequence[TokenLogprob]) -> dict[str, Any]:
         """Chat's shape: per token its label, logprob and UTF-8 bytes, and its alternatives."""
         def entry(token_id: int, lp: float) -> dict[str, Any]:
-            return {"token": self.label(token_id), "logprob": lp,
+            return {"token": self.label(token_id), "logprob": finite(lp),
                     "bytes": list(self.token_text(token_id).encode())}
 
         return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in (top or ())]}
@@ -75,6 +77,20 @@ def response_body(response_id: str, model: str, created: int, choices: list[dict
     return {"id": response_id, "object": obj, "created": created, "model": model, "choices": choices}
 
 
-def sse(payload: dict[str, Any] | str) -> str:
+MIN_LOGPROB = -9999.0
+"""What a logprob of a token that cannot be drawn (-inf) is written as: JSON has no
+infinity (vLLM writes the same)."""
+
+
+def finite(lp: float) -> float:
+    return lp if lp > MIN_LOGPROB else MIN_LOGPROB  # NaN too: it compares false
+
+
+def json_bytes(obj: Any) -> bytes:
+    """JSON, fast (orjson: several times the standard library's speed on these bodies)."""
+    return orjson.dumps(obj)
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
     """One server-sent event; ``[DONE]`` is the stream's last."""
-    return "data: " + (payload if isinstance(payload, str) else json.dumps(payload)) + "\n\n"
+    return b"data: " + (payload.encode() if isinstance(payload, str) else orjson.dumps(payload)) + b"\n\n"

@@ -11,7 +11,14 @@ from starlette.requests import Request
 from llumnix.gateway.choices import Reply, merge_choices
 from llumnix.gateway.context import GatewayContext
 from llumnix.gateway.errors import failure_body
-from llumnix.gateway.formatting import EchoLogprob, TokenLogprob, echo_entries, response_body, usage
+from llumnix.gateway.formatting import (
+    EchoLogprob,
+    TokenLogprob,
+    echo_entries,
+    json_bytes,
+    response_body,
+    usage,
+)
 from llumnix.gateway.protocol import now_s
 from llumnix.gateway.streaming import sse_events
 
@@ -70,7 +77,7 @@ async def complete(ctx: GatewayContext, reply: Reply) -> Response:
     choices = [_choice(ctx, reply, i, "".join(pieces[i]), reasons[i], lps[i], prompt_lps[i]) for i in range(n)]
     body = response_body(reply.response_id, ctx.model_name, now_s(), choices, chat=reply.chat)
     body["usage"] = usage(len(reply.gens[0].prompt_token_ids), sum(n_outs), n_cached)
-    return JSONResponse(body)
+    return Response(json_bytes(body), media_type="application/json")
 
 
 def _choice(ctx: GatewayContext, reply: Reply, i: int, text: str, reason: str | None,

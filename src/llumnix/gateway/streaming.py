@@ -24,7 +24,7 @@ class _Chunks:
         self.pos = [0 if self.scoring else len(reply.prefix)] * len(reply.gens)
 
     def choice(self, i: int, text: str, reason: str | None, *, first: bool = False,
-               lps: list[TokenLogprob] | None = None, echo_lps: list[EchoLogprob] | None = None) -> str:
+               lps: list[TokenLogprob] | None = None, echo_lps: list[EchoLogprob] | None = None) -> bytes:
         choice: dict[str, Any]
         if self.reply.chat:
             delta: dict[str, str] = {"role": "assistant"} if first else {}
@@ -40,7 +40,7 @@ class _Chunks:
             choice = {"index": i, "text": text, "finish_reason": reason, "logprobs": lp}
         return sse(self._body([choice]))
 
-    def usage(self, num_output_tokens: int, num_cached_tokens: int) -> str:
+    def usage(self, num_output_tokens: int, num_cached_tokens: int) -> bytes:
         body = self._body([])
         body["usage"] = usage(len(self.reply.gens[0].prompt_token_ids), num_output_tokens, num_cached_tokens)
         return sse(body)
@@ -50,7 +50,7 @@ class _Chunks:
                              chat=self.reply.chat, chunk=True)
 
 
-async def sse_events(ctx: GatewayContext, reply: Reply) -> AsyncIterator[str]:
+async def sse_events(ctx: GatewayContext, reply: Reply) -> AsyncIterator[bytes]:
     """A chat choice opens with its role, an echo with its prompt; an echo with logprobs
     sends its prompt chunk once the prompt's logprobs arrive (with the first output),
     carrying them."""
