@@ -79,7 +79,7 @@ class ClusterBenchSettings:
     """Engine fields given to every system (e.g. cuda_graphs)."""
 
     def system_doc(self, name: str) -> dict[str, Any]:
-        doc = {k: dict(v) for k, v in SYSTEMS[name].items()}
+        doc: dict[str, Any] = {k: dict(v) for k, v in SYSTEMS[name].items()}
         doc["model"] = self.model
         doc["engine"] = {**doc.get("engine", {}), "device": self.device, "num_blocks": self.num_blocks,
                          "max_num_seqs": self.max_num_seqs, **self.extra}
@@ -114,7 +114,7 @@ def make_requests(s: ClusterBenchSettings, pairs: tuple[np.ndarray, np.ndarray],
     out = []
     for i, j in enumerate(idx):
         prompt = synthetic_prompt(int(ins[j]), salt + seed * 10_000 + i + 1, vocab)
-        out.append(PlannedRequest(float(times[i]), prompt, int(ins[j]), int(outs[j])))  # type: ignore[arg-type]
+        out.append(PlannedRequest(float(times[i]), prompt, int(ins[j]), int(outs[j])))
     return out
 
 
@@ -192,8 +192,9 @@ def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.nd
             log(f"  capacity {capacity['capacity_req_s']:.2f} req/s ({capacity['rule']})")
         runs = []
         for seed in s.seeds:
-            for load in (*s.loads, "burst"):
-                rate = None if load == "burst" else float(load) * capacity["capacity_req_s"]
+            loads: tuple[float | str, ...] = (*s.loads, "burst")
+            for load in loads:
+                rate = None if isinstance(load, str) else load * capacity["capacity_req_s"]
                 n = s.burst_size if load == "burst" else s.num_requests
                 reqs = make_requests(s, pairs, n, rate, seed, vocab)
                 rec = run_record(s, run_once(server, reqs), load, seed, rate)

