@@ -16,6 +16,7 @@ from llumnix.core.stop import find_stop, stop_floor
 from llumnix.engine import EngineCore
 
 if TYPE_CHECKING:
+    from llumnix.model.config import LlamaConfig
     from llumnix.model.tokenizer import Tokenizer
 
 
@@ -43,6 +44,41 @@ def finish_text(tokenizer: Tokenizer, token_ids: list[int], params: SamplingPara
     return text if hit is None else text[:hit[0]]
 
 
+CUDA_CONTEXT_BYTES = 512 * 2**20
+"""What a process's CUDA context takes outside torch's allocator (an estimate)."""
+GRAPH_RESERVE_BYTES = 256 * 2**20
+"""Room kept for the decode steps' CUDA graphs (recorded after the KV cache)."""
+
+
+def activation_bytes(mcfg: LlamaConfig, max_num_batched_tokens: int, max_num_seqs: int, dtype: str,
+                     graphs: bool) -> int:
+    """An estimate of what one step's activations take beside the weights and the KV
+    cache: per token the residual stream, QKV and the MLP's gate/up/down; per sequence
+    the logits (float32, with the sampler's copies); plus the CUDA graphs' reserve."""
+    elem = 4 if dtype == "float32" else 2
+    per_token = (6 * mcfg.hidden_size + 3 * mcfg.intermediate_size) * elem
+    per_seq = 3 * mcfg.vocab_size * 4
+    return max_num_batched_tokens * per_token + max_num_seqs * per_seq + (GRAPH_RESERVE_BYTES if graphs else 0)
+
+
+def kv_bytes_for_utilization(device: str, utilization: float, reserve_bytes: int) -> int:
+    """vLLM's ``--gpu-memory-utilization``: of the device's memory, the share this instance
+    may use, less what it already holds (weights, CUDA context) and ``reserve_bytes``
+    (activations, graphs); never more than is free now (other processes' memory)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    held = torch.cuda.memory_reserved(torch.device(device)) + CUDA_CONTEXT_BYTES
+    budget = min(int(total * utilization) - held, free) - reserve_bytes
+    if budget <= 0:
+        raise InvalidRequestError(
+            f"gpu_memory_utilization {utilization:g} leaves no room for a KV cache: of the "
+            f"{total * utilization / 2**30:.1f} GiB it allows, the weights and CUDA context take "
+            f"{held / 2**30:.1f} GiB and activations {reserve_bytes / 2**30:.1f} GiB "
+            f"({free / 2**30:.1f} GiB free on {device})", "gpu_memory_utilization")
+    return budget
+
+
 class LLM:
     def __init__(self, model: str = "smollm2", *, device: str = "cpu", dtype: str = "float32",
                  kv_cache_bytes: int = 512 * 2**20, num_blocks: int | None = None,
@@ -50,8 +86,11 @@ class LLM:
                  max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens,
                  max_model_len: int | None = None, instance_id: str = "instance-0",
                  clock: Clock | None = None, seed: int = 0, enable_prefix_caching: bool = False,
-                 chunked_prefill: bool = False, cuda_graphs: bool | None = None) -> None:
-        """``cuda_graphs``: replay decode steps from CUDA graphs (None: on a CUDA device)."""
+                 chunked_prefill: bool = False, cuda_graphs: bool | None = None,
+                 gpu_memory_utilization: float | None = None) -> None:
+        """``cuda_graphs``: replay decode steps from CUDA graphs (None: on a CUDA device).
+        ``gpu_memory_utilization`` (CUDA only; vLLM's): size the KV cache from the device's
+        memory instead of ``kv_cache_bytes`` (``kv_bytes_for_utilization``)."""
         from llumnix.model import ModelExecutor, load_model, num_blocks_for_bytes
         from llumnix.model.cuda_graphs import GraphShapes
 
@@ -61,7 +100,11 @@ class LLM:
         self.loaded = load_model(model, device=device, dtype=dtype)
         self.tokenizer = self.loaded.tokenizer
         mcfg = self.loaded.config
+        use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         if num_blocks is None:
+            if gpu_memory_utilization is not None and on_cuda:
+                reserve = activation_bytes(mcfg, max_num_batched_tokens, max_num_seqs, dtype, use_graphs)
+                kv_cache_bytes = kv_bytes_for_utilization(device, gpu_memory_utilization, reserve)
             num_blocks = num_blocks_for_bytes(mcfg, block_size, dtype, kv_cache_bytes)
         self.config = EngineConfig(
             cache=CacheConfig(block_size=block_size, num_blocks=num_blocks,
@@ -71,7 +114,6 @@ class LLM:
                                       chunked_prefill=chunked_prefill),
             max_model_len=max_model_len or mcfg.max_position_embeddings,
         )
-        use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
         shapes = GraphShapes(max_batch=max_num_seqs, max_len=self.config.max_model_len) if use_graphs else None
         self.executor = ModelExecutor(self.loaded.model, num_blocks, block_size, device=device,
                                       dtype=dtype, graphs=shapes)

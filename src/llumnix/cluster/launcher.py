@@ -4,6 +4,8 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -102,19 +104,36 @@ class Cluster:
         ray.kill(self.llumsched)
 
 
-def init_ray(cfg: ClusterConfig) -> None:
+Progress = Callable[[str], None]
+"""Where start-up says what it is doing (one line each)."""
+
+
+def init_ray(cfg: ClusterConfig, progress: Progress | None = None) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    t0 = time.monotonic()
     if cfg.ray_address:
         join_ray(cfg.ray_address, cfg.namespace, log_to_driver=True)
     else:
+        # Token authentication is Ray's default for the clusters it starts (a token is
+        # created under ~/.ray where none exists); join_ray finds it for other processes.
         ray.init(num_cpus=cfg.ray_num_cpus, include_dashboard=False, namespace=cfg.namespace,
                  log_to_driver=True)
+    if progress is not None:
+        verb = "joined" if cfg.ray_address else "started"
+        progress(f"Ray {verb} in {time.monotonic() - t0:.1f} s at {ray_address()} (namespace {cfg.namespace})")
 
 
-def start_cluster(cfg: ClusterConfig) -> Cluster:
-    init_ray(cfg)
+def ray_address() -> str:
+    """The address of the Ray cluster this process is connected to, as ``--ray-address`` takes it."""
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def start_cluster(cfg: ClusterConfig, progress: Progress | None = None) -> Cluster:
+    """LlumSched and the instances, each instance registered once it has loaded its model;
+    ``progress`` hears Ray's address and each instance's loading."""
+    init_ray(cfg, progress)
     sched_cfg = dict(cfg.scheduling)
     dispatch = dict(sched_cfg.get("dispatch") or {})
     dispatch.setdefault("pending_grace_s", 1.0)  # Ray delivery is not instant
@@ -136,7 +155,6 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
                                        max_task_retries=0, scheduling_strategy=here).remote(
         sched_cfg, cfg.cms, reschedule_interval_s=cfg.reschedule_interval_s, instance_spec=spec,
         name=cfg.llumsched_name)
-    ray.get(llumsched.cluster_info.remote(), timeout=60)
     instances = {}
     for i in range(cfg.instances):
         iid = f"instance-{i}"
@@ -145,8 +163,11 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
                                                resources=dict(cfg.instance_resources)).remote(
             iid, cfg.model, dict(cfg.engine), sched_cfg, cfg.llumsched_name, cfg.threads_per_instance,
             token, dict(cfg.migration))
+        if progress is not None:
+            progress(f"instance {i + 1} of {cfg.instances} loading ({iid}, {cfg.model})")
     try:
-        infos = ray.get([a.ready.remote() for a in instances.values()], timeout=600)
+        ray.get(llumsched.cluster_info.remote(), timeout=60)
+        infos = _wait_ready(instances, progress)
     except ray.exceptions.RayActorError as e:
         for actor in (llumsched, *instances.values()):
             with contextlib.suppress(Exception):
@@ -155,6 +176,24 @@ def start_cluster(cfg: ClusterConfig) -> Cluster:
     statuses = ray.get([a.status.remote() for a in instances.values()], timeout=60)
     ray.get([llumsched.register.remote(s, instances[s.instance_id]) for s in statuses], timeout=60)
     return Cluster(llumsched, instances, infos[0])
+
+
+def _wait_ready(instances: dict[str, Any], progress: Progress | None, timeout_s: float = 600) -> list[Any]:
+    """Each instance's ``ready()`` info, in order; ``progress`` hears each as it comes."""
+    t0 = time.monotonic()
+    refs = {a.ready.remote(): (k, iid) for k, (iid, a) in enumerate(instances.items())}
+    infos: list[Any] = [None] * len(refs)
+    pending = list(refs)
+    while pending:
+        left = timeout_s - (time.monotonic() - t0)
+        done, pending = ray.wait(pending, num_returns=1, timeout=max(left, 0))
+        if not done:
+            raise LlumnixError(f"{len(pending)} instance(s) did not load within {timeout_s:g} s")
+        k, iid = refs[done[0]]
+        infos[k] = ray.get(done[0])
+        if progress is not None:
+            progress(f"instance {k + 1} of {len(refs)} loaded in {time.monotonic() - t0:.1f} s ({iid})")
+    return infos
 
 
 def attach_cluster(ray_address: str, namespace: str = "llumnix", llumsched_name: str = LLUMSCHED_NAME,

@@ -4,136 +4,30 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import ipaddress
-import os
+import shlex
 import signal
 from typing import Any
 
 import yaml
 
+from llumnix.cluster.serve_args import (  # noqa: F401 - cli.py and tests import the add_* from here
+    add_gateway_args,
+    add_serve_args,
+    flag_values,
+    gateway_fields,
+)
+from llumnix.cluster.startup import Progress, bind_port, serve_http
 from llumnix.core.errors import LlumnixError
-
-
-def port(text: str) -> int:
-    """An argparse type: a TCP port (0: any free one)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535)")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _add_http_args(p: argparse.ArgumentParser, default_port: int) -> None:
-    """The gateway's HTTP flags, the same for `serve` and `gateway`."""
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=port, default=default_port, help=f"port to listen on (default {default_port})")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
-    p.add_argument("--admin-key", default=os.environ.get("LLUMNIX_ADMIN_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /admin/* (default: $LLUMNIX_ADMIN_KEY); "
-                        "without one, drain and undrain are off and /admin/cluster is read-only")
-    p.add_argument("--max-request-bytes", type=positive_int, default=8 << 20, metavar="N",
-                   help="answer larger request bodies with a 413 before parsing them (default 8 MiB)")
-    p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
-                   help="on SIGTERM/Ctrl-C, stop taking requests and let running ones finish for up "
-                        "to S seconds (default 30)")
-
-
-def add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML file with the system's model, engine, scheduling, migration and "
-                   "deployment sections (benchmarks/configs/); flags override it")
-    p.add_argument("--model", default=None, help="'smollm2' (default), a .gguf file or an HF directory")
-    p.add_argument("--instances", type=positive_int, default=None, help="instance actors (default 2)")
-    _add_http_args(p, 8000)
-    p.add_argument("--dispatch", default=None, help="llumnix | infaas++ | round-robin | random | "
-                   "least-requests | power-of-two | llm-d")
-    p.add_argument("--prefix-affinity", action=argparse.BooleanOptionalAction, default=None,
-                   help="llumnix dispatch: send a prompt where its longest prefix was sent before, among "
-                   "instances with at most max(4, 2 x its requests) more requests than the freest (default: "
-                   "on with prefix caching and the llumnix policy)")
-    p.add_argument("--prefix-slack", type=int, default=None, metavar="N",
-                   help="prefix affinity: requests an instance may hold beyond the freest and still get a "
-                   "prompt for its cached prefix (default 4)")
-    p.add_argument("--prefix-slack-ratio", type=float, default=None, metavar="R",
-                   help="prefix affinity: the slack is at least R x the freest's requests, so it grows with "
-                   "load (default 2; 0: the fixed slack alone)")
-    p.add_argument("--migration", action=argparse.BooleanOptionalAction, default=None,
-                   help="continuous rescheduling by live migration (default on)")
-    p.add_argument("--migrate-out-threshold", type=float, default=None,
-                   help="instances with freeness below this migrate requests out (default 3)")
-    p.add_argument("--scaling", default=None, metavar="MIN:MAX",
-                   help="auto-scaling between MIN and MAX instances (default off)")
-    p.add_argument("--scale-out-below", type=float, default=None,
-                   help="add an instance when the average freeness over the window is below this (default 10)")
-    p.add_argument("--scale-in-above", type=float, default=None,
-                   help="drain and stop an instance when the average freeness is above this (default 60)")
-    p.add_argument("--scaling-window", type=float, default=None, metavar="S",
-                   help="seconds of freeness samples a scaling decision averages (default 10)")
-    p.add_argument("--scaling-cooldown", type=float, default=None, metavar="S",
-                   help="quiet seconds after a scaling action (default 30)")
-    p.add_argument("--scaling-signal", default=None, choices=("mean", "cluster", "demand"),
-                   help="average freeness as the mean of the instances' (mean), the summed "
-                   "cluster's (cluster), or the summed cluster's with every queued request's "
-                   "demand (demand)")
-    p.add_argument("--reschedule-interval", type=float, default=None, metavar="S",
-                   help="seconds between LlumSched's migration (and scaling) rounds (default 0.5)")
-    p.add_argument("--transport", default=None,
-                   help="KV transport for live migration: tcp (default), gloo or ray")
-    p.add_argument("--cms", default=None, help="cluster meta store: memory (default) or redis://HOST:PORT")
-    p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
-    p.add_argument("--kv-cache-mib", type=positive_int, default=None, help="KV cache per instance (default 512)")
-    p.add_argument("--max-num-seqs", type=positive_int, default=None, help="batch size limit per instance")
-    p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
-                   help="prefill long prompts in chunks beside the running decodes, within "
-                   "--max-num-batched-tokens a step (default: on)")
-    p.add_argument("--max-num-batched-tokens", type=positive_int, default=None, metavar="N",
-                   help="most tokens an instance computes in one step (default with chunked prefill: 256 on "
-                   "cpu, 2048 on cuda; without: 4096); with chunked prefill at least --max-num-seqs")
-    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                   help="share the KV of common prompt prefixes between requests on an instance (default: on)")
-    p.add_argument("--device", default=None, help="cpu or cuda")
-    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                   help="replay decode steps from CUDA graphs, recorded at start (default: on with cuda)")
-    p.add_argument("--gpus-per-instance", type=float, default=None, metavar="N",
-                   help="GPUs Ray reserves per instance (default: 1 on cuda, 0 on cpu; 0.5 packs two per GPU)")
-    p.add_argument("--threads-per-instance", type=positive_int, default=None,
-                   help="torch threads of each instance (default 1)")
-
-
-FLAG_PATHS = {
-    "model": "model", "instances": "deployment.instances", "dispatch": "scheduling.dispatch.policy",
-    "prefix_affinity": "scheduling.dispatch.params.prefix",
-    "prefix_slack": "scheduling.dispatch.params.prefix_slack",
-    "prefix_slack_ratio": "scheduling.dispatch.params.prefix_slack_ratio",
-    "migration": "scheduling.rescheduling.enabled",
-    "migrate_out_threshold": "scheduling.rescheduling.out_threshold",
-    "scale_out_below": "scheduling.scaling.scale_out_below", "scale_in_above": "scheduling.scaling.scale_in_above",
-    "scaling_window": "scheduling.scaling.window_s", "scaling_cooldown": "scheduling.scaling.cooldown_s",
-    "scaling_signal": "scheduling.scaling.signal", "reschedule_interval": "deployment.reschedule_interval_s",
-    "transport": "migration.transport", "cms": "deployment.cms", "ray_address": "deployment.ray_address",
-    "kv_cache_mib": "engine.kv_cache_bytes", "max_num_seqs": "engine.max_num_seqs",
-    "chunked_prefill": "engine.chunked_prefill", "max_num_batched_tokens": "engine.max_num_batched_tokens",
-    "prefix_caching": "engine.enable_prefix_caching", "device": "engine.device",
-    "cuda_graphs": "engine.cuda_graphs", "gpus_per_instance": "deployment.gpus_per_instance",
-    "threads_per_instance": "deployment.threads_per_instance",
-}
-"""Each serve flag (its argparse dest) and the field of the system config it sets."""
 
 
 def build_config(args: argparse.Namespace) -> Any:
     """The ``ClusterConfig`` of ``--config`` (a ``SystemConfig`` document) with the flags
     over it; a bad value is one line naming the flag, or the file's key, that gave it."""
+    return build_system(args)[1]
+
+
+def build_system(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(``SystemConfig``, ``ClusterConfig``) of ``--config`` with the flags over it."""
     from llumnix.config import SystemConfig, SystemConfigError
 
     doc = _read_config(args.config) if args.config else {}
@@ -147,7 +41,7 @@ def build_config(args: argparse.Namespace) -> Any:
         flag = flags.get(e.path, (None,))[0]
         raise LlumnixError(f"{flag} {e.problem}" if flag else str(e)) from None
     _check_reachable_parts(system.model, system.deployment.cms)
-    return cfg
+    return system, cfg
 
 
 def _read_config(path: str) -> dict[str, Any]:
@@ -166,10 +60,7 @@ def _read_config(path: str) -> dict[str, Any]:
 
 def _flag_values(args: argparse.Namespace, doc: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     """The fields the given flags set: path -> (flag, value)."""
-    out = {path: ("--" + dest.replace("_", "-"), getattr(args, dest))
-           for dest, path in FLAG_PATHS.items() if getattr(args, dest) is not None}
-    if args.kv_cache_mib is not None:
-        out["engine.kv_cache_bytes"] = ("--kv-cache-mib", args.kv_cache_mib * 2**20)
+    out = flag_values(args)
     if args.migrate_out_threshold is not None:  # in_threshold rises with it, never below it
         old_in = _get_path(doc, "scheduling.rescheduling.in_threshold")
         value = max(args.migrate_out_threshold, old_in if isinstance(old_in, int | float) else 0)
@@ -213,9 +104,9 @@ def _check_reachable_parts(model: str, cms: str | None) -> None:
     """What every instance actor would fail on, checked here in one line each instead of
     as actor tracebacks after Ray has started: the model path and the meta store."""
     from llumnix.cluster.meta_store import make_meta_store, redact_url
-    from llumnix.model.loader import resolve_model_path
+    from llumnix.config.model_path import check_model_path
 
-    resolve_model_path(model)
+    check_model_path(model)
     if cms is None or cms == "memory":
         return
     try:
@@ -239,49 +130,69 @@ def is_loopback(host: str) -> bool:
 
 def main_serve(args: argparse.Namespace) -> int:
     from llumnix.cluster.launcher import start_cluster
-    from llumnix.model import load_tokenizer
 
-    cfg = build_config(args)
+    progress = Progress("llumnix serve")
+    system, cfg = build_system(args)  # no torch, no Ray: a bad flag or model path in a second
+    sock = bind_port(args.host, args.port)  # then the port: one in use fails now, not after the load
     # Tokenization happens at the gateway. Loading the tokenizer first also checks the model
     # file here, in one line, before any instance actor can fail on it inside Ray.
-    tokenizer = load_tokenizer(cfg.model)
-    print(f"llumnix serve: starting {cfg.instances} instance(s) of {cfg.model} on Ray ...", flush=True)
-    cluster = start_cluster(cfg)
-    return _run_gateway("llumnix serve", cluster, tokenizer, args)
+    tokenizer = _tokenizer(cfg.model, system.deployment.chat_template)
+    progress(f"starting {cfg.instances} instance(s) of {cfg.model} on Ray ...")
+    cluster = start_cluster(cfg, progress=lambda text: _say(progress, text, args, cfg.namespace))
+    return _run_gateway(progress, cluster, tokenizer, args, sock, system.deployment.served_model_name, cfg.model)
 
 
-def add_gateway_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ray-address", required=True,
-                   help="the Ray cluster `llumnix serve` runs on ('auto': the one on this machine)")
-    p.add_argument("--namespace", default="llumnix", help="its Ray namespace (default llumnix)")
-    p.add_argument("--model", default=None,
-                   help="where to load the tokenizer from (default: the model the instances load)")
-    _add_http_args(p, 8001)
+def _say(progress: Progress, text: str, args: argparse.Namespace, namespace: str) -> None:
+    """The launcher's start-up lines; after Ray's, the command that attaches another gateway."""
+    progress(text)
+    if text.startswith("Ray "):
+        from llumnix.cluster.launcher import ray_address
+
+        extra = "".join(f" --{flag} {shlex.quote(value)}" for flag, value in (
+            ("served-model-name", " ".join(args.served_model_name or ())), ("chat-template", args.chat_template))
+            if value)
+        progress(f"attach another gateway with: llumnix gateway --ray-address {ray_address()} "
+                 f"--namespace {namespace} --port {args.port + 1}{extra}")
+
+
+def _tokenizer(model: str, chat_template: str | None) -> Any:
+    from llumnix.model import load_tokenizer
+
+    return load_tokenizer(model, chat_template=chat_template)
 
 
 def main_gateway(args: argparse.Namespace) -> int:
     """One more OpenAI gateway in front of a running cluster: it dispatches through the
     same LlumSched and reads only its own requests' outputs from the instances."""
     from llumnix.cluster.launcher import attach_cluster
-    from llumnix.model import load_tokenizer
+    from llumnix.cluster.serve_args import read_chat_template, served_model_name
 
+    progress = Progress("llumnix gateway")
+    sock = bind_port(args.host, args.port)
+    template = None if args.chat_template is None else read_chat_template(args.chat_template)
+    name = served_model_name(args)
     cluster = attach_cluster(args.ray_address, args.namespace)
+    progress(f"joined the cluster at {args.ray_address} (namespace {args.namespace}): "
+             f"{len(cluster.instances)} instance(s)")
     model = args.model or cluster.info.get("model_source")
     if model is None:
         raise LlumnixError("the cluster does not say which model it runs; pass --model")
-    tokenizer = load_tokenizer(model)
-    return _run_gateway("llumnix gateway", cluster, tokenizer, args)
+    return _run_gateway(progress, cluster, _tokenizer(model, template), args, sock, name, model)
 
 
-def _run_gateway(title: str, cluster: Any, tokenizer: Any, args: argparse.Namespace) -> int:
-    import uvicorn
-
+def _run_gateway(progress: Progress, cluster: Any, tokenizer: Any, args: argparse.Namespace, sock: Any,
+                 served_name: str | None, root: str) -> int:
+    """The OpenAI gateway over ``cluster`` on ``sock``, until SIGINT/SIGTERM; ``root`` is
+    the model the served name stands for."""
     from llumnix.cluster.backend import ClusterBackend
     from llumnix.gateway.app import build_app
 
-    backend = ClusterBackend(cluster.llumsched, cluster.instances, cluster.info, tokenizer)
-    app = build_app(backend, api_key=args.api_key, admin_key=args.admin_key,
-                    admin_requires_key=not is_loopback(args.host), max_request_bytes=args.max_request_bytes)
+    info = dict(cluster.info)
+    if served_name is not None:
+        info["model"] = served_name
+    backend = ClusterBackend(cluster.llumsched, cluster.instances, info, tokenizer)
+    app = build_app(backend, admin_requires_key=not is_loopback(args.host), model_root=root,
+                    **gateway_fields(args))
 
     @app.on_event("startup")
     async def _start() -> None:
@@ -291,15 +202,19 @@ def _run_gateway(title: str, cluster: Any, tokenizer: Any, args: argparse.Namesp
     async def _stop() -> None:
         await backend.stop()
 
-    print(f"{title}: http://{args.host}:{args.port}/v1  (model '{backend.model_name}')\n"
-          f"  try: curl http://{args.host}:{args.port}/v1/chat/completions -H 'Content-Type: application/json' "
-          f"-d '{{\"model\": \"{backend.model_name}\", \"messages\": [{{\"role\": \"user\", \"content\": "
-          f"\"What is the capital of France?\"}}], \"max_tokens\": 30}}'", flush=True)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{host}:{port}"
+
+    def ready() -> None:
+        progress(f"ready in {progress.elapsed_s:.1f} s: {url}/v1  (model '{backend.model_name}')\n"
+                 f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+                 f"-d '{{\"model\": \"{backend.model_name}\", \"messages\": [{{\"role\": \"user\", "
+                 f"\"content\": \"What is the capital of France?\"}}], \"max_tokens\": 30}}'")
+
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=args.shutdown_grace)
+        serve_http(app, sock, args.uvicorn_log_level, args.shutdown_grace, ready)
     finally:
         cluster.shutdown()
     return 0

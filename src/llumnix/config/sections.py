@@ -68,6 +68,10 @@ class LLMConfig:
     """Replay decode steps from CUDA graphs; None: on with a CUDA device."""
     seed: int = 0
     """Seed of the engine's sampling RNG."""
+    gpu_memory_utilization: float | None = None
+    """On CUDA, the fraction of the device's memory an instance may use: the KV cache gets
+    what is left of it after the weights, CUDA graphs and activations (vLLM's flag); None:
+    kv_cache_bytes. On cpu it has no effect (the KV cache is kv_cache_bytes)."""
 
     def __post_init__(self) -> None:
         if not _DEVICE.fullmatch(self.device):
@@ -81,6 +85,9 @@ class LLMConfig:
                 _at_least(self, name, 1)
         if self.cuda_graphs and not self.is_cuda:
             raise SystemConfigError("engine.cuda_graphs", "needs device cuda")
+        util = self.gpu_memory_utilization
+        if util is not None and not 0 < util <= 1:
+            raise SystemConfigError("engine.gpu_memory_utilization", f"must be in (0, 1], got {util:g}")
         if self.chunked_prefill and self.num_batched_tokens < self.max_num_seqs:
             raise SystemConfigError("engine.max_num_batched_tokens", f"must be at least max_num_seqs "
                                     f"({self.max_num_seqs}) with chunked prefill, got {self.num_batched_tokens}")
@@ -175,6 +182,11 @@ class DeploymentConfig:
     """Start a fresh instance in place of one that died."""
     instance_resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources each instance actor asks for (e.g. one ``llumnix_slot`` a node)."""
+    served_model_name: str | None = None
+    """The model's name in the API (vLLM's flag); None: 'smollm2', the GGUF file's stem or
+    the directory's name."""
+    chat_template: str | None = None
+    """A Jinja chat template the gateway renders chats with instead of the model's own."""
 
     def __post_init__(self) -> None:
         if self.instances is not None:
@@ -186,6 +198,8 @@ class DeploymentConfig:
         if not self.reschedule_interval_s > 0:
             raise SystemConfigError("deployment.reschedule_interval_s",
                                     f"must be > 0, got {self.reschedule_interval_s:g}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise SystemConfigError("deployment.served_model_name", "must not be empty")
 
     @property
     def num_instances(self) -> int:

@@ -1,9 +1,10 @@
 """The OpenAI routes (completions, chat, models), vLLM's /tokenize and /detokenize, and
-the probes (/health, /live, /metrics)."""
+the probes (/health, /live, /ping, /metrics) and /version."""
 from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
 from typing import Any
 
 from fastapi import APIRouter
@@ -11,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 
+import llumnix
 from llumnix.core.errors import InvalidRequestError
 from llumnix.gateway.context import context
 from llumnix.gateway.prepare import check_model, prepare
@@ -54,9 +56,29 @@ async def prometheus(request: Request) -> Response:
 
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
+    """vLLM's shape: the served name as ``id``, the model it stands for as ``root``."""
     ctx = context(request)
-    return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": now_s(),
-                                        "owned_by": "llumnix", "max_model_len": ctx.backend.max_model_len}]}
+    created = now_s()
+    permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created,
+                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                  "organization": "*", "group": None, "is_blocking": False}
+    return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": created,
+                                        "owned_by": "llumnix", "root": ctx.config.model_root or ctx.model_name,
+                                        "parent": None, "max_model_len": ctx.backend.max_model_len,
+                                        "permission": [permission]}]}
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": llumnix.__version__}
+
+
+@router.api_route("/ping", methods=["GET", "POST"])
+async def ping(request: Request) -> Response:
+    """vLLM's (and SageMaker's) probe: 200 while some instance can serve, else 503."""
+    state = await context(request).backend.health()
+    return Response(status_code=503 if state.get("status") == "unavailable" else 200)
 
 
 @router.post("/v1/completions", response_model=None)

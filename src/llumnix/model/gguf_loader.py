@@ -38,11 +38,12 @@ def _t(w: torch.Tensor) -> torch.Tensor:
 
 
 def load_gguf(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfig, LlamaModel, Any]:
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
+    from llumnix.model.gguf_file import GGUFFile
+
     try:
-        reader = GGUFReader(str(path))
+        reader = GGUFFile(path)
     except Exception as e:  # noqa: BLE001 - report any parse failure as a load error
         raise ModelLoadError(f"{path} is not a readable GGUF file: {e}") from e
     fields = read_fields(reader)

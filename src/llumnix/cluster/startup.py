@@ -1,0 +1,65 @@
+"""How `llumnix serve` and `llumnix gateway` start: the HTTP port taken first (so a port in
+use fails in a second, not after the model has loaded), a line for each step, and "ready"
+only once the server answers."""
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from llumnix.core.errors import LlumnixError
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """The HTTP socket, bound and listening: the port is ours from now on (a socket that
+    is only bound, with SO_REUSEADDR, would not keep a second server off it). A client that
+    comes before the server is ready waits in the backlog and is answered once it is."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise LlumnixError(f"--host {host}: {e.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart need not wait
+    try:
+        sock.bind(addr)
+        sock.listen(2048)  # uvicorn's backlog
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise LlumnixError(f"port {port} on {host} is already in use: stop what holds it, or pick "
+                               "another with --port") from None
+        raise LlumnixError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+class Progress:
+    """Start-up lines, each with the seconds since the start."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.t0 = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        print(f"{self.title}: {text}", flush=True)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.t0
+
+
+def serve_http(app: Any, sock: socket.socket, log_level: str, grace_s: float,
+               on_ready: Callable[[], None]) -> None:
+    """uvicorn on ``sock`` until SIGINT/SIGTERM; ``on_ready`` once it accepts connections."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and not self.should_exit:
+                on_ready()
+
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=grace_s)
+    Server(config).run(sockets=[sock])
