@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from llumnix.core.errors import InvalidRequestError
 from llumnix.core.request import Priority
+from llumnix.policy.pd import PDConfig
 
 T = TypeVar("T")
 
@@ -202,7 +203,7 @@ class ScalingConfig:
 
 
 _SECTIONS = {"freeness": FreenessConfig, "dispatch": DispatchConfig,
-             "rescheduling": ReschedulingConfig, "scaling": ScalingConfig}
+             "rescheduling": ReschedulingConfig, "scaling": ScalingConfig, "pd": PDConfig}
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,8 @@ class SchedulingConfig:
     """Migration pairing and request selection."""
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     """Auto-scaling."""
+    pd: PDConfig = field(default_factory=PDConfig)
+    """Prefill-decode disaggregation: off (co-located), static roles or adaptive (``policy/pd.py``)."""
 
     def __post_init__(self) -> None:
         # Validate the dispatch policy's params now, not at the first request.

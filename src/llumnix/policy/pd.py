@@ -1,0 +1,210 @@
+"""Prefill-decode disaggregation: instance roles, the config, and adaptive PD's decisions.
+
+Pure: every function reads snapshots (``InstanceStatus``) and the roles the caller keeps,
+with ``now`` passed in; nothing here does I/O or keeps state. The simulator calls it
+(``sim/pd_flow.py``) and the cluster can call the same functions unchanged::
+
+    dispatch          new request -> the prefill pool (roles prefill and mixed), by the
+                      configured dispatch policy over those instances' statuses only
+    hand-off          a request on a ``prefill`` instance that has its first token ->
+                      ``pick_decode_instance`` (decode freeness among instances with room
+                      for its blocks) -> one live migration; None: the decode pool is full,
+                      it keeps decoding where it is and is offered again next round
+    adaptive rounds   ``adaptive_decision`` -> at most one ``RoleChange`` a round
+
+Roles: ``mixed`` prefills and decodes (co-located, today's behaviour), ``prefill``
+hands every request off after its first token, ``decode`` takes no new request.
+Adaptive PD moves capacity where the load is:
+
+    lend      decode -> mixed     the prefill queue per prefill-taking instance is above
+                                  ``lend_above_tokens`` while the decode pool has room
+    reclaim   mixed -> decode     the queue fell below ``reclaim_below_tokens``
+    flip      mixed -> prefill    lent for ``flip_after_s`` with the queue still high: its
+                                  decodes leave by hand-off (migration drains it)
+    flip      prefill -> decode   the decode pool is tight and the prefill queue low
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llumnix.core.status import InstanceStatus
+
+ROLES = ("prefill", "decode", "mixed")
+PD_MODES = ("off", "static", "adaptive")
+TAKES_PREFILL = ("prefill", "mixed")
+"""Roles that new requests are dispatched to."""
+DECODES = ("decode", "mixed")
+"""Roles in the decode pool (hand-off destinations, rescheduling among them)."""
+
+
+def _bad(field_path: str, problem: str) -> Exception:
+    from llumnix.policy.config import bad_value  # config imports this module
+
+    return bad_value(field_path, problem)
+
+
+@dataclass(frozen=True)
+class PDConfig:
+    mode: str = "off"
+    """off (every instance mixed, co-located) | static (fixed roles) | adaptive."""
+    prefill_instances: int = 1
+    """Instances started as ``prefill`` (the first ones); the rest are ``decode``."""
+    min_prefill: int = 1
+    """Adaptive PD keeps at least this many prefill-taking instances (prefill or mixed)."""
+    min_decode: int = 1
+    """Adaptive PD keeps at least this many ``decode`` instances (not lent)."""
+    lend_above_tokens: int = 8192
+    """Queued prefill tokens per prefill-taking instance above which a decode instance
+    takes prefills (is lent, becomes mixed)."""
+    reclaim_below_tokens: int = 2048
+    """Queued prefill tokens per prefill-taking instance below which a lent instance
+    goes back to decode only, and a prefill instance may flip to decode."""
+    decode_room_freeness: float = 30.0
+    """The decode pool has room (may lend) when its mean freeness is at least this."""
+    decode_tight_freeness: float = 5.0
+    """The decode pool is tight (a prefill instance may flip to decode) below this."""
+    flip_after_s: float = 5.0
+    """A lent instance still needed after this long flips to ``prefill``."""
+    cooldown_s: float = 1.0
+    """Seconds between two adaptive role changes."""
+    growth_blocks: int = 1
+    """Blocks of decode growth a hand-off destination must have beyond the request's own."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in PD_MODES:
+            raise _bad("pd.mode", f"must be one of {', '.join(PD_MODES)}, got {self.mode!r}")
+        for name in ("prefill_instances", "min_prefill", "min_decode", "lend_above_tokens",
+                     "reclaim_below_tokens", "growth_blocks"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name != "growth_blocks" else 0):
+                raise _bad(f"pd.{name}", f"must be an integer >= {1 if name != 'growth_blocks' else 0}, got {v!r}")
+        for name in ("decode_room_freeness", "decode_tight_freeness", "flip_after_s", "cooldown_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise _bad(f"pd.{name}", f"must be a number, got {v!r}")
+        if self.flip_after_s < 0 or self.cooldown_s < 0:
+            raise _bad("pd.flip_after_s" if self.flip_after_s < 0 else "pd.cooldown_s", "must be >= 0")
+        if self.reclaim_below_tokens > self.lend_above_tokens:
+            raise _bad("pd.reclaim_below_tokens", "must be <= lend_above_tokens")
+        if self.decode_tight_freeness > self.decode_room_freeness:
+            raise _bad("pd.decode_tight_freeness", "must be <= decode_room_freeness")
+
+    @property
+    def is_on(self) -> bool:
+        return self.mode != "off"
+
+    def check_instances(self, num_instances: int) -> None:
+        """Both pools non-empty at the start; raises the path-named error otherwise."""
+        if self.is_on and not 1 <= self.prefill_instances < num_instances:
+            raise _bad("pd.prefill_instances", f"must be between 1 and {num_instances - 1} "
+                       f"(the deployment has {num_instances} instances), got {self.prefill_instances}")
+
+
+def initial_roles(instance_ids: Sequence[str], config: PDConfig) -> dict[str, str]:
+    """The first ``prefill_instances`` ids are prefill, the rest decode (all mixed when off)."""
+    if not config.is_on:
+        return {i: "mixed" for i in instance_ids}
+    return {i: "prefill" if k < config.prefill_instances else "decode" for k, i in enumerate(instance_ids)}
+
+
+# -- snapshot metrics ----------------------------------------------------------------
+def queued_prefill_tokens(status: InstanceStatus) -> int:
+    """Prompt tokens not yet computed: every queued request's, and those of running
+    requests still without their first token (a chunked prefill in progress, counted whole)."""
+    return (sum(r.num_tokens for r in status.waiting)
+            + sum(r.num_tokens for r in status.running if r.num_output_tokens == 0))
+
+
+def handoff_blocks(num_blocks: int, config: PDConfig) -> int:
+    """Blocks a destination must be able to reserve for a request holding ``num_blocks``."""
+    return num_blocks + config.growth_blocks
+
+
+def pick_decode_instance(statuses: Sequence[InstanceStatus], roles: Mapping[str, str], num_blocks: int,
+                         config: PDConfig, freeness_of: Any, promised: Mapping[str, int] | None = None,
+                         exclude: str | None = None) -> str | None:
+    """The hand-off destination for a request holding ``num_blocks``: among the decode
+    pool's schedulable, not terminating instances whose free blocks (beyond the watermark,
+    less ``promised``: blocks of hand-offs started since their last report) hold it and
+    ``growth_blocks`` more, the highest ``freeness_of(status)``; ties by id. None: the
+    decode pool is full. ``freeness_of``: the caller's freeness (Algorithm 1's)."""
+    need = handoff_blocks(num_blocks, config)
+    best: tuple[float, str] | None = None
+    for s in statuses:
+        iid = s.instance_id
+        if iid == exclude or roles.get(iid) not in DECODES or s.is_terminating or not s.is_schedulable:
+            continue
+        room = s.num_free_blocks - s.num_watermark_blocks - (promised or {}).get(iid, 0)
+        if room < need:
+            continue
+        f = float(freeness_of(s))
+        if best is None or f > best[0] or (f == best[0] and iid < best[1]):
+            best = (f, iid)
+    return None if best is None else best[1]
+
+
+# -- adaptive PD -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RoleChange:
+    instance_id: str
+    role: str
+    """The new role."""
+    reason: str
+    """lend | reclaim | flip."""
+
+    @property
+    def is_flip(self) -> bool:
+        return self.reason == "flip"
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What adaptive PD reads at one round: each instance's role, the time it took it,
+    its queued prefill tokens and its freeness (Algorithm 1's, from its status)."""
+
+    roles: Mapping[str, str]
+    role_since: Mapping[str, float]
+    queued_tokens: Mapping[str, int]
+    freeness: Mapping[str, float]
+
+    def ids(self, *roles: str) -> list[str]:
+        return sorted(i for i, r in self.roles.items() if r in roles)
+
+    @property
+    def prefill_pressure(self) -> float:
+        """Queued prefill tokens per prefill-taking instance."""
+        takers = self.ids(*TAKES_PREFILL)
+        return sum(self.queued_tokens.get(i, 0) for i in takers) / max(1, len(takers))
+
+    @property
+    def decode_room(self) -> float:
+        """Mean freeness of the ``decode`` instances (inf with none)."""
+        dec = self.ids("decode")
+        return sum(self.freeness.get(i, 0.0) for i in dec) / len(dec) if dec else float("inf")
+
+
+def adaptive_decision(view: PoolView, config: PDConfig, now: float,
+                      last_change: float | None) -> RoleChange | None:
+    """At most one role change (module docstring), none within ``cooldown_s`` of the last."""
+    if config.mode != "adaptive" or (last_change is not None and now - last_change < config.cooldown_s):
+        return None
+    pressure, room = view.prefill_pressure, view.decode_room
+    decode, mixed, prefill = view.ids("decode"), view.ids("mixed"), view.ids("prefill")
+    if pressure > config.lend_above_tokens:
+        old = [i for i in mixed if now - view.role_since.get(i, now) >= config.flip_after_s]
+        if old and len(decode) >= config.min_decode:
+            return RoleChange(min(old, key=lambda i: (view.role_since.get(i, now), i)), "prefill", "flip")
+        if room >= config.decode_room_freeness and len(decode) > config.min_decode:
+            freest = max(decode, key=lambda i: (view.freeness.get(i, 0.0), i))
+            return RoleChange(freest, "mixed", "lend")
+        return None
+    if pressure < config.reclaim_below_tokens:
+        if mixed:
+            least = min(mixed, key=lambda i: (view.queued_tokens.get(i, 0), i))
+            return RoleChange(least, "decode", "reclaim")
+        if room < config.decode_tight_freeness and len(prefill) > config.min_prefill:
+            least = min(prefill, key=lambda i: (view.queued_tokens.get(i, 0), i))
+            return RoleChange(least, "decode", "flip")
+    return None
