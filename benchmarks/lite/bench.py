@@ -1,10 +1,10 @@
 """Lite-mode Llumnix against sglang-router in front of the same three engines.
 
-    python -m benchmarks.lite.bench [--out ~/lite-bench/result.json] [--seeds 0 1 2] [--n 18]
+    python -m benchmarks.lite.bench [--out ~/lite-bench/result.json] [--seeds 0 1 2] [--n 8] [--engines llumnix]
 
 Engines: llama.cpp's server (llama-cpp-python, /work/venvs/llamacpp) on the SmolLM2
 GGUF, three of them, one thread each. Routers, all running at once in front of them:
-lite-mode Llumnix (``python -m llumnix.lite``: llumnix, least-requests) and sglang-router
+lite-mode Llumnix (``python -m llumnix.lite``, its default llumnix policy) and sglang-router
 (cache_aware, power_of_two, round_robin).
 
 The rule, fixed before any run: per workload, capacity is the completed requests per
@@ -12,8 +12,9 @@ second of a closed loop with 2 requests per engine in flight, sent straight to t
 engines round-robin; the light rate is 0.3 x capacity, the near-capacity rate 0.85 x.
 Seeds are replayed router by router in turn (seed-major), so drift of the machine hits
 every router alike. Added latency: one-token requests sent straight to engine 0 and
-through each router alternately, with nothing else running (P50/P99 of the difference
-of pairs). Failures: at the near-capacity rate of ``sharegpt`` one engine is killed
+through each router alternately, one at a time (P50/P99 of the difference
+of pairs), in front of three servers that do no work (``echo_engine.py``), so the
+routers' own cost is not lost in the engines' jitter. Failures: at the near-capacity rate of ``sharegpt`` one engine is killed
 (SIGKILL) 40% into the trace and restarted after; a request fails on a non-200, an error
 event or a missing ``[DONE]``.
 """
@@ -32,8 +33,10 @@ from benchmarks.lite.workloads import Req, Result, chats, one, replay, sharegpt
 from llumnix.bench.machine import machine_info, write_result
 
 WORKLOADS = {"chats": chats, "sharegpt": sharegpt}
-ROUTERS = [("llumnix-lite", "llumnix"), ("llumnix-lite", "least-requests"),
-           ("sglang-router", "cache_aware"), ("sglang-router", "power_of_two"), ("sglang-router", "round_robin")]
+ENGINES = {"llamacpp": "llama-cpp-python server, SmolLM2-135M-Instruct Q4_1, n_ctx 2048, 1 thread each, x3",
+           "llumnix": "llumnix serve --instances 1 (own Ray each), SmolLM2-135M-Instruct Q4_1 on CPU, x3"}
+ROUTERS = [("llumnix-lite", "llumnix"), ("sglang-router", "cache_aware"), ("sglang-router", "power_of_two"),
+           ("sglang-router", "round_robin")]
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -98,28 +101,47 @@ async def kill_run(url: str, victim: routers.Proc, trace: list[Req]) -> dict[str
     return summary(results)
 
 
+def start_routers(urls: list[str], log_dir: Path) -> dict[str, routers.Proc]:
+    procs = {f"{kind}/{pol}": (routers.lite if kind == "llumnix-lite" else routers.sglang_router)(urls, pol, log_dir)
+             for kind, pol in ROUTERS}
+    for proc in procs.values():
+        proc.start()
+    return procs
+
+
+def router_overhead(log_dir: Path, pairs: int) -> dict[str, Any]:
+    """Added latency in front of three engines that do no work (``echo_engine``)."""
+    echoes = [routers.echo_engine(i, log_dir).start() for i in range(3)]
+    procs: dict[str, routers.Proc] = {}
+    try:
+        procs = start_routers([e.url for e in echoes], log_dir)
+        return asyncio.run(added_latency(echoes[0].url, {k: v.url for k, v in procs.items()}, pairs))
+    finally:
+        for proc in [*procs.values(), *echoes]:
+            proc.stop()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(Path.home() / "lite-bench" / "result.json"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--n", type=int, default=18, help="requests per run")
+    p.add_argument("--n", type=int, default=8, help="requests per run")
     p.add_argument("--latency-pairs", type=int, default=30)
+    p.add_argument("--engines", choices=("llamacpp", "llumnix"), default="llamacpp",
+                   help="llama.cpp's server (default) or our own `llumnix serve --instances 1`")
     args = p.parse_args()
     log_dir = Path(args.out).parent / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    engines = [routers.llamacpp(i, log_dir).start() for i in range(3)]
-    urls = [e.url for e in engines]
-    procs = {f"{kind}/{pol}": (routers.lite if kind == "llumnix-lite" else routers.sglang_router)(urls, pol, log_dir)
-             for kind, pol in ROUTERS}
     record: dict[str, Any] = {"benchmark": "lite-vs-sglang-router", "machine": machine_info(with_torch=False),
-                              "settings": vars(args), "engines": "llama-cpp-python server, SmolLM2-135M Q4_1, "
-                              "n_ctx 2048, 1 thread each, x3", "runs": []}
+                              "settings": vars(args), "engines": ENGINES[args.engines], "runs": []}
+    record["added_latency_ms"] = router_overhead(log_dir, args.latency_pairs)
+    print("added latency (ms), in front of engines that do no work:", record["added_latency_ms"], flush=True)
+    make_engine = routers.llamacpp if args.engines == "llamacpp" else routers.llumnix_engine
+    engines = [make_engine(i, log_dir).start() for i in range(3)]
+    urls = [e.url for e in engines]
+    procs: dict[str, routers.Proc] = {}
     try:
-        for proc in procs.values():
-            proc.start()
-        via = {k: v.url for k, v in procs.items()}
-        record["added_latency_ms"] = asyncio.run(added_latency(urls[0], via, args.latency_pairs))
-        print("added latency (ms):", record["added_latency_ms"], flush=True)
+        procs = start_routers(urls, log_dir)
         record["capacity_rps"] = {w: asyncio.run(capacity(urls, make(99, 0.0, 2 * args.n)))
                                   for w, make in WORKLOADS.items()}
         print("capacity (req/s):", record["capacity_rps"], flush=True)

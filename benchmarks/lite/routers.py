@@ -79,6 +79,20 @@ def llamacpp(i: int, log_dir: Path, n_ctx: int = 2048) -> Proc:
                                   "--n_threads", "1", "--model_alias", "smollm2"], port, log_dir=log_dir)
 
 
+def echo_engine(i: int, log_dir: Path) -> Proc:
+    port = free_port()
+    return Proc(f"echo-{i}", [sys.executable, "-m", "benchmarks.lite.echo_engine", "--port", str(port)], port,
+                log_dir=log_dir)
+
+
+def llumnix_engine(i: int, log_dir: Path) -> Proc:
+    """Our own `llumnix serve --instances 1`, used as an opaque engine."""
+    port = free_port()
+    return Proc(f"llumnix-{i}", [sys.executable, "-m", "llumnix.cli", "serve", "--model", "smollm2",
+                                 "--instances", "1", "--port", str(port), "--kv-cache-mib", "64"],
+                port, ready_path="/health", log_dir=log_dir)
+
+
 def lite(urls: list[str], policy: str, log_dir: Path) -> Proc:
     port = free_port()
     argv = [sys.executable, "-m", "llumnix.lite", "--model", "smollm2", "--port", str(port), "--dispatch", policy]
@@ -91,5 +105,6 @@ def sglang_router(urls: list[str], policy: str, log_dir: Path) -> Proc:
     port = free_port()
     return Proc(f"sglr-{policy}", [SGLR_PY, "-m", "sglang_router.launch_router", "--worker-urls", *urls,
                                    "--policy", policy, "--host", "127.0.0.1", "--port", str(port),
-                                   "--health-check-endpoint", "/v1/models", "--log-level", "warn"],
+                                   "--health-check-endpoint", "/v1/models", "--log-level", "warn",
+                                   "--prometheus-port", str(free_port())],
                 port, log_dir=log_dir)

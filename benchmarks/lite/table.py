@@ -1,0 +1,69 @@
+"""The tables of a lite-mode benchmark record: per workload and rate, each router's
+median over seeds (and the spread, min-max) of TTFT mean/P99 and e2e mean/P99; the added
+latency; the failures with one engine killed; and the issue's goals, met or missed.
+
+    python -m benchmarks.lite.table ~/lite-bench/result.json
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from typing import Any
+
+LITE = "llumnix-lite/llumnix"
+METRICS = ("ttft_mean_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s")
+
+
+def medians(record: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, tuple[float, float, float]]]:
+    """(workload, rate, router) -> metric -> (median, min, max) over seeds."""
+    by: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in record["runs"]:
+        for m in METRICS:
+            if r[m] is not None:
+                by[(r["workload"], r["rate"], r["router"])][m].append(r[m])
+        by[(r["workload"], r["rate"], r["router"])]["failed"].append(r["failed"])
+    return {k: {m: (statistics.median(v), min(v), max(v)) for m, v in ms.items()} for k, ms in by.items()}
+
+
+def main(path: str) -> None:
+    with open(path) as f:
+        record = json.load(f)
+    med = medians(record)
+    print(f"engines: {record['engines']}; capacity (req/s): {record.get('capacity_rps')}")
+    print(f"{'workload':9} {'rate':5} {'router':28} " + " ".join(f"{m:>22}" for m in METRICS) + "  failed")
+    for (w, rate, router), ms in sorted(med.items()):
+        cells = " ".join(f"{ms[m][0]:7.2f} [{ms[m][1]:5.2f},{ms[m][2]:5.2f}]" if m in ms else f"{'-':>22}"
+                         for m in METRICS)
+        print(f"{w:9} {rate:5} {router:28} {cells}  {ms['failed'][0]:.0f}")
+    print("\nadded latency (ms, in front of servers that do no work):")
+    for router, v in record.get("added_latency_ms", {}).items():
+        print(f"  {router:28} P50 {v['p50_ms']:6.2f}  P99 {v['p99_ms']:6.2f}  (n={v['n']})")
+    print("\none of three engines killed mid-run:")
+    for router, v in record.get("kill_one_of_three", {}).items():
+        print(f"  {router:28} failed {v['failed']}/{v['n']}  {v['errors']}")
+    print("\ngoals:")
+    for (w, rate) in sorted({(w, r) for w, r, _ in med}):
+        sg = {k[2]: v for k, v in med.items() if k[:2] == (w, rate) and k[2].startswith("sglang")}
+        lite = med.get((w, rate, LITE))
+        if not sg or lite is None:
+            continue
+        for m in ("ttft_p99_s", "e2e_mean_s"):
+            best = min(sg, key=lambda r: sg[r][m][0])
+            ok = lite[m][0] <= sg[best][m][0]
+            print(f"  {w} {rate} {m}: lite {lite[m][0]:.2f} vs best sglang ({best}) {sg[best][m][0]:.2f}: "
+                  f"{'met' if ok else 'missed'}")
+    lat = record.get("added_latency_ms", {})
+    if LITE in lat:
+        best = min((v["p50_ms"], k) for k, v in lat.items() if k.startswith("sglang"))
+        print(f"  added latency P50 within 1 ms of sglang-router's ({best[1]} {best[0]:.2f} ms): lite "
+              f"{lat[LITE]['p50_ms']:.2f} ms: {'met' if lat[LITE]['p50_ms'] <= best[0] + 1 else 'missed'}")
+    kill = record.get("kill_one_of_three", {})
+    if LITE in kill:
+        print(f"  zero failed requests with one engine killed: lite {kill[LITE]['failed']}: "
+              f"{'met' if kill[LITE]['failed'] == 0 else 'missed'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
