@@ -19,8 +19,9 @@ Adaptive PD moves capacity where the load is:
     lend      decode -> mixed     the prefill queue per prefill-taking instance is above
                                   ``lend_above_tokens`` while the decode pool has room
     reclaim   mixed -> decode     the queue fell below ``reclaim_below_tokens``
-    flip      mixed -> prefill    lent for ``flip_after_s`` with the queue still high: its
-                                  decodes leave by hand-off (migration drains it)
+    flip      mixed -> prefill    lent for ``flip_after_s`` with the queue still high and
+                                  the decode pool's room: its decodes leave by hand-off
+                                  (migration drains it)
     flip      prefill -> decode   the decode pool is tight and the prefill queue low
 """
 from __future__ import annotations
@@ -55,19 +56,19 @@ class PDConfig:
     """Adaptive PD keeps at least this many prefill-taking instances (prefill or mixed)."""
     min_decode: int = 1
     """Adaptive PD keeps at least this many ``decode`` instances (not lent)."""
-    lend_above_tokens: int = 8192
+    lend_above_tokens: int = 4096
     """Queued prefill tokens per prefill-taking instance above which a decode instance
     takes prefills (is lent, becomes mixed)."""
-    reclaim_below_tokens: int = 2048
+    reclaim_below_tokens: int = 1024
     """Queued prefill tokens per prefill-taking instance below which a lent instance
     goes back to decode only, and a prefill instance may flip to decode."""
-    decode_room_freeness: float = 30.0
+    decode_room_freeness: float = 10.0
     """The decode pool has room (may lend) when its mean freeness is at least this."""
-    decode_tight_freeness: float = 5.0
+    decode_tight_freeness: float = 2.0
     """The decode pool is tight (a prefill instance may flip to decode) below this."""
     flip_after_s: float = 5.0
     """A lent instance still needed after this long flips to ``prefill``."""
-    cooldown_s: float = 1.0
+    cooldown_s: float = 0.5
     """Seconds between two adaptive role changes."""
     growth_blocks: int = 1
     """Blocks of decode growth a hand-off destination must have beyond the request's own."""
@@ -194,7 +195,7 @@ def adaptive_decision(view: PoolView, config: PDConfig, now: float,
     decode, mixed, prefill = view.ids("decode"), view.ids("mixed"), view.ids("prefill")
     if pressure > config.lend_above_tokens:
         old = [i for i in mixed if now - view.role_since.get(i, now) >= config.flip_after_s]
-        if old and len(decode) >= config.min_decode:
+        if old and room >= config.decode_room_freeness and len(decode) >= config.min_decode:
             return RoleChange(min(old, key=lambda i: (view.role_since.get(i, now), i)), "prefill", "flip")
         if room >= config.decode_room_freeness and len(decode) > config.min_decode:
             freest = max(decode, key=lambda i: (view.freeness.get(i, 0.0), i))

@@ -64,6 +64,7 @@ from llumnix.core.errors import LlumnixError
 from llumnix.migration.protocol import MigrationConfig
 from llumnix.sim.cluster import ClusterConfig
 from llumnix.sim.latency import DEFAULT_PRESET, PRESETS
+from llumnix.sim.metrics import SLO
 from llumnix.sim.sharegpt import DATASET, ShareGPTError, dataset_file
 from llumnix.sim.workloads import TraceError, TraceSpec
 
@@ -117,6 +118,9 @@ class ExperimentConfig:
     ``step_overhead_s`` (None: the model's)."""
     seq_overhead_s: float | None = None
     """The same per sequence in a step's batch, in place of the model's ``seq_overhead_s``."""
+    slo: SLO | None = None
+    """TTFT and TPOT objectives of each record's ``slo`` section (None: the latency
+    model's, ``metrics.SLOS``)."""
 
     def system_for(self, system: SystemSpec, trace: TraceRun) -> SystemSpec:
         extra = trace.system_overrides.get(system.name)
@@ -350,7 +354,7 @@ def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
     if not isinstance(doc, dict):
         raise ConfigError("the config must be a YAML mapping")
     known = {"name", "latency_model", "step_overhead_s", "seq_overhead_s", "seeds", "num_requests", "jobs", "plots",
-             "cluster", "systems", "traces", "include_traces", "include_systems"}
+             "cluster", "systems", "traces", "include_traces", "include_systems", "slo"}
     for k in doc:
         if k not in known and not str(k).startswith("x-"):  # x-*: YAML anchors to share settings
             raise ConfigError(f"{k} is not a config key (known: {', '.join(sorted(known))})")
@@ -384,11 +388,40 @@ def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:
         seeds=_int_field(doc, "seeds", 1, ""), jobs=_int_field(doc, "jobs", 1, ""),
         plots=bool(doc.get("plots", True)), cluster=_parse_cluster(doc.get("cluster")),
         systems=tuple(systems), traces=tuple(traces), step_overhead_s=_overhead(doc, "step_overhead_s"),
-        seq_overhead_s=_overhead(doc, "seq_overhead_s"))
+        seq_overhead_s=_overhead(doc, "seq_overhead_s"), slo=_slo(doc.get("slo")))
     for t in cfg.traces:  # per-trace overrides must parse too
         for system in cfg.systems:
             _check_served(cfg, cfg.system_for(system, t), t)
     return cfg
+
+
+def _slo(d: Any) -> SLO | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        raise ConfigError("slo must be a mapping {ttft_s, tpot_s[, attainment]}")
+    for k in d:
+        if k not in ("ttft_s", "tpot_s", "attainment"):
+            raise ConfigError(f"slo.{k} is not an SLO setting (known: attainment, tpot_s, ttft_s)")
+    for k in ("ttft_s", "tpot_s"):
+        v = d.get(k)
+        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+            raise ConfigError(f"slo.{k} must be a positive number of seconds, got {v!r}")
+    att = d.get("attainment", 0.9)
+    if isinstance(att, bool) or not isinstance(att, int | float) or not 0 < att <= 1:
+        raise ConfigError(f"slo.attainment must be in (0, 1], got {att!r}")
+    return SLO(float(d["ttft_s"]), float(d["tpot_s"]), float(att))
+
+
+def _check_pd(cfg: ExperimentConfig, system: SystemSpec) -> None:
+    from llumnix.sim.policy_bridge import scheduling_config
+
+    try:
+        sched = scheduling_config(system)
+        sched.pd.check_instances(cfg.cluster_for(system).num_instances)
+    except (LlumnixError, ValueError) as e:
+        where = f"systems.{system.name}." + ("scheduling." if system.system is not None else "")
+        raise ConfigError(f"{where}{e}") from None
 
 
 def _check_served(cfg: ExperimentConfig, system: SystemSpec, trace: TraceRun) -> None:
@@ -396,6 +429,7 @@ def _check_served(cfg: ExperimentConfig, system: SystemSpec, trace: TraceRun) ->
         cluster = cfg.cluster_for(system)
     except ValueError as e:
         raise ConfigError(f"systems.{system.name}: {e}") from None
+    _check_pd(cfg, system)
     if system.system is not None and cluster.enable_prefix_caching and not trace.spec.prefix_groups:
         # such a trace's prompts are all token 0: every prompt would hit every other's KV
         raise ConfigError(f"systems.{system.name}.engine.enable_prefix_caching: on (serve's default), but trace "

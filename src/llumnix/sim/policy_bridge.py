@@ -29,6 +29,8 @@ from llumnix.policy import (
     ReschedulingConfig,
     SchedulingConfig,
 )
+from llumnix.policy.config import PolicyConfigError
+from llumnix.policy.pd import DECODES, TAKES_PREFILL
 from llumnix.policy.rounds import scaling_round
 
 if TYPE_CHECKING:
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from llumnix.sim.config import SystemSpec
     from llumnix.sim.instance import SimInstance
 
-_SECTIONS = ("freeness", "rescheduling", "scaling")
+_SECTIONS = ("freeness", "rescheduling", "scaling", "pd")
 
 
 def scheduling_config(spec: SystemSpec) -> SchedulingConfig:
@@ -46,7 +48,7 @@ def scheduling_config(spec: SystemSpec) -> SchedulingConfig:
     simulator delivers a dispatched request at once: nothing is pending in flight."""
     if spec.system is not None:
         sched = spec.system.scheduling
-        return dataclasses.replace(sched, dispatch=dataclasses.replace(sched.dispatch, pending_grace_s=0.0))
+        return _checked(dataclasses.replace(sched, dispatch=dataclasses.replace(sched.dispatch, pending_grace_s=0.0)))
     opts = dict(spec.options)
     unknown = sorted(set(opts) - {*_SECTIONS, "migrate_out_threshold", "dispatch_params", "staleness_s",
                                   "prefix_evictions"})
@@ -63,8 +65,16 @@ def scheduling_config(spec: SystemSpec) -> SchedulingConfig:
     for key in ("staleness_s", "prefix_evictions"):
         if key in opts:
             dispatch[key] = opts[key]
-    return SchedulingConfig.from_dict({"freeness": opts.get("freeness"), "dispatch": dispatch,
-                                       "rescheduling": resched, "scaling": opts.get("scaling")})
+    return _checked(SchedulingConfig.from_dict({"freeness": opts.get("freeness"), "dispatch": dispatch,
+                                                "rescheduling": resched, "scaling": opts.get("scaling"),
+                                                "pd": opts.get("pd")}))
+
+
+def _checked(sched: SchedulingConfig) -> SchedulingConfig:
+    if sched.pd.is_on and sched.scaling.enabled:
+        raise PolicyConfigError("pd.mode: PD with auto-scaling is not simulated (set scaling.enabled false)",
+                                "pd.mode")
+    return sched
 
 
 def validate_system(spec: SystemSpec, where: str) -> None:
@@ -79,10 +89,17 @@ def validate_system(spec: SystemSpec, where: str) -> None:
 
 
 class PolicyBridge:
+    """With PD on (``config.pd``), ``gs`` dispatches over the prefill pool (roles prefill
+    and mixed) and ``gs_decode`` pairs migrations within the decode pool (decode and
+    mixed): each sees only its pool's statuses (``policy/pd.py``)."""
+
     def __init__(self, config: SchedulingConfig, clock: Clock | None = None, seed: int = 0,
                  scaling_interval_s: float = 1.0) -> None:
         self.config = config
         self.gs = GlobalScheduler(config, seed=seed)
+        self.gs_decode = GlobalScheduler(config, seed=seed) if config.pd.is_on else self.gs
+        self.roles: dict[str, str] = {}
+        """Each instance's PD role (all mixed with PD off)."""
         self.clock = clock
         self.enable_migration = config.rescheduling.enabled
         self.scaling_interval_s = scaling_interval_s if config.scaling.enabled else 0.0
@@ -98,14 +115,44 @@ class PolicyBridge:
     def make_llumlet(self, instance_id: str, engine: EngineCore) -> Llumlet:
         return Llumlet(instance_id, engine, self.config.rescheduling, self.config.freeness)
 
+    def _pools(self, role: str) -> list[GlobalScheduler]:
+        if self.gs_decode is self.gs:
+            return [self.gs]
+        return [gs for gs, roles in ((self.gs, TAKES_PREFILL), (self.gs_decode, DECODES)) if role in roles]
+
     def add_instance(self, inst: SimInstance) -> None:
-        self.gs.add_instance(inst.llumlet.report(self._now()))
+        iid = inst.instance_id
+        if iid not in self.roles:
+            pd = self.config.pd
+            num_prefill = sum(1 for r in self.roles.values() if r == "prefill")
+            self.roles[iid] = ("mixed" if not pd.is_on else
+                               "prefill" if num_prefill < pd.prefill_instances else "decode")
+        status = inst.llumlet.report(self._now())
+        for gs in self._pools(self.roles[iid]):
+            gs.add_instance(status)
 
     def remove_instance(self, inst: SimInstance) -> None:
-        self.gs.remove_instance(inst.instance_id)
+        for gs in {id(g): g for g in (self.gs, self.gs_decode)}.values():
+            gs.remove_instance(inst.instance_id)
+        self.roles.pop(inst.instance_id, None)
 
     def report(self, inst: SimInstance) -> None:
-        self.gs.update_status(inst.llumlet.push(self._now()))
+        status = inst.llumlet.push(self._now())
+        for gs in self._pools(self.roles.get(inst.instance_id, "mixed")):
+            gs.update_status(status)
+
+    def set_role(self, inst: SimInstance, role: str) -> None:
+        """Move ``inst`` between the pools (PD role change)."""
+        old = self.roles[inst.instance_id]
+        before, after = self._pools(old), self._pools(role)
+        for gs in before:
+            if gs not in after:
+                gs.remove_instance(inst.instance_id)
+        self.roles[inst.instance_id] = role
+        status = inst.llumlet.report(self._now())
+        for gs in after:
+            if gs not in before:
+                gs.add_instance(status)
 
     # -- dispatch ------------------------------------------------------------------
     def dispatch(self, request_id: str, num_prompt_tokens: int, arrival_time: float,
@@ -115,7 +162,7 @@ class PolicyBridge:
 
     # -- migration -----------------------------------------------------------------
     def pair_migrations(self) -> list[tuple[str, str]]:
-        return [(o.src_instance_id, o.dst_instance_id) for o in self.gs.reschedule(self._now())]
+        return [(o.src_instance_id, o.dst_instance_id) for o in self.gs_decode.reschedule(self._now())]
 
     def select_request(self, src: SimInstance, dst: SimInstance) -> str | None:
         now = self._now()

@@ -20,6 +20,7 @@ from llumnix.bench.machine import RESULTS_DIR
 from llumnix.sim.cluster import ClusterConfig
 from llumnix.sim.config import ConfigError, ExperimentConfig, SystemSpec, load_config
 from llumnix.sim.latency import get_latency_model
+from llumnix.sim.metrics import SLOS, SLO
 from llumnix.sim.workloads import TraceSpec, make_trace
 
 KEEP_SAMPLES = ("prefill", "decode")
@@ -39,6 +40,8 @@ class RunSpec:
     """Replaces the latency model's serving overhead per step (None: the model's own)."""
     seq_overhead_s: float | None = None
     """Replaces the latency model's serving overhead per sequence per step (None: the model's own)."""
+    slo: SLO | None = None
+    """The objectives of the record's ``slo`` section (None: the latency model's ``SLOS`` entry)."""
 
 
 def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -55,6 +58,7 @@ def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dic
     sim = Simulator(spec.cluster, model,
                     make_policy(spec.system, spec.cluster, seed=spec.seed), trace, progress=progress,
                     priorities=spec.system.priorities)
+    sim.metrics.slo = spec.slo or SLOS.get(spec.latency_model)
     summary = sim.run()
     record: dict[str, Any] = {"system": spec.system.name, "trace": spec.trace.name, "rate": spec.rate,
                               "seed": spec.seed, "num_requests": len(trace),
@@ -76,7 +80,7 @@ def plan(cfg: ExperimentConfig, seeds: int | None = None) -> list[RunSpec]:
                     runs.append(RunSpec(s, t.spec, rate, seed, cfg.cluster_for(s),
                                         cfg.latency_model, keep_samples=(rate == top and seed == 0),
                                         step_overhead_s=cfg.step_overhead_s,
-                                        seq_overhead_s=cfg.seq_overhead_s))
+                                        seq_overhead_s=cfg.seq_overhead_s, slo=cfg.slo))
     return runs
 
 

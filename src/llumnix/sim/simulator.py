@@ -33,6 +33,8 @@ from llumnix.sim.latency import LatencyModel
 from llumnix.sim.loop import EventLoop
 from llumnix.sim.metrics import MetricsCollector
 from llumnix.sim.migration import MigrationRun
+from llumnix.sim.pd_flow import PDFlow
+from llumnix.sim.policy_bridge import PolicyBridge
 from llumnix.sim.policy_port import PolicyPort
 from llumnix.sim.workloads import Trace
 
@@ -54,6 +56,11 @@ class Simulator:
         self.metrics = MetricsCollector()
         policy.bind(self.clock)
         self.cluster = Cluster(config, latency, self.clock, make_llumlet=policy.make_llumlet)
+        self.pd: PDFlow | None = None
+        """Prefill-decode disaggregation (the policy's ``pd`` on): hand-offs, role changes."""
+        if isinstance(policy, PolicyBridge) and policy.config.pd.is_on:
+            self.pd = PDFlow(policy, self.cluster, config.migration, latency.migration,
+                             self._on_handoff_started, self._on_handoff_done)
         self.gateway: list[tuple[int, float, int]] = []
         """Requests no instance could take yet: a heap in dispatch order (higher priority
         first, FCFS within a priority) of (-priority, arrival time, trace index)."""
@@ -110,6 +117,8 @@ class Simulator:
         out["sim"] = {"duration_s": end, "wall_s": self.wall_s, "num_events": self.loop.num_events,
                       "events_per_s": self.loop.num_events / self.wall_s if self.wall_s else 0.0,
                       "num_steps": self.cluster.num_steps}
+        if self.pd is not None:
+            out["pd"] = self.pd.summary()
         # Time-weighted share of the provisioned KV blocks in use (vLLM's cache usage),
         # over the instances up or starting.
         capacity = self.config.num_blocks * out["instances"]["average"] * end
@@ -176,7 +185,9 @@ class Simulator:
     # -- engine steps ------------------------------------------------------------------
     def on_step_end(self, ev: Event) -> list[Event]:
         inst: SimInstance = ev.target
-        outputs, events = inst.finish_step(self.clock.now())
+        now = self.clock.now()
+        outputs, events = inst.finish_step(now)
+        self.metrics.on_outputs(outputs, now)
         finished = 0
         for out in outputs:
             if out.metrics is not None:
@@ -190,6 +201,8 @@ class Simulator:
             self._maybe_report(inst)
         if inst.is_terminating and self.policy.is_drained(inst):
             events += self._retire(inst)
+        if self.pd is not None:
+            events += self.pd.after_step(inst, now)
         return events
 
     def _trace_class(self, request_id: str) -> int:
@@ -204,6 +217,8 @@ class Simulator:
     # -- status ------------------------------------------------------------------------
     def _report(self, inst: SimInstance) -> None:
         self.policy.report(inst)
+        if self.pd is not None:
+            self.pd.on_report(inst.instance_id)
         inst.load_changed = False
         inst.reported_step = inst.engine.step_id
 
@@ -212,7 +227,7 @@ class Simulator:
         # An arrival at exactly t runs before the round at t (kind order); rescheduling
         # and scaling at t run after it and read that round's reports.
         return (self._next_arrival <= t or self._next_reschedule < t or self._next_scaling < t
-                or bool(self.gateway))
+                or bool(self.gateway) or self.pd is not None)
 
     def _maybe_report(self, inst: SimInstance) -> None:
         if inst.is_up and self.config.report_on_load_change and self._is_read_before(self._next_round):
@@ -232,6 +247,8 @@ class Simulator:
                 if inst.is_up:
                     self._report(inst)
         events = [Event(self._next_round, EventKind.STATUS_REPORT)]
+        if self.pd is not None:  # PD reads every round: adaptive roles, deferred hand-offs
+            events += self.pd.on_round(self.clock.now())
         if self.gateway:
             events += self._drain_gateway()
         return events
@@ -279,6 +296,15 @@ class Simulator:
                 and self.policy.keep_migrating(src, dst)):
             events += self._migrate_next(src, dst, now)
         return events
+
+    def _on_handoff_started(self) -> None:
+        self._num_migrating += 1
+
+    def _on_handoff_done(self, run: MigrationRun, now: float) -> list[Event]:
+        self._num_migrating -= 1
+        self._maybe_report(run.src)
+        self._maybe_report(run.dst)
+        return []
 
     # -- scaling -----------------------------------------------------------------------
     def on_scaling(self, ev: Event) -> list[Event]:

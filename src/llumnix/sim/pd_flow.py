@@ -1,0 +1,140 @@
+"""Prefill-decode disaggregation in the simulator: hand-offs and adaptive role changes.
+
+The policy is ``policy/pd.py``'s (pure); this drives it on the simulated instances::
+
+    prefill instance's step ends ─► every request there with its first token and not
+        migrating ─► pick_decode_instance ─► MigrationRun (the live migration: pre-copy
+        stages while it keeps decoding here, then a short last stage) ─► decode instance
+    no decode instance has room ─► the request keeps decoding on its prefill instance;
+        offered again at the next status round (and the next step end after one)
+    status round (PD reads every one) ─► adaptive_decision ─► set_role; hand-offs retried
+
+A hand-off that aborts (the destination refused the reservation, the request finished
+or was preempted meanwhile) leaves the request where it was, its blocks accounted on
+both sides by the same MigrationRun as any migration; it is offered again later.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from llumnix.core.request import RequestStatus
+from llumnix.policy.freeness import freeness
+from llumnix.policy.pd import PoolView, RoleChange, adaptive_decision, pick_decode_instance, queued_prefill_tokens
+from llumnix.sim.events import Event
+from llumnix.sim.migration import MigrationRun
+
+if TYPE_CHECKING:
+    from llumnix.migration.protocol import MigrationConfig
+    from llumnix.sim.cluster import Cluster
+    from llumnix.sim.latency import MigrationCost
+    from llumnix.sim.policy_bridge import PolicyBridge
+    from llumnix.sim.instance import SimInstance
+
+
+class PDFlow:
+    def __init__(self, policy: PolicyBridge, cluster: Cluster, migration: MigrationConfig, cost: MigrationCost,
+                 on_started: Callable[[], None], on_finished: Callable[[MigrationRun, float], list[Event]]) -> None:
+        self.policy = policy
+        self.config = policy.config.pd
+        self.cluster = cluster
+        self.migration = migration
+        self.cost = cost
+        self._on_started = on_started
+        self._on_finished = on_finished
+        self.promised: dict[str, int] = {}
+        """Blocks of hand-offs started to each instance since its last report."""
+        self.role_since: dict[str, float] = {}
+        self.last_change: float | None = None
+        self._full = False
+        """The last hand-off attempt found the decode pool full (cleared each round)."""
+        self.counts = {"handoffs": 0, "handoffs_aborted": 0, "handoffs_deferred": 0, "lends": 0,
+                       "reclaims": 0, "flips": 0}
+        self.handoff_downtimes: list[float] = []
+        self.changes: list[tuple[float, str, str, str]] = []
+        """(time, instance, new role, reason) of every role change."""
+
+    # -- hand-offs -------------------------------------------------------------------
+    def on_report(self, instance_id: str) -> None:
+        self.promised.pop(instance_id, None)
+
+    def after_step(self, inst: SimInstance, now: float) -> list[Event]:
+        if self._full or self.policy.roles.get(inst.instance_id) != "prefill":
+            return []
+        return self._handoffs(inst, now)
+
+    def _handoffs(self, src: SimInstance, now: float) -> list[Event]:
+        events: list[Event] = []
+        statuses = list(self.policy.gs_decode.statuses.values())
+        fcfg = self.policy.config.freeness
+        kv = src.engine.kv
+        for rid, req in list(src.engine.requests.items()):
+            if req.status != RequestStatus.RUNNING or not req.output_token_ids or rid in src.migrations_out:
+                continue
+            blocks = kv.num_blocks_of(rid)
+            dst_id = pick_decode_instance(statuses, self.policy.roles, blocks, self.config,
+                                          lambda s: freeness(s, fcfg), self.promised, exclude=src.instance_id)
+            if dst_id is None:
+                self._full = True
+                self.counts["handoffs_deferred"] += 1
+                break
+            dst = self.cluster.instances[dst_id]
+            self.promised[dst_id] = self.promised.get(dst_id, 0) + blocks + self.config.growth_blocks
+            run = MigrationRun(src, dst, rid, self.migration, self.cost, now, on_done=self._done)
+            src.llumlet.on_migration_started(rid)
+            self._on_started()
+            events += run.start(now)
+        return events
+
+    def _done(self, run: MigrationRun, now: float) -> list[Event]:
+        run.src.llumlet.on_migration_finished(run.request_id, run.protocol.report().committed)
+        if run.protocol.report().committed:
+            self.counts["handoffs"] += 1
+            run.on_report(self._record)
+        else:
+            self.counts["handoffs_aborted"] += 1
+        return self._on_finished(run, now)
+
+    def _record(self, report: Any) -> None:
+        if report.downtime is not None:
+            self.handoff_downtimes.append(report.downtime)
+
+    # -- rounds ------------------------------------------------------------------------
+    def on_round(self, now: float) -> list[Event]:
+        """A status round: adaptive PD's decision, then every prefill instance's hand-offs."""
+        self._full = False
+        change = adaptive_decision(self._view(), self.config, now, self.last_change)
+        if change is not None:
+            self.apply(change, now)
+        events: list[Event] = []
+        for iid, role in sorted(self.policy.roles.items()):
+            inst = self.cluster.instances.get(iid)
+            if role == "prefill" and inst is not None and not self._full:
+                events += self._handoffs(inst, now)
+        return events
+
+    def _view(self) -> PoolView:
+        fcfg = self.policy.config.freeness
+        statuses = {**self.policy.gs.statuses, **self.policy.gs_decode.statuses}
+        return PoolView(roles=dict(self.policy.roles), role_since=self.role_since,
+                        queued_tokens={i: queued_prefill_tokens(s) for i, s in statuses.items()},
+                        freeness={i: freeness(s, fcfg) for i, s in statuses.items()})
+
+    def apply(self, change: RoleChange, now: float) -> None:
+        inst = self.cluster.instances[change.instance_id]
+        self.policy.set_role(inst, change.role)
+        self.role_since[change.instance_id] = now
+        self.last_change = now
+        key = {"lend": "lends", "reclaim": "reclaims", "flip": "flips"}[change.reason]
+        self.counts[key] += 1
+        self.changes.append((now, change.instance_id, change.role, change.reason))
+
+    def summary(self) -> dict[str, Any]:
+        import numpy as np
+
+        from llumnix.sim.metrics import summarize
+
+        return {**self.counts, "mode": self.config.mode,
+                "roles_at_end": {r: sum(1 for x in self.policy.roles.values() if x == r)
+                                 for r in ("prefill", "decode", "mixed")},
+                "handoff_downtime": summarize(np.asarray(self.handoff_downtimes))}
