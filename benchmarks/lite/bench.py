@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from benchmarks.lite.workloads import Req, Result, chats, one, replay, sharegpt
 from llumnix.bench.machine import machine_info, write_result
 
 WORKLOADS = {"chats": chats, "sharegpt": sharegpt}
+PHASES = ("latency", "runs", "kill")
 ENGINES = {"llamacpp": "llama-cpp-python server, SmolLM2-135M-Instruct Q4_1, n_ctx 2048, 1 thread each, x3",
            "llumnix": "llumnix serve --instances 1 (own Ray each), SmolLM2-135M-Instruct Q4_1 on CPU, x3"}
 ROUTERS = [("llumnix-lite", "llumnix"), ("sglang-router", "cache_aware"), ("sglang-router", "power_of_two"),
@@ -129,13 +132,16 @@ def main() -> None:
     p.add_argument("--latency-pairs", type=int, default=30)
     p.add_argument("--engines", choices=("llamacpp", "llumnix"), default="llamacpp",
                    help="llama.cpp's server (default) or our own `llumnix serve --instances 1`")
+    p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the processes on the way out
     log_dir = Path(args.out).parent / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"benchmark": "lite-vs-sglang-router", "machine": machine_info(with_torch=False),
                               "settings": vars(args), "engines": ENGINES[args.engines], "runs": []}
-    record["added_latency_ms"] = router_overhead(log_dir, args.latency_pairs)
-    print("added latency (ms), in front of engines that do no work:", record["added_latency_ms"], flush=True)
+    if "latency" in args.phases:
+        record["added_latency_ms"] = router_overhead(log_dir, args.latency_pairs)
+        print("added latency (ms), in front of engines that do no work:", record["added_latency_ms"], flush=True)
     make_engine = routers.llamacpp if args.engines == "llamacpp" else routers.llumnix_engine
     engines = [make_engine(i, log_dir).start() for i in range(3)]
     urls = [e.url for e in engines]
@@ -145,7 +151,7 @@ def main() -> None:
         record["capacity_rps"] = {w: asyncio.run(capacity(urls, make(99, 0.0, 2 * args.n)))
                                   for w, make in WORKLOADS.items()}
         print("capacity (req/s):", record["capacity_rps"], flush=True)
-        for seed in args.seeds:
+        for seed in args.seeds if "runs" in args.phases else ():
             for w, make in WORKLOADS.items():
                 for level, factor in (("light", 0.3), ("near", 0.85)):
                     trace = make(seed, factor * record["capacity_rps"][w], args.n)
@@ -153,7 +159,7 @@ def main() -> None:
                         s = summary(asyncio.run(replay(proc.url, trace)))
                         record["runs"].append({"seed": seed, "workload": w, "rate": level, "router": name, **s})
                         print(seed, w, level, name, s, flush=True)
-        for name, proc in procs.items():
+        for name, proc in procs.items() if "kill" in args.phases else ():
             trace = sharegpt(7, 0.85 * record["capacity_rps"]["sharegpt"], args.n + 6)
             s = asyncio.run(kill_run(proc.url, engines[2], trace))
             record.setdefault("kill_one_of_three", {})[name] = s

@@ -90,10 +90,25 @@ def test_every_endpoint_failing_is_one_clear_error(engines):
     assert "Traceback" not in msg
 
 
-def test_a_stream_that_breaks_mid_way_ends_with_an_error_event_not_a_repeat(engines):
+def test_a_stream_that_breaks_mid_way_resumes_on_another_endpoint_from_its_output(engines):
     e = engines("break_after:3")
     other = engines()
     with gateway(lite_backend([("p", [e, other], {})], dispatch="round-robin")) as url:
+        events = _stream(url, max_tokens=8)
+        info = httpx.get(url + "/admin/cluster").json()
+    texts = "".join(c["text"] for ev in events if isinstance(ev, dict) for c in ev.get("choices", []))
+    assert not [ev for ev in events if isinstance(ev, dict) and "error" in ev]
+    # The first three words once, then the other engine's five (it starts its own list again).
+    assert texts == expected_text(3) + expected_text(5)
+    assert other.prompts == ["Hi" + expected_text(3)] and other.bodies[0]["max_tokens"] == 5
+    assert events[-2]["usage"]["completion_tokens"] == 8
+    assert info["gateway"]["num_resumed"] == 1
+
+
+def test_without_resume_a_stream_that_breaks_mid_way_ends_with_an_error_event_not_a_repeat(engines):
+    e = engines("break_after:3")
+    other = engines()
+    with gateway(lite_backend([("p", [e, other], {})], dispatch="round-robin", resume=False)) as url:
         events = _stream(url, max_tokens=8)
     texts = "".join(c["text"] for ev in events if isinstance(ev, dict) for c in ev.get("choices", []))
     errors = [ev for ev in events if isinstance(ev, dict) and "error" in ev]
@@ -103,12 +118,14 @@ def test_a_stream_that_breaks_mid_way_ends_with_an_error_event_not_a_repeat(engi
     assert not other.prompts, "a request that already streamed is never sent again"
 
 
-def test_a_stream_that_hangs_mid_way_times_out_with_an_error_event(engines):
+def test_a_stream_that_hangs_mid_way_with_nowhere_to_resume_ends_with_an_error_event(engines):
     with gateway(lite_backend([("p", [engines("hang_after:2")], {})])) as url:
         events = _stream(url, max_tokens=6)
     texts = "".join(c["text"] for ev in events if isinstance(ev, dict) for c in ev.get("choices", []))
     assert texts == expected_text(2)
-    assert any(isinstance(ev, dict) and "error" in ev for ev in events)
+    errors = [ev for ev in events if isinstance(ev, dict) and "error" in ev]
+    assert len(errors) == 1 and "mid-stream" in errors[0]["error"]["message"]
+    assert events[-1] == "[DONE]"
 
 
 def test_an_ejected_endpoint_comes_back_once_it_answers_probes(engines):

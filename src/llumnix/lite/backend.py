@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -60,6 +61,8 @@ class LiteBackend:
         self.num_fallbacks = 0
         """Requests served by a pool other than their first choice."""
         self.num_failed_mid_stream = 0
+        self.num_resumed = 0
+        """Requests resumed on another endpoint after theirs failed mid-stream."""
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -94,20 +97,23 @@ class LiteBackend:
         pools = route([p for p in self.pools.values()], model, self._rng)
         tried: set[str] = set()
         errors: list[str] = []
+        sent: list[int] = []  # output token ids released so far
+        n_sent = 0  # the engines' count of them
+        current = request
         for n in range(self.config.max_attempts):
-            got = self._dispatch(request, pools, tried)
+            got = self._dispatch(current, pools, tried)
             if got is None:
                 break
             pool, ep = got
-            if n:
+            if n and not sent:
                 self.num_retries += 1
             if pool is not pools[0]:
                 self.num_fallbacks += 1
-            produced = False
             try:
-                async with contextlib.aclosing(self._run(pool, ep, request)) as outs:
+                async with contextlib.aclosing(self._run(pool, ep, current, n_sent)) as outs:
                     async for out in outs:
-                        produced = True
+                        sent += out.new_token_ids
+                        n_sent = out.num_output_tokens
                         yield out
                 return
             except EndpointError as e:
@@ -115,13 +121,20 @@ class LiteBackend:
                     ep.on_request_failed(str(e), e.refused)
                 if e.client_error:
                     raise InvalidRequestError(f"the engine refused the request: {e}") from None
-                if produced:
+                errors.append(f"{ep.endpoint_id}: {e}")
+                if sent and not self.config.resume:
                     self.num_failed_mid_stream += 1
                     raise RequestFailedError(f"endpoint {ep.endpoint_id} failed mid-stream ({e}); "
                                              "the output so far is all there is") from None
-                errors.append(f"{ep.endpoint_id}: {e}")
-                log.warning("lite: %s failed on %s before any output (%s); trying another endpoint",
-                            request.request_id, ep.endpoint_id, e)
+                if sent:
+                    current = _continuation(request, sent, n_sent)
+                    self.num_resumed += 1
+                log.warning("lite: %s failed on %s after %d output tokens (%s); %s on another endpoint",
+                            request.request_id, ep.endpoint_id, n_sent, e, "resuming" if sent else "trying")
+        if sent:
+            self.num_failed_mid_stream += 1
+            raise RequestFailedError(f"the request's endpoint failed mid-stream and no other could resume it "
+                                     f"({'; '.join(errors)}); the output so far is all there is")
         tried_on = "; ".join(errors) if errors else "none is healthy"
         raise LlumnixError(f"no endpoint could serve the request ({tried_on})")
 
@@ -133,14 +146,16 @@ class LiteBackend:
                 return pool, ep
         return None
 
-    async def _run(self, pool: Pool, ep: Endpoint, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
-        """One attempt on ``ep``: its outputs, the last one finished; EndpointError on failure."""
+    async def _run(self, pool: Pool, ep: Endpoint, request: GenerateRequest,
+                   base: int = 0) -> AsyncGenerator[RequestOutput, None]:
+        """One attempt on ``ep``: its outputs, the last one finished; EndpointError on
+        failure. ``base``: output tokens released before (a resumed request counts on)."""
         assert self._client is not None, "LiteBackend.start() was not awaited"
         rid, lrs = request.request_id, ep.lrs
         prompt: list[int] | str = request.prompt_token_ids if ep.kind in TOKEN_PROMPTS else \
             self.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False)
         body = request_body(ep.model or self.model_name, ep.kind, prompt, request.params)
-        n_out, ok, final_ids = 0, False, []
+        n_out, ok, final_ids = base, False, []
         try:
             async with contextlib.aclosing(stream_chunks(
                     self._client, ep.url, body, ep.headers, self.config.first_byte_timeout_s,
@@ -164,7 +179,7 @@ class LiteBackend:
                     raise EndpointError(f"the engine ended the request ({final.finish_reason})")
                 await _read_usage(chunks, final)
             ok = True
-            n_out = max(n_out, final.num_completion_tokens or 0)
+            n_out = max(n_out, base + (final.num_completion_tokens or 0))
             yield RequestOutput(rid, final_ids, n_out, final.finish_reason, stop_reason=final.stop_reason,
                                 metrics=_metrics(request, n_out, final.num_cached_tokens or 0))
         finally:
@@ -197,7 +212,8 @@ class LiteBackend:
                 "pools": [{"name": p.name, "models": list(p.cfg.models), "weight": p.cfg.weight,
                            "fallback": p.cfg.fallback, "endpoints": sorted(p.endpoints)} for p in self.pools.values()],
                 "num_dispatched": sum(e.lrs.num_dispatched for e in self.endpoints.values()),
-                "gateway": {"num_failed_instances": ejections, "num_retired_instances": 0, "num_resumed": 0,
+                "gateway": {"num_failed_instances": ejections, "num_retired_instances": 0,
+                            "num_resumed": self.num_resumed,
                             "num_retries": self.num_retries, "num_fallbacks": self.num_fallbacks,
                             "num_failed_mid_stream": self.num_failed_mid_stream,
                             "instances": sorted(self.endpoints)}}
@@ -225,6 +241,17 @@ async def _read_usage(chunks: AsyncIterator[Chunk], final: Chunk) -> None:
                 if chunk.num_completion_tokens is not None:
                     final.num_completion_tokens = chunk.num_completion_tokens
                     final.num_cached_tokens = chunk.num_cached_tokens
+
+
+def _continuation(request: GenerateRequest, sent: list[int], n_sent: int) -> GenerateRequest:
+    """The rest of a request whose endpoint failed mid-stream: its prompt and the output
+    released so far as the new prompt (a recompute, as full mode resumes a lost instance's
+    requests), for the tokens it has left. Greedy output goes on as it would have;
+    sampled output goes on as a valid sample."""
+    p = request.params
+    left = max(1, p.max_tokens - n_sent)
+    params = dataclasses.replace(p, max_tokens=left, min_tokens=min(left, max(0, p.min_tokens - n_sent)))
+    return dataclasses.replace(request, prompt_token_ids=[*request.prompt_token_ids, *sent], params=params)
 
 
 def _metrics(request: GenerateRequest, n_out: int, n_cached: int) -> RequestMetrics:

@@ -69,7 +69,10 @@ class LiteConfig:
     """Its params (None: for ``llumnix``, every queued request counts, since engines queue
     behind us, and prompts go where their prefix went before; none for the others)."""
     max_attempts: int = 3
-    """Endpoints a request may be tried on before its first byte reaches the client."""
+    """Endpoints a request may be tried on (before its first output, or to resume it)."""
+    resume: bool = True
+    """A request whose endpoint fails mid-stream goes on on another endpoint from its
+    prompt and the output so far (off: it ends with an error event)."""
     connect_timeout_s: float = 2.0
     first_byte_timeout_s: float = 60.0
     """An endpoint that sends nothing for this long after a request counts as failed."""
@@ -166,6 +169,7 @@ class _LiteFields:
     dispatch: str | None = None
     dispatch_params: dict[str, Any] | None = None
     max_attempts: int | None = None
+    resume: bool | None = None
     connect_timeout_s: float | None = None
     first_byte_timeout_s: float | None = None
     idle_timeout_s: float | None = None

@@ -41,6 +41,8 @@ class LiteCollector(Collector):
                                     "Requests sent to another endpoint after theirs failed before any output."),
                                    (b.num_fallbacks, "llumnix:lite_fallbacks",
                                     "Requests served by a pool other than their first choice."),
+                                   (b.num_resumed, "llumnix:lite_resumed",
+                                    "Requests resumed on another endpoint after theirs failed mid-stream."),
                                    (b.num_failed_mid_stream, "llumnix:lite_failed_mid_stream",
                                     "Requests whose endpoint failed after they had streamed output.")):
             fam = CounterMetricFamily(metric, doc, labels=["model_name"])
