@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import re
-import select
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,15 +37,13 @@ def free_port() -> int:
 
 def read_until(proc: subprocess.Popen, pattern: str, timeout_s: float, seen: list[str]) -> re.Match[str]:
     """The first stdout line matching ``pattern`` (every line read goes into ``seen``)."""
-    assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        if not ready:
-            assert proc.poll() is None, "".join(seen)[-3000:]
+        try:
+            line = proc.lines.get(timeout=1.0)  # type: ignore[attr-defined]
+        except queue.Empty:
             continue
-        line = proc.stdout.readline()
-        assert line or proc.poll() is None, "".join(seen)[-3000:]
+        assert line, "".join(seen)[-3000:]  # "": the process closed its output
         seen.append(line)
         if m := re.search(pattern, line):
             return m
@@ -55,6 +54,15 @@ def read_until(proc: subprocess.Popen, pattern: str, timeout_s: float, seen: lis
 def started(argv: list[str]):
     proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    # a thread blocked in readline: select on the pipe would miss lines already in Python's buffer
+    proc.lines = queue.Queue()  # type: ignore[attr-defined]
+
+    def read() -> None:
+        for line in proc.stdout:
+            proc.lines.put(line)  # type: ignore[attr-defined]
+        proc.lines.put("")  # type: ignore[attr-defined]
+
+    threading.Thread(target=read, daemon=True).start()
     try:
         yield proc
     finally:

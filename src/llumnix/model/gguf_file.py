@@ -118,3 +118,23 @@ class GGUFFile:
             n = int(np.prod(shape)) // block * size
             arr = data[start + offset:start + offset + n].reshape(quant_shape_to_byte_shape(shape, qtype))
         return Tensor(name, np.array(dims, dtype=np.uint64), qtype, arr)
+
+
+def dequantize(data: np.ndarray, qtype: Any) -> np.ndarray:
+    """``gguf.quants.dequantize`` (bit for bit), whole tensors at once for the types of
+    SmolLM2's file (Q8_0, Q4_1), twice as fast as gguf's row groups; others through gguf."""
+    from gguf.constants import GGMLQuantizationType as Q
+    from gguf.quants import dequantize as gguf_dequantize
+
+    if qtype == Q.Q8_0:  # per 32 values: f16 scale, 32 x int8
+        b = data.reshape(-1, 34)
+        d = b[:, :2].copy().view(np.float16).astype(np.float32)
+        return (d * b[:, 2:].view(np.int8).astype(np.float32)).reshape(*data.shape[:-1], -1)
+    if qtype == Q.Q4_1:  # per 32 values: f16 scale, f16 min, 16 bytes of nibbles (low ones first)
+        b = data.reshape(-1, 20)
+        d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+        m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+        qs = b[:, 4:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
+        return (d * q + m).reshape(*data.shape[:-1], -1)
+    return np.asarray(gguf_dequantize(data, qtype))

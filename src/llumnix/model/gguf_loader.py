@@ -38,9 +38,7 @@ def _t(w: torch.Tensor) -> torch.Tensor:
 
 
 def load_gguf(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfig, LlamaModel, Any]:
-    from gguf.quants import dequantize
-
-    from llumnix.model.gguf_file import GGUFFile
+    from llumnix.model.gguf_file import GGUFFile, dequantize
 
     try:
         reader = GGUFFile(path)

@@ -1,0 +1,156 @@
+"""Time to first answer of `llumnix serve` (`make run`'s default: local Ray, 2 x SmolLM2 on
+CPU), with its breakdown, over several runs: median and spread.
+
+Each run starts `llumnix serve` as a user would, timestamps every line it prints as the
+line arrives, and sends one chat request once "ready" appears. The phases, in seconds
+from the process's start:
+
+  config     the "starting" line: imports, flags, the port, the gateway's tokenizer
+  ray        Ray up (the line's own figure: ray.init)
+  actors     the instance actors created ("instance i of N loading")
+  load       each instance's "loaded in X s" (process start, model load, warm-up)
+  gateway    "ready": the instances registered and uvicorn serving
+  first      the first chat answer (8 tokens, greedy)
+
+    .venv/bin/python -m benchmarks.startup [--runs 3] [--out llumnix-results/startup.json] [-- serve args]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llumnix.bench.machine import RESULTS_DIR, machine_info
+
+BIN = Path(sys.executable).parent
+
+
+def one_run(port: int, serve_args: list[str], timeout_s: float) -> dict[str, Any]:
+    t0 = time.monotonic()
+    proc = subprocess.Popen([str(BIN / "llumnix"), "serve", "--port", str(port), *serve_args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[tuple[float, str]] = []
+    try:
+        ready_at = _wait_for(proc, r"ready in ", t0, timeout_s, lines)
+        body = {"model": _model_name(lines), "messages": [{"role": "user", "content": "What is the capital of "
+                "France?"}], "max_tokens": 8, "temperature": 0}
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120)
+        first = time.monotonic() - t0
+        r.raise_for_status()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return {**phases(lines), "gateway_s": ready_at, "first_answer_s": first, "answer": r.json()["choices"][0]}
+
+
+def _wait_for(proc: subprocess.Popen[str], pattern: str, t0: float, timeout_s: float,
+              lines: list[tuple[float, str]]) -> float:
+    """Read lines, each timestamped as it arrives (a thread blocked in readline: select on
+    the pipe would miss lines already in Python's buffer), until one matches ``pattern``."""
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    arrived: queue.Queue[tuple[float, str]] = queue.Queue()
+
+    def read() -> None:
+        for line in stdout:
+            arrived.put((time.monotonic() - t0, line))
+        arrived.put((time.monotonic() - t0, ""))
+
+    threading.Thread(target=read, daemon=True).start()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            now, line = arrived.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if not line:
+            raise RuntimeError(f"serve exited ({proc.wait()}):\n" + "".join(text for _, text in lines[-20:]))
+        lines.append((now, line))
+        if re.search(pattern, line):
+            return now
+    raise TimeoutError(f"no {pattern!r} within {timeout_s:g} s")
+
+
+def _model_name(lines: list[tuple[float, str]]) -> str:
+    for _, line in lines:
+        if m := re.search(r"\(model '([^']+)'\)", line):
+            return m.group(1)
+    return "smollm2"
+
+
+def phases(lines: list[tuple[float, str]]) -> dict[str, Any]:
+    """The phases of one run from its timestamped lines (see the module's docstring)."""
+    out: dict[str, Any] = {"load_s": [], "lines": [[round(t, 3), text.rstrip()] for t, text in lines]}
+    for t, line in lines:
+        if "starting" in line and "instance(s)" in line:
+            out["config_s"] = t
+        elif m := re.search(r"Ray (?:started|joined) in (\d+\.\d+) s", line):
+            out["ray_init_s"], out["ray_up_s"] = float(m.group(1)), t
+        elif re.search(r"instance \d+ of \d+ loading", line):
+            out["actors_created_s"] = t
+        elif m := re.search(r"instance \d+ of \d+ loaded in (\d+\.\d+) s", line):
+            out["load_s"].append(float(m.group(1)))
+            out["all_loaded_s"] = t
+    return out
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("config_s", "ray_init_s", "ray_up_s", "actors_created_s", "all_loaded_s", "gateway_s", "first_answer_s")
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [r[key] for r in runs if key in r]
+        if values:
+            out[key] = {"median": round(statistics.median(values), 2), "min": round(min(values), 2),
+                        "max": round(max(values), 2)}
+    loads = [x for r in runs for x in r["load_s"]]
+    if loads:
+        out["instance_load_s"] = {"median": round(statistics.median(loads), 2), "min": min(loads), "max": max(loads)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--port", type=int, default=18000)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take to answer")
+    p.add_argument("--out", default=f"{RESULTS_DIR}/startup.json", help="JSON record (default: %(default)s, "
+                   "in the working directory)")
+    p.add_argument("--label", default="", help="what this run measures (a commit, a change)")
+    p.add_argument("serve_args", nargs="*", help="after --: more `llumnix serve` flags")
+    args = p.parse_args(argv)
+    before = machine_info()
+    runs = []
+    for i in range(args.runs):
+        run = one_run(args.port, args.serve_args, args.timeout)
+        runs.append(run)
+        print(f"run {i + 1}: config {run.get('config_s', 0):.1f} s, Ray up {run.get('ray_up_s', 0):.1f} s "
+              f"(init {run.get('ray_init_s', 0):.1f}), loaded {run.get('all_loaded_s', 0):.1f} s "
+              f"(instances {', '.join(f'{x:.1f}' for x in run['load_s'])}), ready {run['gateway_s']:.1f} s, "
+              f"first answer {run['first_answer_s']:.1f} s", flush=True)
+    summary = summarize(runs)
+    print(json.dumps(summary, indent=1))
+    record = {"benchmark": "startup", "label": args.label, "serve_args": args.serve_args, "summary": summary,
+              "runs": runs, "machine_before": before, "load_avg_after_1m": round(os.getloadavg()[0], 2)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
