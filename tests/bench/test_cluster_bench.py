@@ -127,3 +127,18 @@ llumnix:migrations_total{model_name="m",outcome="aborted"} 1.0
     assert m["vllm:num_preemptions_total"] == 7.0
     assert m["llumnix:migrations_total{outcome=committed}"] == 5.0
     assert m["llumnix:migrations_total{outcome=aborted}"] == 1.0
+
+
+def test_preemptions_count_per_instance_and_a_replacement_counts_its_own():
+    from llumnix.bench.cluster_report import preemptions_between
+
+    before = {"num_preemptions": 9.0, "preemptions_by_engine": {"p{engine=instance-0}": 5.0,
+                                                               "p{engine=instance-1}": 4.0}}
+    # instance-1 was lost and replaced by instance-2, which preempted 2; instance-0 3 more
+    after = {"num_preemptions": 10.0, "preemptions_by_engine": {"p{engine=instance-0}": 8.0,
+                                                              "p{engine=instance-2}": 2.0}}
+    assert preemptions_between(before, after) == 5
+    # a counter that started again (a restarted instance under the same id) counts from 0
+    after = {"num_preemptions": 6.0, "preemptions_by_engine": {"p{engine=instance-0}": 5.0,
+                                                             "p{engine=instance-1}": 1.0}}
+    assert preemptions_between(before, after) == 1

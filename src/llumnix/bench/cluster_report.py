@@ -48,6 +48,15 @@ def _kv_series(samples: list[dict[str, Any]]) -> list[tuple[float, float]]:
     return out
 
 
+def preemptions_between(before: dict[str, Any], after: dict[str, Any]) -> int:
+    """Preemptions during a run, per instance: an instance that replaced a lost one (its
+    counter started again, or it is new) counts all of its own."""
+    b, a = before.get("preemptions_by_engine"), after.get("preemptions_by_engine")
+    if a is None or b is None:
+        return int(after["num_preemptions"] - before["num_preemptions"])
+    return int(sum(v - b[k] if v >= b.get(k, 0.0) else v for k, v in a.items()))
+
+
 def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int, rate: float | None) -> dict[str, Any]:
     recs: list[RequestRecord] = raw["records"]
     ok = [r for r in recs if r.error is None and r.e2e_s is not None and r.ttft_s is not None]
@@ -60,7 +69,7 @@ def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int,
     dur = raw["duration_s"]
     out = {"load": load, "seed": seed, "rate_req_s": rate, "num_requests": len(recs), "num_ok": len(ok),
            "errors": sorted({r.error for r in recs if r.error})[:3], "duration_s": dur,
-           "num_preemptions": int(a["num_preemptions"] - b["num_preemptions"]),
+           "num_preemptions": preemptions_between(b, a),
            "migrations_committed": int(a["migrations_committed"] - b["migrations_committed"]),
            "migrations_aborted": int(a["migrations_aborted"] - b["migrations_aborted"]),
            "abort_reasons": _abort_reasons(raw), "downtime_s": dist(downtimes),

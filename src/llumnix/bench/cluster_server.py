@@ -79,14 +79,23 @@ class ServeProcess:
         raise LlumnixError(f"the cluster was still busy {timeout_s:.0f} s after a run")
 
 
-def admin_cluster(url: str) -> dict[str, Any]:
-    r = httpx.get(f"{url}/admin/cluster", timeout=30)
-    r.raise_for_status()
-    out: dict[str, Any] = r.json()
-    return out
+def admin_cluster(url: str, tries: int = 30) -> dict[str, Any]:
+    """``/admin/cluster``, retried for a while: it answers 503 while LlumSched is busy or
+    replacing an instance (seen on a machine loaded 10x over its cores)."""
+    for k in range(tries):
+        try:
+            r = httpx.get(f"{url}/admin/cluster", timeout=30)
+            r.raise_for_status()
+            out: dict[str, Any] = r.json()
+            return out
+        except httpx.HTTPError as e:
+            if k == tries - 1:
+                raise LlumnixError(f"{url}/admin/cluster: {e}") from None
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
 
 
-def metric_sums(text: str) -> dict[str, float]:
+def metric_sums(text: str, keep: tuple[str, ...] = ()) -> dict[str, float]:
     """Prometheus text -> {sample name with its non-model labels: value summed over the rest}.
     ``vllm:num_preemptions_total`` sums the instances; ``llumnix:migrations_total{outcome=
     "aborted"}`` keeps its outcome."""
@@ -95,7 +104,7 @@ def metric_sums(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine")}
+            labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine") or k in keep}
             key = s.name + "".join(f"{{{k}={v}}}" for k, v in sorted(labels.items()))
             out[key] = out.get(key, 0.0) + float(s.value)
     return out
@@ -103,9 +112,12 @@ def metric_sums(text: str) -> dict[str, float]:
 
 def cluster_counters(url: str) -> dict[str, Any]:
     """Preemptions and migrations so far, from ``/metrics``; downtimes from ``/admin/cluster``."""
-    m = metric_sums(httpx.get(f"{url}/metrics", timeout=30).text)
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    m = metric_sums(text)
     mig = admin_cluster(url).get("migrations", {})
-    return {"num_preemptions": m.get("vllm:num_preemptions_total", 0.0),
+    per_engine = {k: v for k, v in metric_sums(text, keep=("engine",)).items()
+                  if k.startswith("vllm:num_preemptions_total")}
+    return {"num_preemptions": m.get("vllm:num_preemptions_total", 0.0), "preemptions_by_engine": per_engine,
             "migrations_committed": m.get("llumnix:migrations_total{outcome=committed}", 0.0),
             "migrations_aborted": m.get("llumnix:migrations_total{outcome=aborted}", 0.0),
             "committed_running": mig.get("committed_running", 0),
