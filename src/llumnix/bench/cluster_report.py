@@ -54,7 +54,7 @@ def preemptions_between(before: dict[str, Any], after: dict[str, Any]) -> int:
     b, a = before.get("preemptions_by_engine"), after.get("preemptions_by_engine")
     if a is None or b is None:
         return int(after["num_preemptions"] - before["num_preemptions"])
-    return int(sum(v - b[k] if v >= b.get(k, 0.0) else v for k, v in a.items()))
+    return int(sum(v - b.get(k, 0.0) if v >= b.get(k, 0.0) else v for k, v in a.items()))
 
 
 def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int, rate: float | None) -> dict[str, Any]:
