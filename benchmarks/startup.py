@@ -13,13 +13,16 @@ from the process's start:
   first      the first chat answer (8 tokens, greedy)
 
     .venv/bin/python -m benchmarks.startup [--runs 3] [--out llumnix-results/startup.json] [-- serve args]
+    # before and after, alternated run for run, each from a snapshot of its src/:
+    git archive HEAD~3 src | tar -x -C /tmp/before && git archive HEAD src | tar -x -C /tmp/after
+    .venv/bin/python -m benchmarks.startup --src /tmp/after/src --baseline-src /tmp/before/src
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import queue
 import re
 import signal
 import statistics
@@ -37,59 +40,68 @@ from llumnix.bench.machine import RESULTS_DIR, machine_info
 BIN = Path(sys.executable).parent
 
 
-def one_run(port: int, serve_args: list[str], timeout_s: float) -> dict[str, Any]:
+def one_run(port: int, serve_args: list[str], timeout_s: float, src: str | None = None) -> dict[str, Any]:
+    """One start of `llumnix serve` (with ``src`` first on PYTHONPATH: another checkout's
+    code) until its first chat answer, then its process tree's memory, then SIGINT."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = src
     t0 = time.monotonic()
-    proc = subprocess.Popen([str(BIN / "llumnix"), "serve", "--port", str(port), *serve_args],
+    proc = subprocess.Popen([str(BIN / "llumnix"), "serve", "--port", str(port), *serve_args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[tuple[float, str]] = []
+    threading.Thread(target=_read_lines, args=(proc, t0, lines), daemon=True).start()
     try:
-        ready_at = _wait_for(proc, r"ready in ", t0, timeout_s, lines)
-        body = {"model": _model_name(lines), "messages": [{"role": "user", "content": "What is the capital of "
-                "France?"}], "max_tokens": 8, "temperature": 0}
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120)
+        answer = _first_answer(proc, port, t0, timeout_s, lines)
         first = time.monotonic() - t0
-        r.raise_for_status()
+        rss = _tree_rss_bytes(proc.pid)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-    return {**phases(lines), "gateway_s": ready_at, "first_answer_s": first, "answer": r.json()["choices"][0]}
+    ready = next((t for t, line in lines if "ready in" in line), None)
+    return {**phases(lines), "gateway_s": ready, "first_answer_s": first, "rss_gib": round(rss / 2**30, 2),
+            "answer": answer}
 
 
-def _wait_for(proc: subprocess.Popen[str], pattern: str, t0: float, timeout_s: float,
-              lines: list[tuple[float, str]]) -> float:
-    """Read lines, each timestamped as it arrives (a thread blocked in readline: select on
-    the pipe would miss lines already in Python's buffer), until one matches ``pattern``."""
+def _read_lines(proc: subprocess.Popen[str], t0: float, lines: list[tuple[float, str]]) -> None:
+    """Each line timestamped as it arrives (a thread blocked in readline: select on the
+    pipe would miss lines already in Python's buffer)."""
     assert proc.stdout is not None
-    stdout = proc.stdout
-    arrived: queue.Queue[tuple[float, str]] = queue.Queue()
+    for line in proc.stdout:
+        lines.append((time.monotonic() - t0, line))
 
-    def read() -> None:
-        for line in stdout:
-            arrived.put((time.monotonic() - t0, line))
-        arrived.put((time.monotonic() - t0, ""))
 
-    threading.Thread(target=read, daemon=True).start()
+def _first_answer(proc: subprocess.Popen[str], port: int, t0: float, timeout_s: float,
+                  lines: list[tuple[float, str]]) -> Any:
+    """Ask until answered: refused before the port is taken, held in its backlog after."""
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 8, "temperature": 0}
     while time.monotonic() - t0 < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve exited ({proc.returncode}):\n" + "".join(t for _, t in lines[-20:]))
         try:
-            now, line = arrived.get(timeout=1.0)
-        except queue.Empty:
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=timeout_s)
+        except httpx.TransportError:
+            time.sleep(0.2)
             continue
-        if not line:
-            raise RuntimeError(f"serve exited ({proc.wait()}):\n" + "".join(text for _, text in lines[-20:]))
-        lines.append((now, line))
-        if re.search(pattern, line):
-            return now
-    raise TimeoutError(f"no {pattern!r} within {timeout_s:g} s")
+        r.raise_for_status()
+        return r.json()["choices"][0]
+    raise TimeoutError(f"no answer within {timeout_s:g} s")
 
 
-def _model_name(lines: list[tuple[float, str]]) -> str:
-    for _, line in lines:
-        if m := re.search(r"\(model '([^']+)'\)", line):
-            return m.group(1)
-    return "smollm2"
+def _tree_rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` and its descendants (Ray's processes and the instances)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0
+    for p in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total
 
 
 def phases(lines: list[tuple[float, str]]) -> dict[str, Any]:
@@ -109,10 +121,11 @@ def phases(lines: list[tuple[float, str]]) -> dict[str, Any]:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("config_s", "ray_init_s", "ray_up_s", "actors_created_s", "all_loaded_s", "gateway_s", "first_answer_s")
+    keys = ("config_s", "ray_init_s", "ray_up_s", "actors_created_s", "all_loaded_s", "gateway_s", "first_answer_s",
+            "rss_gib")
     out: dict[str, Any] = {}
     for key in keys:
-        values = [r[key] for r in runs if key in r]
+        values = [r[key] for r in runs if r.get(key) is not None]
         if values:
             out[key] = {"median": round(statistics.median(values), 2), "min": round(min(values), 2),
                         "max": round(max(values), 2)}
@@ -130,21 +143,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=f"{RESULTS_DIR}/startup.json", help="JSON record (default: %(default)s, "
                    "in the working directory)")
     p.add_argument("--label", default="", help="what this run measures (a commit, a change)")
+    p.add_argument("--src", default=None, metavar="DIR",
+                   help="run this src/ instead of the installed package's (a snapshot: `git archive HEAD src`)")
+    p.add_argument("--baseline-src", default=None, metavar="DIR",
+                   help="also run another checkout's src/ (e.g. a git worktree of the commit before), "
+                   "alternated with this one run for run")
     p.add_argument("serve_args", nargs="*", help="after --: more `llumnix serve` flags")
     args = p.parse_args(argv)
     before = machine_info()
-    runs = []
+    variants = {"current": args.src, **({"baseline": args.baseline_src} if args.baseline_src else {})}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for i in range(args.runs):
-        run = one_run(args.port, args.serve_args, args.timeout)
-        runs.append(run)
-        print(f"run {i + 1}: config {run.get('config_s', 0):.1f} s, Ray up {run.get('ray_up_s', 0):.1f} s "
-              f"(init {run.get('ray_init_s', 0):.1f}), loaded {run.get('all_loaded_s', 0):.1f} s "
-              f"(instances {', '.join(f'{x:.1f}' for x in run['load_s'])}), ready {run['gateway_s']:.1f} s, "
-              f"first answer {run['first_answer_s']:.1f} s", flush=True)
-    summary = summarize(runs)
+        for name, src in variants.items():
+            run = one_run(args.port, args.serve_args, args.timeout, src)
+            runs[name].append(run)
+            print(f"run {i + 1} {name}: config {run.get('config_s', 0):.1f} s, Ray up {run.get('ray_up_s', 0):.1f} s "
+                  f"(init {run.get('ray_init_s', 0):.1f}), loaded {run.get('all_loaded_s', 0):.1f} s "
+                  f"(instances {', '.join(f'{x:.1f}' for x in run['load_s'])}), ready {run['gateway_s'] or 0:.1f} s, "
+                  f"first answer {run['first_answer_s']:.1f} s, {run['rss_gib']} GiB", flush=True)
+    summary = {name: summarize(r) for name, r in runs.items()}
     print(json.dumps(summary, indent=1))
-    record = {"benchmark": "startup", "label": args.label, "serve_args": args.serve_args, "summary": summary,
-              "runs": runs, "machine_before": before, "load_avg_after_1m": round(os.getloadavg()[0], 2)}
+    record = {"benchmark": "startup", "label": args.label, "serve_args": args.serve_args, "src": args.src,
+              "baseline_src": args.baseline_src, "summary": summary, "runs": runs, "machine_before": before,
+              "load_avg_after_1m": round(os.getloadavg()[0], 2)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))

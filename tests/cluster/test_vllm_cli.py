@@ -119,7 +119,7 @@ def test_the_api_key_comes_from_the_environment_so_it_need_not_show_in_ps(monkey
     assert gateway.api_key == "from-llumnix"
 
 
-def test_an_inline_chat_template_is_used_as_is_and_a_broken_one_fails_at_start(capsys, monkeypatch):
+def test_an_inline_chat_template_is_used_as_is_and_a_broken_one_fails_at_start(capsys, monkeypatch, tmp_path):
     assert system("--chat-template", TEMPLATE)[0].deployment.chat_template == TEMPLATE
     from llumnix.model import load_tokenizer
 
@@ -130,4 +130,11 @@ def test_an_inline_chat_template_is_used_as_is_and_a_broken_one_fails_at_start(c
     monkeypatch.setattr(launcher, "start_cluster", lambda *_a, **_k: pytest.fail("Ray started"))
     assert main(["serve", "--port", "0", "--chat-template", "{% for m in messages %}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("llumnix serve: error: the chat template is not valid Jinja: "), err
+    assert err == ["llumnix serve: error: --chat-template is not valid Jinja: line 1: Unexpected end of template. "
+                   "Jinja was looking for the following tags: 'endfor' or 'else'. The innermost block that needs to "
+                   "be closed is 'for'."], err
+    cfg = tmp_path / "system.yaml"
+    cfg.write_text("deployment: {chat_template: '{{ oops'}\n")
+    assert main(["serve", "--config", str(cfg)]) == 2
+    assert capsys.readouterr().err.strip().startswith("llumnix serve: error: deployment.chat_template: is not "
+                                                      "valid Jinja: line 1: ")

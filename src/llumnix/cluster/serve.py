@@ -6,6 +6,7 @@ import faulthandler
 import ipaddress
 import shlex
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import yaml
@@ -134,11 +135,13 @@ def main_serve(args: argparse.Namespace) -> int:
     progress = Progress("llumnix serve")
     system, cfg = build_system(args)  # no torch, no Ray: a bad flag or model path in a second
     sock = bind_port(args.host, args.port)  # then the port: one in use fails now, not after the load
-    # Tokenization happens at the gateway. Loading the tokenizer first also checks the model
-    # file here, in one line, before any instance actor can fail on it inside Ray.
-    tokenizer = _tokenizer(cfg.model, system.deployment.chat_template)
     progress(f"starting {cfg.instances} instance(s) of {cfg.model} on Ray ...")
-    cluster = start_cluster(cfg, progress=lambda text: _say(progress, text, args, cfg.namespace))
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
+        # Tokenization happens at the gateway: its tokenizer loads while Ray starts and the
+        # instances load their models (the model file's magic was checked above).
+        loading = pool.submit(_tokenizer, cfg.model, system.deployment.chat_template)
+        cluster = start_cluster(cfg, progress=lambda text: _say(progress, text, args, cfg.namespace))
+        tokenizer = loading.result()
     return _run_gateway(progress, cluster, tokenizer, args, sock, system.deployment.served_model_name, cfg.model)
 
 

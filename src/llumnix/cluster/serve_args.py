@@ -250,7 +250,8 @@ def model_arg(args: argparse.Namespace) -> str | None:
     tag = getattr(args, "model_tag", None)
     if tag is not None and args.model is not None and tag != args.model:
         raise LlumnixError(f"two models given: {tag!r} and --model {args.model!r}")
-    return tag if tag is not None else args.model
+    model = tag if tag is not None else args.model
+    return None if model is None else str(model)
 
 
 def served_model_name(args: argparse.Namespace) -> str | None:

@@ -7,7 +7,7 @@ import errno
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from llumnix.core.errors import LlumnixError
 
@@ -61,5 +61,6 @@ def serve_http(app: Any, sock: socket.socket, log_level: str, grace_s: float,
             if self.started and not self.should_exit:
                 on_ready()
 
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=grace_s)
+    # uvicorn's stubs say int; it waits any number of seconds (asyncio.wait_for)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=cast(int, grace_s))
     Server(config).run(sockets=[sock])

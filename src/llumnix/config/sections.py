@@ -37,6 +37,19 @@ def _at_least(section: Any, name: str, least: int) -> None:
         raise SystemConfigError(f"{section.SECTION}.{name}", f"must be >= {least}, got {getattr(section, name)}")
 
 
+def _check_template(text: str) -> None:
+    """A chat template that does not parse is an error at start, not at the first chat
+    (parsed as ``model.tokenizer`` parses it)."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        problem = f"is not valid Jinja: line {e.lineno}: {e.message}"
+        raise SystemConfigError("deployment.chat_template", problem) from None
+
+
 @dataclass(frozen=True)
 class LLMConfig:
     """Each instance's engine: the keyword arguments of ``llumnix.llm.LLM``, with the
@@ -200,6 +213,8 @@ class DeploymentConfig:
                                     f"must be > 0, got {self.reschedule_interval_s:g}")
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise SystemConfigError("deployment.served_model_name", "must not be empty")
+        if self.chat_template is not None:
+            _check_template(self.chat_template)
 
     @property
     def num_instances(self) -> int:
