@@ -79,7 +79,11 @@ def process(args: list[str], ready_url: str) -> Iterator[psutil.Process]:
 def cpu_s(procs: list[psutil.Process]) -> float:
     total = 0.0
     for p in procs:
-        t = p.cpu_times()
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            raise SystemExit(f"request_path: process {p.pid} of the run died (killed for memory? see Ray's "
+                             "raylet.out); the run is void") from None
         total += t.user + t.system
     return total
 
