@@ -289,7 +289,7 @@ class ClusterBackend:
         if self.gs is None or instance_id not in self.instances or self.lifecycle.is_gone(instance_id):
             return
         for status in statuses:
-            self.gs.update_status(status)
+            self.gs.update_status(status, refresh=False)  # views are rebuilt at the next dispatch
 
     def on_add_result(self, instance_id: str, request_id: str, error: BaseException | None) -> None:
         self._unconfirmed.pop(request_id, None)

@@ -38,6 +38,9 @@ class GlobalScheduler:
         """Requests dispatched to each instance so far: round-robin's state."""
         self.pending = PendingDispatches()
         self._views: dict[str, InstanceStatus] = {}
+        self._stale_views: set[str] = set()
+        """Instances whose status changed since their view was built (``update_status``
+        with ``refresh=False``): rebuilt before the next decision reads them."""
         self._terminating: set[str] = set()
         self._removed: set[str] = set()
         self._rng = random.Random(seed)
@@ -74,6 +77,7 @@ class GlobalScheduler:
     def remove_instance(self, instance_id: str) -> None:
         self.statuses.pop(instance_id, None)
         self._views.pop(instance_id, None)
+        self._stale_views.discard(instance_id)
         self._ctx.memo.pop(instance_id, None)
         if self._index is not None:
             self._index.remove(instance_id)
@@ -106,9 +110,12 @@ class GlobalScheduler:
         if s is not None and s.is_schedulable != ok:
             self._set(dataclasses.replace(s, is_schedulable=ok))
 
-    def update_status(self, status: InstanceStatus) -> None:
+    def update_status(self, status: InstanceStatus, refresh: bool = True) -> None:
         """Take a report. The first report of an unknown instance adds it, but a late
-        report of a removed one does not bring it back (``add_instance`` does)."""
+        report of a removed one does not bring it back (``add_instance`` does). With
+        ``refresh`` False the instance's view is rebuilt only when a decision next reads
+        it: a caller that gets a report per engine step (a gateway) builds one view per
+        dispatch instead of one per report, and decides exactly the same."""
         if status.instance_id in self._removed:
             return
         old = self.statuses.get(status.instance_id)
@@ -120,13 +127,24 @@ class GlobalScheduler:
         if status.evicted_prefix_keys and self.prefix_index is not None and self.config.dispatch.prefix_evictions:
             self.prefix_index.forget_evicted(status.instance_id, status.evicted_prefix_keys, old.timestamp)
         self.pending.on_status(status, self.config.dispatch.pending_grace_s)
-        self._set(self._marked(status))
+        if refresh:
+            self._set(self._marked(status))
+        else:
+            self.statuses[status.instance_id] = self._marked(status)
+            self._stale_views.add(status.instance_id)
 
     def _set(self, status: InstanceStatus) -> None:
         self.statuses[status.instance_id] = status
         self._refresh(status.instance_id)
 
+    def _refresh_stale(self) -> None:
+        stale, self._stale_views = self._stale_views, set()
+        for iid in stale:
+            if iid in self.statuses:
+                self._refresh(iid)
+
     def _refresh(self, instance_id: str) -> None:
+        self._stale_views.discard(instance_id)
         view = self._views[instance_id] = self.pending.apply(self.statuses[instance_id])
         if self._index is not None:
             self._index.update(view, self._ctx)
@@ -141,11 +159,15 @@ class GlobalScheduler:
         """Statuses as dispatch should see them: with requests sent since each report
         counted as running (see ``pending``), so a burst between two reports spreads out
         instead of landing on one instance."""
+        if self._stale_views:
+            self._refresh_stale()
         return list(self._views.values())
 
     def dispatch(self, req: DispatchRequest, now: float) -> str | None:
         """The instance for ``req``, or None if no instance can take it now (all
         unschedulable or terminating): the caller keeps it in its DispatchQueue."""
+        if self._stale_views:
+            self._refresh_stale()
         ctx = self._ctx
         ctx.now = now
         ctx.num_prompt_tokens = req.num_prompt_tokens
