@@ -116,5 +116,6 @@ def test_a_vllm_command_line_starts_serve_and_its_printed_command_attaches_a_gat
                            json={"model": "tiny", "prompt": "hello", "max_tokens": 3, "ignore_eos": True})
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
     text = "".join(lines)
+    assert "--gpu-memory-utilization has no effect on cpu: each instance's KV cache is --kv-cache-mib (4 MiB)" in text
     assert text.index("Ray started") < text.index("instance 1 of 1 loading") < text.index("ready in")
     assert "Traceback" not in text

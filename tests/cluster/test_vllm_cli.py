@@ -29,7 +29,7 @@ def test_a_vllm_command_line_is_parsed_into_the_config_unchanged(tmp_path, monke
                  "--gpu-memory-utilization", "0.8", "--max-num-seqs", "32", "--max-num-batched-tokens", "512",
                  "--enable-prefix-caching", "--enable-chunked-prefill", "--api-key", "sk-test",
                  "--disable-log-requests", "--uvicorn-log-level", "info", "--host", "0.0.0.0", "--port", "8123",
-                 "--tensor-parallel-size", "1")
+                 "--tensor-parallel-size", "1", "--trust-remote-code")
     sys_cfg, cluster = build_system(args)
     e = sys_cfg.engine
     assert sys_cfg.model == cluster.model == "smollm2"

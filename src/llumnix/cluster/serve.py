@@ -135,6 +135,10 @@ def main_serve(args: argparse.Namespace) -> int:
     progress = Progress("llumnix serve")
     system, cfg = build_system(args)  # no torch, no Ray: a bad flag or model path in a second
     sock = bind_port(args.host, args.port)  # then the port: one in use fails now, not after the load
+    engine = system.engine
+    if engine.gpu_memory_utilization is not None and not engine.is_cuda:
+        progress(f"--gpu-memory-utilization has no effect on {engine.device}: each instance's KV cache is "
+                 f"--kv-cache-mib ({engine.kv_cache_bytes // 2**20} MiB)")
     progress(f"starting {cfg.instances} instance(s) of {cfg.model} on Ray ...")
     with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
         # Tokenization happens at the gateway: its tokenizer loads while Ray starts and the
@@ -154,8 +158,9 @@ def _say(progress: Progress, text: str, args: argparse.Namespace, namespace: str
         extra = "".join(f" --{flag} {shlex.quote(value)}" for flag, value in (
             ("served-model-name", " ".join(args.served_model_name or ())), ("chat-template", args.chat_template))
             if value)
+        port = args.port + 1 if 0 < args.port < 65535 else 0  # 0: any free port
         progress(f"attach another gateway with: llumnix gateway --ray-address {ray_address()} "
-                 f"--namespace {namespace} --port {args.port + 1}{extra}")
+                 f"--namespace {namespace} --port {port}{extra}")
 
 
 def _tokenizer(model: str, chat_template: str | None) -> Any:

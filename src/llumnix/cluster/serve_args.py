@@ -176,6 +176,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="GPUs Ray reserves per instance (default: 1 on cuda, 0 on cpu; 0.5 packs two per GPU)")
     p.add_argument("--threads-per-instance", type=positive_int, default=None,
                    help="torch threads of each instance (default 1)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted for vLLM command lines: no code from a model directory is ever run")
     p.add_argument("-tp", "--tensor-parallel-size", type=positive_int, default=1, metavar="N",
                    help="only 1: an instance runs on one device (more instances: --instances)")
     p.add_argument("-pp", "--pipeline-parallel-size", type=positive_int, default=1, metavar="N",
