@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import time
@@ -27,20 +26,18 @@ from typing import Any
 
 import httpx
 
-from llumnix.core.batch import RequestMetrics, RequestOutput
+from llumnix.core.batch import RequestOutput
 from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError, RequestTooLongError
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.wire import GenerateRequest, TokenizerLike
 from llumnix.lite.client import TOKEN_PROMPTS, Chunk, EndpointError, request_body, stream_chunks
 from llumnix.lite.config import LiteConfig
 from llumnix.lite.endpoint import Endpoint
+from llumnix.lite.outputs import continuation, finished_metrics, read_usage
 from llumnix.lite.pool import Pool
 from llumnix.lite.routing import route
 
 log = logging.getLogger(__name__)
-
-_USAGE_GRACE_S = 2.0
-"""How long to wait after the finish chunk for the usage chunk and the stream's end."""
 
 
 class LiteBackend:
@@ -63,6 +60,15 @@ class LiteBackend:
         self.num_failed_mid_stream = 0
         self.num_resumed = 0
         """Requests resumed on another endpoint after theirs failed mid-stream."""
+
+    @property
+    def model_names(self) -> list[str]:
+        """The model names the pools serve (their exact names; ``prefix*`` patterns match
+        more), the served model first: what /v1/models would list once the gateway asks."""
+        names = [self.model_name]
+        for p in self.pools.values():
+            names += [m for m in p.cfg.models if not m.endswith("*") and m not in names]
+        return names
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -127,7 +133,7 @@ class LiteBackend:
                     raise RequestFailedError(f"endpoint {ep.endpoint_id} failed mid-stream ({e}); "
                                              "the output so far is all there is") from None
                 if sent:
-                    current = _continuation(request, sent, n_sent)
+                    current = continuation(request, sent, n_sent)
                     self.num_resumed += 1
                 log.warning("lite: %s failed on %s after %d output tokens (%s); %s on another endpoint",
                             request.request_id, ep.endpoint_id, n_sent, e, "resuming" if sent else "trying")
@@ -177,11 +183,11 @@ class LiteBackend:
                     raise EndpointError("the stream ended without a finish reason")
                 if final.finish_reason not in ("stop", "length"):
                     raise EndpointError(f"the engine ended the request ({final.finish_reason})")
-                await _read_usage(chunks, final)
+                await read_usage(chunks, final)
             ok = True
             n_out = max(n_out, base + (final.num_completion_tokens or 0))
             yield RequestOutput(rid, final_ids, n_out, final.finish_reason, stop_reason=final.stop_reason,
-                                metrics=_metrics(request, n_out, final.num_cached_tokens or 0))
+                                metrics=finished_metrics(request, n_out, final.num_cached_tokens or 0))
         finally:
             if ok:
                 ep.health.on_success(time.time())
@@ -230,33 +236,3 @@ class LiteBackend:
             raise InvalidRequestError(f"no endpoint {instance_id!r}", "instance_id")
         ep.is_drained = drained
         return {"instance_id": instance_id, "is_drained": drained, "num_in_flight": ep.lrs.num_in_flight}
-
-
-async def _read_usage(chunks: AsyncIterator[Chunk], final: Chunk) -> None:
-    """After the finish chunk: the usage chunk, if the engine sends one, and the end.
-    The request is complete already, so a failure or a delay here only loses the usage."""
-    with contextlib.suppress(EndpointError, TimeoutError):
-        async with asyncio.timeout(_USAGE_GRACE_S):
-            async for chunk in chunks:
-                if chunk.num_completion_tokens is not None:
-                    final.num_completion_tokens = chunk.num_completion_tokens
-                    final.num_cached_tokens = chunk.num_cached_tokens
-
-
-def _continuation(request: GenerateRequest, sent: list[int], n_sent: int) -> GenerateRequest:
-    """The rest of a request whose endpoint failed mid-stream: its prompt and the output
-    released so far as the new prompt (a recompute, as full mode resumes a lost instance's
-    requests), for the tokens it has left. Greedy output goes on as it would have;
-    sampled output goes on as a valid sample."""
-    p = request.params
-    left = max(1, p.max_tokens - n_sent)
-    params = dataclasses.replace(p, max_tokens=left, min_tokens=min(left, max(0, p.min_tokens - n_sent)))
-    return dataclasses.replace(request, prompt_token_ids=[*request.prompt_token_ids, *sent], params=params)
-
-
-def _metrics(request: GenerateRequest, n_out: int, n_cached: int) -> RequestMetrics:
-    """What the gateway reads of a finished request's metrics (it times the rest itself)."""
-    return RequestMetrics(arrival_time=request.arrival_time, first_scheduled_time=None, first_token_time=None,
-                          finish_time=time.monotonic(), num_prompt_tokens=len(request.prompt_token_ids),
-                          num_output_tokens=n_out, num_preemptions=0, preemption_loss=0.0,
-                          priority=request.priority, num_cached_tokens=n_cached)

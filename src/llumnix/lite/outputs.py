@@ -1,0 +1,46 @@
+"""Helpers of ``LiteBackend``'s request path: the usage after the finish chunk, a
+finished request's metrics, and the continuation of a request resumed mid-stream."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+
+from llumnix.core.batch import RequestMetrics
+from llumnix.core.wire import GenerateRequest
+from llumnix.lite.client import Chunk, EndpointError
+
+USAGE_GRACE_S = 2.0
+"""How long to wait after the finish chunk for the usage chunk and the stream's end."""
+
+
+async def read_usage(chunks: AsyncIterator[Chunk], final: Chunk) -> None:
+    """After the finish chunk: the usage chunk, if the engine sends one, and the end.
+    The request is complete already, so a failure or a delay here only loses the usage."""
+    with contextlib.suppress(EndpointError, TimeoutError):
+        async with asyncio.timeout(USAGE_GRACE_S):
+            async for chunk in chunks:
+                if chunk.num_completion_tokens is not None:
+                    final.num_completion_tokens = chunk.num_completion_tokens
+                    final.num_cached_tokens = chunk.num_cached_tokens
+
+
+def continuation(request: GenerateRequest, sent: list[int], n_sent: int) -> GenerateRequest:
+    """The rest of a request whose endpoint failed mid-stream: its prompt and the output
+    released so far as the new prompt (a recompute, as full mode resumes a lost instance's
+    requests), for the tokens it has left. Greedy output goes on as it would have;
+    sampled output goes on as a valid sample."""
+    p = request.params
+    left = max(1, p.max_tokens - n_sent)
+    params = dataclasses.replace(p, max_tokens=left, min_tokens=min(left, max(0, p.min_tokens - n_sent)))
+    return dataclasses.replace(request, prompt_token_ids=[*request.prompt_token_ids, *sent], params=params)
+
+
+def finished_metrics(request: GenerateRequest, n_out: int, n_cached: int) -> RequestMetrics:
+    """What the gateway reads of a finished request's metrics (it times the rest itself)."""
+    return RequestMetrics(arrival_time=request.arrival_time, first_scheduled_time=None, first_token_time=None,
+                          finish_time=time.monotonic(), num_prompt_tokens=len(request.prompt_token_ids),
+                          num_output_tokens=n_out, num_preemptions=0, preemption_loss=0.0,
+                          priority=request.priority, num_cached_tokens=n_cached)
