@@ -192,7 +192,7 @@ class MetricsCollector:
         out["ttft"], out["tpot"] = out["prefill"], out["decode"]
         out["itl"] = summarize(np.frombuffer(self.token_gaps, dtype=float) if len(self.token_gaps) else [])
         if self.slo is not None:
-            out["slo"] = {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s,
+            out["slo"] = {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s, "target": self.slo.attainment,
                           "attainment": slo_attainment(self.requests, self.slo)}
         out["num_preemptions"] = int(arr["num_preemptions"].sum())
         out["num_preempted_requests"] = int((arr["num_preemptions"] > 0).sum())

@@ -85,7 +85,10 @@ def validate_system(spec: SystemSpec, where: str) -> None:
     except (InvalidRequestError, ValueError, TypeError) as e:
         param = getattr(e, "param", None)
         field = "dispatch" if param == "dispatch.policy" else (param or "")
-        raise ConfigError(f"{where}.{field}: {e}" if field else f"{where}: {e}") from None
+        problem = str(e)
+        if param and problem.startswith(f"{param}: "):  # bad_value's messages repeat the path
+            problem = problem[len(param) + 2:]
+        raise ConfigError(f"{where}.{field}: {problem}" if field else f"{where}: {problem}") from None
 
 
 class PolicyBridge:
