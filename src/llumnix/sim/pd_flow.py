@@ -20,16 +20,22 @@ from typing import TYPE_CHECKING, Any
 
 from llumnix.core.request import RequestStatus
 from llumnix.policy.freeness import freeness
-from llumnix.policy.pd import PoolView, RoleChange, adaptive_decision, pick_decode_instance, queued_prefill_tokens
+from llumnix.policy.pd import (
+    PoolView,
+    RoleChange,
+    adaptive_decision,
+    pick_decode_instance,
+    queued_prefill_tokens,
+)
 from llumnix.sim.events import Event
 from llumnix.sim.migration import MigrationRun
 
 if TYPE_CHECKING:
     from llumnix.migration.protocol import MigrationConfig
     from llumnix.sim.cluster import Cluster
+    from llumnix.sim.instance import SimInstance
     from llumnix.sim.latency import MigrationCost
     from llumnix.sim.policy_bridge import PolicyBridge
-    from llumnix.sim.instance import SimInstance
 
 
 class PDFlow:

@@ -20,7 +20,7 @@ from llumnix.bench.machine import RESULTS_DIR
 from llumnix.sim.cluster import ClusterConfig
 from llumnix.sim.config import ConfigError, ExperimentConfig, SystemSpec, load_config
 from llumnix.sim.latency import get_latency_model
-from llumnix.sim.metrics import SLOS, SLO
+from llumnix.sim.metrics import SLO, SLOS
 from llumnix.sim.workloads import TraceSpec, make_trace
 
 KEEP_SAMPLES = ("prefill", "decode")
