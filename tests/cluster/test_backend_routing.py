@@ -141,7 +141,9 @@ class FakeLlumSched:
     def __init__(self, members: dict) -> None:
         self._members = members
         self.removed: list[str] = []
-        self.members = _Remote(lambda: self._members)
+        # as LlumSchedActor.members: no handle for the instances the caller knows
+        self.members = _Remote(lambda known=None: {i: {**m, "handle": None if i in (known or ()) else m["handle"]}
+                                                   for i, m in self._members.items()})
         self.remove_instance = _Remote(lambda iid, why: self.removed.append(iid))
 
 
@@ -311,3 +313,47 @@ def test_a_llumsched_with_an_empty_view_does_not_fail_a_request_the_gateway_can_
     iid, added = asyncio.run(main({}))
     assert iid in ("a", "b") and added is None  # placed by the gateway
     assert asyncio.run(main({"a": InstanceState.FAILED, "b": InstanceState.FAILED})) == (None, None)
+
+
+class _Link:
+    def __init__(self, iid):
+        self.instance_id, self.is_open, self.sent = iid, True, []
+
+    def add(self, request):
+        self.sent.append(request)
+
+
+def test_outputs_that_queue_up_behind_a_busy_consumer_go_out_as_one():
+    """A stream's consumer that falls behind gets what queued as one output (tokens,
+    logprobs in order, the last one's finish), so it writes one chunk, not several."""
+    from llumnix.core.status import InstanceStatus
+    from llumnix.policy import GlobalScheduler
+
+    async def main():
+        be = _backend({"a": object()})
+        be.gs = GlobalScheduler()
+        be.on_statuses("a", [InstanceStatus("a", 0.0, 16, 16, 4, 16, 1)])
+        be._links = {"a": _Link("a")}
+        req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8, seed=1), 0, 0.0)
+        gen = be.generate(req)
+        first = asyncio.ensure_future(gen.__anext__())
+        for _ in range(50):  # until generate has sent the request and waits for outputs
+            await asyncio.sleep(0)
+            if be._links["a"].sent:
+                break
+        lp = lambda x: [x]  # noqa: E731
+        be.on_outputs("a", [RequestOutput("r", [7], 1, new_logprobs=lp(-0.1), client=be.client_id)])
+        o1 = await first
+        assert o1.new_token_ids == [7]
+        # Three more arrive before the consumer asks again: one output, in order.
+        be.on_outputs("a", [RequestOutput("r", [8], 2, new_logprobs=lp(-0.2), client=be.client_id),
+                            RequestOutput("r", [9], 3, new_logprobs=lp(-0.3), client=be.client_id),
+                            RequestOutput("r", [10], 4, "length", new_logprobs=lp(-0.4), client=be.client_id)])
+        o2 = await gen.__anext__()
+        assert (o2.new_token_ids, o2.num_output_tokens, o2.finish_reason) == ([8, 9, 10], 4, "length")
+        assert o2.new_logprobs == [-0.2, -0.3, -0.4]
+        with pytest.raises(StopAsyncIteration):
+            await gen.__anext__()
+        assert [r.request_id for r in be._links["a"].sent] == ["r"]
+
+    asyncio.run(main())

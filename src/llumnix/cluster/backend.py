@@ -510,10 +510,20 @@ class ClusterBackend:
                 await self._add(stream, iid)
             elif added is not _PRESENT:
                 self._spawn(self._confirm_added(stream, iid, added))
+            carry: RequestOutput | BaseException | None = None
             while True:
-                item = await stream.queue.get()
+                item = carry if carry is not None else await stream.queue.get()
+                carry = None
                 if isinstance(item, BaseException):
                     raise item
+                # Outputs that queued up while this consumer was busy go out as one
+                # (a stream falls behind under load; one chunk is cheaper than several).
+                while not item.is_finished and not stream.queue.empty():
+                    nxt = stream.queue.get_nowait()
+                    if isinstance(nxt, BaseException):
+                        carry = nxt
+                        break
+                    item = item.then(nxt)
                 yield item
                 if item.is_finished:
                     return

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from llumnix.core.sampling_params import SamplingParams
 
@@ -173,6 +173,19 @@ class RequestOutput:
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
+
+    def then(self, later: RequestOutput) -> RequestOutput:
+        """This output followed by ``later`` (the same request's next) as one: what a
+        consumer that fell behind forwards, one chunk instead of several."""
+        def cat(a: list[Any] | None, b: list[Any] | None) -> list[Any] | None:
+            return None if a is None and b is None else [*(a or ()), *(b or ())]
+
+        return RequestOutput(self.request_id, [*self.new_token_ids, *later.new_token_ids], later.num_output_tokens,
+                             later.finish_reason, cat(self.new_logprobs, later.new_logprobs), later.stop_reason,
+                             later.metrics, later.client, later.epoch,
+                             cat(self.new_top_logprobs, later.new_top_logprobs),
+                             self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
+                             later.error)
 
 
 class Executor(Protocol):
