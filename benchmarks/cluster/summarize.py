@@ -41,17 +41,43 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
             "startup_s": {sr["system"]: round(sr["startup_s"], 1) for sr in data["systems"]}}
 
 
+def _fmt(a: dict[str, Any] | None, scale: float = 1.0) -> str:
+    if not a:
+        return "-"
+    return f"{scale * a['median']:.2f} ({scale * a['min']:.2f}-{scale * a['max']:.2f})"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """One row per system and load: medians over seeds (min-max), counts summed."""
+    rows = ["| system | load | TTFT mean s | TTFT P99 s | ITL P99 s | ITL max s | TPOT mean s | e2e mean s | "
+            "goodput req/s | KV mean | preempt | migr ok/aborted (refused) |", "|" + "---|" * 12]
+    for system, loads in summary["aggregate"].items():
+        for load, a in loads.items():
+            refused = a["abort_reasons"].get("destination refused to reserve blocks", 0)
+            rows.append(f"| {system} | {load} | {_fmt(a['ttft_mean'])} | {_fmt(a['ttft_p99'])} | "
+                        f"{_fmt(a['itl_p99'])} | {_fmt(a['itl_max'])} | {_fmt(a['tpot_mean'])} | "
+                        f"{_fmt(a['e2e_mean'])} | {_fmt(a['goodput_req_s'])} | {_fmt(a['kv_usage_mean'])} | "
+                        f"{a['num_preemptions']} | {a['migrations_committed']}/{a['migrations_aborted']} ({refused}) |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run", help="the --out folder of a bench cluster run (holds cluster.json)")
     p.add_argument("--before", default=None, help="a run of the same settings on the code before the change")
     p.add_argument("--note", default="", help="what was run, when, and how loaded the machine was")
     p.add_argument("--out", required=True)
+    p.add_argument("--markdown", action="store_true", help="also print the tables")
     a = p.parse_args()
     out: dict[str, Any] = {"note": a.note, "after": summarize(json.loads((Path(a.run) / "cluster.json").read_text()))}
     if a.before:
         out["before"] = summarize(json.loads((Path(a.before) / "cluster.json").read_text()))
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    if a.markdown:
+        for part in ("after", "before"):
+            if part in out:
+                print(f"\n{part}:\n" + markdown(out[part]))
+        print(json.dumps(out["after"]["goals"], indent=1))
     print(f"wrote {a.out}")
 
 
