@@ -425,23 +425,25 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
                 srv.call(functools.partial(srv.engine.add_request, rid, p, long_run))
         for n in grid.migration_lengths:
             for _ in range(grid.migration_repeats):
-                k += 1
-                rid, p = f"mig-{k}", synthetic_prompt(n, k, vocab)
-                src.call(functools.partial(src.engine.add_request, rid, p, long_run))
-                deadline = time.time() + 300
-                while src.call(functools.partial(_num_output_tokens, src.engine, rid)) < 2:
-                    if time.time() > deadline:
-                        raise TimeoutError(f"{rid} did not start decoding")
-                    time.sleep(0.01)
-                t0 = time.perf_counter()
-                src.call(lambda: None)  # the wait for the source's next step boundary
-                boundary.append(time.perf_counter() - t0)
-                rep = migrate(rid, src, dest, sender, MigrationConfig())
-                if rep.committed and rep.downtime is not None:
-                    downtimes.append(rep.downtime)
-                    stages.append(rep.num_stages)
-                dst.call(functools.partial(dst.engine.abort_request, rid))
-                src.call(functools.partial(src.engine.abort_request, rid))
+                for _attempt in range(3):  # a small model can finish the request mid-migration
+                    k += 1
+                    rid, p = f"mig-{k}", synthetic_prompt(n, k, vocab)
+                    src.call(functools.partial(src.engine.add_request, rid, p, long_run))
+                    deadline = time.time() + 300
+                    while src.call(functools.partial(_num_output_tokens, src.engine, rid)) < 2:
+                        if time.time() > deadline:
+                            raise TimeoutError(f"{rid} did not start decoding")
+                        time.sleep(0.01)
+                    t0 = time.perf_counter()
+                    src.call(lambda: None)  # the wait for the source's next step boundary
+                    boundary.append(time.perf_counter() - t0)
+                    rep = migrate(rid, src, dest, sender, MigrationConfig())
+                    dst.call(functools.partial(dst.engine.abort_request, rid))
+                    src.call(functools.partial(src.engine.abort_request, rid))
+                    if rep.committed and rep.downtime is not None:
+                        downtimes.append(rep.downtime)
+                        stages.append(rep.num_stages)
+                        break
     finally:
         sender.close()
         endpoint.close()
