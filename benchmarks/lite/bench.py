@@ -104,20 +104,22 @@ async def kill_run(url: str, victim: routers.Proc, trace: list[Req]) -> dict[str
     return summary(results)
 
 
-def start_routers(urls: list[str], log_dir: Path) -> dict[str, routers.Proc]:
-    procs = {f"{kind}/{pol}": (routers.lite if kind == "llumnix-lite" else routers.sglang_router)(urls, pol, log_dir)
-             for kind, pol in ROUTERS}
+def start_routers(urls: list[str], log_dir: Path, names: list[str]) -> dict[str, routers.Proc]:
+    procs = {}
+    for name in names:
+        kind, pol = name.split("/")
+        procs[name] = (routers.lite if kind == "llumnix-lite" else routers.sglang_router)(urls, pol, log_dir)
     for proc in procs.values():
         proc.start()
     return procs
 
 
-def router_overhead(log_dir: Path, pairs: int) -> dict[str, Any]:
+def router_overhead(log_dir: Path, pairs: int, names: list[str]) -> dict[str, Any]:
     """Added latency in front of three engines that do no work (``echo_engine``)."""
     echoes = [routers.echo_engine(i, log_dir).start() for i in range(3)]
     procs: dict[str, routers.Proc] = {}
     try:
-        procs = start_routers([e.url for e in echoes], log_dir)
+        procs = start_routers([e.url for e in echoes], log_dir, names)
         return asyncio.run(added_latency(echoes[0].url, {k: v.url for k, v in procs.items()}, pairs))
     finally:
         for proc in [*procs.values(), *echoes]:
@@ -133,6 +135,9 @@ def main() -> None:
     p.add_argument("--engines", choices=("llamacpp", "llumnix"), default="llamacpp",
                    help="llama.cpp's server (default) or our own `llumnix serve --instances 1`")
     p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    p.add_argument("--routers", nargs="+", default=[f"{k}/{pol}" for k, pol in ROUTERS],
+                   help="kind/policy, kind llumnix-lite or sglang-router (default: %(default)s)")
+    p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the processes on the way out
     log_dir = Path(args.out).parent / "logs"
@@ -140,19 +145,22 @@ def main() -> None:
     record: dict[str, Any] = {"benchmark": "lite-vs-sglang-router", "machine": machine_info(with_torch=False),
                               "settings": vars(args), "engines": ENGINES[args.engines], "runs": []}
     if "latency" in args.phases:
-        record["added_latency_ms"] = router_overhead(log_dir, args.latency_pairs)
+        record["added_latency_ms"] = router_overhead(log_dir, args.latency_pairs, args.routers)
         print("added latency (ms), in front of engines that do no work:", record["added_latency_ms"], flush=True)
     make_engine = routers.llamacpp if args.engines == "llamacpp" else routers.llumnix_engine
     engines = [make_engine(i, log_dir).start() for i in range(3)]
     urls = [e.url for e in engines]
     procs: dict[str, routers.Proc] = {}
     try:
-        procs = start_routers(urls, log_dir)
+        procs = start_routers(urls, log_dir, args.routers)
+        needed = set(args.workloads) | ({"sharegpt"} if "kill" in args.phases else set())
         record["capacity_rps"] = {w: asyncio.run(capacity(urls, make(99, 0.0, 2 * args.n)))
-                                  for w, make in WORKLOADS.items()}
+                                  for w, make in WORKLOADS.items() if w in needed}
         print("capacity (req/s):", record["capacity_rps"], flush=True)
         for seed in args.seeds if "runs" in args.phases else ():
             for w, make in WORKLOADS.items():
+                if w not in args.workloads:
+                    continue
                 for level, factor in (("light", 0.3), ("near", 0.85)):
                     trace = make(seed, factor * record["capacity_rps"][w], args.n)
                     for name, proc in procs.items():
