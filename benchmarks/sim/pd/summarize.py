@@ -1,7 +1,9 @@
 """Goodput of every system on every trace from a PD sweep's metrics.json, the goals of
 issue 33 checked, written as a small summary JSON.
 
-    python benchmarks/sim/pd/summarize.py /tmp/pd/metrics.json [--out summary.json]
+    python benchmarks/sim/pd/summarize.py /tmp/pd/metrics.json [MORE.json ...] [--out summary.json]
+
+Several metrics files (a sweep and its top-up at more rates) are read as one.
 
 Goodput (DistServe's): per seed, the highest rate of the sweep at which it and every
 lower rate have >= 90% of requests meeting both the TTFT and the TPOT objective
@@ -93,14 +95,16 @@ def _goals(trace: str, rows: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("metrics")
+    ap.add_argument("metrics", nargs="+")
     ap.add_argument("--out", help="summary JSON path (default: summary.json beside the metrics)")
     args = ap.parse_args()
-    doc = json.loads(Path(args.metrics).read_text())
+    docs = [json.loads(Path(p).read_text()) for p in args.metrics]
+    doc = {**docs[0], "records": [r for d in docs for r in d["records"]]}
     summary = summarize(doc)
     summary["machine"] = doc.get("machine")
     summary["num_records"] = len(doc["records"])
-    out = Path(args.out) if args.out else Path(args.metrics).with_name("summary.json")
+    summary["sources"] = [{"name": d.get("name"), "num_records": len(d["records"])} for d in docs]
+    out = Path(args.out) if args.out else Path(args.metrics[0]).with_name("summary.json")
     out.write_text(json.dumps(summary, indent=1) + "\n")
     for trace, rows in summary["traces"].items():
         print(f"{trace}: goodput (req/s, median [min, max] of seeds)")
