@@ -138,3 +138,17 @@ def dequantize(data: np.ndarray, qtype: Any) -> np.ndarray:
         q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
         return (d * q + m).reshape(*data.shape[:-1], -1)
     return np.asarray(gguf_dequantize(data, qtype))
+
+
+def read_fields(reader: Any) -> dict[str, Any]:
+    """Every field's value but the tokenizer's large arrays, and the set of tensor names."""
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "merges", "token_type")):
+            continue  # large arrays: read by the tokenizer loader
+        try:
+            out[key] = field.contents()
+        except Exception:  # noqa: BLE001 - a field type gguf cannot decode is not one we use
+            continue
+    out["_tensor_names"] = {t.name for t in reader.tensors}
+    return out

@@ -9,20 +9,8 @@ import torch
 
 from llumnix.core.errors import ModelLoadError
 from llumnix.model.config import LlamaConfig
+from llumnix.model.gguf_file import read_fields as read_fields  # here before gguf_file
 from llumnix.model.llama import LayerWeights, LlamaModel
-
-
-def read_fields(reader: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "merges", "token_type")):
-            continue  # large arrays: read by the tokenizer loader
-        try:
-            out[key] = field.contents()
-        except Exception:  # noqa: BLE001 - a field type gguf cannot decode is not one we use
-            continue
-    out["_tensor_names"] = {t.name for t in reader.tensors}
-    return out
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:

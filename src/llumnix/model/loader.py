@@ -4,17 +4,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
-import torch
 
-from llumnix.config.model_path import SMOLLM2_FILE, resolve_model_path
-from llumnix.config.model_path import smollm2_path as smollm2_path  # re-exported, as before
+from llumnix.config.model_path import SMOLLM2_FILE
+from llumnix.config.model_path import resolve_model_path as resolve_model_path  # re-exported, as before
+from llumnix.config.model_path import smollm2_path as smollm2_path
 from llumnix.core.errors import ModelLoadError
 from llumnix.model.config import LlamaConfig
-from llumnix.model.executor import resolve_dtype
-from llumnix.model.llama import LlamaModel
 from llumnix.model.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # torch only where weights load: a gateway loads the tokenizer alone
+    import torch
+
+    from llumnix.model.llama import LlamaModel
 
 
 @dataclass
@@ -27,6 +31,8 @@ class LoadedModel:
 
 
 def load_model(spec: str = "smollm2", device: str = "cpu", dtype: str | torch.dtype = "float32") -> LoadedModel:
+    from llumnix.model.executor import resolve_dtype
+
     path = resolve_model_path(spec)
     torch_dtype = resolve_dtype(dtype)
     if path.is_dir():
@@ -36,7 +42,8 @@ def load_model(spec: str = "smollm2", device: str = "cpu", dtype: str | torch.dt
         tokenizer = Tokenizer.from_dir(path, config.bos_token_id, config.eos_token_id)
         name = path.name
     elif path.suffix == ".gguf":
-        from llumnix.model.gguf_loader import load_gguf, read_fields
+        from llumnix.model.gguf_file import read_fields
+        from llumnix.model.gguf_loader import load_gguf
 
         config, model, reader = load_gguf(path, device, torch_dtype)
         tokenizer = Tokenizer.from_gguf(reader, read_fields(reader))
@@ -69,8 +76,7 @@ def _load_tokenizer(spec: str) -> Tokenizer:
         config = LlamaConfig.from_hf(raw)
         return Tokenizer.from_dir(path, config.bos_token_id, config.eos_token_id)
     if path.suffix == ".gguf":
-        from llumnix.model.gguf_file import GGUFFile
-        from llumnix.model.gguf_loader import read_fields
+        from llumnix.model.gguf_file import GGUFFile, read_fields
 
         try:
             reader = GGUFFile(path)
