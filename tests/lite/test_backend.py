@@ -199,3 +199,16 @@ def test_admin_cluster_and_metrics_show_every_endpoint(engines):
     assert inst["lrs"]["scrape_age_s"] < 1.0
     assert inst["num_running"] == 3  # the engine's load beyond our books (none in flight): 2 + 1 foreign
     assert 'llumnix:instance_freeness{instance_id="p-0"' in metrics
+
+
+def test_a_shared_prefix_does_not_pile_concurrent_requests_onto_one_endpoint(engines):
+    """The default slack of one request: a burst sharing a system prompt spreads."""
+    engs = [engines(delay_s=0.05) for _ in range(3)]
+    system = "You are a careful assistant. " * 12
+    with gateway(lite_backend([("p", engs, {})])) as url:
+        threads = [threading.Thread(target=_complete, args=(url, 10, system + f"question {i}")) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sum(len(e.prompts) for e in engs) == 6 and max(len(e.prompts) for e in engs) <= 2
