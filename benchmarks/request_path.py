@@ -350,12 +350,22 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                                  ("sglang", "sglang_direct", "sglang_router")):
         out.update(_system_summary(per, sys_, direct, routed))
     m = {k: v["median"] for k, v in out.items()}
+
+    def ratio(ours: str, theirs: str) -> float | None:
+        """Ours over sglang-router's added latency; None where theirs is within noise of 0."""
+        return round(m[ours] / m[theirs], 2) if m[theirs] > 0.5 else None
+
     out["ratios"] = {
         "added_seq_ms": round(m["ours_added_seq_p50_ms"], 2),
-        "added_c32_vs_sglang": round(m["ours_added_c32_p50_ms"] / max(1e-9, m["sglang_added_c32_p50_ms"]), 2),
-        "added_ttft_c32_vs_sglang": round(m["ours_added_c32_stream_p50_ms"]
-                                          / max(1e-9, m["sglang_added_c32_stream_p50_ms"]), 2),
+        "added_seq_stream_ttft_ms": round(m["ours_added_seq_stream_p50_ms"], 2),
+        "added_c32_ms": round(m["ours_added_c32_p50_ms"], 2),
+        "added_c32_ms_sglang": round(m["sglang_added_c32_p50_ms"], 2),
+        "added_c32_vs_sglang": ratio("ours_added_c32_p50_ms", "sglang_added_c32_p50_ms"),
+        "added_c32_stream_ttft_ms": round(m["ours_added_c32_stream_p50_ms"], 2),
+        "added_c32_stream_ttft_ms_sglang": round(m["sglang_added_c32_stream_p50_ms"], 2),
+        "added_ttft_c32_vs_sglang": ratio("ours_added_c32_stream_p50_ms", "sglang_added_c32_stream_p50_ms"),
         "throughput_ratio": round(m["ours_c32_throughput_ratio"], 3),
+        "throughput_ratio_sglang": round(m["sglang_c32_throughput_ratio"], 3),
         "cpu_ms_per_req_seq": round(m["ours_router_cpu_ms_per_req_seq"], 2),
         "cpu_ms_per_req_c32": round(m["ours_router_cpu_ms_per_req_c32"], 2),
         "idle_pct_core": round(m["idle_pct_core_ours"], 2)}
