@@ -131,6 +131,10 @@ def is_loopback(host: str) -> bool:
 
 def main_serve(args: argparse.Namespace) -> int:
     from llumnix.cluster.launcher import start_cluster
+    from llumnix.lite.serve import main_lite, wants_lite
+
+    if wants_lite(args):  # --engine-url, or pools: in --config: engines we do not own
+        return main_lite(args)
 
     progress = Progress("llumnix serve")
     system, cfg = build_system(args)  # no torch, no Ray: a bad flag or model path in a second

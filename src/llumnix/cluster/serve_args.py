@@ -96,8 +96,11 @@ def _add_http_args(p: argparse.ArgumentParser, default_port: int) -> None:
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
+    from llumnix.lite.serve import add_lite_args
+
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="the model, as `vllm serve MODEL` takes it (same as --model)")
+    add_lite_args(p)
     p.add_argument("--config", help="YAML file with the system's model, engine, scheduling, migration and "
                    "deployment sections (benchmarks/configs/); flags override it")
     p.add_argument("--model", default=None, help="'smollm2' (default), a .gguf file or an HF directory")
