@@ -32,6 +32,14 @@ SCALE_IN = "scale-in"
 log = logging.getLogger(__name__)
 
 
+def _was_restarted() -> bool:
+    """This actor is a restart (Ray reconstructed it after it died), not a fresh start."""
+    try:
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # noqa: BLE001 - outside an actor (tests): a fresh start
+        return False
+
+
 def set_switch_interval() -> None:
     """``LLUMNIX_GIL_SWITCH_S``, if set, becomes this process's GIL switch interval: how long
     a thread that wants the GIL waits before the holder is asked to drop it (Python's
@@ -418,6 +426,7 @@ class LlumSchedActor:
         self._relearn: set[str] = set()  # terminating instances first heard of after a restart
         self.scaling_events: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._started_at = time.time()
+        self._restarted = _was_restarted()
         self._target = int((instance_spec or {}).get("num_instances", 0))
         """The configured instance count: lost instances are replaced up to it."""
         self._armed = False
@@ -585,7 +594,8 @@ class LlumSchedActor:
     def _replace_lost(self) -> None:
         """Start an instance in place of each lost one, up to the configured count. Armed
         once the cluster was whole (or, after a restart of this actor, once it has heard
-        from instances for a while), so a cluster still loading its models is left alone."""
+        from instances for a while), so a cluster still loading its models is left alone
+        (a fresh start waits for all of them, however slow the loads)."""
         if not self._replace_lost_instances:
             return
         now = time.time()
@@ -593,7 +603,7 @@ class LlumSchedActor:
             target = self._capacity_target()
             have = len(self.handles)
             if not self._armed:
-                self._armed = have >= target > 0 or (have > 0 and now - self._started_at > 30.0)
+                self._armed = have >= target > 0 or (self._restarted and have > 0 and now - self._started_at > 30.0)
             missing = target - have - len(self._replacing)
             if not self._armed or missing <= 0 or now < self._next_replace:
                 return
