@@ -12,6 +12,14 @@ from the process's start:
   gateway    "ready": the instances registered and uvicorn serving
   first      the first chat answer (8 tokens, greedy)
 
+Measured 2026-11-26 on the shared 2-core VM while other agents ran (load average 17-44,
+never quiet), 7fa80f4 against 45faaac alternated run for run (3 each; median [min, max]):
+first answer 100.6 s [47.3, 116.4] against 127.6 s [101.6, 161.7] (paired ratios 0.72,
+0.79, 0.47); of the current runs: flags, port and "starting" 3.9 s, Ray's init 40.1 s
+[17.5, 43.5], each instance's load 44.0 s [21.1, 46.8] (both in parallel), loaded to
+ready 0.8-5.5 s, ready to first answer 0.8-4.7 s; serve's process tree 3.4-3.6 GiB.
+The 20 s goal needs a quiet machine to check: not had here.
+
     .venv/bin/python -m benchmarks.startup [--runs 3] [--out llumnix-results/startup.json] [-- serve args]
     # before and after, alternated run for run, each from a snapshot of its src/:
     git archive HEAD~3 src | tar -x -C /tmp/before && git archive HEAD src | tar -x -C /tmp/after
