@@ -111,13 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_cmd_generate)
 
     s = sub.add_parser("serve", help="serve an OpenAI-compatible API from a cluster of instances on Ray")
-    from llumnix.cluster.serve import add_serve_args
+    from llumnix.cluster.serve_args import add_serve_args
 
     add_serve_args(s)
     s.set_defaults(func=_cmd_serve)
 
     gw = sub.add_parser("gateway", help="one more OpenAI gateway in front of a running `llumnix serve` cluster")
-    from llumnix.cluster.serve import add_gateway_args
+    from llumnix.cluster.serve_args import add_gateway_args
 
     add_gateway_args(gw)
     gw.set_defaults(func=_cmd_gateway)

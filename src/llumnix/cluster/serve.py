@@ -11,12 +11,9 @@ from typing import Any
 
 import yaml
 
-from llumnix.cluster.serve_args import (  # noqa: F401 - cli.py and tests import the add_* from here
-    add_gateway_args,
-    add_serve_args,
-    flag_values,
-    gateway_fields,
-)
+from llumnix.cluster.serve_args import add_gateway_args as add_gateway_args  # tests import these from here
+from llumnix.cluster.serve_args import add_serve_args as add_serve_args
+from llumnix.cluster.serve_args import flag_values, gateway_fields
 from llumnix.cluster.startup import Progress, bind_port, serve_http
 from llumnix.core.errors import LlumnixError
 
