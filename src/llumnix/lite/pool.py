@@ -21,7 +21,13 @@ class Pool:
         self.cfg = cfg
         self.name = cfg.name
         self.endpoints = {e.name: Endpoint(e, cfg.name, lite) for e in cfg.endpoints}
-        sched = SchedulingConfig.from_dict({"dispatch": {"policy": lite.dispatch, "params": lite.policy_params},
+        # No grace for pending dispatches: a status built from the books lists every request
+        # in flight (dispatches included) and none that finished, so the first status after
+        # a dispatch accounts for it. With a grace, a request that finished before any status
+        # listed it counted as running for that long (sequential turns of one chat left
+        # their endpoint within the prefix slack).
+        sched = SchedulingConfig.from_dict({"dispatch": {"policy": lite.dispatch, "params": lite.policy_params,
+                                                         "pending_grace_s": 0.0},
                                             "rescheduling": {"enabled": False}})
         self.scheduler = GlobalScheduler(sched, seed=seed)
         self._dirty: set[str] = set(self.endpoints)
