@@ -187,3 +187,16 @@ def test_same_seed_same_pd_run():
     for k in ("wall_s", "events_per_s"):
         a["sim"].pop(k), b["sim"].pop(k)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # NaN == NaN as text
+
+
+def test_a_hand_off_from_a_prefill_instance_with_queued_prompts_pauses_at_once():
+    # One prefill instance, long prompts in a burst: a request whose first token is out while
+    # prompts wait there is paused at that boundary and copied in one stage (no pre-copy).
+    cfg = ClusterConfig(num_instances=3, num_blocks=600, max_num_batched_tokens=2048, max_model_len=4096,
+                        check_invariants=True)
+    sim = _pd_sim({"mode": "static", "prefill_instances": 1}, cfg, n=40, rate=20.0, kind="L-S")
+    out = sim.run()
+    pd = out["pd"]
+    assert out["num_finished"] + out["num_rejected"] == 40
+    assert 0 < pd["handoffs_paused"] <= pd["handoffs"] + pd["handoffs_aborted"]
+    _all_free(sim)

@@ -126,8 +126,9 @@ def handoff_blocks(num_blocks: int, config: PDConfig) -> int:
 def pick_decode_instance(statuses: Sequence[InstanceStatus], roles: Mapping[str, str], num_blocks: int,
                          config: PDConfig, freeness_of: Any, promised: Mapping[str, int] | None = None,
                          exclude: str | None = None) -> str | None:
-    """The hand-off destination for a request holding ``num_blocks``: among the decode
-    pool's schedulable, not terminating instances whose free blocks (beyond the watermark,
+    """The hand-off destination for a request holding ``num_blocks``: among the ``decode``
+    instances (not mixed ones: a hand-off into an instance that prefills waits behind its
+    prefill steps), schedulable and not terminating, whose free blocks (beyond the watermark,
     less ``promised``: blocks of hand-offs started since their last report) hold it and
     ``growth_blocks`` more, the highest ``freeness_of(status)``; ties by id. None: the
     decode pool is full. ``freeness_of``: the caller's freeness (Algorithm 1's)."""
@@ -135,7 +136,7 @@ def pick_decode_instance(statuses: Sequence[InstanceStatus], roles: Mapping[str,
     best: tuple[float, str] | None = None
     for s in statuses:
         iid = s.instance_id
-        if iid == exclude or roles.get(iid) not in DECODES or s.is_terminating or not s.is_schedulable:
+        if iid == exclude or roles.get(iid) != "decode" or s.is_terminating or not s.is_schedulable:
             continue
         room = s.num_free_blocks - s.num_watermark_blocks - (promised or {}).get(iid, 0)
         if room < need:

@@ -36,6 +36,9 @@ class SimInstance:
         self.migrations_out: dict[str, MigrationRun] = {}
         self.migrations_in: dict[str, MigrationRun] = {}
         self.at_boundary: list[Callable[[float], list[Event]]] = []
+        self.on_boundary: Callable[[SimInstance, float], list[Event]] | None = None
+        """Called at every step boundary, after ``at_boundary``, before the next step is
+        scheduled (PD hand-offs start there, so a request can be paused before it)."""
         self.num_dispatched = 0
         self.reported_step = -1
         self.load_changed = True
@@ -99,6 +102,8 @@ class SimInstance:
             actions, self.at_boundary = self.at_boundary, []
             for act in actions:
                 events.extend(act(now))
+        if self.on_boundary is not None:
+            events.extend(self.on_boundary(self, now))
         nxt = self.start_step(now)
         if nxt is not None:
             events.append(nxt)

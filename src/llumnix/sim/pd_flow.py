@@ -2,9 +2,13 @@
 
 The policy is ``policy/pd.py``'s (pure); this drives it on the simulated instances::
 
-    prefill instance's step ends ─► every request there with its first token and not
-        migrating ─► pick_decode_instance ─► MigrationRun (the live migration: pre-copy
-        stages while it keeps decoding here, then a short last stage) ─► decode instance
+    prefill instance's step boundary (before its next step is scheduled) ─► every
+        request there with its first token and not migrating ─► pick_decode_instance ─►
+        MigrationRun ─► decode instance:
+          the instance has queued prompts (its next step is a prefill the request is not
+            in): paused at once, every block copied in one fused stage (stop-and-copy)
+          otherwise: the live migration, pre-copy stages while it keeps decoding here,
+            then a short last stage
     no decode instance has room ─► the request keeps decoding on its prefill instance;
         offered again at the next status round (and the next step end after one)
     status round (PD reads every one) ─► adaptive_decision ─► set_role; hand-offs retried
@@ -15,6 +19,7 @@ both sides by the same MigrationRun as any migration; it is offered again later.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -54,8 +59,12 @@ class PDFlow:
         self.last_change: float | None = None
         self._full = False
         """The last hand-off attempt found the decode pool full (cleared each round)."""
-        self.counts = {"handoffs": 0, "handoffs_aborted": 0, "handoffs_deferred": 0, "lends": 0,
-                       "reclaims": 0, "flips": 0}
+        self.counts = {"handoffs": 0, "handoffs_aborted": 0, "handoffs_deferred": 0, "handoffs_paused": 0,
+                       "lends": 0, "reclaims": 0, "flips": 0}
+        self._stop_and_copy = dataclasses.replace(migration, max_stages=1)
+        self._fused = dataclasses.replace(cost, blocking_bandwidth=None)
+        """A stop-and-copy hand-off sends the blocks in one fused copy (the bandwidth of a
+        pre-copy stage), not the paper's unfused blocking baseline."""
         self.handoff_downtimes: list[float] = []
         self.changes: list[tuple[float, str, str, str]] = []
         """(time, instance, new role, reason) of every role change."""
@@ -64,7 +73,8 @@ class PDFlow:
     def on_report(self, instance_id: str) -> None:
         self.promised.pop(instance_id, None)
 
-    def after_step(self, inst: SimInstance, now: float) -> list[Event]:
+    def at_boundary(self, inst: SimInstance, now: float) -> list[Event]:
+        """``SimInstance.on_boundary`` of every instance."""
         if self._full or self.policy.roles.get(inst.instance_id) != "prefill":
             return []
         return self._handoffs(inst, now)
@@ -86,7 +96,13 @@ class PDFlow:
                 break
             dst = self.cluster.instances[dst_id]
             self.promised[dst_id] = self.promised.get(dst_id, 0) + blocks + self.config.growth_blocks
-            run = MigrationRun(src, dst, rid, self.migration, self.cost, now, on_done=self._done)
+            # A queued prompt means the next step is a prefill the request is not in: pause it
+            # now rather than pre-copy while it waits out that step at the source.
+            pause = bool(src.engine.scheduler.waiting) and not src.is_busy
+            if pause:
+                self.counts["handoffs_paused"] += 1
+            run = MigrationRun(src, dst, rid, self._stop_and_copy if pause else self.migration,
+                               self._fused if pause else self.cost, now, on_done=self._done)
             src.llumlet.on_migration_started(rid)
             self._on_started()
             events += run.start(now)

@@ -91,6 +91,8 @@ class Simulator:
     def run(self) -> dict[str, Any]:
         for _ in range(self.config.num_instances):
             inst = self.cluster.new_instance()
+            if self.pd is not None:
+                inst.on_boundary = self.pd.at_boundary
             self.policy.add_instance(inst)
         self.metrics.on_instances(0.0, self.cluster.num_live)
         for inst in self.cluster.instances.values():
@@ -201,8 +203,6 @@ class Simulator:
             self._maybe_report(inst)
         if inst.is_terminating and self.policy.is_drained(inst):
             events += self._retire(inst)
-        if self.pd is not None:
-            events += self.pd.after_step(inst, now)
         return events
 
     def _trace_class(self, request_id: str) -> int:
