@@ -122,3 +122,11 @@ def test_a_prefill_instance_flips_to_decode_when_the_decode_pool_is_tight_and_pr
     # the last prefill instance stays (min_prefill)
     one = _view({"p1": "prefill", "d1": "decode"}, {"p1": 0}, {"d1": 1.0})
     assert adaptive_decision(one, ADAPTIVE, 3.0, None) is None
+
+
+def test_hand_offs_waiting_for_room_block_lending_and_pull_a_prefill_instance_to_decode():
+    roles = {"p1": "prefill", "p2": "prefill", "d1": "decode", "d2": "decode", "d3": "decode"}
+    busy = PoolView(roles, {}, {"p1": 5000, "p2": 4000}, {"d1": 20, "d2": 40, "d3": 15}, num_waiting_handoffs=3)
+    assert adaptive_decision(busy, ADAPTIVE, 10.0, None) is None  # roomy by freeness, but full for hand-offs
+    idle = PoolView(roles, {}, {"p1": 200, "p2": 0}, {"d1": 20, "d2": 40, "d3": 15}, num_waiting_handoffs=3)
+    assert adaptive_decision(idle, ADAPTIVE, 10.0, None) == RoleChange("p2", "decode", "flip")

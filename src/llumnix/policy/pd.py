@@ -18,11 +18,13 @@ Adaptive PD moves capacity where the load is:
 
     lend      decode -> mixed     the prefill queue per prefill-taking instance is above
                                   ``lend_above_tokens`` while the decode pool has room
+                                  (mean freeness, and no hand-off waiting for room)
     reclaim   mixed -> decode     the queue fell below ``reclaim_below_tokens``
     flip      mixed -> prefill    lent for ``flip_after_s`` with the queue still high and
                                   the decode pool's room: its decodes leave by hand-off
                                   (migration drains it)
-    flip      prefill -> decode   the decode pool is tight and the prefill queue low
+    flip      prefill -> decode   the decode pool is tight (low freeness, or hand-offs
+                                  waiting for room) and the prefill queue low
 """
 from __future__ import annotations
 
@@ -170,6 +172,9 @@ class PoolView:
     role_since: Mapping[str, float]
     queued_tokens: Mapping[str, int]
     freeness: Mapping[str, float]
+    num_waiting_handoffs: int = 0
+    """Requests with their first token still on a prefill instance (the decode pool had
+    no room for them, or their hand-off has not started yet)."""
 
     def ids(self, *roles: str) -> list[str]:
         return sorted(i for i, r in self.roles.items() if r in roles)
@@ -193,12 +198,13 @@ def adaptive_decision(view: PoolView, config: PDConfig, now: float,
     if config.mode != "adaptive" or (last_change is not None and now - last_change < config.cooldown_s):
         return None
     pressure, room = view.prefill_pressure, view.decode_room
+    has_room = room >= config.decode_room_freeness and view.num_waiting_handoffs == 0
     decode, mixed, prefill = view.ids("decode"), view.ids("mixed"), view.ids("prefill")
     if pressure > config.lend_above_tokens:
         old = [i for i in mixed if now - view.role_since.get(i, now) >= config.flip_after_s]
-        if old and room >= config.decode_room_freeness and len(decode) >= config.min_decode:
+        if old and has_room and len(decode) >= config.min_decode:
             return RoleChange(min(old, key=lambda i: (view.role_since.get(i, now), i)), "prefill", "flip")
-        if room >= config.decode_room_freeness and len(decode) > config.min_decode:
+        if has_room and len(decode) > config.min_decode:
             freest = max(decode, key=lambda i: (view.freeness.get(i, 0.0), i))
             return RoleChange(freest, "mixed", "lend")
         return None
@@ -206,7 +212,8 @@ def adaptive_decision(view: PoolView, config: PDConfig, now: float,
         if mixed:
             least = min(mixed, key=lambda i: (view.queued_tokens.get(i, 0), i))
             return RoleChange(least, "decode", "reclaim")
-        if room < config.decode_tight_freeness and len(prefill) > config.min_prefill:
+        tight = room < config.decode_tight_freeness or view.num_waiting_handoffs > 0
+        if tight and len(prefill) > config.min_prefill:
             least = min(prefill, key=lambda i: (view.queued_tokens.get(i, 0), i))
             return RoleChange(least, "decode", "flip")
     return None

@@ -140,7 +140,18 @@ class PDFlow:
         statuses = {**self.policy.gs.statuses, **self.policy.gs_decode.statuses}
         return PoolView(roles=dict(self.policy.roles), role_since=self.role_since,
                         queued_tokens={i: queued_prefill_tokens(s) for i, s in statuses.items()},
-                        freeness={i: freeness(s, fcfg) for i, s in statuses.items()})
+                        freeness={i: freeness(s, fcfg) for i, s in statuses.items()},
+                        num_waiting_handoffs=self._num_waiting())
+
+    def _num_waiting(self) -> int:
+        """Requests past their first token on prefill instances, not migrating."""
+        n = 0
+        for iid, role in self.policy.roles.items():
+            inst = self.cluster.instances.get(iid)
+            if role == "prefill" and inst is not None:
+                n += sum(1 for rid, r in inst.engine.requests.items() if r.status == RequestStatus.RUNNING
+                         and r.output_token_ids and rid not in inst.migrations_out)
+        return n
 
     def apply(self, change: RoleChange, now: float) -> None:
         inst = self.cluster.instances[change.instance_id]
