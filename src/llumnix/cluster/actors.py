@@ -808,6 +808,8 @@ class LlumSchedActor:
             self.migrations.add(reports)
 
     def update_status(self, status: InstanceStatus, handle: Any = None) -> None:
+        if handle is None and status.instance_id not in self.gs.statuses:
+            handle = self._named_instance(status.instance_id)  # pushes carry the handle only now and then
         with self._lock:
             if self.lifecycle.is_gone(status.instance_id):
                 return  # a late push of a dead or stopped instance
@@ -818,6 +820,16 @@ class LlumSchedActor:
                 self.handles[status.instance_id] = handle
                 self._relearnt(status.instance_id, status)
             self.gs.update_status(status)
+
+    def _named_instance(self, instance_id: str) -> Any:
+        """The actor of an instance this LlumSched does not know yet (after a restart), by
+        the name the launcher gave it; None if there is none (or it is gone)."""
+        if self.lifecycle.is_gone(instance_id):
+            return None
+        try:
+            return ray.get_actor(f"{self._name}-{instance_id}")
+        except Exception:  # noqa: BLE001 - not a named instance of this cluster: its next handle
+            return None
 
     def dispatch(self, req: DispatchRequest) -> str | None:
         with self._lock:
