@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,14 +37,10 @@ from typing import Any
 
 import psutil
 
+from llumnix.cluster.startup import free_port
+
 MAX_TOKENS = 8
 PROMPT = "Hello there, how are you today?"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:

@@ -10,7 +10,6 @@ import queue
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llumnix.cluster.startup import free_port
+
 BIN = Path(sys.executable).parent
 TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] "
 
@@ -27,12 +28,6 @@ TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endf
 def clean_env() -> dict[str, str]:
     """What a new shell has: no RAY_*, no LLUMNIX_*, nothing this test process set."""
     return {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def read_until(proc: subprocess.Popen, pattern: str, timeout_s: float, seen: list[str]) -> re.Match[str]:

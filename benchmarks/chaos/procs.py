@@ -22,12 +22,6 @@ TITLES = {"instance": "ray::InstanceActor", "llumsched": "ray::LlumSchedActor"}
 """Ray sets a worker's process title to ``ray::Class`` (``.method`` while it runs one)."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def redis_binary() -> str:
     found = shutil.which("redis-server")
     if found:

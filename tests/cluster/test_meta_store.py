@@ -127,9 +127,10 @@ def test_the_writer_never_blocks_on_a_hung_redis_and_catches_up_when_it_is_back(
 
 def test_the_writer_rewrites_a_restarted_redis():
     from llumnix.cluster.meta_store import StoreWriter
-    from tests.cluster.conftest import _free_port, redis_server
+    from llumnix.cluster.startup import free_port
+    from tests.cluster.conftest import redis_server
 
-    port = _free_port()
+    port = free_port()
     with redis_server(port) as (url, _):
         writer = StoreWriter(RedisMetaStore(url, prefix="r", timeout_s=0.3), retry_s=0.1)
         writer.put_status(_status("a", 1.0))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,21 +11,17 @@ import time
 import httpx
 import pytest
 
+from llumnix.cluster.startup import free_port
+
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("grace", [30.0, 0.1])
 def test_sigterm_lets_a_running_stream_finish_within_the_grace_then_exits(tiny_model_dir, tmp_path, grace):
     """With the default grace the stream gets every token; with 0.1 s it is cut (its 480
     tokens take about a second here) and the server still exits."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "serve", "--model", str(tiny_model_dir),

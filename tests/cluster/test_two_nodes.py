@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from llumnix.cluster.startup import free_port  # noqa: E402
 from llumnix.core.sampling_params import SamplingParams  # noqa: E402
 from llumnix.core.wire import GenerateRequest  # noqa: E402
 from tests.cluster.helpers import (  # noqa: E402
@@ -49,12 +49,6 @@ SLOT = "llumnix_slot"
 SECOND_IP = "127.0.0.2"
 PROMPT = [(i * 37 + 11) % 250 for i in range(48)]
 N_TOKENS = 450  # the tiny model's context is 512
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RayNode:
@@ -123,7 +117,7 @@ def two_ray_nodes(slots: tuple[int, int] = (1, 1)) -> Iterator[TwoNodes]:
     # The token Ray makes for a local cluster (~/.ray/auth_token), where there is none yet.
     subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env, capture_output=True, check=True)
     tmp = Path(tempfile.mkdtemp(prefix="llx-", dir="/tmp"))  # short: Ray's socket paths live under it
-    port = _free_port()
+    port = free_port()
     nodes: list[RayNode] = []
     try:
         nodes.append(RayNode(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",
@@ -261,7 +255,7 @@ def test_a_process_joins_by_address_without_ray_auth_mode(nodes, cluster, tiny_m
     """`llumnix gateway --ray-address HOST:PORT` in a fresh process whose environment
     names no auth mode: it finds the token where Ray puts it and serves."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([str(BIN / "llumnix"), "gateway", "--ray-address", nodes.address, "--namespace",
                              ray.get_runtime_context().namespace, "--port", str(port)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -292,7 +286,7 @@ def test_without_a_token_joining_fails_in_one_line_that_names_the_variable(nodes
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env["HOME"] = str(tmp_path)  # no ~/.ray/auth_token
     p = subprocess.run([str(BIN / "llumnix"), "gateway", "--ray-address", nodes.address, "--port",
-                        str(_free_port())], env=env, capture_output=True, text=True, timeout=180)
+                        str(free_port())], env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode != 0
     last = p.stderr.strip().splitlines()[-1]
     assert "RAY_AUTH_TOKEN" in last and nodes.address in last, p.stderr[-2000:]

@@ -2,7 +2,6 @@
 --instances 1`, reached only over HTTP, behind `python -m llumnix.lite --engine-url`."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -12,14 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llumnix.cluster.startup import free_port
+
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180) -> None:
@@ -48,7 +43,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def urls(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(the engine's url, the lite gateway's url in front of it)."""
     logs = tmp_path_factory.mktemp("lite-logs")
-    eng_port, lite_port = _free_port(), _free_port()
+    eng_port, lite_port = free_port(), free_port()
     procs = []
     try:
         eng_log = logs / "engine.log"

@@ -12,6 +12,13 @@ from typing import Any, cast
 from llumnix.core.errors import LlumnixError
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (for tests and benchmarks that start servers)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 def bind_port(host: str, port: int) -> socket.socket:
     """The HTTP socket, bound and listening: the port is ours from now on (a socket that
     is only bound, with SO_REUSEADDR, would not keep a second server off it). A client that
