@@ -87,10 +87,7 @@ class InstanceServer:
         """Outputs of ``client``'s requests produced since its last call, taken: waits up
         to ``timeout`` for some (a caller that can lose a reply uses ``poll_outputs``)."""
         last, out = self.poll_outputs(timeout, client, ack=None)
-        with self._outbox_cv:
-            box = self._outboxes.get(client)
-            if box is not None:
-                box.ack(last)
+        self.ack_outputs(client, last)
         return out
 
     def poll_outputs(self, timeout: float = 0.5, client: str = "",
@@ -108,10 +105,7 @@ class InstanceServer:
     def ack_outputs(self, client: str, upto: int) -> None:
         """``client`` has every output up to sequence number ``upto``: they are dropped."""
         with self._outbox_cv:
-            box = self._outboxes.get(client)
-            if box is None:
-                box = self._outboxes[client] = _Outbox()
-            box.ack(upto)
+            self._box(client).ack(upto)
 
     def wait_outputs(self, client: str, after: int | None, timeout: float, status_after: int = -1,
                      wake: Callable[[], bool] | None = None) -> tuple[int, list[RequestOutput], int]:
@@ -123,24 +117,26 @@ class InstanceServer:
         deadline = now + timeout
         with self._outbox_cv:
             self._last_read[client] = now
-            box = self._outboxes.get(client)
-            if box is None:
-                box = self._outboxes[client] = _Outbox()
+            box = self._box(client)
             while self.is_alive:
-                skip = 0 if after is None else max(0, after - box.first + 1)
-                if len(box.items) > skip or self._status_seq > status_after or (wake is not None and wake()):
+                if box.has_after(after) or self._status_seq > status_after or (wake is not None and wake()):
                     break
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._outbox_cv.wait(left):
                     break
-            skip = 0 if after is None else max(0, after - box.first + 1)
-            out = box.items[skip:]
-            last = box.first + len(box.items) - 1
+            out, last = box.after(after), box.last
             self._forget_idle_clients(now)
             status_seq = self._status_seq
         if not out and not self.is_alive:
             raise RuntimeError(f"instance {self.instance_id} stopped: {self.error!r}")
         return last, out, status_seq
+
+    def _box(self, client: str) -> _Outbox:
+        """``client``'s outbox, made on first use (caller holds the outbox lock)."""
+        box = self._outboxes.get(client)
+        if box is None:
+            box = self._outboxes[client] = _Outbox()
+        return box
 
     def statuses_after(self, seq: int) -> list[InstanceStatus]:
         """The pushed statuses numbered after ``seq`` still kept (oldest first)."""
@@ -208,12 +204,8 @@ class InstanceServer:
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
         with self._outbox_cv:
-            boxes = self._outboxes
             for out in outputs:
-                box = boxes.get(out.client)
-                if box is None:
-                    box = boxes[out.client] = _Outbox()
-                box.items.append(out)
+                self._box(out.client).items.append(out)
             self._outbox_cv.notify_all()
 
     _IDLE_CLIENT_S = 120.0
@@ -258,6 +250,21 @@ class _Outbox:
     def __init__(self) -> None:
         self.items: list[RequestOutput] = []
         self.first = 1
+
+    @property
+    def last(self) -> int:
+        """The sequence number of the newest output (``first - 1`` when there is none)."""
+        return self.first + len(self.items) - 1
+
+    def _skip(self, after: int | None) -> int:
+        return 0 if after is None else max(0, after - self.first + 1)
+
+    def has_after(self, after: int | None) -> bool:
+        return len(self.items) > self._skip(after)
+
+    def after(self, after: int | None) -> list[RequestOutput]:
+        """The outputs numbered after ``after`` (None: every one kept)."""
+        return self.items[self._skip(after):]
 
     def ack(self, upto: int) -> None:
         k = max(0, min(len(self.items), upto - self.first + 1))
