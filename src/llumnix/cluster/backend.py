@@ -306,7 +306,7 @@ class ClusterBackend:
         for rid, where in list(self._unconfirmed.items()):
             stream = self._streams.get(rid)
             if where == iid and stream is not None:
-                self._spawn(self._confirm_added(stream, iid, None))
+                self._spawn(self._readd(stream, iid))
 
     def _dispatch_here(self, request: GenerateRequest) -> str | None:
         """Dispatch on this gateway's statuses and send on the channel (None: no open
@@ -544,12 +544,7 @@ class ClusterBackend:
 
     async def _confirm_added(self, stream: _Stream, iid: str, added: Any) -> None:
         """Wait, off the request's critical path, for the add that LlumSched forwarded; a
-        failed one is handled as if the gateway had sent it. ``added`` None: an add sent
-        on a channel that broke before confirming it (the request is looked for first)."""
-        if added is None:
-            if self._unconfirmed.get(stream.request.request_id) == iid and request_id_live(self._streams, stream):
-                await self._readd(stream, iid)
-            return
+        failed one is handled as if the gateway had sent it."""
         try:
             await asyncio.wait_for(added, self.call_timeout_s)
         except asyncio.CancelledError:
@@ -573,6 +568,10 @@ class ClusterBackend:
             await self._recover(stream, iid, e, exclude={iid})
 
     async def _readd(self, stream: _Stream, iid: str) -> None:
+        """An add sent on a channel that broke before the instance confirmed it: find the
+        request (it may have arrived), else send it again."""
+        if self._unconfirmed.get(stream.request.request_id) != iid or not request_id_live(self._streams, stream):
+            return
         where = await self._locate(stream.request.request_id, exclude=set())
         if where is not None:
             stream.instance_id = where
