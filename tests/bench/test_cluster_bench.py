@@ -57,26 +57,21 @@ def _rec(ttft, e2e, n, itl):
     return r
 
 
-def _counters(preempt, ok, aborted, running, downtimes, recent):
+def _counters(preempt, ok, aborted, running, downtimes, aborts):
     return {"num_preemptions": preempt, "migrations_committed": ok, "migrations_aborted": aborted,
-            "committed_running": running, "downtimes_s": downtimes, "recent": recent}
+            "committed_running": running, "downtimes_s": downtimes, "aborts_by_reason": aborts}
 
 
-OLD = {"request_id": "x", "end_time": 1.0, "committed": False, "abort_reason": REFUSED}
 RAW = {
     "records": [_rec(0.5, 2.5, 11, [0.2] * 10), _rec(6.0, 7.0, 3, [0.5, 0.5]), RequestRecord(0.0, error="HTTP 500")],
     "duration_s": 10.0,
-    "before": _counters(3, 2, 1, 2, [0.01, 0.02], [OLD]),
-    "after": _counters(7, 4, 3, 3, [0.01, 0.02, 0.03], [OLD]),
+    "before": _counters(3, 2, 1, 2, [0.01, 0.02], {REFUSED: 1.0, "timeout": 0.0, "source_finished": 0.0}),
+    "after": _counters(7, 4, 3, 3, [0.01, 0.02, 0.03], {REFUSED: 2.0, "timeout": 1.0, "source_finished": 0.0}),
     "samples": [
         {"t": 0.0, "instances": [{"num_used_blocks": 8, "num_total_blocks": 32}, {"num_used_blocks": 0,
-                                                                                  "num_total_blocks": 32}],
-         "recent": [OLD, {"request_id": "a", "end_time": 2.0, "committed": False, "abort_reason": REFUSED}]},
+                                                                                  "num_total_blocks": 32}]},
         {"t": 0.5, "instances": [{"num_used_blocks": 32, "num_total_blocks": 32}, {"num_used_blocks": 16,
-                                                                                   "num_total_blocks": 32}],
-         "recent": [{"request_id": "a", "end_time": 2.0, "committed": False, "abort_reason": REFUSED},
-                    {"request_id": "b", "end_time": 3.0, "committed": False, "abort_reason": "timeout"},
-                    {"request_id": "c", "end_time": 3.5, "committed": True, "abort_reason": None}]},
+                                                                                   "num_total_blocks": 32}]},
     ],
 }
 
@@ -84,7 +79,7 @@ RAW = {
 def test_one_runs_record_from_counters_samples_and_client_records():
     r = run_record(S, RAW, 0.85, 0, 1.5)
     assert (r["num_preemptions"], r["migrations_committed"], r["migrations_aborted"]) == (4, 2, 2)
-    assert r["abort_reasons"] == {REFUSED: 1, "timeout": 1}  # the one listed before the run is not counted
+    assert r["abort_reasons"] == {REFUSED: 1, "timeout": 1}  # the counters' growth; reasons at 0 left out
     assert r["downtime_s"]["max"] == 0.03 and r["downtime_s"]["mean"] == pytest.approx(0.03)
     assert r["num_ok"] == 2 and r["errors"] == ["HTTP 500"]
     assert r["ttft_s"]["max"] == 6.0 and r["itl_s"]["max"] == 0.5
@@ -127,6 +122,23 @@ llumnix:migrations_total{model_name="m",outcome="aborted"} 1.0
     assert m["vllm:num_preemptions_total"] == 7.0
     assert m["llumnix:migrations_total{outcome=committed}"] == 5.0
     assert m["llumnix:migrations_total{outcome=aborted}"] == 1.0
+
+
+def test_the_abort_reasons_are_read_from_the_counters_and_survive_a_counter_reset():
+    from llumnix.bench.cluster_server import aborts_by_reason
+
+    text = """# TYPE llumnix:migration_aborts counter
+llumnix:migration_aborts_total{model_name="m",reason="refused"} 2.0
+llumnix:migration_aborts_total{model_name="m",reason="source_finished"} 5.0
+llumnix:migrations_total{model_name="m",outcome="aborted"} 7.0
+"""
+    got = aborts_by_reason(metric_sums(text))
+    assert got == {"refused": 2.0, "source_finished": 5.0}
+    # LlumSched restarted during the run: its counter started again at 0 and holds 1 now
+    before = {**RAW["before"], "aborts_by_reason": got}
+    after = {**RAW["after"], "aborts_by_reason": {"refused": 1.0, "source_finished": 6.0}}
+    r = run_record(S, {**RAW, "before": before, "after": after}, 1.0, 0, 1.0)
+    assert r["abort_reasons"] == {"refused": 1, "source_finished": 1}
 
 
 def test_preemptions_count_per_instance_and_a_replacement_counts_its_own():

@@ -198,24 +198,40 @@ def test_reservation_refused_aborts_and_the_request_finishes_on_the_source():
         pair.add("x", PROMPT, SamplingParams(max_tokens=30))
         time.sleep(0.03)
         rep = migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig())
-        assert not rep.committed and "refused" in rep.abort_reason
+        assert not rep.committed and "refused" in rep.abort_reason and rep.abort_code == "refused"
         assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=30))
         pair.check_drained()
 
 
 def test_request_that_finishes_mid_migration_aborts_cleanly():
-    pair = Pair(slow_s=0.0)
-    try:
+    with Pair(slow_s=0.0) as pair:
         pair.add("x", PROMPT, SamplingParams(max_tokens=3))
         time.sleep(0.01)
         rep = migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig())
-        assert not rep.committed
+        assert not rep.committed and rep.abort_code == "source_finished"  # before it began, or during
         time.sleep(0.05)
         pair.check_drained()
-    except KeyError:
-        pass  # it finished before the migration began: also a clean outcome
-    finally:
-        pair.close()
+
+
+def test_a_pick_that_races_with_the_requests_end_is_a_typed_abort_not_an_error():
+    """A migration round picks a request at one step boundary and the migration reads it
+    at the next: a request that finished in between aborts as ``source_finished`` (it
+    raised a bare KeyError, which the instance actor reported as its text and answered by
+    closing every KV channel it had open)."""
+    with Pair() as pair:
+        pair.add("x", PROMPT, SamplingParams(max_tokens=2))
+        picked = pair.src.call(lambda: list(pair.src.engine.requests))
+        pair.collect("x")  # it ends before the migration starts
+        rep = migrate(picked[0], pair.src, pair.endpoint, pair.sender, MigrationConfig())
+        assert (rep.committed, rep.abort_code, rep.num_stages, rep.downtime) == (False, "source_finished", 0, None)
+        assert "finished before its migration began" in rep.abort_reason
+        # nothing was started on either side, and the channel still carries a migration
+        pair.check_drained()
+        pair.add("y", PROMPT, SamplingParams(max_tokens=150))
+        time.sleep(0.03)
+        assert migrate("y", pair.src, pair.endpoint, pair.sender, MigrationConfig()).committed
+        assert pair.collect("y") == reference(PROMPT, SamplingParams(max_tokens=150))
+        pair.check_drained()
 
 
 def test_client_abort_mid_migration():

@@ -13,8 +13,8 @@ CPU serves them; prompts are token ids, so every system sees the same lengths ex
         requests sent at once; every load at every seed on every system
 
 Per run: client-side TTFT, TPOT, inter-token latency, e2e, goodput; from the gateway's
-``/metrics`` the preemptions and migrations; from ``/admin/cluster`` (polled) the
-migrations' abort reasons, downtimes and the KV usage over time. ``cluster_report.py``
+``/metrics`` the preemptions and migrations (aborts by reason); from ``/admin/cluster``
+(polled) the downtimes and the KV usage over time. ``cluster_report.py``
 aggregates over seeds and writes the plot.
 """
 from __future__ import annotations

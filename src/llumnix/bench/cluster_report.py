@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from llumnix.bench.serve_bench import RequestRecord
+from llumnix.migration import reasons
 
-REFUSED = "destination refused to reserve blocks"
+REFUSED = reasons.REFUSED
 
 
 def pct(values: list[float], p: float) -> float | None:
@@ -24,19 +25,13 @@ def dist(values: list[float]) -> dict[str, float | None]:
             "p99": pct(values, 99), "max": max(values, default=None)}
 
 
-def _abort_reasons(raw: dict[str, Any]) -> dict[str, int]:
-    """Abort reasons of the migrations that ended during the run: ``/admin/cluster``'s
-    recent reports, polled, less those it already listed before the run."""
-    def key(m: dict[str, Any]) -> tuple[Any, ...]:
-        return (m.get("request_id"), m.get("end_time"))
-
-    old = {key(m) for m in raw["before"].get("recent", ())}
-    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for sample in (*raw["samples"], raw["after"]):
-        for m in sample.get("recent", ()):
-            if key(m) not in old:
-                seen[key(m)] = m
-    return dict(Counter(str(m.get("abort_reason")) for m in seen.values() if not m.get("committed")))
+def _abort_reasons(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """Migrations aborted during the run, by reason: ``/metrics``' counters
+    (``llumnix:migration_aborts_total{reason}``) after the run less before it. A counter
+    that fell (LlumSched restarted) counts what it holds now."""
+    b, a = before.get("aborts_by_reason", {}), after.get("aborts_by_reason", {})
+    out = {k: int(v - b.get(k, 0.0) if v >= b.get(k, 0.0) else v) for k, v in a.items()}
+    return {k: n for k, n in sorted(out.items()) if n}
 
 
 def _kv_series(samples: list[dict[str, Any]]) -> list[tuple[float, float]]:
@@ -72,7 +67,7 @@ def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int,
            "num_preemptions": preemptions_between(b, a),
            "migrations_committed": int(a["migrations_committed"] - b["migrations_committed"]),
            "migrations_aborted": int(a["migrations_aborted"] - b["migrations_aborted"]),
-           "abort_reasons": _abort_reasons(raw), "downtime_s": dist(downtimes),
+           "abort_reasons": _abort_reasons(b, a), "downtime_s": dist(downtimes),
            "ttft_s": dist([r.ttft_s for r in ok if r.ttft_s is not None]),
            "tpot_s": dist([t for r in ok if (t := r.tpot_s) is not None]),
            "itl_s": dist([g for r in ok for g in r.itl_s]),
@@ -117,12 +112,12 @@ def aggregate(systems: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 vals = [v for r in runs if (v := _get(r, key, sub)) is not None]
                 agg[name] = ({"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
                              if vals else None)
-            reasons: Counter[str] = Counter()
+            by_reason: Counter[str] = Counter()
             for r in runs:
-                reasons.update(r["abort_reasons"])
+                by_reason.update(r["abort_reasons"])
             for k in ("num_preemptions", "migrations_committed", "migrations_aborted", "num_ok", "num_requests"):
                 agg[k] = sum(r[k] for r in runs)
-            agg["abort_reasons"] = dict(reasons)
+            agg["abort_reasons"] = dict(by_reason)
             out[sys_rec["system"]][load] = agg
     return out
 

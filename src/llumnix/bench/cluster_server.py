@@ -110,8 +110,15 @@ def metric_sums(text: str, keep: tuple[str, ...] = ()) -> dict[str, float]:
     return out
 
 
+def aborts_by_reason(sums: dict[str, float]) -> dict[str, float]:
+    """``metric_sums``' ``llumnix:migration_aborts_total{reason=...}`` -> {reason: count}."""
+    prefix = "llumnix:migration_aborts_total{reason="
+    return {k[len(prefix):-1]: v for k, v in sums.items() if k.startswith(prefix)}
+
+
 def cluster_counters(url: str) -> dict[str, Any]:
-    """Preemptions and migrations so far, from ``/metrics``; downtimes from ``/admin/cluster``."""
+    """Preemptions and migrations so far (aborts by reason), from ``/metrics``; downtimes from
+    ``/admin/cluster``."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
     m = metric_sums(text)
     mig = admin_cluster(url).get("migrations", {})
@@ -120,13 +127,14 @@ def cluster_counters(url: str) -> dict[str, Any]:
     return {"num_preemptions": m.get("vllm:num_preemptions_total", 0.0), "preemptions_by_engine": per_engine,
             "migrations_committed": m.get("llumnix:migrations_total{outcome=committed}", 0.0),
             "migrations_aborted": m.get("llumnix:migrations_total{outcome=aborted}", 0.0),
+            "aborts_by_reason": aborts_by_reason(m),
             "committed_running": mig.get("committed_running", 0),
-            "downtimes_s": list(mig.get("recent_downtimes_s", ())), "recent": list(mig.get("recent", ()))}
+            "downtimes_s": list(mig.get("recent_downtimes_s", ()))}
 
 
 async def poll_cluster(url: str, every_s: float, samples: list[dict[str, Any]], stop: asyncio.Event) -> None:
-    """Append ``/admin/cluster``'s instances and recent migrations every ``every_s`` until
-    ``stop`` (and once more after it)."""
+    """Append ``/admin/cluster``'s instances every ``every_s`` until ``stop`` (and once
+    more after it)."""
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=30) as client:
         while True:
@@ -136,8 +144,7 @@ async def poll_cluster(url: str, every_s: float, samples: list[dict[str, Any]], 
                                 "instances": [{k: i.get(k) for k in ("instance_id", "num_used_blocks",
                                                                      "num_total_blocks", "num_running",
                                                                      "num_waiting", "freeness")}
-                                              for i in info.get("instances", ())],
-                                "recent": info.get("migrations", {}).get("recent", [])})
+                                              for i in info.get("instances", ())]})
             except (httpx.HTTPError, ValueError):
                 pass  # one missed sample; the next poll tries again
             if stop.is_set():

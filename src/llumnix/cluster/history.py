@@ -2,9 +2,11 @@
 reports (a long-running cluster's memory and ``/admin/cluster`` stay bounded)."""
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Any
+
+from llumnix.migration import reasons
 
 HISTORY = 1000
 """Migration reports (and scaling events) kept; the counts are kept in full."""
@@ -15,6 +17,8 @@ class MigrationHistory:
         self.reports: deque[dict[str, Any]] = deque(maxlen=maxlen)
         self.num_committed = self.num_committed_queued = self.num_aborted = 0
         self.num_blocks_sent = self.num_blocks_adopted = 0
+        self.aborted_by_reason: Counter[str] = Counter()
+        """Every abort by its ``migration.reasons`` code."""
 
     def add(self, reports: Iterable[dict[str, Any]]) -> None:
         for m in reports:
@@ -25,6 +29,8 @@ class MigrationHistory:
                 self.num_blocks_adopted += int(m.get("num_blocks_cached", 0))
             else:
                 self.num_aborted += 1
+                m = {**m, "abort_code": reasons.of_report(m)}  # a failed round's text, classified once
+                self.aborted_by_reason[m["abort_code"]] += 1
             self.reports.append(m)
 
     def summary(self, in_flight: Iterable[str]) -> dict[str, Any]:
@@ -36,10 +42,12 @@ class MigrationHistory:
                 "committed_running": self.num_committed - self.num_committed_queued,
                 "committed_queued": self.num_committed_queued,
                 "aborted": self.num_aborted,
+                # every code, counted since LlumSched started (0 where none yet): /metrics' counter
+                "aborted_by_reason": {r: self.aborted_by_reason[r] for r in reasons.ALL},
                 "in_flight": sorted(in_flight),
                 "blocks_sent": self.num_blocks_sent,
                 "blocks_adopted": self.num_blocks_adopted,
                 "downtime_s": downtimes[-20:],
                 "recent_downtimes_s": downtimes,
                 "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id", "dst_instance_id", "committed",
-                                                  "abort_reason", "end_time")} for m in recent]}
+                                                  "abort_reason", "abort_code", "end_time")} for m in recent]}

@@ -107,6 +107,7 @@ class ClusterCollector(Collector):
         fam.add_metric([name, "committed"], float(mig.get("committed", 0)))
         fam.add_metric([name, "aborted"], float(mig.get("aborted", 0)))
         yield fam
+        yield from _aborts_by_reason(name, mig)
         for key, doc in (("blocks_sent", "KV blocks sent by live migrations."),
                          ("blocks_adopted", "KV blocks migrations found already cached at their destination.")):
             if key in mig:
@@ -138,3 +139,17 @@ class ClusterCollector(Collector):
                 fam = CounterMetricFamily(metric, doc, labels=["model_name"])
                 fam.add_metric([name], float(gw[key]))
                 yield fam
+
+
+def _aborts_by_reason(name: str, mig: dict[str, Any]) -> Iterator[Metric]:
+    """Every aborted migration by why (``llumnix.migration.reasons``; each code present from
+    the start, at 0, so ``rate()`` sees its first abort); the reasons sum to
+    ``llumnix:migrations_total{outcome="aborted"}``."""
+    by_reason = mig.get("aborted_by_reason")
+    if not isinstance(by_reason, dict):
+        return
+    fam = CounterMetricFamily("llumnix:migration_aborts", "Aborted live migrations by reason (since "
+                              "LlumSched started).", labels=["model_name", "reason"])
+    for reason, n in sorted(by_reason.items()):
+        fam.add_metric([name, str(reason)], float(n))
+    yield fam

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from llumnix.core.request import Request, RequestStatus
 from llumnix.kv.prefix_cache import sequence_keys
+from llumnix.migration import reasons
 from llumnix.migration.protocol import MigrationConfig, MigrationPhase, MigrationProtocol, MigrationReport
 from llumnix.migration.transport import KVSender, KVSource
 
@@ -81,12 +82,16 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
             config: MigrationConfig, now: Callable[[], float] = time.monotonic) -> MigrationReport:
     eng = src.engine
     start = src.call(lambda: _state(eng, request_id))
-    if start is None:
-        raise KeyError(f"{request_id} is not on {src.instance_id}")
-    status0, preemptions0 = start
+    status0, preemptions0 = start if start is not None else (RequestStatus.RUNNING, 0)
     proto = MigrationProtocol(request_id, src.instance_id, dst.instance_id, config, now(),
                               has_kv=status0 == RequestStatus.RUNNING,
                               bytes_per_block=eng.executor.bytes_per_block)
+    if start is None:
+        # Picked at one boundary, gone by the next: it finished (or was aborted) between
+        # the two. Nothing was started on either side.
+        proto.abort(f"the request finished before its migration began ({request_id} is not on "
+                    f"{src.instance_id})", now(), reasons.SOURCE_FINISHED)
+        return proto.report()
     src.llumlet.on_migration_started(request_id)
     paused = False
     snapshot: Request | None = None  # taken at the last stage's boundary
@@ -100,7 +105,7 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
         _first_stage_with_cache(request_id, eng, src, dst, proto, alive, now)
         while not proto.phase.is_done:
             if proto.is_timed_out(now()):
-                proto.abort("timeout", now())
+                proto.abort("timeout", now(), reasons.TIMEOUT)
                 break
             if proto.phase == P.RESERVE:  # a pre-copy stage: full blocks, request still decoding
                 blocks = src.call(lambda: eng.blocks_since(request_id, proto.num_blocks_done, full_only=True)
@@ -110,7 +115,7 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
             elif proto.phase == P.COPY:
                 if not sender.send(request_id, proto.stages[-1].dst_block_ids,
                                    KVSource(eng.executor, proto.pending_blocks)):
-                    proto.abort("the destination refused the KV", now())
+                    proto.abort("the destination refused the KV", now(), reasons.KV_REFUSED)
                     continue
                 ok, unsent = src.call(lambda: (True, len(eng.blocks_since(request_id, 0)) -
                                                proto.num_blocks_done - len(proto.pending_blocks))
@@ -124,7 +129,7 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
             elif proto.phase == P.COMMIT:
                 _commit(request_id, src, dst, proto, snapshot, now)
     except Exception as e:  # noqa: BLE001 - any failure is an abort; the report says why
-        proto.abort(f"{type(e).__name__}: {e}", now())
+        proto.abort(f"{type(e).__name__}: {e}", now(), reasons.of_exception(e))
     finally:
         if proto.phase == P.ABORTED:  # paused_at: a last stage that failed after pausing
             _clean_up_abort(request_id, src, dst, paused or proto.paused_at is not None)
@@ -219,7 +224,7 @@ def _last_stage(request_id: str, src: SourceServer, dst: Destination, sender: KV
     if proto.on_reserved(ids, now()) == P.COPY:
         assert ids is not None
         if rest and not sender.send(request_id, ids, KVSource(eng.executor, rest, data), urgent=True):
-            proto.abort("the destination refused the KV", now())
+            proto.abort("the destination refused the KV", now(), reasons.KV_REFUSED)
         else:
             proto.on_copied(now(), request_alive=True, num_unsent_blocks=0)
             proto.marks["last_copy_done"] = now()
@@ -250,7 +255,7 @@ def _commit(request_id: str, src: SourceServer, dst: Destination, proto: Migrati
                     if eng.requests.get(request_id) is not None
                     and eng.requests[request_id].status == RequestStatus.WAITING else None)
     if snap is None:
-        proto.abort("the queued request was scheduled or ended meanwhile", now())
+        proto.abort("the queued request was scheduled or ended meanwhile", now(), reasons.SOURCE_FINISHED)
         return
     try:
         dst.install(snap)

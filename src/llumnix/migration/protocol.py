@@ -34,6 +34,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from llumnix.migration import reasons
+
 
 @dataclass(frozen=True)
 class MigrationConfig:
@@ -102,6 +104,8 @@ class MigrationReport:
     driver's clock) and the driver's own (e.g. where the last stage's time went)."""
     was_queued: bool = False
     """The request had no KV yet (it waited in the source's queue): moved as metadata."""
+    abort_code: str | None = None
+    """Why it aborted, as a ``migration.reasons`` code (what the metrics count); None if committed."""
 
 
 class MigrationProtocol:
@@ -130,6 +134,7 @@ class MigrationProtocol:
         """When the destination's first step with the request began (the driver's clock)."""
         self.end_time: float | None = None
         self.abort_reason: str | None = None
+        self.abort_code: str | None = None
         self._pending_blocks: list[int] = []
         self.marks: dict[str, float] = {}
 
@@ -180,7 +185,7 @@ class MigrationProtocol:
         """The destination reserved blocks for this stage (None: refused)."""
         self._expect(MigrationPhase.RESERVE)
         if dst_block_ids is None:
-            return self.abort("destination refused to reserve blocks", now)
+            return self.abort("destination refused to reserve blocks", now, reasons.REFUSED)
         if len(dst_block_ids) != len(self._pending_blocks):
             return self.abort("destination reserved the wrong number of blocks", now)
         self.stages[-1].dst_block_ids = list(dst_block_ids)
@@ -199,7 +204,7 @@ class MigrationProtocol:
         if self.is_last_stage:
             self.phase = MigrationPhase.COMMIT
         elif not request_alive:
-            return self.abort("the request finished, was aborted or was preempted", now)
+            return self.abort("the request finished, was aborted or was preempted", now, reasons.SOURCE_FINISHED)
         elif (num_unsent_blocks <= self.config.last_stage_max_blocks
               or len(self.stages) + 1 >= self.config.max_stages):
             self.phase = MigrationPhase.PAUSE
@@ -211,7 +216,7 @@ class MigrationProtocol:
         """The source took the request out of its batch (at a step boundary)."""
         self._expect(MigrationPhase.PAUSE)
         if not request_alive:
-            return self.abort("the request ended before its last stage", now)
+            return self.abort("the request ended before its last stage", now, reasons.SOURCE_FINISHED)
         self.paused_at = now
         self.marks["paused"] = now
         self.phase = MigrationPhase.RESERVE
@@ -239,13 +244,15 @@ class MigrationProtocol:
         return self.phase == MigrationPhase.ABORTED or (self.phase == MigrationPhase.COMMITTED and (
             self.paused_at is None or self.resumed_at is not None))
 
-    def abort(self, reason: str, now: float) -> MigrationPhase:
-        """Either side failed, or a check said stop. The driver frees the
-        destination's reservation and, if the source paused it, resumes the request."""
+    def abort(self, reason: str, now: float, code: str = reasons.OTHER) -> MigrationPhase:
+        """Either side failed, or a check said stop (``reason`` for a person, ``code``
+        one of ``migration.reasons``'). The driver frees the destination's reservation
+        and, if the source paused it, resumes the request."""
         if self.phase.is_done:
             return self.phase
         self.phase = MigrationPhase.ABORTED
         self.abort_reason = reason
+        self.abort_code = code
         self.end_time = now
         return self.phase
 
@@ -262,7 +269,7 @@ class MigrationProtocol:
             abort_reason=self.abort_reason, num_stages=len(self.stages), num_blocks=blocks,
             num_bytes=blocks * self.bytes_per_block, downtime=downtime, duration=end - self.start_time,
             num_blocks_cached=self.num_blocks_cached, start_time=self.start_time, end_time=end, marks=dict(self.marks),
-            was_queued=self.was_queued,
+            was_queued=self.was_queued, abort_code=self.abort_code,
         )
 
     def check_invariants(self) -> None:
