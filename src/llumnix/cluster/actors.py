@@ -79,7 +79,10 @@ class InstanceActor:
         self._evicted: list[bytes] = []
         self._last_pushed: InstanceStatus | None = None
         self._pushed_at = self._handle_sent_at = -1e9
+        self.role = "mixed"
+        """This instance's PD role (``policy/pd.py``), as LlumSched assigns it (``set_role``)."""
         self.server = InstanceServer(self.llm.engine, self.llumlet, on_status=self._push)
+        self.handoff = self._handoff_worker() if cfg.pd.is_on else None
         self.server.start()
         self._token = token
         mig = dict(migration or {})
@@ -99,6 +102,8 @@ class InstanceActor:
         self.stop_when_empty = False
         """Marked terminating by scale-in (not by an admin drain): to be stopped once empty.
         Kept here, so a restarted LlumSched learns it again from the instance."""
+        if self.handoff is not None:
+            self.handoff.start()
         from llumnix.cluster.gc_watch import GCWatch, freeze_startup_objects
 
         freeze_startup_objects()  # last: the model and Ray's state stay out of full collections
@@ -145,9 +150,35 @@ class InstanceActor:
         if now - self._handle_sent_at >= self.HANDLE_EVERY_S:
             handle, self._handle_sent_at = self._self_handle, now
         try:  # fire and forget: the newest wins
-            self._llumsched.update_status.remote(status, handle)
+            self._llumsched.update_status.remote(status, handle, self.role)
         except Exception:  # noqa: BLE001 - LlumSched is restarting; the next push retries
             log.debug("status push to LlumSched failed", exc_info=True)
+
+    # -- PD (cluster/pd.py) -------------------------------------------------------
+    def _handoff_worker(self) -> Any:
+        from llumnix.cluster.pd import HandoffWorker
+
+        iid = self.llm.engine.instance_id
+
+        def ask(request_id: str, num_blocks: int) -> tuple[str, Any] | None:
+            got = ray.get(self._llumsched.pd_destination.remote(iid, request_id, num_blocks), timeout=10)
+            return None if got is None else (str(got[0]), got[1])
+
+        def done(report: dict[str, Any]) -> None:
+            keep = ("request_id", "dst_instance_id", "committed", "abort_reason", "abort_code", "downtime",
+                    "duration", "num_blocks")
+            with contextlib.suppress(Exception):  # LlumSched restarting: one count lost
+                self._llumsched.pd_handoff_done.remote(iid, {k: report.get(k) for k in keep})
+
+        worker = HandoffWorker(self.server, ask, self.migrate_request, done)
+        self.server.on_outputs = worker.on_outputs  # set before the step thread starts
+        return worker
+
+    def set_role(self, role: str) -> None:
+        """LlumSched's PD role for this instance; a prefill one hands off its decodes."""
+        self.role = role
+        if self.handoff is not None:
+            self.handoff.set_role(role)
 
     def gc_stats(self) -> dict[str, Any]:
         """Full garbage collections in this process since start-up (``gc_watch``)."""
@@ -247,6 +278,8 @@ class InstanceActor:
         return self.server.is_alive
 
     def shutdown(self) -> None:
+        if self.handoff is not None:
+            self.handoff.stop()
         self.channel.close()
         self.endpoint.close()
         self.server.stop()
@@ -399,9 +432,12 @@ class LlumSchedActor:
                  reschedule_interval_s: float = 0.5, instance_spec: dict[str, Any] | None = None,
                  name: str = LLUMSCHED_NAME) -> None:
         from llumnix.cluster.meta_store import RedisMetaStore, StoreWriter, make_meta_store
+        from llumnix.cluster.pd import PDBook
 
         cfg = SchedulingConfig.from_dict(scheduling)
         self.gs = GlobalScheduler(cfg, seed=seed)
+        self.pd = PDBook(cfg.pd, cfg.freeness)
+        """PD roles, hand-off destinations and counts (``cluster/pd.py``)."""
         self._cms_url = cms_url
         store = make_meta_store(cms_url)
         # In memory the scheduler's own statuses are the store: nothing to copy. A shared
@@ -462,8 +498,18 @@ class LlumSchedActor:
         with self._lock:
             self.lifecycle.restart(status.instance_id, time.time())
             self.gs.add_instance(status)
+            role = self._learn_role(status.instance_id, None)
             if handle is not None:
                 self.handles[status.instance_id] = handle
+        if handle is not None and self.pd.config.is_on:
+            ray.get(handle.set_role.remote(role), timeout=30)
+
+    def _learn_role(self, instance_id: str, reported: str | None) -> str:
+        """The instance's PD role (the one it reports, after a restart of this actor), in
+        the book and the dispatch view (caller holds the lock)."""
+        role = self.pd.add(instance_id, time.time(), reported)
+        self.gs.set_role(instance_id, role)
+        return role
 
     def _resume_from_cms(self) -> int:
         """A (re)started LlumSched over a shared store takes its members and their latest
@@ -524,6 +570,7 @@ class LlumSchedActor:
             if reason != SCALED_IN or not self.lifecycle.move(instance_id, InstanceState.RETIRED, now, reason):
                 self.lifecycle.move(instance_id, InstanceState.FAILED, now, reason)
             self.gs.remove_instance(instance_id)
+            self.pd.remove(instance_id)
             self.handles.pop(instance_id, None)
             self._in_flight.pop(instance_id, None)
             if self._cms_writer is not None:
@@ -538,7 +585,9 @@ class LlumSchedActor:
     def gateway_setup(self) -> dict[str, Any]:
         """What a gateway needs to dispatch by itself over its request channels: the
         scheduling config (the same policy as here) and the cluster's token."""
-        return {"scheduling": self.gs.config, "token": (self._spec or {}).get("token")}
+        with self._lock:
+            roles = dict(self.pd.roles)
+        return {"scheduling": self.gs.config, "token": (self._spec or {}).get("token"), "roles": roles}
 
     def model_source(self) -> str | None:
         """The model the instances load ('smollm2', a path): where a gateway that joins
@@ -552,8 +601,8 @@ class LlumSchedActor:
         skip = set(known or ())
         with self._lock:
             return {iid: {"handle": None if iid in skip else h, "is_terminating": bool(
-                self.gs.statuses[iid].is_terminating if iid in self.gs.statuses else False)}
-                for iid, h in self.handles.items()}
+                self.gs.statuses[iid].is_terminating if iid in self.gs.statuses else False),
+                "role": self.pd.role_of(iid)} for iid, h in self.handles.items()}
 
     def drain(self, instance_id: str) -> dict[str, Any]:
         """Mark an instance terminating: its fake request of infinite usage makes it a
@@ -664,6 +713,7 @@ class LlumSchedActor:
                     last_health = time.time()
                     self._health_check()
                 self._replace_lost()
+                self._pd_round()
                 self._reschedule_round()
                 if self.gs.config.scaling.enabled:
                     self._autoscale()
@@ -807,7 +857,7 @@ class LlumSchedActor:
                 reports = [{"committed": False, "abort_reason": repr(e)}]
             self.migrations.add(reports)
 
-    def update_status(self, status: InstanceStatus, handle: Any = None) -> None:
+    def update_status(self, status: InstanceStatus, handle: Any = None, role: str | None = None) -> None:
         if handle is None and status.instance_id not in self.gs.statuses:
             handle = self._named_instance(status.instance_id)  # pushes carry the handle only now and then
         with self._lock:
@@ -819,7 +869,9 @@ class LlumSchedActor:
                 self.gs.add_instance(status)  # first push after a restart of this actor
                 self.handles[status.instance_id] = handle
                 self._relearnt(status.instance_id, status)
+                self._learn_role(status.instance_id, role if self.pd.config.is_on else None)
             self.gs.update_status(status)
+            self.pd.on_status(status.instance_id)
 
     def _named_instance(self, instance_id: str) -> Any:
         """The actor of an instance this LlumSched does not know yet (after a restart), by
@@ -830,6 +882,35 @@ class LlumSchedActor:
             return ray.get_actor(f"{self._name}-{instance_id}")
         except Exception:  # noqa: BLE001 - not a named instance of this cluster: its next handle
             return None
+
+    # -- PD (cluster/pd.py) ----------------------------------------------------------
+    def pd_destination(self, src_id: str, request_id: str, num_blocks: int) -> tuple[str, Any] | None:
+        """Where a prefill instance hands ``request_id`` (holding ``num_blocks``) off: a
+        decode instance and its handle, or None while the decode pool has no room."""
+        with self._lock:
+            dst = self.pd.pick(self.gs.statuses.values(), src_id, num_blocks)
+            return None if dst is None or dst not in self.handles else (dst, self.handles[dst])
+
+    def pd_handoff_done(self, src_id: str, report: dict[str, Any]) -> None:
+        with self._lock:
+            self.pd.on_handoff(report)
+
+    def _pd_round(self) -> None:
+        """Adaptive PD: at most one role change a round, told to the instance at once
+        (gateways learn it with their next membership refresh)."""
+        if self.pd.config.mode != "adaptive":
+            return
+        now = time.time()
+        with self._lock:
+            change = self.pd.decide(dict(self.gs.statuses), now)
+            if change is None or change.instance_id not in self.handles:
+                return
+            self.pd.apply(change, now)
+            self.gs.set_role(change.instance_id, change.role)
+            handle = self.handles[change.instance_id]
+        log.warning("PD: %s -> %s (%s)", change.instance_id, change.role, change.reason)
+        with contextlib.suppress(Exception):  # its next push carries the role it took
+            ray.get(handle.set_role.remote(change.role), timeout=10)
 
     def dispatch(self, req: DispatchRequest) -> str | None:
         with self._lock:
@@ -869,7 +950,8 @@ class LlumSchedActor:
                                 "events": list(self.scaling_events)[-50:]},
                     "capacity": {"target": self._capacity_target(), "num_replaced": self.num_replaced,
                                  "replacing": sorted(self._replacing)},
-                    "instances": [{**status_summary(s, fcfg, now),
+                    "pd": self.pd.info(),
+                    "instances": [{**status_summary(s, fcfg, now), "role": self.pd.role_of(s.instance_id),
                                    # prompt blocks LlumSched remembers sending there (prefix affinity)
                                    "prefix_blocks_sent": None if index is None else index.size(s.instance_id),
                                    # keys forgotten so far because the instance reported them evicted

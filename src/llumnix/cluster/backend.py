@@ -151,6 +151,8 @@ class ClusterBackend:
             self._token = setup["token"] or b""
             if self._token:
                 self.gs = GlobalScheduler(setup["scheduling"])
+                for iid, role in (setup.get("roles") or {}).items():  # PD: dispatch to the prefill pool
+                    self.gs.set_role(iid, role)
         for iid, actor in self.instances.items():
             self._start_poller(iid, actor)
         self._spawn(self._sync_membership_loop())
@@ -245,6 +247,7 @@ class ClusterBackend:
             lc.move(iid, s_.TERMINATING if m["is_terminating"] else s_.SERVING, now)
             if self.gs is not None:
                 (self.gs.mark_terminating if m["is_terminating"] else self.gs.unmark_terminating)(iid)
+                self.gs.set_role(iid, m.get("role", "mixed"))  # PD roles, changed by adaptive PD
         # A terminating instance that is no longer a member was stopped by scale-in; its
         # poller ends when the stopped actor answers with an error (see _on_instance_failed).
         for iid in lc.ids(s_.TERMINATING):

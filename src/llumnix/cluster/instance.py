@@ -30,11 +30,14 @@ log = logging.getLogger(__name__)
 class InstanceServer:
     def __init__(self, engine: EngineCore, llumlet: Llumlet,
                  on_status: Callable[[InstanceStatus], None] | None = None,
-                 status_interval_s: float = 0.05, idle_status_interval_s: float = 1.0) -> None:
+                 status_interval_s: float = 0.05, idle_status_interval_s: float = 1.0,
+                 on_outputs: Callable[[list[RequestOutput]], None] | None = None) -> None:
         self.engine = engine
         self.llumlet = llumlet
         self.instance_id = engine.instance_id
         self._on_status = on_status
+        self.on_outputs = on_outputs
+        """Called on the step thread with each step's outputs (PD: a first token wakes the hand-off)."""
         self._status_interval = status_interval_s
         self._idle_status_interval = idle_status_interval_s
         """With no request here a status changes only through a command (which reports
@@ -169,6 +172,8 @@ class InstanceServer:
                                           self.engine.last_step_was_prefill))
                     if outputs:
                         self._publish(outputs)
+                        if self.on_outputs is not None:
+                            self.on_outputs(outputs)
                     self._maybe_report(force=any(o.is_finished for o in outputs))
                 else:
                     self._maybe_report(force=False)

@@ -133,6 +133,7 @@ def ray_address() -> str:
 def start_cluster(cfg: ClusterConfig, progress: Progress | None = None) -> Cluster:
     """LlumSched and the instances, each instance registered once it has loaded its model;
     ``progress`` hears Ray's address and each instance's loading."""
+    check_pd(cfg)
     init_ray(cfg, progress)
     sched_cfg = dict(cfg.scheduling)
     dispatch = dict(sched_cfg.get("dispatch") or {})
@@ -176,6 +177,23 @@ def start_cluster(cfg: ClusterConfig, progress: Progress | None = None) -> Clust
     statuses = ray.get([a.status.remote() for a in instances.values()], timeout=60)
     ray.get([llumsched.register.remote(s, instances[s.instance_id]) for s in statuses], timeout=60)
     return Cluster(llumsched, instances, infos[0])
+
+
+def check_pd(cfg: ClusterConfig) -> None:
+    """PD's roles need both pools at the start, and fixed membership: one line otherwise,
+    before Ray starts."""
+    from llumnix.policy import SchedulingConfig
+
+    sched = SchedulingConfig.from_dict(cfg.scheduling)
+    pd = sched.pd
+    if not pd.is_on:
+        return
+    try:
+        pd.check_instances(cfg.instances)
+    except ValueError as e:
+        raise LlumnixError(f"scheduling.{e}") from None
+    if sched.scaling.enabled:
+        raise LlumnixError("scheduling.pd.mode: PD with auto-scaling is not supported (turn one of them off)")
 
 
 def _wait_ready(instances: dict[str, Any], progress: Progress | None, timeout_s: float = 600) -> list[Any]:

@@ -141,6 +141,14 @@ def _add_scheduling_args(p: argparse.ArgumentParser) -> None:
                    help="average freeness as the mean of the instances' (mean), the summed "
                    "cluster's (cluster), or the summed cluster's with every queued request's "
                    "demand (demand)")
+    p.add_argument("--pd", default=None, choices=("off", "static", "adaptive"),
+                   help="prefill-decode disaggregation: off (every instance prefills and decodes; default), "
+                   "static (the first --prefill-instances take new requests and hand each off to a decode "
+                   "instance after its first token) or adaptive (LlumSched also moves instances between the "
+                   "roles with the load)")
+    p.add_argument("--prefill-instances", type=positive_int, default=None, metavar="N",
+                   help="PD: instances started as prefill instances, the rest decode (default 1); alone it "
+                   "means --pd static")
     p.add_argument("--reschedule-interval", type=float, default=None, metavar="S",
                    help="seconds between LlumSched's migration (and scaling) rounds (default 0.5)")
     p.add_argument("--transport", default=None,
@@ -206,7 +214,8 @@ FLAG_PATHS = {
     "migrate_out_threshold": "scheduling.rescheduling.out_threshold",
     "scale_out_below": "scheduling.scaling.scale_out_below", "scale_in_above": "scheduling.scaling.scale_in_above",
     "scaling_window": "scheduling.scaling.window_s", "scaling_cooldown": "scheduling.scaling.cooldown_s",
-    "scaling_signal": "scheduling.scaling.signal", "reschedule_interval": "deployment.reschedule_interval_s",
+    "scaling_signal": "scheduling.scaling.signal", "pd": "scheduling.pd.mode",
+    "prefill_instances": "scheduling.pd.prefill_instances", "reschedule_interval": "deployment.reschedule_interval_s",
     "transport": "migration.transport", "cms": "deployment.cms", "ray_address": "deployment.ray_address",
     "kv_cache_mib": "engine.kv_cache_bytes", "max_num_seqs": "engine.max_num_seqs",
     "chunked_prefill": "engine.chunked_prefill", "max_num_batched_tokens": "engine.max_num_batched_tokens",
@@ -236,6 +245,8 @@ def flag_values(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
         out["engine.cuda_graphs"] = ("--enforce-eager", False)
     if (name := served_model_name(args)) is not None:
         out["deployment.served_model_name"] = ("--served-model-name", name)
+    if args.prefill_instances is not None and args.pd is None:
+        out["scheduling.pd.mode"] = ("--prefill-instances", "static")
     if args.chat_template is not None:
         out["deployment.chat_template"] = ("--chat-template", read_chat_template(args.chat_template))
     return out

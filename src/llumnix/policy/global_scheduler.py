@@ -14,6 +14,7 @@ from llumnix.policy.dispatch_index import FALLBACK, DispatchIndex
 from llumnix.policy.dispatch_queue import DispatchQueue, DispatchRequest
 from llumnix.policy.freeness import average_normal_freeness
 from llumnix.policy.pairing import MigrationOrder, pair_migrations
+from llumnix.policy.pd import DECODES, TAKES_PREFILL
 from llumnix.policy.pending import PendingDispatches
 from llumnix.policy.pipeline import DispatchContext
 from llumnix.policy.prefix_affinity import PrefixIndex, affinity_choice, block_keys
@@ -62,6 +63,9 @@ class GlobalScheduler:
         self._index = DispatchIndex(base) if DispatchIndex.supports(base) else None
         if prefix is not None:
             self._ctx.prefix_options = prefix
+        self.roles: dict[str, str] = {}
+        """PD roles (``policy/pd.py``) of the instances that are not ``mixed``: dispatch
+        takes only prefill-taking ones, rescheduling pairs only within the decode pool."""
 
     # -- membership ------------------------------------------------------------
     def add_instance(self, status: InstanceStatus) -> None:
@@ -110,6 +114,20 @@ class GlobalScheduler:
         if s is not None and s.is_schedulable != ok:
             self._set(dataclasses.replace(s, is_schedulable=ok))
 
+    def set_role(self, instance_id: str, role: str) -> None:
+        """An instance's PD role (``policy/pd.py``; ``mixed``: every instance's without PD)."""
+        if self.roles.get(instance_id, "mixed") == role:
+            return
+        if role == "mixed":
+            self.roles.pop(instance_id, None)
+        else:
+            self.roles[instance_id] = role
+        if instance_id in self.statuses:
+            self._refresh(instance_id)
+
+    def takes_prefill(self, instance_id: str) -> bool:
+        return self.roles.get(instance_id, "mixed") in TAKES_PREFILL
+
     def update_status(self, status: InstanceStatus, refresh: bool = True) -> None:
         """Take a report. The first report of an unknown instance adds it, but a late
         report of a removed one does not bring it back (``add_instance`` does). With
@@ -146,8 +164,12 @@ class GlobalScheduler:
     def _refresh(self, instance_id: str) -> None:
         self._stale_views.discard(instance_id)
         view = self._views[instance_id] = self.pending.apply(self.statuses[instance_id])
-        if self._index is not None:
+        if self._index is None:
+            return
+        if self.takes_prefill(instance_id):
             self._index.update(view, self._ctx)
+        else:  # a decode instance is never a dispatch candidate
+            self._index.remove(instance_id)
 
     def _marked(self, status: InstanceStatus) -> InstanceStatus:
         if status.instance_id in self._terminating and not status.is_terminating:
@@ -175,12 +197,15 @@ class GlobalScheduler:
         if self.prefix_index is not None and req.prompt_token_ids and self._views:
             block_size = next(iter(self._views.values())).block_size
             keys = block_keys(req.prompt_token_ids, block_size)
-            ctx.prefix_hits = {i: n for i, n in self.prefix_index.matches(keys).items() if i in self._views}
+            ctx.prefix_hits = {i: n for i, n in self.prefix_index.matches(keys).items()
+                               if i in self._views and self.takes_prefill(i)}
         else:
             ctx.prefix_hits = None
         iid = FALLBACK if self._index is None else self._index.pick(self._views, ctx)
         if iid == FALLBACK:
-            iid = self.pipeline.pick(self.view(), ctx)
+            views = self.view()
+            iid = self.pipeline.pick([v for v in views if self.takes_prefill(v.instance_id)] if self.roles else views,
+                                     ctx)
         elif iid is not None and ctx.prefix_hits:
             iid = self._with_affinity(iid, ctx)
         if iid is None:
@@ -209,7 +234,10 @@ class GlobalScheduler:
         cfg = self.config
         if not cfg.rescheduling.enabled:
             return []
-        return pair_migrations(self.view(), cfg.rescheduling, cfg.freeness)
+        views = self.view()
+        if self.roles:  # PD: prefill instances hand requests off instead (cluster/pd.py)
+            views = [v for v in views if self.roles.get(v.instance_id, "mixed") in DECODES]
+        return pair_migrations(views, cfg.rescheduling, cfg.freeness)
 
     def record_freeness(self, now: float) -> float:
         """Sample the average normal-priority freeness for auto-scaling (0.0 and no

@@ -1,0 +1,229 @@
+"""Prefill-decode disaggregation on the Ray cluster: LlumSched's book of roles and
+hand-offs, and the prefill instance's hand-off worker. The decisions are
+``policy/pd.py``'s pure functions, as in the simulator (``sim/pd_flow.py``)::
+
+    prefill instance: a step's output carries a request's first token ─► HandoffWorker
+        wakes ─► at a step boundary, the requests with a token, running, not migrating
+        ─► for each: LlumSched.pd_destination (PDBook.pick: pick_decode_instance over
+        its statuses, less the blocks promised since each one's last report)
+          ─► a decode instance: the live migration (migrate(), pre-copy while the
+               request keeps decoding here) ─► LlumSched.pd_handoff_done (counted)
+          ─► None (the decode pool is full): it keeps decoding here; offered again
+               every ``retry_s`` until a decode instance has room (never dropped)
+    LlumSched's round (adaptive): adaptive_decision ─► PDBook.apply ─► the instance's
+        set_role; gateways learn the new role with their next membership refresh
+
+The gateway's and LlumSched's ``GlobalScheduler`` both take the roles
+(``set_role``): dispatch only to prefill-taking instances, rescheduling only
+within the decode pool.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from llumnix.core.batch import RequestOutput
+from llumnix.core.request import RequestStatus
+from llumnix.core.status import InstanceStatus
+from llumnix.policy.config import FreenessConfig
+from llumnix.policy.freeness import freeness
+from llumnix.policy.pd import (
+    PDConfig,
+    PoolView,
+    RoleChange,
+    adaptive_decision,
+    handoff_blocks,
+    pick_decode_instance,
+    queued_prefill_tokens,
+)
+
+log = logging.getLogger(__name__)
+_CHANGE_COUNTS = {"lend": "lends", "reclaim": "reclaims", "flip": "flips"}
+
+
+class PDBook:
+    """LlumSched's record of PD: each instance's role and since when, the blocks promised
+    to each decode instance by hand-offs started since its last report, the counts.
+    Plain object; the actor calls it under its lock."""
+
+    def __init__(self, config: PDConfig, fcfg: FreenessConfig) -> None:
+        self.config = config
+        self.fcfg = fcfg
+        self.roles: dict[str, str] = {}
+        self.role_since: dict[str, float] = {}
+        self.promised: dict[str, int] = {}
+        self.last_change: float | None = None
+        self.counts = {"handoffs_done": 0, "handoffs_failed": 0, "handoffs_waiting": 0,
+                       "lends": 0, "reclaims": 0, "flips": 0}
+        self.changes: deque[dict[str, Any]] = deque(maxlen=100)
+        self.downtimes_s: deque[float] = deque(maxlen=1000)
+        """Each committed hand-off's stall: the request's pause on the prefill instance
+        to its first step on the decode instance (the migration's downtime)."""
+        self.abort_reasons: dict[str, int] = {}
+
+    def role_of(self, instance_id: str) -> str:
+        return self.roles.get(instance_id, "mixed")
+
+    def add(self, instance_id: str, now: float, role: str | None = None) -> str:
+        """A registering instance's role: the one it reports (after a restart of LlumSched),
+        else prefill while fewer than ``prefill_instances`` are, else decode (mixed with PD off)."""
+        if role is None:
+            role = self.roles.get(instance_id)
+        if role is None:
+            num_prefill = sum(1 for r in self.roles.values() if r == "prefill")
+            role = ("mixed" if not self.config.is_on else
+                    "prefill" if num_prefill < self.config.prefill_instances else "decode")
+        if self.roles.get(instance_id) != role:
+            self.roles[instance_id] = role
+            self.role_since[instance_id] = now
+        return role
+
+    def remove(self, instance_id: str) -> None:
+        self.roles.pop(instance_id, None)
+        self.role_since.pop(instance_id, None)
+        self.promised.pop(instance_id, None)
+
+    def on_status(self, instance_id: str) -> None:
+        """A report counts every reservation made before it."""
+        self.promised.pop(instance_id, None)
+
+    # -- hand-offs -----------------------------------------------------------------
+    def pick(self, statuses: Iterable[InstanceStatus], src_id: str, num_blocks: int) -> str | None:
+        """The decode instance for a hand-off of ``num_blocks`` from ``src_id`` (None: the
+        decode pool is full, counted as waiting); its blocks are promised until it reports."""
+        fcfg = self.fcfg
+        dst = pick_decode_instance(list(statuses), self.roles, num_blocks, self.config,
+                                   lambda s: freeness(s, fcfg), self.promised, exclude=src_id)
+        if dst is None:
+            self.counts["handoffs_waiting"] += 1
+            return None
+        self.promised[dst] = self.promised.get(dst, 0) + handoff_blocks(num_blocks, self.config)
+        return dst
+
+    def on_handoff(self, report: dict[str, Any]) -> None:
+        if report.get("committed"):
+            self.counts["handoffs_done"] += 1
+            if report.get("downtime") is not None:
+                self.downtimes_s.append(float(report["downtime"]))
+            return
+        self.counts["handoffs_failed"] += 1
+        reason = str(report.get("abort_reason") or "unknown").split(":")[0][:80]
+        self.abort_reasons[reason] = self.abort_reasons.get(reason, 0) + 1
+
+    # -- adaptive PD ----------------------------------------------------------------
+    def decide(self, statuses: dict[str, InstanceStatus], now: float) -> RoleChange | None:
+        """Adaptive PD's one change this round (None with static roles)."""
+        if self.config.mode != "adaptive":
+            return None
+        known = {i: s for i, s in statuses.items() if i in self.roles}
+        waiting = sum(1 for i, s in known.items() if self.roles[i] == "prefill"
+                      for r in s.running if r.num_output_tokens > 0 and not r.is_migrating)
+        view = PoolView(roles=dict(self.roles), role_since=self.role_since,
+                        queued_tokens={i: queued_prefill_tokens(s) for i, s in known.items()},
+                        freeness={i: freeness(s, self.fcfg) for i, s in known.items()},
+                        num_waiting_handoffs=waiting)
+        return adaptive_decision(view, self.config, now, self.last_change)
+
+    def apply(self, change: RoleChange, now: float) -> None:
+        self.roles[change.instance_id] = change.role
+        self.role_since[change.instance_id] = now
+        self.last_change = now
+        self.counts[_CHANGE_COUNTS[change.reason]] += 1
+        self.changes.append({"time": now, "instance_id": change.instance_id, "role": change.role,
+                             "reason": change.reason})
+
+    def info(self) -> dict[str, Any]:
+        """PD's part of ``/admin/cluster``."""
+        d = sorted(self.downtimes_s)
+        return {"mode": self.config.mode, "roles": dict(sorted(self.roles.items())), **self.counts,
+                "handoff_abort_reasons": dict(self.abort_reasons),
+                "handoff_downtime_s": {"count": len(d), "p50": d[len(d) // 2] if d else None,
+                                       "p99": d[min(len(d) - 1, int(0.99 * len(d)))] if d else None},
+                "role_changes": list(self.changes)[-20:]}
+
+
+Destination = tuple[str, Any]
+"""A hand-off's destination: its instance id and actor handle."""
+
+
+class HandoffWorker:
+    """On an instance whose role is ``prefill``: hands each request off to a decode
+    instance once it has its first token, one at a time (the source's migration lock).
+    ``ask(request_id, num_blocks)`` asks LlumSched for a destination, ``migrate(request_id,
+    dst_id, dst)`` runs the live migration and returns its report, ``done(report)`` tells
+    LlumSched. A request the decode pool has no room for keeps decoding here."""
+
+    def __init__(self, server: Any, ask: Callable[[str, int], Destination | None],
+                 migrate: Callable[[str, str, Any], dict[str, Any]],
+                 done: Callable[[dict[str, Any]], None], retry_s: float = 0.2) -> None:
+        self.server = server
+        self._ask = ask
+        self._migrate = migrate
+        self._done = done
+        self.retry_s = retry_s
+        self.role = "mixed"
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pd-handoff", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def set_role(self, role: str) -> None:
+        self.role = role
+        self._wake.set()  # a flip to prefill hands off the decodes it holds
+
+    def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        """The step thread's hook: a request's first token wakes the worker at once."""
+        if self.role == "prefill" and any(o.num_output_tokens == len(o.new_token_ids) and not o.is_finished
+                                          for o in outputs):
+            self._wake.set()
+
+    def candidates(self) -> list[tuple[str, int]]:
+        """(request id, blocks held) of every request to hand off, oldest first (at a step boundary)."""
+        eng, migrating = self.server.engine, self.server.llumlet.migrating_out
+        reqs = [r for rid, r in eng.requests.items() if r.status == RequestStatus.RUNNING
+                and r.output_token_ids and rid not in migrating]
+        reqs.sort(key=lambda r: r.arrival_time)
+        return [(r.request_id, eng.kv.num_blocks_of(r.request_id)) for r in reqs]
+
+    def _loop(self) -> None:
+        waiting = False
+        while not self._stop.is_set():
+            self._wake.wait(self.retry_s if waiting else 1.0)
+            self._wake.clear()
+            if self._stop.is_set() or self.role != "prefill":
+                waiting = False
+                continue
+            try:
+                waiting = self.hand_off_all()
+            except Exception:  # noqa: BLE001 - offered again at the next wake
+                log.exception("PD hand-off round failed")
+                waiting = True
+
+    def hand_off_all(self) -> bool:
+        """One pass over the candidates; True when some must be offered again later."""
+        for request_id, num_blocks in self.server.call(self.candidates):
+            if self.role != "prefill" or self._stop.is_set():
+                return False
+            dst = self._ask(request_id, num_blocks)
+            if dst is None:
+                return True  # the decode pool is full: the rest would not fit either
+            try:
+                report = self._migrate(request_id, dst[0], dst[1])
+            except Exception as e:  # noqa: BLE001 - counted as a failed hand-off; offered again
+                report = {"committed": False, "abort_reason": f"{type(e).__name__}: {e}"}
+            report.setdefault("request_id", request_id)
+            report.setdefault("dst_instance_id", dst[0])
+            self._done(report)
+            if not report.get("committed"):
+                return True
+        return False
+

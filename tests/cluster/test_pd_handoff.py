@@ -1,0 +1,151 @@
+"""PD hand-offs without Ray: ``HandoffWorker`` on a real prefill InstanceServer moves each
+request to a decode InstanceServer after its first token, through the real live migration
+over TCP; ``PDBook`` picks destinations and counts. Every token exactly once, and the
+block accounting exact on both sides, committed or aborted."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from llumnix.cluster.pd import HandoffWorker, PDBook
+from llumnix.core.sampling_params import SamplingParams
+from llumnix.migration import MigrationConfig
+from llumnix.migration.driver import migrate
+from llumnix.policy import FreenessConfig
+from llumnix.policy.pd import PDConfig, RoleChange
+from tests.migration.test_live_migration import PROMPT, Pair, reference
+from tests.policy.snapshots import inst, run
+
+
+def _worker(pair: Pair, room: list[bool], reports: list[dict]) -> HandoffWorker:
+    def ask(request_id: str, num_blocks: int):
+        return ("dst", None) if room[0] else None
+
+    def mig(request_id: str, dst_id: str, dst):
+        return dataclasses.asdict(migrate(request_id, pair.src, pair.endpoint, pair.sender,
+                                          MigrationConfig(max_stages=3)))
+
+    w = HandoffWorker(pair.src, ask, mig, reports.append, retry_s=0.05)
+    pair.src.on_outputs = w.on_outputs
+    w.set_role("prefill")
+    w.start()
+    return w
+
+
+def _collect_all(pair: Pair, rids: list[str], timeout: float = 30.0) -> dict[str, list[int]]:
+    """Every request's tokens from both instances, in order, once all have finished."""
+    done: set[str] = set()
+    deadline = time.time() + timeout
+    while done != set(rids) and time.time() < deadline:
+        for srv in pair.servers:
+            for o in srv.get_outputs(0.01):
+                pair.tokens.setdefault(o.request_id, []).append((o.num_output_tokens, o.new_token_ids[0]))
+                if o.is_finished:
+                    done.add(o.request_id)
+    assert done == set(rids), f"unfinished: {set(rids) - done}"
+    return {rid: [t for _, t in sorted(pair.tokens[rid])] for rid in rids}
+
+
+def _where(pair: Pair, rid: str) -> list[str]:
+    return [s.instance_id for s in pair.servers if s.call(lambda s=s: rid in s.engine.requests)]
+
+
+def test_each_request_moves_to_the_decode_instance_after_its_first_token():
+    params = SamplingParams(max_tokens=60)
+    reports: list[dict] = []
+    with Pair() as pair:
+        w = _worker(pair, [True], reports)
+        try:
+            for i in range(3):
+                pair.add(f"x{i}", PROMPT[i:], params)
+            outs = _collect_all(pair, ["x0", "x1", "x2"])
+        finally:
+            w.stop()
+        committed = [r for r in reports if r["committed"]]
+        assert sorted(r["request_id"] for r in committed) == ["x0", "x1", "x2"], reports
+        for i in range(3):
+            rid = f"x{i}"
+            assert sorted(k for k, _ in pair.tokens[rid]) == list(range(1, 61))  # each token once
+            assert outs[rid] == reference(PROMPT[i:], params)
+        pair.check_drained()
+
+
+def test_a_full_decode_pool_keeps_the_request_decoding_here_until_room_appears():
+    params = SamplingParams(max_tokens=80)
+    room, reports = [False], []
+    with Pair() as pair:
+        w = _worker(pair, room, reports)
+        try:
+            pair.add("x", PROMPT, params)
+            time.sleep(0.2)
+            assert _where(pair, "x") == ["src"] and not reports  # offered, refused, still decoding
+            room[0] = True
+            out = pair.collect("x")
+        finally:
+            w.stop()
+        assert [r["committed"] for r in reports] == [True]
+        assert out == reference(PROMPT, params)
+        pair.check_drained()
+
+
+def test_a_refused_reservation_aborts_with_both_pools_exact():
+    """The decode instance has fewer blocks than the request: the hand-off aborts, the
+    request finishes on the prefill instance, and nothing leaks on either side."""
+    params = SamplingParams(max_tokens=40)
+    reports: list[dict] = []
+    with Pair(dst_blocks=4) as pair:
+        w = _worker(pair, [True], reports)
+        try:
+            pair.add("x", PROMPT, params)
+            out = pair.collect("x")
+        finally:
+            w.stop()
+        assert reports and not any(r["committed"] for r in reports)
+        assert out == reference(PROMPT, params)
+        pair.check_drained()
+
+
+def test_a_client_abort_mid_handoff_leaves_both_pools_exact():
+    params = SamplingParams(max_tokens=200)
+    reports: list[dict] = []
+    with Pair() as pair:
+        w = _worker(pair, [True], reports)
+        try:
+            pair.add("x", PROMPT, params)
+            deadline = time.time() + 5
+            while not pair.src.call(lambda: "x" in pair.src.llumlet.migrating_out) and time.time() < deadline:
+                time.sleep(0.002)
+            for srv in pair.servers:  # the gateway aborts wherever the request is
+                srv.call(lambda srv=srv: srv.engine.abort_request("x"))
+            time.sleep(0.5)
+            for srv in pair.servers:
+                srv.call(lambda srv=srv: srv.engine.abort_request("x"))
+        finally:
+            w.stop()
+        deadline = time.time() + 5
+        while time.time() < deadline and any(s.call(lambda s=s: s.engine.kv.num_used_blocks) for s in pair.servers):
+            time.sleep(0.05)
+        assert len(reports) >= 1
+        pair.check_drained()
+
+
+def test_the_book_promises_blocks_until_the_destination_reports_and_counts():
+    cfg = PDConfig(mode="static", prefill_instances=1)
+    book = PDBook(cfg, FreenessConfig(headroom_tokens={}))
+    assert [book.add(i, 0.0) for i in ("p", "d1", "d2")] == ["prefill", "decode", "decode"]
+    statuses = [inst("p"), inst("d1", running=[run("a", 40)]), inst("d2", running=[run("b", 50)])]
+    assert book.pick(statuses, "p", 30) == "d1"  # the freer decode instance
+    assert book.pick(statuses, "p", 30) == "d2"  # d1's 58 free blocks are promised 31
+    assert book.pick(statuses, "p", 30) is None  # neither has room left: the request waits
+    book.on_status("d1")  # d1's report counts its reservation: room again
+    assert book.pick(statuses, "p", 30) == "d1"
+    book.on_handoff({"committed": True, "downtime": 0.01})
+    book.on_handoff({"committed": False, "abort_reason": "destination refused to reserve blocks"})
+    info = book.info()
+    assert (info["handoffs_done"], info["handoffs_failed"], info["handoffs_waiting"]) == (1, 1, 1)
+    assert info["roles"] == {"d1": "decode", "d2": "decode", "p": "prefill"}
+    book.apply(RoleChange("d1", "mixed", "lend"), 5.0)
+    assert book.role_of("d1") == "mixed" and book.info()["lends"] == 1
+    # a restarted LlumSched learns each role from the instance's push, not the start rule
+    again = PDBook(cfg, FreenessConfig())
+    assert again.add("d1", 0.0, "decode") == "decode" and again.add("p", 0.0) == "prefill"
