@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from llumnix.gateway.inprocess import InProcessGateway
+from llumnix.cluster.startup import free_port
+from llumnix.lite.app import lite_app
 from llumnix.lite.backend import LiteBackend
 from llumnix.lite.config import EndpointConfig, LiteConfig, PoolConfig
 from tests.gateway.fake_backend import chatml_tokenizer
@@ -32,15 +35,30 @@ def engines() -> Iterator[Any]:
 
 
 def lite_backend(pools: list[tuple[str, list[FakeEngine], dict[str, Any]]], kind: str = "openai",
-                 **settings: Any) -> LiteBackend:
+                 model_name: str = "fake-model", **settings: Any) -> LiteBackend:
     """A LiteBackend over (pool name, engines, pool fields) with fast timeouts."""
     cfg = LiteConfig(pools=tuple(PoolConfig(name, tuple(EndpointConfig(e.url, name=f"{name}-{i}", kind=kind)
                                                         for i, e in enumerate(engs)), **fields)
                                  for name, engs, fields in pools), **{**FAST, **settings})
-    return LiteBackend(cfg, chatml_tokenizer(), "fake-model", vocab_size=258, max_model_len=4096)
+    return LiteBackend(cfg, chatml_tokenizer(), model_name, vocab_size=258, max_model_len=4096)
 
 
 @contextlib.contextmanager
-def gateway(backend: LiteBackend) -> Iterator[str]:
-    with InProcessGateway(backend) as url:
-        yield url
+def gateway(backend: Any) -> Iterator[str]:
+    """The app `llumnix serve` builds in lite mode (``lite_app``), served by uvicorn in a
+    thread on a free loopback port."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(lite_app(backend), host="127.0.0.1", port=free_port(),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True, name="lite-gateway")
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        assert server.started, "the lite gateway did not start within 30 s"
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

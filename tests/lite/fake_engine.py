@@ -25,8 +25,10 @@ class FakeEngine:
     or None (404)."""
 
     def __init__(self, mode: str = "ok", delay_s: float = 0.0, model: str = "fake-model",
-                 metrics: str | None = None) -> None:
+                 metrics: str | None = None, models: tuple[str, ...] = ()) -> None:
         self.mode, self.delay_s, self.model, self.metrics = mode, delay_s, model, metrics
+        self.models = (model, *models)
+        """What /v1/models lists; a completion naming another model gets vLLM's 404."""
         self.prompts: list[Any] = []
         self.bodies: list[dict[str, Any]] = []
         self.num_in_flight = 0
@@ -43,7 +45,7 @@ class FakeEngine:
     async def _models(self, request: web.Request) -> web.Response:
         if self.mode == "error500":
             return web.Response(status=500, text="broken")
-        return web.json_response({"object": "list", "data": [{"id": self.model, "max_model_len": 4096}]})
+        return web.json_response({"object": "list", "data": [{"id": m, "max_model_len": 4096} for m in self.models]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         if self.metrics is None:
@@ -57,6 +59,9 @@ class FakeEngine:
         mode = self.mode
         if mode == "error500":
             return web.json_response({"error": {"message": "engine on fire"}}, status=500)
+        if body.get("model") not in self.models:
+            return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                                "type": "NotFoundError", "param": None, "code": 404}}, status=404)
         if mode == "hang":
             await asyncio.sleep(3600)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -23,6 +23,9 @@ class GenerateRequest:
     """The gateway whose outbox gets this request's outputs (``Request.client``)."""
     epoch: int = 0
     """How many times the gateway has resumed it after an instance failure (``Request.epoch``)."""
+    model: str = ""
+    """The model the client named, where it is not the served one ("": the served model);
+    a backend that serves several routes by it."""
 
 
 class TokenizerLike(Protocol):

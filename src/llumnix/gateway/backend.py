@@ -32,3 +32,17 @@ class Backend(Protocol):
 
     async def undrain_instance(self, instance_id: str) -> dict[str, Any]:
         """Undo a drain: the instance takes requests again."""
+
+
+def model_names(backend: Backend) -> list[str]:
+    """The model names a client may ask for: a backend that serves several lists them
+    (``model_names``, the served model first), else its one ``model_name``."""
+    names: list[str] | None = getattr(backend, "model_names", None)
+    return list(names) if names else [backend.model_name]
+
+
+def serves_model(backend: Backend, name: str) -> bool:
+    """Whether a request naming ``name`` is the backend's: a backend that serves several
+    answers (``serves_model``; pools match names and prefixes), else only the served name."""
+    check = getattr(backend, "serves_model", None)
+    return bool(check(name)) if check is not None else name == backend.model_name

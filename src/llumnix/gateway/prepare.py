@@ -10,6 +10,7 @@ from starlette.requests import Request
 
 from llumnix.core.errors import InvalidRequestError
 from llumnix.core.sampling_params import SamplingParams
+from llumnix.gateway.backend import model_names, serves_model
 from llumnix.gateway.choices import Reply, make_choices
 from llumnix.gateway.context import GatewayContext
 from llumnix.gateway.errors import error_response
@@ -20,10 +21,11 @@ PRIORITY_HEADER = "x-llumnix-priority"
 
 def check_model(ctx: GatewayContext, name: str) -> JSONResponse | None:
     """The 404 for a model this server does not serve, or None."""
-    if name == ctx.model_name:
+    if serves_model(ctx.backend, name):
         return None
     ctx.reject(404)
-    return error_response(404, f"the model '{name}' does not exist; this server serves '{ctx.model_name}'",
+    served = ", ".join(f"'{m}'" for m in model_names(ctx.backend))
+    return error_response(404, f"the model '{name}' does not exist; this server serves {served}",
                           type_="NotFoundError", param="model", code="model_not_found")
 
 
@@ -59,6 +61,8 @@ def prepare(ctx: GatewayContext, body: CompletionRequest | ChatCompletionRequest
     chat = isinstance(body, ChatCompletionRequest)
     response_id = new_id("chatcmpl" if chat else "cmpl")
     gens = make_choices(response_id, prompt_ids, params, body.n, priority, time.monotonic())
+    if body.model != ctx.model_name:  # another model the backend serves: it routes by the name
+        gens = [dataclasses.replace(g, model=body.model) for g in gens]
     return Reply(response_id, gens, chat=chat, stream=body.stream, as_ids=body.return_tokens_as_token_ids,
                  echo_only=isinstance(body, CompletionRequest) and body.echo_only,
                  include_usage=body.stream_options is not None and body.stream_options.include_usage)

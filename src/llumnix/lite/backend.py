@@ -63,12 +63,19 @@ class LiteBackend:
 
     @property
     def model_names(self) -> list[str]:
-        """The model names the pools serve (their exact names; ``prefix*`` patterns match
-        more), the served model first: what /v1/models would list once the gateway asks."""
+        """What /v1/models lists: the served model, the pools' model names and the models
+        their endpoints report where a pool takes any name or a ``prefix*``; only names
+        some pool routes."""
         names = [self.model_name]
         for p in self.pools.values():
-            names += [m for m in p.cfg.models if not m.endswith("*") and m not in names]
-        return names
+            names += p.cfg.models
+            if not p.cfg.models or any(m.endswith("*") for m in p.cfg.models):
+                names += [m for e in p.endpoints.values() for m in e.models]
+        return [m for m in dict.fromkeys(names) if not m.endswith("*") and self.serves_model(m)]
+
+    def serves_model(self, name: str) -> bool:
+        """A pool with traffic of its own (weight > 0) serves the name (or its prefix)."""
+        return any(p.cfg.weight > 0 and p.cfg.serves(name) for p in self.pools.values())
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -99,8 +106,7 @@ class LiteBackend:
                                       "are not known to the gateway)", "logprobs")
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        model = getattr(request, "model", "") or self.model_name
-        pools = route([p for p in self.pools.values()], model, self._rng)
+        pools = route(list(self.pools.values()), request.model or self.model_name, self._rng)
         tried: set[str] = set()
         errors: list[str] = []
         sent: list[int] = []  # output token ids released so far
@@ -160,7 +166,7 @@ class LiteBackend:
         rid, lrs = request.request_id, ep.lrs
         prompt: list[int] | str = request.prompt_token_ids if ep.kind in TOKEN_PROMPTS else \
             self.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False)
-        body = request_body(ep.model or self.model_name, ep.kind, prompt, request.params)
+        body = request_body(ep.engine_model(request.model or self.model_name), ep.kind, prompt, request.params)
         n_out, ok, final_ids = base, False, []
         try:
             async with contextlib.aclosing(stream_chunks(

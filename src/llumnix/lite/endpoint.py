@@ -28,6 +28,8 @@ class Endpoint:
         self.kind = cfg.kind
         """The engine kind; 'auto' until its metrics (or their absence) say."""
         self.model = cfg.model
+        self.models: tuple[str, ...] = ()
+        """Every model name the engine's /v1/models lists (learnt by the probe)."""
         self.max_model_len: int | None = None
         self.lrs = LocalState(cfg.name, cfg.capacity_tokens, cfg.max_num_seqs,
                               max_scrape_age_s=max(2.0, 4 * lite.scrape_interval_s))
@@ -49,6 +51,11 @@ class Endpoint:
         if self.health.on_failure(time.time(), error, fatal=refused):
             log.warning("lite: endpoint %s ejected: %s", self.endpoint_id, error)
 
+    def engine_model(self, model: str) -> str:
+        """The name to send for a request naming ``model``: itself where the engine lists
+        it, else the endpoint's own model (a pool's name for it), else itself."""
+        return model if model in self.models or not self.model else self.model
+
     # -- watching -----------------------------------------------------------------------
     async def probe(self, client: httpx.AsyncClient) -> bool:
         """One active probe; learns the engine's model name and context on success."""
@@ -69,6 +76,7 @@ class Endpoint:
         data = models.get("data") if isinstance(models, dict) else None
         if not isinstance(data, list) or not data or not isinstance(data[0], dict):
             return
+        self.models = tuple(str(m.get("id", "")) for m in data if isinstance(m, dict) and m.get("id"))
         if not self.model:
             self.model = str(data[0].get("id", ""))
         mine = next((m for m in data if m.get("id") == self.model), data[0])

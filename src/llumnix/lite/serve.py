@@ -73,21 +73,17 @@ def lite_config(args: argparse.Namespace) -> tuple[LiteConfig, str, str]:
 
 def build_lite_app(args: argparse.Namespace) -> tuple[Any, Any]:
     """The gateway app over a ``LiteBackend`` (started and stopped with the app)."""
-    from llumnix.gateway.app import build_app
+    from llumnix.lite.app import lite_app
     from llumnix.lite.backend import LiteBackend
-    from llumnix.lite.metrics import install
     from llumnix.model import load_tokenizer
 
     cfg, model, name = lite_config(args)
     tokenizer = load_tokenizer(model)
     backend = LiteBackend(cfg, tokenizer, name, vocab_size=tokenizer.vocab_size,
                           max_model_len=getattr(args, "max_model_len", None) or 8192)
-    app = build_app(backend, api_key=getattr(args, "api_key", None), admin_key=getattr(args, "admin_key", None),
-                    admin_requires_key=getattr(args, "host", "127.0.0.1") not in ("127.0.0.1", "localhost", "::1"),
-                    max_request_bytes=getattr(args, "max_request_bytes", 8 << 20))
-    app.router.on_startup.append(backend.start)
-    app.router.on_shutdown.append(backend.stop)
-    install(app, backend)
+    app = lite_app(backend, api_key=getattr(args, "api_key", None), admin_key=getattr(args, "admin_key", None),
+                   admin_requires_key=getattr(args, "host", "127.0.0.1") not in ("127.0.0.1", "localhost", "::1"),
+                   max_request_bytes=getattr(args, "max_request_bytes", 8 << 20))
     return app, backend
 
 
