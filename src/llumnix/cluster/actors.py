@@ -79,8 +79,8 @@ class InstanceActor:
         self._evicted: list[bytes] = []
         self._last_pushed: InstanceStatus | None = None
         self._pushed_at = self._handle_sent_at = -1e9
-        self.role = "mixed"
-        """This instance's PD role (``policy/pd.py``), as LlumSched assigns it (``set_role``)."""
+        self.role: str | None = None
+        """This instance's PD role (``policy/pd.py``) once LlumSched has assigned it (``set_role``)."""
         self.server = InstanceServer(self.llm.engine, self.llumlet, on_status=self._push)
         self.handoff = self._handoff_worker() if cfg.pd.is_on else None
         self.server.start()
@@ -494,11 +494,12 @@ class LlumSchedActor:
         """Where the cluster's meta store is (None: in this actor's memory)."""
         return self._cms_url
 
-    def register(self, status: InstanceStatus, handle: Any = None) -> None:
+    def register(self, status: InstanceStatus, handle: Any = None, role: str | None = None) -> None:
+        """A started instance; ``role``: its PD role (None: LlumSched's rule, ``PDBook.add``)."""
         with self._lock:
             self.lifecycle.restart(status.instance_id, time.time())
             self.gs.add_instance(status)
-            role = self._learn_role(status.instance_id, None)
+            role = self._learn_role(status.instance_id, role)
             if handle is not None:
                 self.handles[status.instance_id] = handle
         if handle is not None and self.pd.config.is_on:
@@ -869,7 +870,8 @@ class LlumSchedActor:
                 self.gs.add_instance(status)  # first push after a restart of this actor
                 self.handles[status.instance_id] = handle
                 self._relearnt(status.instance_id, status)
-                self._learn_role(status.instance_id, role if self.pd.config.is_on else None)
+                if role is not None and self.pd.config.is_on:  # a role it was given before
+                    self._learn_role(status.instance_id, role)
             self.gs.update_status(status)
             self.pd.on_status(status.instance_id)
 

@@ -14,6 +14,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from llumnix.cluster.actors import LLUMSCHED_NAME, InstanceActor, LlumSchedActor
 from llumnix.core.errors import LlumnixError
+from llumnix.policy import SchedulingConfig
+from llumnix.policy.pd import initial_roles
 
 
 @dataclass(frozen=True)
@@ -175,15 +177,15 @@ def start_cluster(cfg: ClusterConfig, progress: Progress | None = None) -> Clust
                 ray.kill(actor)
         raise LlumnixError(f"an instance failed to start: {_last_line(e)}") from None
     statuses = ray.get([a.status.remote() for a in instances.values()], timeout=60)
-    ray.get([llumsched.register.remote(s, instances[s.instance_id]) for s in statuses], timeout=60)
+    roles = initial_roles(list(instances), SchedulingConfig.from_dict(sched_cfg).pd)
+    ray.get([llumsched.register.remote(s, instances[s.instance_id], roles[s.instance_id]) for s in statuses],
+            timeout=60)
     return Cluster(llumsched, instances, infos[0])
 
 
 def check_pd(cfg: ClusterConfig) -> None:
     """PD's roles need both pools at the start, and fixed membership: one line otherwise,
     before Ray starts."""
-    from llumnix.policy import SchedulingConfig
-
     sched = SchedulingConfig.from_dict(cfg.scheduling)
     pd = sched.pd
     if not pd.is_on:

@@ -63,6 +63,7 @@ class ClusterCollector(Collector):
         yield from self._instances(instances_of(info))
         yield from self._llumsched(info)
         yield from self._gateway(info.get("gateway"))
+        yield from _pd(self.model_name, info.get("pd"), instances_of(info))
 
     def _instances(self, instances: list[dict[str, Any]]) -> Iterator[Metric]:
         name = self.model_name
@@ -153,3 +154,26 @@ def _aborts_by_reason(name: str, mig: dict[str, Any]) -> Iterator[Metric]:
     for reason, n in sorted(by_reason.items()):
         fam.add_metric([name, str(reason)], float(n))
     yield fam
+
+
+def _pd(name: str, pd: dict[str, Any] | None, instances: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Prefill-decode disaggregation (``cluster/pd.py``): hand-offs by outcome (waiting: the
+    decode pool had no room when one was offered), role changes by reason, each instance's role."""
+    if not isinstance(pd, dict) or pd.get("mode", "off") == "off":
+        return
+    fam = CounterMetricFamily("llumnix:pd_handoffs", "PD hand-offs from prefill to decode instances by "
+                              "outcome (since LlumSched started).", labels=["model_name", "outcome"])
+    for outcome in ("done", "failed", "waiting"):
+        fam.add_metric([name, outcome], float(pd.get(f"handoffs_{outcome}", 0)))
+    yield fam
+    fam = CounterMetricFamily("llumnix:pd_role_changes", "Adaptive PD's role changes by reason.",
+                              labels=["model_name", "reason"])
+    for reason, key in (("lend", "lends"), ("reclaim", "reclaims"), ("flip", "flips")):
+        fam.add_metric([name, reason], float(pd.get(key, 0)))
+    yield fam
+    role = GaugeMetricFamily("llumnix:instance_pd_role", "1 for each instance's PD role.",
+                             labels=["model_name", "instance_id", "role"])
+    for inst in instances:
+        if "role" in inst:
+            role.add_metric([name, inst["instance_id"], str(inst["role"])], 1.0)
+    yield role
