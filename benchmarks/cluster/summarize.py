@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from llumnix.bench.cluster_report import goals
+from llumnix.bench.cluster_report import goals, refusals
 
 
 def _run_line(system: str, run: dict[str, Any]) -> dict[str, Any]:
@@ -53,7 +53,7 @@ def markdown(summary: dict[str, Any]) -> str:
             "goodput req/s | KV mean | preempt | migr ok/aborted (refused) |", "|" + "---|" * 12]
     for system, loads in summary["aggregate"].items():
         for load, a in loads.items():
-            refused = a["abort_reasons"].get("destination refused to reserve blocks", 0)
+            refused = refusals(a["abort_reasons"])
             rows.append(f"| {system} | {load} | {_fmt(a['ttft_mean'])} | {_fmt(a['ttft_p99'])} | "
                         f"{_fmt(a['itl_p99'])} | {_fmt(a['itl_max'])} | {_fmt(a['tpot_mean'])} | "
                         f"{_fmt(a['e2e_mean'])} | {_fmt(a['goodput_req_s'])} | {_fmt(a['kv_usage_mean'])} | "

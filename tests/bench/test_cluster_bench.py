@@ -45,6 +45,8 @@ def test_flags_map_onto_the_settings_and_bad_ones_are_one_line_errors():
     assert doc["engine"]["device"] == "cuda" and doc["engine"]["num_blocks"] == 20
     assert doc["scheduling"]["rescheduling"]["enabled"] is True
     assert s.system_doc("llumnix-default")["engine"].get("enable_prefix_caching") is None  # serve's default
+    s = settings_from_args(_args("--prompt-cap", "32", "--output-cap", "80", "--length-scale", "0.5"))
+    assert (s.max_input, s.max_output, s.scale) == (32, 80, 0.5)
     with pytest.raises(LlumnixError, match="unknown 'nope'"):
         settings_from_args(_args("--systems", "nope"))
     with pytest.raises(LlumnixError, match="--seeds"):
@@ -154,3 +156,16 @@ def test_preemptions_count_per_instance_and_a_replacement_counts_its_own():
     after = {"num_preemptions": 6.0, "preemptions_by_engine": {"p{engine=instance-0}": 5.0,
                                                              "p{engine=instance-1}": 1.0}}
     assert preemptions_between(before, after) == 1
+
+
+def test_the_probes_kv_usage_is_read_over_its_steady_window_only():
+    from llumnix.bench.cluster_bench import steady_kv_usage
+
+    def sample(t, used):
+        return {"t": t, "instances": [{"num_used_blocks": used, "num_total_blocks": 10},
+                                      {"num_used_blocks": 10, "num_total_blocks": 10}]}
+
+    # ramp-up (t < 2) and drain (t > 6) are left out
+    samples = [sample(0.5, 0), sample(1.5, 4), sample(2.5, 9), sample(4.0, 8), sample(5.5, 9), sample(7.0, 0)]
+    assert steady_kv_usage(samples, 2.0, 6.0) == pytest.approx((0.95 + 0.9 + 0.95) / 3)
+    assert steady_kv_usage(samples, 8.0, 9.0) is None

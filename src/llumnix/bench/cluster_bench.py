@@ -50,6 +50,12 @@ SYSTEMS: dict[str, dict[str, Any]] = {
 """Each system as `llumnix serve --config` reads it; the settings below fill in the rest."""
 
 
+KV_BINDS = 0.9
+"""The sizing rule: the KV cache is small enough that it, not compute, binds. It holds
+when the capacity probe's steady state (the window its rate is measured in) keeps at least
+this fraction of the cluster's KV blocks in use; the probe reports it (``kv_binds``)."""
+
+
 @dataclass(frozen=True)
 class ClusterBenchSettings:
     model: str = "smollm2"
@@ -145,13 +151,19 @@ def run_once(server: ServeProcess, reqs: list[PlannedRequest], poll_s: float = 0
 def probe_capacity(s: ClusterBenchSettings, server: ServeProcess, pairs: tuple[np.ndarray, np.ndarray],
                    vocab: int) -> dict[str, Any]:
     """Requests per second the cluster completes with ``probe_concurrency`` in flight (see
-    the module's docstring for the rule)."""
+    the module's docstring for the rule), and the KV in use over the same window: the
+    sizing rule is that KV binds there (``kv_usage_steady`` >= ``KV_BINDS``)."""
+    from llumnix.bench.cluster_server import poll_cluster
+
     reqs = make_requests(s, pairs, s.probe_requests, None, 1000, vocab, salt=7_000_000)
     done: list[float] = []
+    samples: list[dict[str, Any]] = []
 
     async def closed_loop() -> None:
         sem = asyncio.Semaphore(s.probe_concurrency)
+        stop = asyncio.Event()
         t0 = time.perf_counter()
+        poller = asyncio.create_task(poll_cluster(server.url, 0.5, samples, stop, t0))
 
         async def one(r: PlannedRequest) -> None:
             async with sem:
@@ -159,7 +171,11 @@ def probe_capacity(s: ClusterBenchSettings, server: ServeProcess, pairs: tuple[n
                 if recs[0].error is None:
                     done.append(time.perf_counter() - t0)
 
-        await asyncio.gather(*(one(r) for r in reqs))
+        try:
+            await asyncio.gather(*(one(r) for r in reqs))
+        finally:
+            stop.set()
+            await poller
 
     asyncio.run(closed_loop())
     server.wait_idle()
@@ -168,9 +184,19 @@ def probe_capacity(s: ClusterBenchSettings, server: ServeProcess, pairs: tuple[n
     if len(done) < 2 * c + 2:
         raise LlumnixError(f"capacity probe: only {len(done)} of {len(reqs)} requests completed")
     rate = (len(done) - 2 * c - 1) / (done[-c - 1] - done[c])
+    kv_steady = steady_kv_usage(samples, done[c], done[-c - 1])
     return {"capacity_req_s": rate, "num_completed": len(done), "makespan_s": done[-1],
+            "kv_usage_steady": kv_steady, "kv_binds": kv_steady is not None and kv_steady >= KV_BINDS,
             "rule": f"closed loop, {c} in flight, {len(reqs)} requests; completions "
                     f"{c + 1}..{len(reqs) - c} per second"}
+
+
+def steady_kv_usage(samples: list[dict[str, Any]], start_s: float, end_s: float) -> float | None:
+    """Mean fraction of the cluster's KV blocks in use over the samples in [start_s, end_s]."""
+    from llumnix.bench.cluster_report import kv_series
+
+    steady = [u for t, u in kv_series(samples) if start_s <= t <= end_s]
+    return sum(steady) / len(steady) if steady else None
 
 
 def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.ndarray, np.ndarray],
@@ -189,7 +215,10 @@ def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.nd
         started = time.perf_counter() - t0
         if capacity is None:
             capacity = probe_capacity(s, server, pairs, vocab)
-            log(f"  capacity {capacity['capacity_req_s']:.2f} req/s ({capacity['rule']})")
+            kv = capacity["kv_usage_steady"]
+            log(f"  capacity {capacity['capacity_req_s']:.2f} req/s ({capacity['rule']}); KV in use meanwhile "
+                f"{'-' if kv is None else f'{kv:.0%}'}" + ("" if capacity["kv_binds"] else
+                                                           f": under {KV_BINDS:.0%}, KV does not bind"))
         runs = []
         for seed in s.seeds:
             loads: tuple[float | str, ...] = (*s.loads, "burst")
@@ -221,6 +250,8 @@ def add_cluster_bench_args(p: Any) -> None:
     g.add_argument("--num-blocks", type=int, default=d.num_blocks, help="KV blocks per instance")
     g.add_argument("--instances", type=int, default=d.instances)
     g.add_argument("--length-scale", type=float, default=d.scale, help="ShareGPT token counts times this")
+    g.add_argument("--prompt-cap", type=int, default=d.max_input, help="prompt tokens at most (after scaling)")
+    g.add_argument("--output-cap", type=int, default=d.max_output, help="output tokens at most (after scaling)")
     g.add_argument("--slo-ttft", type=float, default=d.slo_ttft_s, help="goodput: TTFT objective, s")
     g.add_argument("--slo-tpot", type=float, default=d.slo_tpot_s, help="goodput: TPOT objective, s")
 
@@ -241,7 +272,8 @@ def settings_from_args(args: Any) -> ClusterBenchSettings:
     if args.cuda_graphs is not None:
         extra["cuda_graphs"] = args.cuda_graphs
     s = ClusterBenchSettings(model=args.model, device=args.device, instances=args.instances,
-                             num_blocks=args.num_blocks, scale=args.length_scale,
+                             num_blocks=args.num_blocks, scale=args.length_scale, max_input=args.prompt_cap,
+                             max_output=args.output_cap,
                              num_requests=args.requests_per_run, burst_size=args.burst_size,
                              seeds=_csv(args.seeds, int, "seeds"), loads=_csv(args.loads, float, "loads"),
                              slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, systems=systems, extra=extra)

@@ -34,7 +34,7 @@ def _abort_reasons(before: dict[str, Any], after: dict[str, Any]) -> dict[str, i
     return {k: n for k, n in sorted(out.items()) if n}
 
 
-def _kv_series(samples: list[dict[str, Any]]) -> list[tuple[float, float]]:
+def kv_series(samples: list[dict[str, Any]]) -> list[tuple[float, float]]:
     out = []
     for s in samples:
         total = sum(i["num_total_blocks"] or 0 for i in s["instances"])
@@ -60,7 +60,7 @@ def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int,
     downtimes = a["downtimes_s"][-new_down:] if new_down > 0 else []
     good = [r for r in ok if (r.ttft_s or 0) <= settings.slo_ttft_s
             and (r.tpot_s is None or r.tpot_s <= settings.slo_tpot_s)]
-    kv = _kv_series(raw["samples"])
+    kv = kv_series(raw["samples"])
     dur = raw["duration_s"]
     out = {"load": load, "seed": seed, "rate_req_s": rate, "num_requests": len(recs), "num_ok": len(ok),
            "errors": sorted({r.error for r in recs if r.error})[:3], "duration_s": dur,
@@ -122,6 +122,13 @@ def aggregate(systems: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def refusals(abort_reasons: dict[str, int]) -> int:
+    """Aborts refused at reservation, from a run's reasons: codes, or (runs recorded before
+    the codes) the reports' texts."""
+    return sum(n for k, n in abort_reasons.items()
+               if k == REFUSED or reasons.of_report({"abort_reason": k}) == REFUSED)
+
+
 def _med(agg: dict[str, Any], system: str, load: str, key: str) -> float | None:
     v = agg.get(system, {}).get(load, {}).get(key)
     return None if v is None else float(v["median"])
@@ -148,7 +155,7 @@ def goals(agg: dict[str, dict[str, Any]], loads: tuple[float, ...]) -> dict[str,
                 met = bool(p_l <= 0.7 * p_i) if p_i else None
             g[lk] = {"preemptions": [p_l, p_i], "ttft_p99_s": [t_l, t_i], "itl_p99_s": [i_l, i_i],
                      "itl_p99_ratio": ratio, "met": met}
-        refused = sum(a["abort_reasons"].get(REFUSED, 0) for a in agg[sysname].values())
+        refused = sum(refusals(a["abort_reasons"]) for a in agg[sysname].values())
         num_started = sum(a["migrations_committed"] + a["migrations_aborted"] for a in agg[sysname].values())
         g["reservation_refusals"] = {"refused": refused, "started": num_started,
                                      "met": refused < 0.05 * num_started if num_started else None}

@@ -132,10 +132,11 @@ def cluster_counters(url: str) -> dict[str, Any]:
             "downtimes_s": list(mig.get("recent_downtimes_s", ()))}
 
 
-async def poll_cluster(url: str, every_s: float, samples: list[dict[str, Any]], stop: asyncio.Event) -> None:
+async def poll_cluster(url: str, every_s: float, samples: list[dict[str, Any]], stop: asyncio.Event,
+                       t0: float | None = None) -> None:
     """Append ``/admin/cluster``'s instances every ``every_s`` until ``stop`` (and once
-    more after it)."""
-    t0 = time.perf_counter()
+    more after it), timed from ``t0`` (``perf_counter``; default: now)."""
+    t0 = time.perf_counter() if t0 is None else t0
     async with httpx.AsyncClient(timeout=30) as client:
         while True:
             try:
