@@ -56,7 +56,7 @@ class PDBook:
         self.role_since: dict[str, float] = {}
         self.promised: dict[str, int] = {}
         self.last_change: float | None = None
-        self.counts = {"handoffs_done": 0, "handoffs_failed": 0, "handoffs_waiting": 0,
+        self.counts = {"handoffs_done": 0, "handoffs_failed": 0, "handoffs_ended_first": 0, "handoffs_waiting": 0,
                        "lends": 0, "reclaims": 0, "flips": 0}
         self.changes: deque[dict[str, Any]] = deque(maxlen=100)
         self.downtimes_s: deque[float] = deque(maxlen=1000)
@@ -109,9 +109,10 @@ class PDBook:
             if report.get("downtime") is not None:
                 self.downtimes_s.append(float(report["downtime"]))
             return
-        self.counts["handoffs_failed"] += 1
-        reason = str(report.get("abort_reason") or "unknown").split(":")[0][:80]
-        self.abort_reasons[reason] = self.abort_reasons.get(reason, 0) + 1
+        code = str(report.get("abort_code") or report.get("abort_reason") or "other").split(":")[0][:60]
+        self.abort_reasons[code] = self.abort_reasons.get(code, 0) + 1
+        # a request that ended before its hand-off did (short outputs) needs none: not a failure
+        self.counts["handoffs_ended_first" if code == "source_finished" else "handoffs_failed"] += 1
 
     # -- adaptive PD ----------------------------------------------------------------
     def decide(self, statuses: dict[str, InstanceStatus], now: float) -> RoleChange | None:

@@ -157,13 +157,14 @@ def _aborts_by_reason(name: str, mig: dict[str, Any]) -> Iterator[Metric]:
 
 
 def _pd(name: str, pd: dict[str, Any] | None, instances: list[dict[str, Any]]) -> Iterator[Metric]:
-    """Prefill-decode disaggregation (``cluster/pd.py``): hand-offs by outcome (waiting: the
-    decode pool had no room when one was offered), role changes by reason, each instance's role."""
+    """Prefill-decode disaggregation (``cluster/pd.py``): hand-offs by outcome (ended_first: the
+    request finished before its hand-off; waiting: the decode pool had no room when one was
+    offered), role changes by reason, each instance's role."""
     if not isinstance(pd, dict) or pd.get("mode", "off") == "off":
         return
     fam = CounterMetricFamily("llumnix:pd_handoffs", "PD hand-offs from prefill to decode instances by "
                               "outcome (since LlumSched started).", labels=["model_name", "outcome"])
-    for outcome in ("done", "failed", "waiting"):
+    for outcome in ("done", "failed", "ended_first", "waiting"):
         fam.add_metric([name, outcome], float(pd.get(f"handoffs_{outcome}", 0)))
     yield fam
     fam = CounterMetricFamily("llumnix:pd_role_changes", "Adaptive PD's role changes by reason.",
