@@ -149,3 +149,35 @@ def test_the_book_promises_blocks_until_the_destination_reports_and_counts():
     # a restarted LlumSched learns each role from the instance's push, not the start rule
     again = PDBook(cfg, FreenessConfig())
     assert again.add("d1", 0.0, "decode") == "decode" and again.add("p", 0.0) == "prefill"
+
+
+def test_adaptive_rounds_lend_reclaim_and_flip_a_prefill_instance_when_hand_offs_wait():
+    from llumnix.core.status import RequestBrief
+
+    cfg = PDConfig(mode="adaptive", prefill_instances=1, min_decode=1, lend_above_tokens=1000,
+                   reclaim_below_tokens=200, decode_room_freeness=5, decode_tight_freeness=1, cooldown_s=1)
+    book = PDBook(cfg, FreenessConfig(headroom_tokens={}))
+    for i in ("p", "d1", "d2"):
+        book.add(i, 0.0)
+    queued = [RequestBrief(f"q{i}", 0, 0, 800, 0.0, False) for i in range(3)]
+    statuses = {"p": inst("p", waiting=queued), "d1": inst("d1", running=[run("a", 30)]), "d2": inst("d2")}
+    change = book.decide(statuses, 10.0)
+    assert change == RoleChange("d2", "mixed", "lend")  # 2,400 queued tokens; d2 is the freest
+    book.apply(change, 10.0)
+    assert book.decide(statuses, 10.5) is None  # cooldown
+    # the queue is gone: the lent instance goes back to decoding
+    statuses = {"p": inst("p"), "d1": inst("d1"), "d2": inst("d2")}
+    assert book.decide(statuses, 12.0) == RoleChange("d2", "decode", "reclaim")
+    # two prefill instances, a request past its first token waiting on p1 (the decode pool
+    # is full for it), no prompt queued: a prefill instance becomes a decode one (the least
+    # queued, ties by id: p1, whose waiting request then simply decodes there)
+    book2 = PDBook(dataclasses.replace(cfg, prefill_instances=2), FreenessConfig(headroom_tokens={}))
+    for i in ("p1", "p2", "d1"):
+        book2.add(i, 0.0)
+    decoding = RequestBrief("x", 0, 20, 320, 0.0, True, num_output_tokens=5)
+    statuses = {"p1": inst("p1", running=[decoding]), "p2": inst("p2"), "d1": inst("d1", running=[run("a", 95)])}
+    assert book2.decide(statuses, 30.0) == RoleChange("p1", "decode", "flip")
+    # static PD never changes a role
+    static = PDBook(PDConfig(mode="static"), FreenessConfig())
+    static.add("p", 0.0)
+    assert static.decide(statuses, 20.0) is None
