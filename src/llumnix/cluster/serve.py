@@ -29,6 +29,8 @@ def build_system(args: argparse.Namespace) -> tuple[Any, Any]:
     from llumnix.config import SystemConfig, SystemConfigError
 
     doc = _read_config(args.config) if args.config else {}
+    for key in ("pools", "lite"):  # the gateway's (lite/serve.py), beside the deployment's
+        doc.pop(key, None)
     flags = _flag_values(args, doc)
     for path, (_, value) in flags.items():
         _set_path(doc, path, value)
@@ -128,9 +130,9 @@ def is_loopback(host: str) -> bool:
 
 def main_serve(args: argparse.Namespace) -> int:
     from llumnix.cluster.launcher import start_cluster
-    from llumnix.lite.serve import main_lite, wants_lite
+    from llumnix.lite.serve import main_lite, wants_lite, wants_mixed
 
-    if wants_lite(args):  # --engine-url, or pools: in --config: engines we do not own
+    if wants_lite(args) and not wants_mixed(args):  # --engine-url, or pools: in --config: engines we do not own
         return main_lite(args)
 
     progress = Progress("llumnix serve")
@@ -192,24 +194,27 @@ def main_gateway(args: argparse.Namespace) -> int:
 def _run_gateway(progress: Progress, cluster: Any, tokenizer: Any, args: argparse.Namespace, sock: Any,
                  served_name: str | None, root: str) -> int:
     """The OpenAI gateway over ``cluster`` on ``sock``, until SIGINT/SIGTERM; ``root`` is
-    the model the served name stands for."""
+    the model the served name stands for. With an internal pool in ``--config``, the
+    cluster is that pool of a ``MixedBackend``."""
     from llumnix.cluster.backend import ClusterBackend
     from llumnix.gateway.app import build_app
+    from llumnix.lite.serve import wants_mixed
 
     info = dict(cluster.info)
     if served_name is not None:
         info["model"] = served_name
-    backend = ClusterBackend(cluster.llumsched, cluster.instances, info, tokenizer)
-    app = build_app(backend, admin_requires_key=not is_loopback(args.host), model_root=root,
-                    **gateway_fields(args))
+    backend: Any = ClusterBackend(cluster.llumsched, cluster.instances, info, tokenizer)
+    app_kw = {"admin_requires_key": not is_loopback(args.host), "model_root": root, **gateway_fields(args)}
+    if wants_mixed(args):  # the instances as one pool beside the config file's external ones
+        from llumnix.lite.app import lite_app
+        from llumnix.lite.serve import build_mixed
 
-    @app.on_event("startup")
-    async def _start() -> None:
-        await backend.start()
-
-    @app.on_event("shutdown")
-    async def _stop() -> None:
-        await backend.stop()
+        backend = build_mixed(args, backend)
+        app = lite_app(backend, **app_kw)
+    else:
+        app = build_app(backend, **app_kw)
+        app.router.on_startup.append(backend.start)
+        app.router.on_shutdown.append(backend.stop)
 
     host, port = sock.getsockname()[:2]
     url = f"http://{host}:{port}"

@@ -106,7 +106,9 @@ class LiteBackend:
                                       "are not known to the gateway)", "logprobs")
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        pools = route(list(self.pools.values()), request.model or self.model_name, self._rng)
+        # A name no pool serves reaches here only as another pool's fallback: any pool takes it.
+        pools = route(list(self.pools.values()), request.model or self.model_name, self._rng) or \
+            sorted(self.pools.values(), key=lambda p: -p.cfg.weight)
         tried: set[str] = set()
         errors: list[str] = []
         sent: list[int] = []  # output token ids released so far

@@ -54,6 +54,9 @@ class PoolConfig:
     """Share of its models' traffic among the pools that serve them."""
     fallback: str | None = None
     """The pool that takes its requests when none of its endpoints is healthy."""
+    internal: bool = False
+    """Our own instances (full mode, as ``deployment`` starts them) rather than endpoints:
+    ``llumnix serve --config`` only; its models default to the served model's name."""
 
     def serves(self, model: str) -> bool:
         return not self.models or any(model.startswith(m[:-1]) if m.endswith("*") else model == m
@@ -94,6 +97,8 @@ class LiteConfig:
             raise SystemConfigError("pools", "needs at least one pool")
         if len(set(names)) != len(names):
             raise SystemConfigError("pools", f"pool names must be unique, got {names}")
+        if sum(p.internal for p in self.pools) > 1:
+            raise SystemConfigError("pools", "at most one pool can be internal (the instances this file deploys)")
         eps = [e.name for p in self.pools for e in p.endpoints]
         if len(set(eps)) != len(eps):
             raise SystemConfigError("pools", f"endpoint names must be unique, got {eps}")
@@ -142,16 +147,19 @@ def from_doc(pools: Any, lite: Any = None) -> LiteConfig:
         where = f"pools[{i}]"
         if not isinstance(p, dict):
             raise SystemConfigError(where, "must be a mapping")
+        pool = _build(_PoolFields, {k: v for k, v in p.items() if k != "endpoints"}, where)
         eps = p.get("endpoints")
-        if not isinstance(eps, list) or not eps:
+        if pool.internal and eps:
+            raise SystemConfigError(join(where, "endpoints"), "an internal pool has no endpoints (its instances "
+                                    "are the deployment's)")
+        if not pool.internal and (not isinstance(eps, list) or not eps):
             raise SystemConfigError(join(where, "endpoints"), "must be a non-empty list")
         endpoints = tuple(_build(EndpointConfig, {"url": e} if isinstance(e, str) else e,
-                                 f"{where}.endpoints[{j}]") for j, e in enumerate(eps))
-        pool = _build(_PoolFields, {k: v for k, v in p.items() if k != "endpoints"}, where)
+                                 f"{where}.endpoints[{j}]") for j, e in enumerate(eps or ()))
         models = [pool.models] if isinstance(pool.models, str) else pool.models
         if not isinstance(models, list | tuple) or not all(isinstance(m, str) and m for m in models):
             raise SystemConfigError(join(where, "models"), f"must be a list of model names, not {pool.models!r}")
-        built.append(PoolConfig(pool.name, endpoints, tuple(models), pool.weight, pool.fallback))
+        built.append(PoolConfig(pool.name, endpoints, tuple(models), pool.weight, pool.fallback, pool.internal))
     settings = _build(_LiteFields, lite or {}, "lite")
     return LiteConfig(pools=tuple(built), **{k: v for k, v in vars(settings).items() if v is not None})
 
@@ -162,6 +170,7 @@ class _PoolFields:
     models: Any = ()
     weight: float = 1.0
     fallback: str | None = None
+    internal: bool = False
 
     def __post_init__(self) -> None:
         if self.weight < 0:

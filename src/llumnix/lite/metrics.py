@@ -16,11 +16,14 @@ _LABELS = ["model_name", "endpoint", "pool"]
 
 
 class LiteCollector(Collector):
-    def __init__(self, backend: LiteBackend) -> None:
-        self.backend = backend
+    def __init__(self, backends: list[LiteBackend], model_name: str, mixed: Any = None) -> None:
+        self.backends = backends
+        self.model_name = model_name
+        self.mixed = mixed
+        """A ``MixedBackend`` whose fallbacks and resumes between pools count too."""
 
     def collect(self) -> Iterator[Metric]:
-        b, now, name = self.backend, time.time(), self.backend.model_name
+        now, name = time.time(), self.model_name
         healthy = GaugeMetricFamily("llumnix:endpoint_healthy", "1 while an endpoint takes requests (not "
                                     "ejected by its health checks, not drained).", labels=_LABELS)
         age = GaugeMetricFamily("llumnix:endpoint_scrape_age_seconds", "Age of the endpoint's last metrics "
@@ -29,7 +32,8 @@ class LiteCollector(Collector):
                                    "flight on the endpoint (its local real-time state).", labels=_LABELS)
         ejections = CounterMetricFamily("llumnix:endpoint_ejections", "Times the endpoint was ejected.",
                                         labels=_LABELS)
-        for iid, ep in sorted(b.endpoints.items()):
+        endpoints = {i: e for b in self.backends for i, e in b.endpoints.items()}
+        for iid, ep in sorted(endpoints.items()):
             labels = [name, iid, ep.pool]
             healthy.add_metric(labels, float(ep.can_serve()))
             if ep.lrs.load is not None:
@@ -37,19 +41,29 @@ class LiteCollector(Collector):
             flight.add_metric(labels, float(ep.lrs.num_in_flight))
             ejections.add_metric(labels, float(ep.health.num_ejections))
         yield from (healthy, age, flight, ejections)
-        for value, metric, doc in ((b.num_retries, "llumnix:lite_retries",
+        bs, mixed = self.backends, self.mixed
+        fallbacks, resumed = (mixed.num_fallbacks, mixed.num_resumed) if mixed is not None else (0, 0)
+        for value, metric, doc in ((sum(b.num_retries for b in bs), "llumnix:lite_retries",
                                     "Requests sent to another endpoint after theirs failed before any output."),
-                                   (b.num_fallbacks, "llumnix:lite_fallbacks",
+                                   (fallbacks + sum(b.num_fallbacks for b in bs), "llumnix:lite_fallbacks",
                                     "Requests served by a pool other than their first choice."),
-                                   (b.num_resumed, "llumnix:lite_resumed",
+                                   (resumed + sum(b.num_resumed for b in bs), "llumnix:lite_resumed",
                                     "Requests resumed on another endpoint after theirs failed mid-stream."),
-                                   (b.num_failed_mid_stream, "llumnix:lite_failed_mid_stream",
+                                   (sum(b.num_failed_mid_stream for b in bs), "llumnix:lite_failed_mid_stream",
                                     "Requests whose endpoint failed after they had streamed output.")):
             fam = CounterMetricFamily(metric, doc, labels=["model_name"])
             fam.add_metric([name], float(value))
             yield fam
 
 
-def install(app: Any, backend: LiteBackend) -> None:
-    """Add the lite series to the registry of a gateway app built over ``backend``."""
-    app.state.gateway.metrics.registry.register(LiteCollector(backend))
+def install(app: Any, backend: Any) -> None:
+    """Add the lite series to the registry of a gateway app built over ``backend``: a
+    ``LiteBackend``, or a ``MixedBackend`` whose external pools are (the fallbacks and
+    resumes between its pools count with theirs)."""
+    members = getattr(backend, "members", None)
+    if members is None:
+        collector = LiteCollector([backend], backend.model_name)
+    else:
+        lites = [m.backend for m in members.values() if isinstance(m.backend, LiteBackend)]
+        collector = LiteCollector(lites, backend.model_name, mixed=backend)
+    app.state.gateway.metrics.registry.register(collector)

@@ -15,8 +15,11 @@ from llumnix.lite.config import PoolConfig
 
 
 class RoutedPool(Protocol):
-    name: str
-    cfg: PoolConfig
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def cfg(self) -> PoolConfig: ...
 
     def has_healthy(self) -> bool: ...
 

@@ -29,6 +29,14 @@ def wants_lite(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "engine_url", None)) or "pools" in _read_doc(getattr(args, "config", None))
 
 
+def wants_mixed(args: argparse.Namespace) -> bool:
+    """A config file whose ``pools:`` include an internal one (our own instances beside
+    external endpoints), and no ``--engine-url``."""
+    pools = _read_doc(getattr(args, "config", None)).get("pools")
+    return not getattr(args, "engine_url", None) and isinstance(pools, list) and \
+        any(isinstance(p, dict) and p.get("internal") is True for p in pools)
+
+
 def _read_doc(path: str | None) -> dict[str, Any]:
     if not path:
         return {}
@@ -78,6 +86,8 @@ def build_lite_app(args: argparse.Namespace) -> tuple[Any, Any]:
     from llumnix.model import load_tokenizer
 
     cfg, model, name = lite_config(args)
+    if any(p.internal for p in cfg.pools):
+        raise LlumnixError("pools: an internal pool needs `llumnix serve --config` (it starts the instances)")
     tokenizer = load_tokenizer(model)
     backend = LiteBackend(cfg, tokenizer, name, vocab_size=tokenizer.vocab_size,
                           max_model_len=getattr(args, "max_model_len", None) or 8192)
@@ -85,6 +95,28 @@ def build_lite_app(args: argparse.Namespace) -> tuple[Any, Any]:
                    admin_requires_key=getattr(args, "host", "127.0.0.1") not in ("127.0.0.1", "localhost", "::1"),
                    max_request_bytes=getattr(args, "max_request_bytes", 8 << 20))
     return app, backend
+
+
+def build_mixed(args: argparse.Namespace, internal: Any) -> Any:
+    """A ``MixedBackend``: the config file's internal pool served by ``internal`` (the
+    cluster's ``ClusterBackend``), each external pool by a ``LiteBackend`` of its own
+    (the lite settings shared; fallback between pools is the mixed backend's)."""
+    import dataclasses
+
+    from llumnix.lite.backend import LiteBackend
+    from llumnix.lite.mixed import Member, MixedBackend
+
+    cfg, _, _ = lite_config(args)
+    members = []
+    for i, p in enumerate(cfg.pools):
+        if p.internal:
+            members.append(Member(p if p.models else dataclasses.replace(p, models=(internal.model_name,)), internal))
+            continue
+        own = dataclasses.replace(cfg, pools=(dataclasses.replace(p, fallback=None),))
+        name = next((m for m in p.models if not m.endswith("*")), internal.model_name)
+        members.append(Member(p, LiteBackend(own, internal.tokenizer, name, vocab_size=internal.vocab_size,
+                                             max_model_len=internal.max_model_len, seed=i)))
+    return MixedBackend(members, internal.tokenizer, internal.model_name, internal.vocab_size)
 
 
 def main_lite(args: argparse.Namespace) -> int:
