@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from llumnix.cluster.startup import free_port
@@ -62,3 +65,17 @@ def gateway(backend: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180) -> None:
+    """Until ``url``/health answers 200; fails with the log's tail if the process exits or time runs out."""
+    deadline = time.time() + timeout_s
+    while True:
+        assert proc.poll() is None, log.read_text()
+        assert time.time() < deadline, f"{url} did not come up: {log.read_text()[-2000:]}"
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)

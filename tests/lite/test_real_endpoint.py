@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,22 +11,10 @@ import httpx
 import pytest
 
 from llumnix.cluster.startup import free_port
+from tests.lite.conftest import wait_healthy
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180) -> None:
-    deadline = time.time() + timeout_s
-    while True:
-        assert proc.poll() is None, log.read_text()
-        assert time.time() < deadline, f"{url} did not come up: {log.read_text()[-2000:]}"
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +38,13 @@ def urls(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
                                        "--instances", "1", "--port", str(eng_port), "--kv-cache-mib", "8"],
                                       stdout=eng_log.open("w"), stderr=subprocess.STDOUT))
         engine = f"http://127.0.0.1:{eng_port}"
-        _wait_healthy(engine, procs[0], eng_log)
+        wait_healthy(engine, procs[0], eng_log)
         lite_log = logs / "lite.log"
         procs.append(subprocess.Popen([sys.executable, "-m", "llumnix.lite", "--engine-url", engine,
                                        "--model", str(tiny_model_dir), "--port", str(lite_port)],
                                       stdout=lite_log.open("w"), stderr=subprocess.STDOUT))
         lite = f"http://127.0.0.1:{lite_port}"
-        _wait_healthy(lite, procs[1], lite_log, 60)
+        wait_healthy(lite, procs[1], lite_log, 60)
         yield engine, lite
     finally:
         for p in reversed(procs):
