@@ -158,14 +158,19 @@ def test_preemptions_count_per_instance_and_a_replacement_counts_its_own():
     assert preemptions_between(before, after) == 1
 
 
-def test_the_probes_kv_usage_is_read_over_its_steady_window_only():
-    from llumnix.bench.cluster_bench import steady_kv_usage
+def test_the_probes_steady_state_is_read_over_its_window_only():
+    from llumnix.bench.cluster_bench import steady_state
 
-    def sample(t, used):
-        return {"t": t, "instances": [{"num_used_blocks": used, "num_total_blocks": 10},
-                                      {"num_used_blocks": 10, "num_total_blocks": 10}]}
+    def sample(t, used, waiting):
+        return {"t": t, "instances": [{"num_used_blocks": used, "num_total_blocks": 10, "num_running": 3,
+                                       "num_waiting": waiting},
+                                      {"num_used_blocks": 10, "num_total_blocks": 10, "num_running": 2,
+                                       "num_waiting": 1}]}
 
     # ramp-up (t < 2) and drain (t > 6) are left out
-    samples = [sample(0.5, 0), sample(1.5, 4), sample(2.5, 9), sample(4.0, 8), sample(5.5, 9), sample(7.0, 0)]
-    assert steady_kv_usage(samples, 2.0, 6.0) == pytest.approx((0.95 + 0.9 + 0.95) / 3)
-    assert steady_kv_usage(samples, 8.0, 9.0) is None
+    samples = [sample(0.5, 0, 0), sample(1.5, 4, 0), sample(2.5, 9, 5), sample(4.0, 8, 3), sample(5.5, 9, 1),
+               sample(7.0, 0, 0)]
+    got = steady_state(samples, 2.0, 6.0)
+    assert got["kv_usage"] == pytest.approx((0.95 + 0.9 + 0.95) / 3)
+    assert (got["num_running"], got["num_waiting"]) == (5.0, 4.0)
+    assert steady_state(samples, 8.0, 9.0) == {"kv_usage": None, "num_running": None, "num_waiting": None}

@@ -64,6 +64,8 @@ class ClusterBenchSettings:
     num_blocks: int = 16
     """KV blocks per instance: small, so that KV, not compute, binds at the top loads (3-4
     requests an instance) on a slow or shared CPU too."""
+    block_size: int = 16
+    """Tokens per KV block."""
     max_num_seqs: int = 32
     scale: float = 0.125
     """ShareGPT's token counts are multiplied by this (then capped)."""
@@ -88,7 +90,7 @@ class ClusterBenchSettings:
         doc: dict[str, Any] = {k: dict(v) for k, v in SYSTEMS[name].items()}
         doc["model"] = self.model
         doc["engine"] = {**doc.get("engine", {}), "device": self.device, "num_blocks": self.num_blocks,
-                         "max_num_seqs": self.max_num_seqs, **self.extra}
+                         "block_size": self.block_size, "max_num_seqs": self.max_num_seqs, **self.extra}
         doc["deployment"] = {"instances": self.instances}
         return doc
 
@@ -184,19 +186,37 @@ def probe_capacity(s: ClusterBenchSettings, server: ServeProcess, pairs: tuple[n
     if len(done) < 2 * c + 2:
         raise LlumnixError(f"capacity probe: only {len(done)} of {len(reqs)} requests completed")
     rate = (len(done) - 2 * c - 1) / (done[-c - 1] - done[c])
-    kv_steady = steady_kv_usage(samples, done[c], done[-c - 1])
+    steady = steady_state(samples, done[c], done[-c - 1])
+    kv = steady["kv_usage"]
     return {"capacity_req_s": rate, "num_completed": len(done), "makespan_s": done[-1],
-            "kv_usage_steady": kv_steady, "kv_binds": kv_steady is not None and kv_steady >= KV_BINDS,
+            "kv_usage_steady": kv, "kv_binds": kv is not None and kv >= KV_BINDS,
+            "running_steady": steady["num_running"], "waiting_steady": steady["num_waiting"],
             "rule": f"closed loop, {c} in flight, {len(reqs)} requests; completions "
                     f"{c + 1}..{len(reqs) - c} per second"}
 
 
-def steady_kv_usage(samples: list[dict[str, Any]], start_s: float, end_s: float) -> float | None:
-    """Mean fraction of the cluster's KV blocks in use over the samples in [start_s, end_s]."""
+def probe_line(capacity: dict[str, Any]) -> str:
+    kv, run, wait = (capacity.get(k) for k in ("kv_usage_steady", "running_steady", "waiting_steady"))
+    if kv is None or run is None or wait is None:
+        return "no samples of the cluster"
+    verdict = "" if capacity["kv_binds"] else f": under {KV_BINDS:.0%}, KV does not bind"
+    return f"KV in use {kv:.0%}, {run:.1f} requests running and {wait:.1f} queued{verdict}"
+
+
+def steady_state(samples: list[dict[str, Any]], start_s: float, end_s: float) -> dict[str, float | None]:
+    """Over the samples in [start_s, end_s]: the mean fraction of the cluster's KV blocks
+    in use, and the mean numbers of requests running and queued (cluster-wide)."""
     from llumnix.bench.cluster_report import kv_series
 
-    steady = [u for t, u in kv_series(samples) if start_s <= t <= end_s]
-    return sum(steady) / len(steady) if steady else None
+    window = [x for x in samples if start_s <= x["t"] <= end_s]
+    kv = [u for _, u in kv_series(window)]
+
+    def mean(key: str) -> float | None:
+        vals = [sum(i.get(key) or 0 for i in x["instances"]) for x in window]
+        return sum(vals) / len(vals) if vals else None
+
+    return {"kv_usage": sum(kv) / len(kv) if kv else None, "num_running": mean("num_running"),
+            "num_waiting": mean("num_waiting")}
 
 
 def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.ndarray, np.ndarray],
@@ -215,13 +235,11 @@ def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.nd
         started = time.perf_counter() - t0
         if capacity is None:
             capacity = probe_capacity(s, server, pairs, vocab)
-            kv = capacity["kv_usage_steady"]
-            log(f"  capacity {capacity['capacity_req_s']:.2f} req/s ({capacity['rule']}); KV in use meanwhile "
-                f"{'-' if kv is None else f'{kv:.0%}'}" + ("" if capacity["kv_binds"] else
-                                                           f": under {KV_BINDS:.0%}, KV does not bind"))
+            log(f"  capacity {capacity['capacity_req_s']:.2f} req/s ({capacity['rule']}); meanwhile "
+                + probe_line(capacity))
         runs = []
         for seed in s.seeds:
-            loads: tuple[float | str, ...] = (*s.loads, "burst")
+            loads: tuple[float | str, ...] = (*s.loads, "burst") if s.burst_size else s.loads
             for load in loads:
                 rate = None if isinstance(load, str) else load * capacity["capacity_req_s"]
                 n = s.burst_size if load == "burst" else s.num_requests
@@ -248,6 +266,7 @@ def add_cluster_bench_args(p: Any) -> None:
     g.add_argument("--requests-per-run", type=int, default=d.num_requests)
     g.add_argument("--burst-size", type=int, default=d.burst_size, help="requests sent at once (0: no burst)")
     g.add_argument("--num-blocks", type=int, default=d.num_blocks, help="KV blocks per instance")
+    g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     g.add_argument("--instances", type=int, default=d.instances)
     g.add_argument("--length-scale", type=float, default=d.scale, help="ShareGPT token counts times this")
     g.add_argument("--prompt-cap", type=int, default=d.max_input, help="prompt tokens at most (after scaling)")
@@ -272,8 +291,8 @@ def settings_from_args(args: Any) -> ClusterBenchSettings:
     if args.cuda_graphs is not None:
         extra["cuda_graphs"] = args.cuda_graphs
     s = ClusterBenchSettings(model=args.model, device=args.device, instances=args.instances,
-                             num_blocks=args.num_blocks, scale=args.length_scale, max_input=args.prompt_cap,
-                             max_output=args.output_cap,
+                             num_blocks=args.num_blocks, block_size=args.block_size, scale=args.length_scale,
+                             max_input=args.prompt_cap, max_output=args.output_cap,
                              num_requests=args.requests_per_run, burst_size=args.burst_size,
                              seeds=_csv(args.seeds, int, "seeds"), loads=_csv(args.loads, float, "loads"),
                              slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, systems=systems, extra=extra)
