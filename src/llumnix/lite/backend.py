@@ -33,6 +33,7 @@ from llumnix.core.wire import GenerateRequest, TokenizerLike
 from llumnix.lite.client import TOKEN_PROMPTS, Chunk, EndpointError, request_body, stream_chunks
 from llumnix.lite.config import LiteConfig
 from llumnix.lite.endpoint import Endpoint
+from llumnix.lite.http import HttpPool
 from llumnix.lite.outputs import continuation, finished_metrics, read_usage
 from llumnix.lite.pool import Pool
 from llumnix.lite.routing import route
@@ -52,6 +53,9 @@ class LiteBackend:
         self.endpoints: dict[str, Endpoint] = {i: e for p in self.pools.values() for i, e in p.endpoints.items()}
         self._rng = random.Random(seed)
         self._client: httpx.AsyncClient | None = None
+        """Probes and scrapes (off the request path)."""
+        self._http: HttpPool | None = None
+        """Requests to the engines."""
         self._watchers: list[asyncio.Task[None]] = []
         self.num_retries = 0
         """Requests sent again after their endpoint failed before any output."""
@@ -82,6 +86,7 @@ class LiteBackend:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         timeout = httpx.Timeout(connect=self.config.connect_timeout_s, read=None, write=10.0, pool=None)
         self._client = httpx.AsyncClient(limits=limits, timeout=timeout)
+        self._http = HttpPool(self.config.connect_timeout_s)
         await asyncio.gather(*(e.probe(self._client) for e in self.endpoints.values()))
         known = [e.max_model_len for e in self.endpoints.values() if e.max_model_len]
         if known:
@@ -95,6 +100,8 @@ class LiteBackend:
         await asyncio.gather(*self._watchers, return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
+        if self._http is not None:
+            self._http.close()
 
     # -- requests -----------------------------------------------------------------------
     def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
@@ -164,7 +171,7 @@ class LiteBackend:
                    base: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """One attempt on ``ep``: its outputs, the last one finished; EndpointError on
         failure. ``base``: output tokens released before (a resumed request counts on)."""
-        assert self._client is not None, "LiteBackend.start() was not awaited"
+        assert self._http is not None, "LiteBackend.start() was not awaited"
         rid, lrs = request.request_id, ep.lrs
         prompt: list[int] | str = request.prompt_token_ids if ep.kind in TOKEN_PROMPTS else \
             self.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False)
@@ -172,7 +179,7 @@ class LiteBackend:
         n_out, ok, final_ids = base, False, []
         try:
             async with contextlib.aclosing(stream_chunks(
-                    self._client, ep.url, body, ep.headers, self.config.first_byte_timeout_s,
+                    self._http, ep.url, body, ep.headers, self.config.first_byte_timeout_s,
                     self.config.idle_timeout_s)) as chunks:
                 final: Chunk | None = None
                 async for chunk in chunks:

@@ -19,10 +19,11 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import orjson
 
 from llumnix.core.errors import LlumnixError
 from llumnix.core.sampling_params import SamplingParams
+from llumnix.lite.http import HttpError, HttpPool
 
 TOKEN_PROMPTS = ("vllm", "sglang", "llumnix")
 """Engine kinds whose /v1/completions takes a prompt of token ids."""
@@ -83,34 +84,35 @@ def request_body(model: str, kind: str, prompt: list[int] | str, params: Samplin
     return body
 
 
-async def stream_chunks(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
+async def stream_chunks(client: HttpPool, url: str, body: dict[str, Any], headers: dict[str, str],
                         first_byte_timeout_s: float, idle_timeout_s: float) -> AsyncGenerator[Chunk, None]:
     """The reply's chunks until ``[DONE]`` (or the end of the stream)."""
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(first_byte_timeout_s) as deadline, \
-                client.stream("POST", url + "/v1/completions", json=body, headers=headers) as resp:
-            if resp.status_code != 200:
-                raise _status_error(resp.status_code, (await resp.aread())[:300].decode(errors="replace"))
-            lines = resp.aiter_lines()
-            async for line in lines:
-                if not line.startswith("data:"):
-                    continue  # blank separators and ': keep-alive' comments
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    async for _ in lines:
-                        pass  # the body's end: a connection read to its end is kept for the next request
-                    return
-                chunk = parse_chunk(data)
-                # No deadline while the consumer holds the chunk: it would cancel the consumer.
-                deadline.reschedule(None)
-                yield chunk
-                deadline.reschedule(loop.time() + idle_timeout_s)
+                client.post(url + "/v1/completions", json_bytes(body), headers) as resp:
+            if resp.status != 200:
+                raise _status_error(resp.status, (await resp.read())[:300].decode(errors="replace"))
+            rest = b""
+            async for data in resp.chunks():
+                *lines, rest = (rest + data).split(b"\n")
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators and ': keep-alive' comments
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        await resp.read()  # the body's end: a connection read to its end is kept for the next request
+                        return
+                    chunk = parse_chunk(payload)
+                    # No deadline while the consumer holds the chunk: it would cancel the consumer.
+                    deadline.reschedule(None)
+                    yield chunk
+                    deadline.reschedule(loop.time() + idle_timeout_s)
     except TimeoutError:
         raise EndpointError("the endpoint stopped answering (timeout)") from None
-    except httpx.ConnectError as e:
-        raise EndpointError(f"cannot connect ({e})", refused=True) from None
-    except httpx.HTTPError as e:
+    except HttpError as e:
+        raise EndpointError(str(e), refused=e.refused) from None
+    except OSError as e:
         raise EndpointError(f"{type(e).__name__}: {e}") from None
 
 
@@ -124,10 +126,10 @@ def _status_error(status: int, text: str) -> EndpointError:
     return EndpointError(msg, endpoint_fault=status >= 500)
 
 
-def parse_chunk(data: str) -> Chunk:
+def parse_chunk(data: str | bytes) -> Chunk:
     """One ``data:`` payload; anything that is not a completion chunk is an EndpointError."""
     try:
-        obj = json.loads(data)
+        obj = orjson.loads(data)
         if "error" in obj:
             err = obj["error"]
             raise EndpointError(f"the endpoint reported: {err.get('message', err) if isinstance(err, dict) else err}")
@@ -153,3 +155,7 @@ def parse_chunk(data: str) -> Chunk:
     except (ValueError, TypeError, AttributeError, KeyError) as e:
         raise EndpointError(f"the endpoint streamed something that is not a completion chunk "
                             f"({type(e).__name__}: {data[:80]!r})") from None
+
+
+def json_bytes(body: dict[str, Any]) -> bytes:
+    return orjson.dumps(body)

@@ -1,0 +1,108 @@
+"""The request path's HTTP client (``lite/http.py``) against raw asyncio servers: chunked
+streams in pieces, kept-alive connections reused and replaced when the server closed
+them, a refused port and a reply that is not HTTP."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from llumnix.cluster.startup import free_port
+from llumnix.lite.http import HttpError, HttpPool
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    return await reader.readexactly(length)
+
+
+def _chunked(*parts: bytes) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+    return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n"
+
+
+async def _serve(handler: Handler) -> tuple[asyncio.Server, str]:
+    port = free_port()
+    server = await asyncio.start_server(handler, "127.0.0.1", port)
+    return server, f"http://127.0.0.1:{port}/v1/completions"
+
+
+def test_a_chunked_stream_arrives_whole_and_the_connection_is_reused():
+    connections = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        while True:
+            try:
+                body = await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            reply = _chunked(b"data: " + body + b"\n\n", b"data: [DONE]\n\n")
+            for i in range(0, len(reply), 7):  # in small pieces, with pauses
+                writer.write(reply[i:i + 7])
+                await writer.drain()
+                await asyncio.sleep(0)
+
+    async def run() -> list[bytes]:
+        server, url = await _serve(handler)
+        pool = HttpPool(1.0)
+        got = []
+        for i in range(3):
+            async with pool.post(url, b'{"n": %d}' % i, {"X-Test": "1"}) as reply:
+                assert reply.status == 200
+                got.append(await reply.read())
+        pool.close()
+        server.close()
+        return got
+
+    got = asyncio.run(run())
+    assert got == [b'data: {"n": %d}\n\ndata: [DONE]\n\n' % i for i in range(3)]
+    assert len(connections) == 1
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced():
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()  # keep-alive as far as the client knows, then gone
+
+    async def run() -> list[bytes]:
+        server, url = await _serve(handler)
+        pool = HttpPool(1.0)
+        got = []
+        for _ in range(3):
+            async with pool.post(url, b"{}", {}) as reply:
+                got.append(await reply.read())
+            await asyncio.sleep(0.05)  # the server's close reaches the idle connection
+        server.close()
+        return got
+
+    assert asyncio.run(run()) == [b"ok"] * 3
+
+
+def test_a_refused_port_and_a_reply_that_is_not_http_are_http_errors():
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"this is not http at all\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def run() -> tuple[HttpError, HttpError]:
+        pool = HttpPool(1.0)
+        with pytest.raises(HttpError) as refused:
+            async with pool.post(f"http://127.0.0.1:{free_port()}/x", b"{}", {}):
+                pass
+        server, url = await _serve(garbage)
+        with pytest.raises(HttpError) as bad:
+            async with pool.post(url, b"{}", {}):
+                pass
+        server.close()
+        return refused.value, bad.value
+
+    refused, bad = asyncio.run(run())
+    assert refused.refused and not bad.refused and "not an HTTP reply" in str(bad)
