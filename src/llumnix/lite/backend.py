@@ -57,6 +57,8 @@ class LiteBackend:
         self._http: HttpPool | None = None
         """Requests to the engines."""
         self._watchers: list[asyncio.Task[None]] = []
+        self._encoded: dict[str, tuple[int, ...]] = {}
+        """Text deltas and their encoding (a delta's encoding is the same every time)."""
         self.num_retries = 0
         """Requests sent again after their endpoint failed before any output."""
         self.num_fallbacks = 0
@@ -212,7 +214,17 @@ class LiteBackend:
     def _ids(self, chunk: Chunk) -> list[int]:
         if chunk.token_ids is not None:
             return chunk.token_ids
-        return self.tokenizer.encode(chunk.text, add_special_tokens=False) if chunk.text else []
+        text = chunk.text
+        if not text:
+            return []
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            if len(text) <= 32:  # deltas are a token or a few: the same words come back
+                if len(self._encoded) >= 1 << 16:
+                    self._encoded.clear()
+                self._encoded[text] = ids
+        return list(ids)
 
     async def abort(self, request_id: str) -> None:
         """Nothing to do here: the gateway stops reading, the stream's close ends the HTTP
