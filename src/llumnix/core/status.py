@@ -5,6 +5,7 @@ Policies are pure functions of these snapshots, so everything they read
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 
@@ -63,6 +64,15 @@ class InstanceStatus:
     """Prefix-cache keys the engine evicted since its previous pushed report (``Llumlet.
     push``; empty in any other snapshot): an event, not state, so the meta store leaves
     it out. A router that remembers where it sent prefixes forgets these."""
+
+    def with_running(self, briefs: tuple[RequestBrief, ...], blocks: int) -> InstanceStatus:
+        """This snapshot with ``briefs`` running too, holding ``blocks`` more blocks (what
+        dispatch sees between two reports: ``policy/pending.py``). A shallow copy with two
+        fields set: ``dataclasses.replace`` re-runs all 25 fields, once per dispatch."""
+        new = copy.copy(self)
+        object.__setattr__(new, "running", self.running + briefs)  # frozen: as dataclasses' own __init__ sets
+        object.__setattr__(new, "num_used_blocks", self.num_used_blocks + blocks)
+        return new
 
     @property
     def num_free_blocks(self) -> int:

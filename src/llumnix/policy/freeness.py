@@ -18,7 +18,6 @@ attached to any request here, so they are added to sum V.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 
@@ -76,20 +75,23 @@ def virtual_usages(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = 
 def total_virtual_usage(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = True) -> float:
     """Sum of V, counting blocks held for incoming migrations as used and each block that
     running requests share (prefix caching) once."""
-    # The hot path of every status report and dispatch: when no running request's
-    # priority carries headroom, the running requests' V is their physical blocks, and
-    # their sum needs neither the per-priority shares nor the list (integers: the same
-    # value exactly; the rest is summed in the same order as ``virtual_usages``).
+    return sum(_other_usages(status, fake), _running_usage(status, cfg)) + status.num_reserved_blocks \
+        - status.num_shared_block_holds
+
+
+def _running_usage(status: InstanceStatus, cfg: FreenessConfig) -> float:
+    """Sum of the running requests' V. The hot path of every status report and dispatch:
+    when no running request's priority carries headroom, V is their physical blocks, and
+    the sum needs neither the per-priority shares nor the list (integers: the same value
+    exactly as summing ``_running_usages``)."""
     blocks = 0
     priorities = set()
     for r in status.running:
         blocks += r.num_blocks
         priorities.add(r.priority)
     if any(headroom_blocks(cfg, p, status.block_size) for p in priorities):
-        running = sum(_running_usages(status, cfg))
-    else:
-        running = float(blocks)
-    return sum(_other_usages(status, fake), running) + status.num_reserved_blocks - status.num_shared_block_holds
+        return sum(_running_usages(status, cfg))
+    return float(blocks)
 
 
 def per_request(free: float, num_requests: int) -> float:
@@ -116,7 +118,7 @@ def queue_aware_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
     only the head of line counts, for de-fragmentation); it is the dispatch load of the
     open-source Llumnix, which keeps new requests off instances with a queue. Offered as
     the ``llumnix`` dispatch option ``queued: all``; -inf for a terminating instance."""
-    usage = sum(virtual_usages(dataclasses.replace(status, waiting=()), cfg)) + _queued_demand(status)
+    usage = _running_usage(status, cfg) + (math.inf if status.is_terminating else 0) + _queued_demand(status)
     usage += status.num_reserved_blocks - status.num_shared_block_holds
     return per_request(status.num_total_blocks - usage, status.num_running + status.num_waiting)
 

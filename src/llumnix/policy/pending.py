@@ -13,7 +13,6 @@ shows it or is ``grace_s`` newer than the dispatch (it finished or was lost).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from llumnix.core.status import InstanceStatus, RequestBrief
@@ -58,5 +57,4 @@ class PendingDispatches:
         if not pend:
             return status
         briefs = tuple(p.brief for p in pend)
-        return dataclasses.replace(status, running=status.running + briefs,
-                                   num_used_blocks=status.num_used_blocks + sum(b.num_blocks for b in briefs))
+        return status.with_running(briefs, sum(b.num_blocks for b in briefs))
