@@ -17,8 +17,10 @@ PAIRS = (np.array([8, 400, 2000, 80]), np.array([40, 1000, 8, 200]))
 
 
 def test_lengths_are_scaled_and_capped():
-    p, o = scaled_pairs(S, *PAIRS)
+    p, o = scaled_pairs(ClusterBenchSettings(max_input=96, max_output=64), *PAIRS)
     assert p.tolist() == [4, 50, 96, 10] and o.tolist() == [5, 64, 4, 25]
+    p, o = scaled_pairs(S, *PAIRS)  # the defaults: prompts at most 32
+    assert p.tolist() == [4, 32, 32, 10] and o.tolist() == [5, 64, 4, 25]
 
 
 def test_a_trace_is_seeded_and_keeps_its_requests_across_rates():
@@ -51,6 +53,8 @@ def test_flags_map_onto_the_settings_and_bad_ones_are_one_line_errors():
         settings_from_args(_args("--systems", "nope"))
     with pytest.raises(LlumnixError, match="--seeds"):
         settings_from_args(_args("--seeds", "a,b"))
+    with pytest.raises(LlumnixError, match="would not fit 4 blocks"):
+        settings_from_args(_args("--num-blocks", "4"))
 
 
 def _rec(ttft, e2e, n, itl):
@@ -174,3 +178,16 @@ def test_the_probes_steady_state_is_read_over_its_window_only():
     assert got["kv_usage"] == pytest.approx((0.95 + 0.9 + 0.95) / 3)
     assert (got["num_running"], got["num_waiting"]) == (5.0, 4.0)
     assert steady_state(samples, 8.0, 9.0) == {"kv_usage": None, "num_running": None, "num_waiting": None}
+
+
+def test_kv_binds_when_requests_queue_at_a_nearly_full_cache_under_the_batch_limit():
+    from llumnix.bench.cluster_bench import kv_binds
+
+    def steady(kv, running, waiting):
+        return {"kv_usage": kv, "num_running": running, "num_waiting": waiting}
+
+    assert kv_binds(S, steady(0.86, 7.1, 8.2))  # the default sizing's probe, 2026-11-26
+    assert not kv_binds(S, steady(0.5, 7.0, 8.0))  # queued with the cache half empty: not KV
+    assert not kv_binds(S, steady(0.95, 7.0, 0.5))  # full, but nothing waits for it
+    assert not kv_binds(S, steady(0.95, 64.0, 9.0))  # the batch limit binds
+    assert not kv_binds(S, steady(None, None, None))
