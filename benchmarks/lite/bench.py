@@ -144,9 +144,17 @@ def main() -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"benchmark": "lite-vs-sglang-router", "machine": machine_info(with_torch=False),
                               "settings": vars(args), "engines": ENGINES[args.engines], "runs": []}
-    if "latency" in args.phases:
-        record["added_latency_ms"] = router_overhead(log_dir, args.latency_pairs, args.routers)
+    if "latency" in args.phases:  # a round per seed, each with fresh echo engines and routers
+        rounds = [router_overhead(log_dir, args.latency_pairs, args.routers) for _ in args.seeds]
+        record["added_latency_rounds"] = rounds
+        record["added_latency_ms"] = {name: {f"{q}_{stat}": f([r[name][q] for r in rounds])
+                                             for q in ("p50_ms", "p99_ms")
+                                             for stat, f in (("median", statistics.median), ("min", min), ("max", max))}
+                                      for name in rounds[0]}
         print("added latency (ms), in front of engines that do no work:", record["added_latency_ms"], flush=True)
+    if set(args.phases) == {"latency"}:
+        write_result(args.out, record)
+        return
     make_engine = routers.llamacpp if args.engines == "llamacpp" else routers.llumnix_engine
     engines = [make_engine(i, log_dir).start() for i in range(3)]
     urls = [e.url for e in engines]
