@@ -160,7 +160,7 @@ def test_the_fallback_pool_serves_when_the_primary_has_no_healthy_endpoint(engin
 
 def test_concurrent_requests_spread_by_the_books(engines):
     """No metrics and no reports: the LRS alone (requests in flight) spreads a burst."""
-    engs = [engines(delay_s=0.05) for _ in range(3)]
+    engs = [engines(delay_s=0.2) for _ in range(3)]  # 2 s a request: all six are in flight at once even on a loaded machine
     with gateway(lite_backend([("p", engs, {})], dispatch="least-requests")) as url:
         threads = [threading.Thread(target=_complete, args=(url, 10)) for _ in range(6)]
         for t in threads:
