@@ -118,3 +118,16 @@ def test_without_a_fallback_a_dead_pool_is_one_clear_error(engines):
         engine.stop()
         r = _complete(url, "ext-model")
     assert r.status_code >= 500 and "no pool could serve" in r.json()["error"]["message"]
+
+
+def test_logprobs_skip_the_external_pool_for_the_internal_one_on_the_route(engines):
+    engine = engines(model="ext-model")
+    backend, internal = _mixed(engine)
+    with gateway(backend) as url:
+        r = _complete(url, "ext-model", logprobs=1)
+        refused = _mixed(engine, ext_fallback=None)[0]
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is not None, r.text
+    assert engine.bodies == [] and len(internal.served) == 1
+    with gateway(refused) as url:
+        r = _complete(url, "ext-model", logprobs=1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
