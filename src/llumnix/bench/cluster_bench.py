@@ -50,14 +50,14 @@ SYSTEMS: dict[str, dict[str, Any]] = {
 """Each system as `llumnix serve --config` reads it; the settings below fill in the rest."""
 
 
-KV_BINDS = 0.85
+KV_BINDS = 0.8
 """The sizing rule: KV, not compute, binds capacity. It holds when, over the capacity
 probe's steady state (the window its rate is measured in), requests queue at the instances
 (at least one an instance, on average) while fewer than ``max_num_seqs`` run, and at least
 this fraction of the KV blocks is in use; the probe reports it (``kv_binds``). Not 90%: with
 10 blocks an instance one block is 10% of it, and a preempted request at the head of the
 queue waits for its whole sequence's blocks, so a KV-bound instance of this engine sits
-at 80-100% from step to step (86% measured with 8 requests queued)."""
+at 80-100% from step to step (85-86% measured with 8 requests queued, 2026-11-26)."""
 
 
 @dataclass(frozen=True)
