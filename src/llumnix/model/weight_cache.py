@@ -1,0 +1,82 @@
+"""A GGUF's weights as the model uses them (dequantized, Q/K unpermuted, fused, laid
+out), kept on disk: every start after the first (a restart, a lost instance's
+replacement, an auto-scaling scale-out) maps them instead of dequantizing again
+(SmolLM2: 2.6 s -> 0.3 s a load here).
+
+    key    the GGUF's resolved path, size and modification time, the dtype, ``LAYOUT``
+           (bumped whenever the loader's layout changes)
+    file   ``$LLUMNIX_CACHE/weights/<key>.safetensors`` (default ``~/.cache/llumnix``),
+           written under a temporary name and renamed, so a reader never sees half a
+           file; read through a memory map, so instances on one node share its pages
+    off    ``LLUMNIX_WEIGHT_CACHE=0``; a cache that cannot be written (disk full, a
+           read-only home) is skipped with one log line, never an error
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from llumnix.core.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+LAYOUT = 1
+"""Bump when what ``gguf_loader`` stores changes meaning: older files are then ignored."""
+ENV_OFF = "LLUMNIX_WEIGHT_CACHE"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_OFF, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_path(source: Path, dtype: torch.dtype) -> Path:
+    st = source.stat()
+    key = f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{LAYOUT}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return cache_dir() / "weights" / f"{source.stem}-{digest}.safetensors"
+
+
+def load(source: Path, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
+    """The cached tensors (on CPU, memory-mapped), or None: not cached, off, or unreadable."""
+    if not enabled():
+        return None
+    path = cache_path(source, dtype)
+    if not path.is_file():
+        return None
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except Exception as e:  # noqa: BLE001 - a damaged file is a miss; the load rebuilds it
+        log.warning("weight cache %s unreadable (%s); loading %s again", path, e, source.name)
+        return None
+
+
+def save(source: Path, dtype: torch.dtype, tensors: dict[str, torch.Tensor]) -> Path | None:
+    """Write ``tensors`` for ``source`` (returns the file, or None where it was not written)."""
+    if not enabled():
+        return None
+    from safetensors.torch import save_file
+
+    path = cache_path(source, dtype)
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if shutil.disk_usage(path.parent).free < 2 * size:
+            log.info("weight cache skipped: less than %d MiB free in %s", 2 * size >> 20, path.parent)
+            return None
+        save_file({k: t.contiguous() for k, t in tensors.items()}, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.info("weight cache not written (%s): %s", path.parent, e.strerror or e)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return None
+    return path
