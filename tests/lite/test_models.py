@@ -29,8 +29,13 @@ def test_a_request_goes_to_the_pool_that_serves_its_model(engines):
         for model in ("model-a", "model-b", "model-b-large", "model-a"):
             r = _complete(url, model)
             assert r.status_code == 200, r.text
+            assert r.json()["model"] == model  # the answer names the model asked for, as vLLM's
+        with httpx.stream("POST", url + "/v1/completions", timeout=20,
+                          json={"model": "model-b-large", "prompt": "Hi", "max_tokens": 2, "stream": True}) as r:
+            chunks = [line for line in r.iter_lines() if line.startswith("data: {")]
+        assert chunks and all('"model":"model-b-large"' in c.replace(" ", "") for c in chunks)
     assert [body["model"] for body in a.bodies] == ["model-a", "model-a"]
-    assert [body["model"] for body in b.bodies] == ["model-b", "model-b-large"]
+    assert [body["model"] for body in b.bodies] == ["model-b", "model-b-large", "model-b-large"]
 
 
 def test_a_prefix_match_the_engine_does_not_list_is_sent_as_the_engines_model(engines):

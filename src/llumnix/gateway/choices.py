@@ -52,6 +52,11 @@ class Reply:
     """Streamed: end with a chunk that has the usage and no choices."""
 
     @property
+    def model(self) -> str:
+        """The model the request named where it is not the served one (a pool's), else ''."""
+        return self.gens[0].model
+
+    @property
     def wants_logprobs(self) -> bool:
         return self.gens[0].params.logprobs is not None
 

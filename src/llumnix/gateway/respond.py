@@ -75,7 +75,7 @@ async def complete(ctx: GatewayContext, reply: Reply) -> Response:
         status, error = failure_body(e, "the request failed: ")
         return JSONResponse(error, status_code=status)
     choices = [_choice(ctx, reply, i, "".join(pieces[i]), reasons[i], lps[i], prompt_lps[i]) for i in range(n)]
-    body = response_body(reply.response_id, ctx.model_name, now_s(), choices, chat=reply.chat)
+    body = response_body(reply.response_id, reply.model or ctx.model_name, now_s(), choices, chat=reply.chat)
     body["usage"] = usage(len(reply.gens[0].prompt_token_ids), sum(n_outs), n_cached)
     return Response(json_bytes(body), media_type="application/json")
 

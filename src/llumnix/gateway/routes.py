@@ -14,6 +14,7 @@ from starlette.requests import Request
 
 import llumnix
 from llumnix.core.errors import InvalidRequestError
+from llumnix.gateway.backend import model_names
 from llumnix.gateway.context import context
 from llumnix.gateway.prepare import check_model, prepare
 from llumnix.gateway.protocol import (
@@ -56,17 +57,21 @@ async def prometheus(request: Request) -> Response:
 
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
-    """vLLM's shape: the served name as ``id``, the model it stands for as ``root``."""
+    """vLLM's shape: the served name as ``id``, the model it stands for as ``root``; a
+    backend that serves more names (lite and mixed pools) lists each, as its own root."""
     ctx = context(request)
     created = now_s()
-    permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created,
-                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-                  "organization": "*", "group": None, "is_blocking": False}
-    return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": created,
-                                        "owned_by": "llumnix", "root": ctx.config.model_root or ctx.model_name,
-                                        "parent": None, "max_model_len": ctx.backend.max_model_len,
-                                        "permission": [permission]}]}
+
+    def entry(name: str) -> dict[str, Any]:
+        permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created,
+                      "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                      "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                      "organization": "*", "group": None, "is_blocking": False}
+        root = (ctx.config.model_root or name) if name == ctx.model_name else name
+        return {"id": name, "object": "model", "created": created, "owned_by": "llumnix", "root": root,
+                "parent": None, "max_model_len": ctx.backend.max_model_len, "permission": [permission]}
+
+    return {"object": "list", "data": [entry(name) for name in model_names(ctx.backend)]}
 
 
 @router.get("/version")

@@ -17,7 +17,7 @@ class _Chunks:
 
     def __init__(self, ctx: GatewayContext, reply: Reply) -> None:
         self.reply = reply
-        self.model = ctx.model_name
+        self.model = reply.model or ctx.model_name
         self.fmt = ctx.logprob_format(reply.as_ids)
         self.created = now_s()
         self.scoring = reply.gens[0].params.prompt_logprobs is not None  # set by an echo with logprobs only
