@@ -169,7 +169,10 @@ def _say(progress: Progress, text: str, args: argparse.Namespace, namespace: str
 def _tokenizer(model: str, chat_template: str | None) -> Any:
     from llumnix.model import load_tokenizer
 
-    return load_tokenizer(model, chat_template=chat_template)
+    tokenizer = load_tokenizer(model, chat_template=chat_template)
+    import llumnix.cluster.backend  # noqa: F401 - the gateway's modules (FastAPI, pydantic
+    import llumnix.gateway.app  # noqa: F401 - schemas: ~1 s) import here too, while the instances load
+    return tokenizer
 
 
 def main_gateway(args: argparse.Namespace) -> int:
