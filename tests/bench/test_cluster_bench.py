@@ -163,7 +163,7 @@ def test_preemptions_count_per_instance_and_a_replacement_counts_its_own():
 
 
 def test_the_probes_steady_state_is_read_over_its_window_only():
-    from llumnix.bench.cluster_bench import steady_state
+    from llumnix.bench.cluster_probe import steady_state
 
     def sample(t, used, waiting):
         return {"t": t, "instances": [{"num_used_blocks": used, "num_total_blocks": 10, "num_running": 3,
@@ -181,7 +181,7 @@ def test_the_probes_steady_state_is_read_over_its_window_only():
 
 
 def test_kv_binds_when_requests_queue_at_a_nearly_full_cache_under_the_batch_limit():
-    from llumnix.bench.cluster_bench import kv_binds
+    from llumnix.bench.cluster_probe import kv_binds
 
     def steady(kv, running, waiting):
         return {"kv_usage": kv, "num_running": running, "num_waiting": waiting}
