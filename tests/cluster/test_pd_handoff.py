@@ -21,9 +21,9 @@ def _worker(pair: Pair, room: list[bool], reports: list[dict]) -> HandoffWorker:
     def ask(request_id: str, num_blocks: int):
         return ("dst", None) if room[0] else None
 
-    def mig(request_id: str, dst_id: str, dst):
+    def mig(request_id: str, dst_id: str, dst, overrides):
         return dataclasses.asdict(migrate(request_id, pair.src, pair.endpoint, pair.sender,
-                                          MigrationConfig(max_stages=3)))
+                                          MigrationConfig(**{"max_stages": 3, **(overrides or {})})))
 
     w = HandoffWorker(pair.src, ask, mig, reports.append, retry_s=0.05)
     pair.src.on_outputs = w.on_outputs

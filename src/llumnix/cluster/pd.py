@@ -146,6 +146,8 @@ class PDBook:
                 "role_changes": list(self.changes)[-20:]}
 
 
+STOP_AND_COPY = {"max_stages": 1}
+"""The hand-off's migration overrides behind prefill work."""
 Destination = tuple[str, Any]
 """A hand-off's destination: its instance id and actor handle."""
 
@@ -154,11 +156,12 @@ class HandoffWorker:
     """On an instance whose role is ``prefill``: hands each request off to a decode
     instance once it has its first token, one at a time (the source's migration lock).
     ``ask(request_id, num_blocks)`` asks LlumSched for a destination, ``migrate(request_id,
-    dst_id, dst)`` runs the live migration and returns its report, ``done(report)`` tells
+    dst_id, dst, overrides)`` runs the live migration (``MigrationConfig`` overrides or None)
+    and returns its report, ``done(report)`` tells
     LlumSched. A request the decode pool has no room for keeps decoding here."""
 
     def __init__(self, server: Any, ask: Callable[[str, int], Destination | None],
-                 migrate: Callable[[str, str, Any], dict[str, Any]],
+                 migrate: Callable[[str, str, Any, dict[str, Any] | None], dict[str, Any]],
                  done: Callable[[dict[str, Any]], None], retry_s: float = 0.2) -> None:
         self.server = server
         self._ask = ask
@@ -187,13 +190,17 @@ class HandoffWorker:
                                           for o in outputs):
             self._wake.set()
 
-    def candidates(self) -> list[tuple[str, int]]:
-        """(request id, blocks held) of every request to hand off, oldest first (at a step boundary)."""
+    def candidates(self) -> tuple[list[tuple[str, int]], bool]:
+        """(request id, blocks held) of every request to hand off, oldest first, and whether
+        prompt work waits here (a queued prompt, or one still in its chunks), read at a step
+        boundary."""
         eng, migrating = self.server.engine, self.server.llumlet.migrating_out
         reqs = [r for rid, r in eng.requests.items() if r.status == RequestStatus.RUNNING
                 and r.output_token_ids and rid not in migrating]
         reqs.sort(key=lambda r: r.arrival_time)
-        return [(r.request_id, eng.kv.num_blocks_of(r.request_id)) for r in reqs]
+        sched = eng.scheduler
+        prefilling = bool(sched.waiting) or any(not r.output_token_ids for r in sched.running)
+        return [(r.request_id, eng.kv.num_blocks_of(r.request_id)) for r in reqs], prefilling
 
     def _loop(self) -> None:
         waiting = False
@@ -211,14 +218,19 @@ class HandoffWorker:
 
     def hand_off_all(self) -> bool:
         """One pass over the candidates; True when some must be offered again later."""
-        for request_id, num_blocks in self.server.call(self.candidates):
+        # With prompt work waiting, this instance's next steps are prefill chunks: a request
+        # decoding beside them waits one such step per token, so it is paused at once and
+        # copied in one stage (stop-and-copy) rather than pre-copied while it decodes here
+        # (as the simulator's flow, sim/pd_flow.py).
+        todo, prefilling = self.server.call(self.candidates)
+        for request_id, num_blocks in todo:
             if self.role != "prefill" or self._stop.is_set():
                 return False
             dst = self._ask(request_id, num_blocks)
             if dst is None:
                 return True  # the decode pool is full: the rest would not fit either
             try:
-                report = self._migrate(request_id, dst[0], dst[1])
+                report = self._migrate(request_id, dst[0], dst[1], STOP_AND_COPY if prefilling else None)
             except Exception as e:  # noqa: BLE001 - counted as a failed hand-off; offered again
                 report = {"committed": False, "abort_reason": f"{type(e).__name__}: {e}"}
             report.setdefault("request_id", request_id)
