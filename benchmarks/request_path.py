@@ -177,8 +177,9 @@ class DirectChannels:
             rid = f"direct-{self.n}"
             q = self.waiting[rid] = asyncio.Queue()
             t0 = time.perf_counter()
+            # As the gateway sends them: a non-streamed request's outputs come once, whole.
             self.links[self.n % len(self.links)].add(GenerateRequest(rid, ids, params, 0, time.time(),
-                                                                     client=client))
+                                                                     client=client, final_only=not stream))
             first = None
             try:
                 while True:

@@ -357,3 +357,16 @@ def test_outputs_that_queue_up_behind_a_busy_consumer_go_out_as_one():
         assert [r.request_id for r in be._links["a"].sent] == ["r"]
 
     asyncio.run(main())
+
+
+def test_a_merged_output_is_released_in_order_between_single_ones():
+    """A final-only request that migrated: the source sends its tokens 1-3 as one output
+    when the request leaves it; the destination's tokens 4 and 5 may come first."""
+    stream = _Stream(GenerateRequest("r", [1], SamplingParams(max_tokens=5), 0, 0.0, client="gw", final_only=True))
+    stream.offer(_out("r", 4))
+    stream.offer(RequestOutput("r", [1, 2, 3], 3, None, client="gw"))  # the source's, merged
+    stream.offer(_out("r", 5, finished=True))
+    stream.offer(RequestOutput("r", [1, 2, 3], 3, None, client="gw"))  # a duplicate
+    got = [stream.queue.get_nowait() for _ in range(stream.queue.qsize())]
+    assert [o.new_token_ids for o in got] == [[1, 2, 3], [4], [5]] and stream.token_ids == [1, 2, 3, 4, 5]
+    assert stream.is_finished

@@ -147,3 +147,68 @@ def test_a_lost_poll_reply_is_sent_again_until_acknowledged():
         assert srv.poll_outputs(0.05, "gw", ack=last) == (last, [])
     finally:
         srv.stop()
+
+
+def _outputs(srv, rid_done, timeout=10.0):
+    """Every output until ``rid_done`` has finished (each output kept whole)."""
+    got = []
+    deadline = time.time() + timeout
+    while time.time() < deadline and not any(o.request_id == rid_done and o.is_finished for o in got):
+        got.extend(srv.get_outputs(0.1))
+    return got
+
+
+def test_a_final_only_request_is_sent_once_whole_beside_one_streamed_token_by_token():
+    srv, _ = _server()
+    try:
+        def add():
+            srv.engine.add_request("whole", [1, 2, 3], SamplingParams(max_tokens=6))
+            srv.hold_until_final("whole")
+            srv.engine.add_request("streamed", [1, 2, 4], SamplingParams(max_tokens=6))
+        srv.call(add)
+        got = _outputs(srv, "whole")
+        got += _outputs(srv, "streamed") if not any(o.request_id == "streamed" and o.is_finished for o in got) else []
+        whole = [o for o in got if o.request_id == "whole"]
+        streamed = [o for o in got if o.request_id == "streamed"]
+        assert len(whole) == 1 and whole[0].is_finished and whole[0].num_output_tokens == 6
+        assert len(whole[0].new_token_ids) == 6 and whole[0].metrics is not None
+        assert len(streamed) == 6 and all(len(o.new_token_ids) == 1 for o in streamed)
+    finally:
+        srv.stop()
+
+
+def test_a_final_only_request_that_leaves_the_engine_sends_what_it_made_and_an_aborted_one_nothing():
+    srv, _ = _server()
+    real = srv.engine.executor.execute
+
+    def slow(batch):
+        time.sleep(0.005)
+        return real(batch)
+
+    srv.engine.executor.execute = slow  # 50 tokens take a quarter of a second, not a millisecond
+    try:
+        def add():
+            for rid in ("leaves", "aborted"):
+                srv.engine.add_request(rid, [1, 2, 3], SamplingParams(max_tokens=50))
+                srv.hold_until_final(rid)
+        srv.call(add)
+        while srv.call(lambda: srv.engine.get_request("leaves").num_output_tokens) < 3:
+            time.sleep(0.01)
+
+        def leave_and_abort():
+            made = srv.engine.get_request("leaves").num_output_tokens
+            srv.engine.abort_request("leaves")  # stands for a migration's removal at the source
+            srv.forget("aborted")
+            srv.engine.abort_request("aborted")
+            return made
+        made = srv.call(leave_and_abort)
+        got = []
+        deadline = time.time() + 5
+        while time.time() < deadline and not got:
+            got = srv.get_outputs(0.1)
+        assert [(o.request_id, o.num_output_tokens, len(o.new_token_ids), o.is_finished) for o in got] == [
+            ("leaves", made, made, False)]
+        assert srv.get_outputs(0.3) == []
+        assert srv.call(lambda: srv.engine.kv.num_free_blocks) == 64
+    finally:
+        srv.stop()

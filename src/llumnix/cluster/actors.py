@@ -123,14 +123,15 @@ class InstanceActor:
             cms.put_member(instance_id, {"actor_name": name})
         return cms
 
-    PUSH_INTERVAL_S = 0.1
+    PUSH_INTERVAL_S = 0.25
     HANDLE_EVERY_S = 2.0
 
     def _push(self, status: InstanceStatus) -> None:
         """To the meta store, and to LlumSched at most every ``PUSH_INTERVAL_S``: it
-        dispatches only when a gateway cannot and reschedules twice a second, while the
-        gateways get every status on their channels. A skipped push's evicted prefix keys
-        ride on the next one; a change of state (drain, health) is never held back."""
+        reschedules twice a second and dispatches only when a gateway cannot, while the
+        gateways get every status on their channels; each push is a Ray call that costs
+        LlumSched about a millisecond. A skipped push's evicted prefix keys ride on the
+        next one; a change of state (drain, health) is never held back."""
         if self._cms is not None:
             self._cms.put_status(status)  # never waits on Redis (StoreWriter)
         now = time.monotonic()
@@ -161,7 +162,8 @@ class InstanceActor:
         iid = self.llm.engine.instance_id
 
         def ask(request_id: str, num_blocks: int) -> tuple[str, Any] | None:
-            got = ray.get(self._llumsched.pd_destination.remote(iid, request_id, num_blocks), timeout=10)
+            got = cast(tuple[str, Any] | None,
+                       ray.get(self._llumsched.pd_destination.remote(iid, request_id, num_blocks), timeout=10))
             return None if got is None else (str(got[0]), got[1])
 
         def done(report: dict[str, Any]) -> None:
@@ -205,6 +207,8 @@ class InstanceActor:
             self._check_open()
             e.add_request(req.request_id, req.prompt_token_ids, req.params, priority=req.priority,
                           client=req.client, epoch=req.epoch)
+            if req.final_only:
+                self.server.hold_until_final(req.request_id)
 
         return self.server.run_at_boundary(add)
 
@@ -231,6 +235,8 @@ class InstanceActor:
                 seed=req.params.seed if req.params.seed is not None else 0,
                 eos_token_id=e.eos_token_id, output_token_ids=list(output_token_ids), client=req.client,
                 epoch=req.epoch))
+            if req.final_only:
+                self.server.hold_until_final(req.request_id)
 
         self.server.call(install)
 
@@ -263,7 +269,11 @@ class InstanceActor:
         return counts
 
     def abort(self, request_id: str) -> bool:
-        return bool(self.server.call(lambda: self.llm.engine.abort_request(request_id)))
+        def abort() -> bool:
+            self.server.forget(request_id)
+            return self.llm.engine.abort_request(request_id)
+
+        return bool(self.server.call(abort))
 
     def get_outputs(self, timeout: float = 0.5, client: str = "") -> list[RequestOutput]:
         return self.server.get_outputs(timeout, client)

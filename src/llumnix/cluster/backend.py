@@ -39,7 +39,7 @@ class _Stream:
     def __init__(self, request: GenerateRequest) -> None:
         self.request = request
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self.next_index = 1  # num_output_tokens of the next output to release
+        self.next_index = 1  # the number of the next token to release (1 = the first)
         self.held: dict[int, RequestOutput] = {}
         self.token_ids: list[int] = []
         """Every token released so far: what a resumed request continues from."""
@@ -57,9 +57,10 @@ class _Stream:
             self.held.clear()
             self.queue.put_nowait(RequestFailedError(out.error or "the engine failed on this request"))
             return
-        if out.num_output_tokens < self.next_index:
+        first = out.num_output_tokens - len(out.new_token_ids) + 1  # its first token's number
+        if first < self.next_index:
             return  # a duplicate
-        self.held[out.num_output_tokens] = out
+        self.held[first] = out  # one token, or several merged (a final-only request's)
         while self.next_index in self.held:
             o = self.held.pop(self.next_index)
             self.queue.put_nowait(o)

@@ -49,6 +49,10 @@ class InstanceServer:
         self._commands: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._outboxes: dict[str, _Outbox] = {}
         """Outputs not yet acknowledged, by the request's ``client`` tag."""
+        self._final_only: set[str] = set()
+        self._held: dict[str, RequestOutput] = {}
+        """Of the requests whose consumer reads only the finished output (``hold_until_final``):
+        their outputs so far, merged; step thread only."""
         self._last_read: dict[str, float] = {}
         self._outbox_cv = threading.Condition()
         self._stop = threading.Event()
@@ -162,6 +166,8 @@ class InstanceServer:
             while not self._stop.is_set():
                 busy = self.engine.has_unfinished_requests() and not self._only_paused()
                 self._drain_commands(block=not busy)
+                if self._final_only:
+                    self._flush_departed()  # migrated out by a command, or by the last step
                 if self._stop.is_set():
                     break
                 if self.engine.has_unfinished_requests() and not self._only_paused():
@@ -207,9 +213,40 @@ class InstanceServer:
             except queue.Empty:
                 return
 
+    # -- final-only requests (step thread) -------------------------------------------
+    def hold_until_final(self, request_id: str) -> None:
+        """``request_id``'s consumer reads only its finished output (``GenerateRequest.
+        final_only``): its outputs are merged here and published once, when it finishes, or
+        when it leaves this engine otherwise (migrated, handed off: with the tokens made
+        here, so the next instance's continue them). One frame a request instead of one a
+        token, for both ends."""
+        self._final_only.add(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """Its consumer is gone (an abort): what is held for it is dropped, not sent."""
+        self._final_only.discard(request_id)
+        self._held.pop(request_id, None)
+
+    def _flush_departed(self) -> None:
+        gone = [rid for rid in self._final_only if rid not in self.engine.requests]
+        if not gone:
+            return
+        for rid in gone:
+            self._final_only.discard(rid)
+        self._publish([out for rid in gone if (out := self._held.pop(rid, None)) is not None])
+
     def _publish(self, outputs: list[RequestOutput]) -> None:
+        held, final_only = self._held, self._final_only
         with self._outbox_cv:
             for out in outputs:
+                rid = out.request_id
+                if rid in final_only:
+                    if rid in held:
+                        out = held.pop(rid).then(out)
+                    if not out.is_finished:
+                        held[rid] = out
+                        continue
+                    final_only.discard(rid)
                 self._box(out.client).items.append(out)
             self._outbox_cv.notify_all()
 

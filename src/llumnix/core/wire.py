@@ -26,6 +26,11 @@ class GenerateRequest:
     model: str = ""
     """The model the client named, where it is not the served one ("": the served model);
     a backend that serves several routes by it."""
+    final_only: bool = False
+    """The consumer reads only the finished output (a response answered whole): an
+    instance may merge the request's outputs and send them once, at its end, or when it
+    leaves that instance (vLLM's ``FINAL_ONLY``). A hint: outputs sent token by token are
+    read the same way."""
 
 
 class TokenizerLike(Protocol):

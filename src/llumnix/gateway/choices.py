@@ -62,13 +62,13 @@ class Reply:
 
 
 def make_choices(response_id: str, prompt_ids: list[int], params: SamplingParams, n: int,
-                 priority: int, arrival_time: float) -> list[GenerateRequest]:
+                 priority: int, arrival_time: float, final_only: bool = False) -> list[GenerateRequest]:
     """One engine request per choice; with a seed, choice i samples with seed + i."""
     if n == 1:
-        return [GenerateRequest(response_id, prompt_ids, params, priority, arrival_time)]
+        return [GenerateRequest(response_id, prompt_ids, params, priority, arrival_time, final_only=final_only)]
     return [GenerateRequest(f"{response_id}-{i}", prompt_ids,
                             params if params.seed is None else dataclasses.replace(params, seed=params.seed + i),
-                            priority, arrival_time)
+                            priority, arrival_time, final_only=final_only)
             for i in range(n)]
 
 
@@ -95,7 +95,14 @@ class _Progress:
         metrics, rlog, k = self.ctx.metrics, self.ctx.request_log, len(out.new_token_ids)
         if self.first is None:
             self.first = now
-            metrics.ttft.observe(now - self.gen.arrival_time)
+            m = out.metrics
+            if self.gen.final_only and m is not None and m.ttft is not None and k > 1:
+                # Sent whole at its end: the first token's time is the engine's, and the k
+                # tokens' k - 1 gaps share the decode time evenly.
+                self.first = min(now, self.gen.arrival_time + m.ttft)
+                for _ in range(k - 1):
+                    metrics.itl.observe((now - self.first) / (k - 1))
+            metrics.ttft.observe(self.first - self.gen.arrival_time)
             rlog.num_prompt_tokens += len(self.gen.prompt_token_ids)
         elif k and self.last_token is not None:
             gap = (now - self.last_token) / k  # outputs that carry k tokens: k gaps

@@ -60,7 +60,8 @@ def prepare(ctx: GatewayContext, body: CompletionRequest | ChatCompletionRequest
     priority = parse_priority(header if header is not None else body.priority)
     chat = isinstance(body, ChatCompletionRequest)
     response_id = new_id("chatcmpl" if chat else "cmpl")
-    gens = make_choices(response_id, prompt_ids, params, body.n, priority, time.monotonic())
+    gens = make_choices(response_id, prompt_ids, params, body.n, priority, time.monotonic(),
+                        final_only=not body.stream)
     if body.model != ctx.model_name:  # another model the backend serves: it routes by the name
         gens = [dataclasses.replace(g, model=body.model) for g in gens]
     return Reply(response_id, gens, chat=chat, stream=body.stream, as_ids=body.return_tokens_as_token_ids,
