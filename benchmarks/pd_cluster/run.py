@@ -8,6 +8,10 @@ The rate rule, fixed before any run: the co-located cluster's capacity is measur
 and every run uses ``--load`` (default 0.6) x that capacity, Poisson arrivals. Systems
 alternate within each seed (co-located, then PD), three seeds.
 
+Systems: co-located (2 mixed), pd (1 prefill + 1 decode; a request handed off behind
+prefill work is paused at once and copied in one stage) and pd-live (the same, always by
+the live migration's pre-copy stages).
+
 Per run: TTFT P99, inter-token latency P50/P99, TPOT, e2e (``llumnix bench serve``'s
 client-side measures), and from ``/admin/cluster`` the hand-offs (done / failed / found the
 decode pool full) and the hand-off stall (each migration's downtime: the request's pause on
@@ -42,7 +46,12 @@ from llumnix.cluster.startup import free_port
 WORKLOAD = {"num_requests": 24, "arrival": "poisson", "cv": 1.0, "lengths": "sharegpt", "input_len": 300,
             "output_len": 64, "max_input": 1500, "max_output": 128}
 """benchmarks/chunked_serve.sh's `llumnix bench serve` flags."""
-SYSTEMS = {"colocated": ["--instances", "2"], "pd": ["--instances", "2", "--prefill-instances", "1"]}
+LIVE_CONFIG = "/tmp/pd_cluster_live.yaml"
+SYSTEMS = {"colocated": ["--instances", "2"], "pd": ["--instances", "2", "--prefill-instances", "1"],
+           "pd-live": ["--instances", "2", "--prefill-instances", "1", "--config", LIVE_CONFIG]}
+"""pd: a hand-off behind prefill work on the prefill instance pauses the request at once and
+copies it in one stage (the default); pd-live: always the live migration (pre-copy while the
+request decodes beside the prefill chunks)."""
 
 
 class Serve:
@@ -124,21 +133,24 @@ def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         out[system] = {name: _med([r["summary"][k][stat] for r in rs]) for name, (k, stat) in FIGURES.items()}
         out[system]["num_ok"] = sum(r["summary"]["num_ok"] for r in rs)
         out[system]["num_requests"] = sum(r["summary"]["num_requests"] for r in rs)
-        if system == "pd":
+        if system != "colocated":
             out[system]["handoffs_done"] = [r["pd"]["handoffs_done"] for r in rs]
             out[system]["handoffs_failed"] = [r["pd"]["handoffs_failed"] for r in rs]
             out[system]["handoffs_waiting"] = [r["pd"]["handoffs_waiting"] for r in rs]
             out[system]["handoffs_ended_first"] = [r["pd"]["handoffs_ended_first"] for r in rs]
             out[system]["handoff_downtime_p50_s"] = _med([r["pd"]["handoff_downtime_s"]["p50"] for r in rs])
             out[system]["handoff_downtime_p99_s"] = _med([r["pd"]["handoff_downtime_s"]["p99"] for r in rs])
-    pairs = list(zip(runs.get("colocated", []), runs.get("pd", []), strict=False))
-    ratio = {name: _med([p["summary"][k][stat] / c["summary"][k][stat] for c, p in pairs
-                         if c["summary"][k][stat] and p["summary"][k][stat] is not None])
-             for name, (k, stat) in FIGURES.items()}
-    itl, ttft = ratio["itl_p99_s"]["median"], ratio["ttft_p99_s"]["median"]
-    out["pd_over_colocated"] = ratio
-    out["goals"] = {"itl_p99_at_most_half": None if itl is None else itl <= 0.5,
-                    "ttft_p99_at_most_1.2x": None if ttft is None else ttft <= 1.2}
+    for system in runs:
+        if system == "colocated":
+            continue
+        pairs = list(zip(runs.get("colocated", []), runs[system], strict=False))  # same seed, run side by side
+        ratio = {name: _med([p["summary"][k][stat] / c["summary"][k][stat] for c, p in pairs
+                             if c["summary"][k][stat] and p["summary"][k][stat] is not None])
+                 for name, (k, stat) in FIGURES.items()}
+        itl, ttft = ratio["itl_p99_s"]["median"], ratio["ttft_p99_s"]["median"]
+        out[f"{system}_over_colocated"] = ratio
+        out[f"{system}_goals"] = {"itl_p99_at_most_half": None if itl is None else itl <= 0.5,
+                                  "ttft_p99_at_most_1.2x": None if ttft is None else ttft <= 1.2}
     return out
 
 
@@ -148,15 +160,18 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=0.6, help="the rate as a fraction of the measured capacity")
     ap.add_argument("--capacity", type=float, default=None, help="skip the probe: this capacity (req/s)")
     ap.add_argument("--out", default=f"{RESULTS_DIR}/pd_cluster")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"some of {', '.join(SYSTEMS)}")
     args = ap.parse_args()
+    Path(LIVE_CONFIG).write_text("scheduling:\n  pd:\n    stop_and_copy_behind_prefill: false\n")
+    systems = {name: SYSTEMS[name] for name in args.systems.split(",")}
     t0 = time.time()
     probe = None if args.capacity is not None else capacity()
     cap = args.capacity if probe is None else probe["capacity_req_s"]
     rate = args.load * cap
     print(f"capacity {cap:.3f} req/s (co-located, 24 at once) -> rate {rate:.3f} req/s", flush=True)
-    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SYSTEMS}
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     for seed in (int(x) for x in args.seeds.split(",")):
-        for system, flags in SYSTEMS.items():
+        for system, flags in systems.items():
             with Serve(system, flags) as srv:
                 r = one_run(srv, rate, seed)
             runs[system].append(r)
@@ -165,7 +180,7 @@ def main() -> int:
                   f"ITL p50 {s['itl_s']['p50']:.3f} p99 {s['itl_s']['p99']:.3f}  TPOT {s['tpot_s']['mean']:.3f}  "
                   f"e2e {s['e2e_s']['mean']:.2f}  load {r['load_avg_1m'][0]:.1f}-{r['load_avg_1m'][1]:.1f}  "
                   f"hand-offs {r['pd'].get('handoffs_done')}", flush=True)
-    result = {"machine": machine_info(with_torch=False), "workload": WORKLOAD, "systems": SYSTEMS,
+    result = {"machine": machine_info(with_torch=False), "workload": WORKLOAD, "systems": systems,
               "rule": f"rate = {args.load} x the co-located capacity (the seed-0 trace at once)",
               "capacity_req_s": cap, "capacity_probe": probe, "rate_req_s": rate, "runs": runs,
               "summary": summary(runs), "wall_s": time.time() - t0}

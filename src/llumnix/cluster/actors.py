@@ -71,6 +71,7 @@ class InstanceActor:
         torch.set_num_threads(threads)
         set_switch_interval()
         cfg = SchedulingConfig.from_dict(scheduling)
+        self._scheduling = scheduling
         self.llm = LLM(model, instance_id=instance_id, **engine_kwargs)
         self.llumlet = Llumlet(instance_id, self.llm.engine, cfg.rescheduling, cfg.freeness)
         self._llumsched = ray.get_actor(llumsched_name)
@@ -172,7 +173,9 @@ class InstanceActor:
             with contextlib.suppress(Exception):  # LlumSched restarting: one count lost
                 self._llumsched.pd_handoff_done.remote(iid, {k: report.get(k) for k in keep})
 
-        worker = HandoffWorker(self.server, ask, self.migrate_request, done)
+        pd = SchedulingConfig.from_dict(self._scheduling).pd
+        worker = HandoffWorker(self.server, ask, self.migrate_request, done,
+                               stop_and_copy=pd.stop_and_copy_behind_prefill)
         self.server.on_outputs = worker.on_outputs  # set before the step thread starts
         return worker
 

@@ -162,8 +162,11 @@ class HandoffWorker:
 
     def __init__(self, server: Any, ask: Callable[[str, int], Destination | None],
                  migrate: Callable[[str, str, Any, dict[str, Any] | None], dict[str, Any]],
-                 done: Callable[[dict[str, Any]], None], retry_s: float = 0.2) -> None:
+                 done: Callable[[dict[str, Any]], None], retry_s: float = 0.2,
+                 stop_and_copy: bool = True) -> None:
         self.server = server
+        self.stop_and_copy = stop_and_copy
+        """Pause at once behind prefill work (``PDConfig.stop_and_copy_behind_prefill``)."""
         self._ask = ask
         self._migrate = migrate
         self._done = done
@@ -230,7 +233,7 @@ class HandoffWorker:
             if dst is None:
                 return True  # the decode pool is full: the rest would not fit either
             try:
-                report = self._migrate(request_id, dst[0], dst[1], STOP_AND_COPY if prefilling else None)
+                report = self._migrate(request_id, dst[0], dst[1], STOP_AND_COPY if prefilling and self.stop_and_copy else None)
             except Exception as e:  # noqa: BLE001 - counted as a failed hand-off; offered again
                 report = {"committed": False, "abort_reason": f"{type(e).__name__}: {e}"}
             report.setdefault("request_id", request_id)

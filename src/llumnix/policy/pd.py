@@ -74,6 +74,10 @@ class PDConfig:
     """Seconds between two adaptive role changes."""
     growth_blocks: int = 1
     """Blocks of decode growth a hand-off destination must have beyond the request's own."""
+    stop_and_copy_behind_prefill: bool = True
+    """The cluster's hand-off: with prompt work waiting on the prefill instance, pause the
+    request at once and copy it in one stage (its next steps there are prefill chunks); False:
+    always the live migration. (The simulator's flow always pauses behind queued prompts.)"""
 
     def __post_init__(self) -> None:
         if self.mode not in PD_MODES:
@@ -87,6 +91,8 @@ class PDConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float):
                 raise _bad(f"pd.{name}", f"must be a number, got {v!r}")
+        if not isinstance(self.stop_and_copy_behind_prefill, bool):
+            raise _bad("pd.stop_and_copy_behind_prefill", f"must be true or false, got {self.stop_and_copy_behind_prefill!r}")
         if self.flip_after_s < 0 or self.cooldown_s < 0:
             raise _bad("pd.flip_after_s" if self.flip_after_s < 0 else "pd.cooldown_s", "must be >= 0")
         if self.reclaim_below_tokens > self.lend_above_tokens:
