@@ -58,6 +58,8 @@ class InstanceServer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"engine-{self.instance_id}", daemon=True)
         self._last_report = 0.0
+        self._report_due = False
+        """Commands ran since the last status: the next delivery carries one."""
         self.last_step_time = time.monotonic()
         self.step_log: collections.deque[tuple[float, float, int, float, bool]] = collections.deque(maxlen=4096)
         """(start, end, batch size, CPU seconds of the step thread, prefill?) of recent
@@ -176,13 +178,11 @@ class InstanceServer:
                     self.last_step_time = time.monotonic()
                     self.step_log.append((t0, self.last_step_time, len(outputs), time.thread_time() - c0,
                                           self.engine.last_step_was_prefill))
-                    if outputs:
-                        self._publish(outputs)
-                        if self.on_outputs is not None:
-                            self.on_outputs(outputs)
-                    self._maybe_report(force=any(o.is_finished for o in outputs))
+                    self._deliver(outputs, force_report=any(o.is_finished for o in outputs))
+                    if outputs and self.on_outputs is not None:
+                        self.on_outputs(outputs)
                 else:
-                    self._maybe_report(force=False)
+                    self._deliver([], force_report=False)
         except BaseException as e:  # noqa: BLE001 - recorded, surfaced through is_alive/health
             self.error = e
             log.exception("instance %s: the step loop died", self.instance_id)
@@ -207,7 +207,7 @@ class InstanceServer:
                     fut.set_result(fn())
                 except Exception as e:  # noqa: BLE001 - handed to the caller
                     fut.set_exception(e)
-            self._maybe_report(force=True)
+            self._report_due = True  # reported once after the commands, with the next step's outputs
             try:
                 fn, fut = self._commands.get_nowait()
             except queue.Empty:
@@ -233,9 +233,21 @@ class InstanceServer:
             return
         for rid in gone:
             self._final_only.discard(rid)
-        self._publish([out for rid in gone if (out := self._held.pop(rid, None)) is not None])
+        self._deliver([out for rid in gone if (out := self._held.pop(rid, None)) is not None], force_report=False)
 
-    def _publish(self, outputs: list[RequestOutput]) -> None:
+    def _deliver(self, outputs: list[RequestOutput], force_report: bool) -> None:
+        """Outputs and, when one is due, a status, under one lock and one wake-up: a
+        channel sends them in one frame. A status is due every status interval, after a
+        request finished, and after commands (coalesced: a burst of adds is one report,
+        sent with the step that starts them; at once where no step follows)."""
+        now = time.monotonic()
+        interval = self._status_interval if self.engine.has_unfinished_requests() else self._idle_status_interval
+        status = None
+        if force_report or self._report_due or now - self._last_report >= interval:
+            self._last_report, self._report_due = now, False
+            status = self.llumlet.push(time.time())
+        if not outputs and status is None:
+            return
         held, final_only = self._held, self._final_only
         with self._outbox_cv:
             for out in outputs:
@@ -248,7 +260,12 @@ class InstanceServer:
                         continue
                     final_only.discard(rid)
                 self._box(out.client).items.append(out)
+            if status is not None:
+                self._status_seq += 1
+                self.statuses.append((self._status_seq, status))
             self._outbox_cv.notify_all()
+        if status is not None and self._on_status is not None:
+            self._on_status(status)
 
     _IDLE_CLIENT_S = 120.0
 
@@ -259,19 +276,6 @@ class InstanceServer:
         for c in idle:
             del self._last_read[c]
             self._outboxes.pop(c, None)
-
-    def _maybe_report(self, force: bool) -> None:
-        now = time.monotonic()
-        interval = self._status_interval if self.engine.has_unfinished_requests() else self._idle_status_interval
-        if force or now - self._last_report >= interval:
-            self._last_report = now
-            status = self.llumlet.push(time.time())
-            with self._outbox_cv:
-                self._status_seq += 1
-                self.statuses.append((self._status_seq, status))
-                self._outbox_cv.notify_all()
-            if self._on_status is not None:
-                self._on_status(status)
 
     def _fail_pending(self) -> None:
         while True:
