@@ -2,14 +2,14 @@
 stopping the work when the client goes away."""
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from llumnix.gateway.choices import Reply, merge_choices
 from llumnix.gateway.context import GatewayContext
+from llumnix.gateway.disconnect import ClientWatch
 from llumnix.gateway.errors import failure_body
 from llumnix.gateway.formatting import (
     EchoLogprob,
@@ -20,35 +20,20 @@ from llumnix.gateway.formatting import (
     usage,
 )
 from llumnix.gateway.protocol import now_s
-from llumnix.gateway.streaming import sse_events
+from llumnix.gateway.streaming import EventStream, sse_events
 
 
 async def respond(ctx: GatewayContext, request: Request, reply: Reply) -> Response:
     if reply.stream:
-        return StreamingResponse(sse_events(ctx, reply), media_type="text/event-stream")
+        return EventStream(sse_events(ctx, reply))
     # Not streamed: nothing is sent until the end, so a client that gives up (a
-    # timeout) is noticed only by watching for its disconnect; then its requests stop.
-    work = asyncio.ensure_future(complete(ctx, reply))
-    watch = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the handler itself stopped (shutdown): so does the work
-        work.cancel()
-        watch.cancel()
-        raise
-    watch.cancel()
-    if not work.done():
-        work.cancel()  # each choice's run_choice aborts its request and frees its KV
-        await asyncio.gather(work, return_exceptions=True)
+    # timeout) is noticed only by watching for its disconnect; then its requests stop
+    # (each choice's run_choice aborts its request and frees its KV).
+    with ClientWatch(request.receive) as client:
+        response = await complete(ctx, reply)
+    if client.left:
         return Response(status_code=499)  # nobody reads it (nginx's "client closed request")
-    return work.result()
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client goes away. The body has been read, so the next ASGI
-    message is the disconnect: waiting for it costs nothing (no polling)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    return response
 
 
 async def complete(ctx: GatewayContext, reply: Reply) -> Response:

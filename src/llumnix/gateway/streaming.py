@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from starlette.responses import Response
+
 from llumnix.gateway.choices import Reply, merge_choices
 from llumnix.gateway.context import GatewayContext
+from llumnix.gateway.disconnect import ClientWatch
 from llumnix.gateway.errors import failure_body
 from llumnix.gateway.formatting import EchoLogprob, TokenLogprob, echo_entries, response_body, sse, usage
 from llumnix.gateway.protocol import now_s
@@ -80,3 +83,31 @@ async def sse_events(ctx: GatewayContext, reply: Reply) -> AsyncIterator[bytes]:
     if reply.include_usage:
         yield chunks.usage(sum(n_outs), n_cached)
     yield sse("[DONE]")
+
+
+
+class EventStream(Response):
+    """``body`` sent as server-sent events, stopped when the client leaves (its
+    generator is closed there, so each choice's request is aborted). Starlette's
+    StreamingResponse does the same with an anyio task group per response under
+    uvicorn's ASGI 2.3 (about 170 us a response here, against 15)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, body: AsyncIterator[bytes]) -> None:
+        self.body_iterator = body
+        self.status_code = 200
+        self.background = None
+        self.init_headers(None)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            with ClientWatch(receive):
+                await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+                async for chunk in self.body_iterator:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
