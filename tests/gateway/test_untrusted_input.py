@@ -81,6 +81,10 @@ def test_error_bodies_carry_no_traceback_pid_ip_or_actor_id(backend):
     r = client.post("/admin/instances/instance-9/drain", headers=admin)
     assert r.status_code == 400 and r.json()["error"] == {"message": "no instance 'instance-9'", "param": "instance_id",
                                                           "type": "invalid_request_error", "code": None}
+    # an instance this gateway lists that a restarted LlumSched has not relearnt: a 503 to retry, in LlumSched's words
+    raised.append(_ray_failure(LlumnixError("LlumSched does not know instance 'instance-0' (yet)")))
+    r = client.post("/admin/instances/instance-0/drain", headers=admin)
+    assert r.status_code == 503 and r.json()["error"]["message"] == "LlumSched does not know instance 'instance-0' (yet)"
 
 
 def test_a_failure_mid_generation_is_a_short_line_streamed_or_not(backend):

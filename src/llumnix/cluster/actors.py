@@ -621,20 +621,26 @@ class LlumSchedActor:
     def drain(self, instance_id: str) -> dict[str, Any]:
         """Mark an instance terminating: its fake request of infinite usage makes it a
         migration source until it is empty, and dispatch skips it."""
-        handle = self.handles.get(instance_id)
-        if handle is None:
-            raise KeyError(f"no instance {instance_id!r}")
+        handle = self._handle_for_admin(instance_id)
         ray.get(handle.set_terminating.remote(True), timeout=10)
         with self._lock:
             self.lifecycle.move(instance_id, InstanceState.TERMINATING, time.time(), "drain")
             self.gs.mark_terminating(instance_id)
         return {"instance_id": instance_id, "draining": True}
 
-    def undrain(self, instance_id: str) -> dict[str, Any]:
-        """Undo a drain (or a scale-in still under way): the instance takes requests again."""
+    def _handle_for_admin(self, instance_id: str) -> Any:
+        """The instance's actor, or a one-line error the gateway answers with a 503: an
+        instance a gateway lists but LlumSched does not know yet (LlumSched restarted and
+        relearns instances from their next status push)."""
         handle = self.handles.get(instance_id)
         if handle is None:
-            raise KeyError(f"no instance {instance_id!r}")
+            raise LlumnixError(f"LlumSched does not know instance {instance_id!r} (yet: after a restart it "
+                               "learns each instance from its next status push); try again in a few seconds")
+        return handle
+
+    def undrain(self, instance_id: str) -> dict[str, Any]:
+        """Undo a drain (or a scale-in still under way): the instance takes requests again."""
+        handle = self._handle_for_admin(instance_id)
         ray.get(handle.set_terminating.remote(False), timeout=10)
         with self._lock:
             self.lifecycle.move(instance_id, InstanceState.SERVING, time.time())
