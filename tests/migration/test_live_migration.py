@@ -170,7 +170,8 @@ def test_back_and_forth(transport):
         time.sleep(0.03)
         assert migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig()).committed
         time.sleep(0.03)
-        assert migrate("x", pair.dst, back_endpoint, back_sender, MigrationConfig()).committed
+        back = migrate("x", pair.dst, back_endpoint, back_sender, MigrationConfig())
+        assert back.committed, back
         assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=150))
         pair.check_drained()
     finally:
