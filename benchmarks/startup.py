@@ -12,13 +12,13 @@ from the process's start:
   gateway    "ready": the instances registered and uvicorn serving
   first      the first chat answer (8 tokens, greedy)
 
-Measured 2026-11-26 on the shared 2-core VM while other agents ran (load average 17-44,
-never quiet), 7fa80f4 against 45faaac alternated run for run (3 each; median [min, max]):
-first answer 100.6 s [47.3, 116.4] against 127.6 s [101.6, 161.7] (paired ratios 0.72,
-0.79, 0.47); of the current runs: flags, port and "starting" 3.9 s, Ray's init 40.1 s
-[17.5, 43.5], each instance's load 44.0 s [21.1, 46.8] (both in parallel), loaded to
-ready 0.8-5.5 s, ready to first answer 0.8-4.7 s; serve's process tree 3.4-3.6 GiB.
-The 20 s goal needs a quiet machine to check: not had here.
+Measured 2026-11-26 (session 23) on the 2-core VM with nothing else running (load 2-3),
+3 runs each, median [min, max]: with the weight cache warm (`~/.cache/llumnix/weights`,
+every start after the first) first answer 10.7 s [10.3, 11.6] (flags and port 0.6, Ray's
+init 5.5 [4.8, 6.0], actors created 6.1, each instance's load 3.3 [2.2, 3.6] in parallel,
+ready 10.0, first answer 10.7), 3.24 GiB resident; with `LLUMNIX_WEIGHT_CACHE=0` (a first
+start) 12.4 s [11.7, 13.2] (Ray 4.9, each load 4.4 [3.8, 5.4]), 3.41 GiB. Earlier the
+same day, loaded 17-44 by other agents: 100.6 s [47.3, 116.4].
 
     .venv/bin/python -m benchmarks.startup [--runs 3] [--out llumnix-results/startup.json] [-- serve args]
     # before and after, alternated run for run, each from a snapshot of its src/:
