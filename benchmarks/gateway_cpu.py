@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.request_path import cpu_s, idle_burn, process
+from benchmarks.request_path import idle_burn, process
 
 from llumnix.cluster.startup import free_port
 
@@ -85,26 +85,15 @@ def serve(port: int, tokens: int) -> None:
 
 
 async def run_round(url: str, proc: Any, args: argparse.Namespace) -> dict[str, float]:
+    """One round: idle burn, then request_path's four phases against the gateway alone."""
     import aiohttp
-    from benchmarks.request_path import concurrent, http_call, sequential
+    from benchmarks.request_path import concurrent, http_call, measure_path
 
     idle = idle_burn([proc], args.idle_seconds)
-    out: dict[str, float] = {"idle_pct_core": 100 * idle}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         call = http_call(s, [url], "smollm2")
         await concurrent(call, 4, 1.0, False)  # warm
-        for name, stream, clients in (("seq", False, 1), ("seq_stream", True, 1),
-                                      ("c32", False, args.clients), ("c32_stream", True, args.clients)):
-            c0, t0 = cpu_s([proc]), time.perf_counter()
-            if clients == 1:
-                times, n = await sequential(call, args.sequential, stream), args.sequential
-            else:
-                times, n = await concurrent(call, clients, args.seconds, stream)
-            wall = time.perf_counter() - t0
-            out[f"{name}_cpu_ms_per_req"] = 1000 * (cpu_s([proc]) - c0 - idle * wall) / n
-            out[f"{name}_rps"] = n / wall
-            out[f"{name}_p50_ms"] = 1000 * statistics.median(times)
-    return out
+        return {"idle_pct_core": 100 * idle, **await measure_path(call, [proc], idle, args)}
 
 
 def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
