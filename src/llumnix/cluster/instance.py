@@ -250,6 +250,7 @@ class InstanceServer:
             return
         held, final_only = self._held, self._final_only
         with self._outbox_cv:
+            published = status is not None
             for out in outputs:
                 rid = out.request_id
                 if rid in final_only:
@@ -260,10 +261,12 @@ class InstanceServer:
                         continue
                     final_only.discard(rid)
                 self._box(out.client).items.append(out)
+                published = True
             if status is not None:
                 self._status_seq += 1
                 self.statuses.append((self._status_seq, status))
-            self._outbox_cv.notify_all()
+            if published:  # a step whose outputs were all held wakes no channel writer
+                self._outbox_cv.notify_all()
         if status is not None and self._on_status is not None:
             self._on_status(status)
 
