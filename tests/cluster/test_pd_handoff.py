@@ -94,6 +94,27 @@ def test_a_full_decode_pool_keeps_the_request_decoding_here_until_room_appears()
         pair.check_drained()
 
 
+def test_a_prompt_in_chunks_is_handed_off_chunk_by_chunk_and_only_its_tail_after_the_first_token():
+    """Chunked prefill at 8 tokens a step: the worker starts the hand-off at the prompt's
+    first full block, its chunks go while the next compute, and the pause after the first
+    token copies the tail; the client's stream has every token once."""
+    prompt = [(7 * i) % 900 + 1 for i in range(128)]  # 32 blocks, 16 chunks
+    params = SamplingParams(max_tokens=60)
+    reports: list[dict] = []
+    with Pair(chunk_tokens=8, slow_s=0.03) as pair:
+        w = _worker(pair, [True], reports)
+        try:
+            pair.add("x", prompt, params)
+            out = pair.collect("x")
+        finally:
+            w.stop()
+        assert [r["committed"] for r in reports] == [True], reports
+        assert reports[0]["num_prefill_stages"] >= 1 and reports[0]["num_last_stage_blocks"] < 16, reports
+        assert sorted(k for k, _ in pair.tokens["x"]) == list(range(1, 61))
+        assert out == reference(prompt, params)
+        pair.check_drained()
+
+
 def test_a_refused_reservation_aborts_with_both_pools_exact():
     """The decode instance has fewer blocks than the request: the hand-off aborts, the
     request finishes on the prefill instance, and nothing leaks on either side."""

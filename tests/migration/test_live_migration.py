@@ -38,11 +38,13 @@ class Pair:
     # takes 0.2-0.3 s on a loaded machine still finds it running (at 2 ms, 4-5 of these
     # tests failed with "the request finished" whenever two simulations ran beside them).
     def __init__(self, num_blocks=64, dst_blocks=64, slow_s=0.01, dst_watermark=0.0, transport="tcp",
-                 dst_slow_s=None, prefix_caching=False):
+                 dst_slow_s=None, prefix_caching=False, chunk_tokens=None):
         self.servers = []
         self.step_s = {"src": slow_s, "dst": slow_s if dst_slow_s is None else dst_slow_s}
         for iid, nb, wm in (("src", num_blocks, 0.0), ("dst", dst_blocks, dst_watermark)):
-            eng = make_engine(num_blocks=nb, instance_id=iid, watermark=wm, prefix_caching=prefix_caching)
+            # chunk_tokens: chunked prefill at that many tokens a step (a PD prefill instance)
+            eng = make_engine(num_blocks=nb, instance_id=iid, watermark=wm, prefix_caching=prefix_caching,
+                              chunked=chunk_tokens is not None, max_batched=chunk_tokens or 256)
             eng.clock = WallClock()
             ex = eng.executor
             orig = ex.execute

@@ -114,3 +114,35 @@ def test_blocks_adopted_from_the_destinations_cache_count_as_done_but_not_as_sen
 
 def blocking_was_queued() -> bool:
     return MigrationProtocol("r", "a", "b", MigrationConfig(max_stages=1), 0.0).report().was_queued
+
+
+def test_following_a_prefill_copies_each_chunk_whatever_the_stage_limit_then_pauses_after_its_first_token():
+    cfg = MigrationConfig(max_stages=2, last_stage_max_blocks=0, timeout_s=1.0, follow_prefill=True)
+    m = MigrationProtocol("r", "a", "b", cfg, 0.0, bytes_per_block=10)
+    for i in range(4):  # four chunks of 4 blocks, 0.9 s apart: past both the stage limit and the timeout
+        t = 0.9 * i
+        assert not m.is_timed_out(t + 0.05)  # 0.94 s after the last chunk's stage: counted from there
+        m.begin_stage(list(range(4 * i, 4 * i + 4)), t)
+        m.on_reserved(list(range(100 + 4 * i, 104 + 4 * i)), t)
+        assert m.on_copied(t + 0.01, request_alive=True, num_unsent_blocks=9, is_prefilling=True) == P.RESERVE
+    assert m.is_timed_out(2.71 + 1.01)
+    # the first token is out (the boundary after it): the tail goes in the last stage
+    m.begin_stage([], 3.0)
+    assert m.phase == P.PAUSE and m.on_paused(3.0, request_alive=True) == P.RESERVE
+    m.begin_stage([16, 17], 3.0)
+    m.on_reserved([116, 117], 3.0)
+    assert m.on_copied(3.01, request_alive=True, num_unsent_blocks=0) == P.COMMIT
+    m.on_committed(3.02)
+    m.check_invariants()
+    rep = m.report()
+    assert (rep.num_stages, rep.num_prefill_stages, rep.num_last_stage_blocks, rep.num_bytes) == (5, 4, 2, 180)
+    # a chunk stage copied after the first token came out leads straight to the pause
+    m2 = MigrationProtocol("r", "a", "b", cfg, 0.0)
+    m2.begin_stage([0, 1], 0.0)
+    m2.on_reserved([5, 6], 0.0)
+    assert m2.on_copied(0.1, request_alive=True, num_unsent_blocks=9, is_prefilling=False) == P.PAUSE
+    # without follow_prefill, is_prefilling changes nothing: the stage limit holds
+    m3 = MigrationProtocol("r", "a", "b", MigrationConfig(max_stages=2, last_stage_max_blocks=0), 0.0)
+    m3.begin_stage([0, 1], 0.0)
+    m3.on_reserved([5, 6], 0.0)
+    assert m3.on_copied(0.1, request_alive=True, num_unsent_blocks=9, is_prefilling=True) == P.PAUSE

@@ -169,13 +169,13 @@ class InstanceActor:
 
         def done(report: dict[str, Any]) -> None:
             keep = ("request_id", "dst_instance_id", "committed", "abort_reason", "abort_code", "downtime",
-                    "duration", "num_blocks")
+                    "duration", "num_blocks", "num_bytes", "num_stages", "num_prefill_stages", "num_last_stage_blocks")
             with contextlib.suppress(Exception):  # LlumSched restarting: one count lost
                 self._llumsched.pd_handoff_done.remote(iid, {k: report.get(k) for k in keep})
 
         pd = SchedulingConfig.from_dict(self._scheduling).pd
         worker = HandoffWorker(self.server, ask, self.migrate_request, done,
-                               stop_and_copy=pd.stop_and_copy_behind_prefill)
+                               stop_and_copy=pd.stop_and_copy_behind_prefill, follow_prefill=pd.precopy_prefill_chunks)
         self.server.on_outputs = worker.on_outputs  # set before the step thread starts
         return worker
 
@@ -439,7 +439,9 @@ class _RemoteDestination:
         return got
 
 
-@ray.remote(max_concurrency=8)  # type: ignore[call-overload]
+# threaded; gateways' membership watches wait in their own group, never taking the
+# threads that dispatch, status pushes and hand-offs use
+@ray.remote(max_concurrency=8, concurrency_groups={"watch": 64})  # type: ignore[call-overload]
 class LlumSchedActor:
     def __init__(self, scheduling: dict[str, Any] | None, cms_url: str | None = None, seed: int = 0,
                  reschedule_interval_s: float = 0.5, instance_spec: dict[str, Any] | None = None,
@@ -460,6 +462,11 @@ class LlumSchedActor:
         self._cms_writer: StoreWriter | None = None if self._cms is None else StoreWriter(self._cms)
         self.num_cms_syncs = 0
         self._lock = threading.Lock()
+        self._members_cv = threading.Condition(self._lock)
+        self._members_key: tuple[tuple[str, bool, str], ...] = ()
+        self._members_version = (time.time_ns(), 0)
+        """Changes with the members, their terminating flags and roles (its first part
+        differs between restarts): what a gateway's ``watch_members`` waits on."""
         self.num_dispatched = 0
         self.handles: dict[str, Any] = {}
         self._in_flight: dict[str, Any] = {}  # source instance -> ObjectRef of its migrate_out
@@ -515,6 +522,7 @@ class LlumSchedActor:
             role = self._learn_role(status.instance_id, role)
             if handle is not None:
                 self.handles[status.instance_id] = handle
+            self._note_members()
         if handle is not None and self.pd.config.is_on:
             ray.get(handle.set_role.remote(role), timeout=30)
 
@@ -590,6 +598,7 @@ class LlumSchedActor:
             if self._cms_writer is not None:
                 self._cms_writer.remove(instance_id)
                 self._cms_writer.remove_member(instance_id)
+            self._note_members()
             if known and reason != SCALED_IN:
                 self._lost.append(now)
         if known:
@@ -609,14 +618,43 @@ class LlumSchedActor:
         return None if self._spec is None else str(self._spec["model"])
 
     def members(self, known: list[str] | None = None) -> dict[str, dict[str, Any]]:
-        """Every live instance, whether it is terminating, and its actor handle unless
-        the caller names it in ``known`` (a gateway asking twice a second needs the
-        handles of new instances only; each costs it a deserialization)."""
-        skip = set(known or ())
+        """Every live instance, whether it is terminating, its PD role, and its actor
+        handle unless the caller names it in ``known`` (a gateway needs the handles of
+        new instances only; each costs it a deserialization)."""
         with self._lock:
-            return {iid: {"handle": None if iid in skip else h, "is_terminating": bool(
-                self.gs.statuses[iid].is_terminating if iid in self.gs.statuses else False),
-                "role": self.pd.role_of(iid)} for iid, h in self.handles.items()}
+            return self._members(set(known or ()))
+
+    def _members(self, skip: set[str]) -> dict[str, dict[str, Any]]:
+        return {iid: {"handle": None if iid in skip else h, "is_terminating": self._is_terminating(iid),
+                      "role": self.pd.role_of(iid)} for iid, h in self.handles.items()}
+
+    def _is_terminating(self, iid: str) -> bool:
+        status = self.gs.statuses.get(iid)
+        return bool(status is not None and status.is_terminating)
+
+    @ray.method(concurrency_group="watch")  # type: ignore[misc]
+    def watch_members(self, known: list[str], seen: tuple[int, int] | None,
+                      timeout_s: float) -> tuple[tuple[int, int], dict[str, dict[str, Any]]]:
+        """The members (as ``members``) once they differ from version ``seen``, or after
+        ``timeout_s``: a gateway learns a new instance, a drain or a role change as it
+        happens, with one call a half-minute while nothing changes (a poll each second
+        cost the gateway and this actor a Ray call each, most of their idle burn)."""
+        deadline = time.monotonic() + timeout_s
+        with self._members_cv:
+            while self._members_version == seen and (left := deadline - time.monotonic()) > 0:
+                self._members_cv.wait(left)
+            return self._members_version, self._members(set(known))
+
+    def _note_members(self) -> None:
+        """Wake the membership watches if the members, a terminating flag or a role
+        changed since the last note (caller holds the lock). Called where members come
+        and go, and by every rescheduling round (flags and roles arrive with statuses
+        and PD rounds)."""
+        key = tuple(sorted((iid, self._is_terminating(iid), self.pd.role_of(iid)) for iid in self.handles))
+        if key != self._members_key:
+            self._members_key = key
+            self._members_version = (self._members_version[0], self._members_version[1] + 1)
+            self._members_cv.notify_all()
 
     def drain(self, instance_id: str) -> dict[str, Any]:
         """Mark an instance terminating: its fake request of infinite usage makes it a
@@ -739,6 +777,8 @@ class LlumSchedActor:
                     self._autoscale()
                 elif self._scaling_in() or self._relearn:
                     self._stop_drained()
+                with self._lock:
+                    self._note_members()
             except Exception:  # noqa: BLE001 - one bad round must not end rescheduling
                 log.exception("rescheduling round failed")
 

@@ -2,12 +2,16 @@
 hand-offs, and the prefill instance's hand-off worker. The decisions are
 ``policy/pd.py``'s pure functions, as in the simulator (``sim/pd_flow.py``)::
 
-    prefill instance: a step's output carries a request's first token ─► HandoffWorker
-        wakes ─► at a step boundary, the requests with a token, running, not migrating
-        ─► for each: LlumSched.pd_destination (PDBook.pick: pick_decode_instance over
-        its statuses, less the blocks promised since each one's last report)
-          ─► a decode instance: the live migration (migrate(), pre-copy while the
-               request keeps decoding here) ─► LlumSched.pd_handoff_done (counted)
+    prefill instance: a step's output carries a request's first token, or (a glance
+        every ``poll_s``) a prompt in its chunks has a full block ─► HandoffWorker wakes
+        ─► at a step boundary, those requests (running, not migrating), first-token ones
+        first ─► for each: LlumSched.pd_destination (PDBook.pick: pick_decode_instance
+        over its statuses, less the blocks promised since each one's last report)
+          ─► a decode instance: the live migration (migrate()); a prompt still in its
+               chunks is followed: the destination reserves its whole table at once,
+               each finished chunk's full blocks are copied while the next computes, and
+               it is paused at the boundary right after its first token, so the last
+               stage copies only the tail ─► LlumSched.pd_handoff_done (counted)
           ─► None (the decode pool is full): it keeps decoding here; offered again
                every ``retry_s`` until a decode instance has room (never dropped)
     LlumSched's round (adaptive): adaptive_decision ─► PDBook.apply ─► the instance's
@@ -63,6 +67,8 @@ class PDBook:
         """Each committed hand-off's stall: the request's pause on the prefill instance
         to its first step on the decode instance (the migration's downtime)."""
         self.abort_reasons: dict[str, int] = {}
+        self.recent: deque[dict[str, Any]] = deque(maxlen=200)
+        """The latest committed hand-offs' reports (blocks, bytes, stages, times)."""
 
     def role_of(self, instance_id: str) -> str:
         return self.roles.get(instance_id, "mixed")
@@ -108,6 +114,7 @@ class PDBook:
             self.counts["handoffs_done"] += 1
             if report.get("downtime") is not None:
                 self.downtimes_s.append(float(report["downtime"]))
+            self.recent.append(dict(report))
             return
         code = str(report.get("abort_code") or report.get("abort_reason") or "other").split(":")[0][:60]
         self.abort_reasons[code] = self.abort_reasons.get(code, 0) + 1
@@ -143,34 +150,46 @@ class PDBook:
                 "handoff_abort_reasons": dict(self.abort_reasons),
                 "handoff_downtime_s": {"count": len(d), "p50": d[len(d) // 2] if d else None,
                                        "p99": d[min(len(d) - 1, int(0.99 * len(d)))] if d else None},
-                "role_changes": list(self.changes)[-20:]}
+                "role_changes": list(self.changes)[-20:], "handoffs_recent": list(self.recent)}
 
 
 STOP_AND_COPY = {"max_stages": 1}
 """The hand-off's migration overrides behind prefill work."""
+FOLLOW_PREFILL = {"follow_prefill": True}
+"""The hand-off's migration overrides for a request still in its prefill chunks."""
 Destination = tuple[str, Any]
 """A hand-off's destination: its instance id and actor handle."""
+Candidate = tuple[str, int, bool]
+"""A request to hand off: its id, the blocks it holds, whether it is still prefilling."""
 
 
 class HandoffWorker:
     """On an instance whose role is ``prefill``: hands each request off to a decode
-    instance once it has its first token, one at a time (the source's migration lock).
+    instance, one at a time (the source's migration lock): a request past its first token,
+    and (``follow_prefill``) one still in its prefill chunks once it has a full block, whose
+    finished chunks are then pre-copied while the next ones compute, so that the pause after
+    its first token copies only the tail (``MigrationConfig.follow_prefill``).
     ``ask(request_id, num_blocks)`` asks LlumSched for a destination, ``migrate(request_id,
     dst_id, dst, overrides)`` runs the live migration (``MigrationConfig`` overrides or None)
-    and returns its report, ``done(report)`` tells
-    LlumSched. A request the decode pool has no room for keeps decoding here."""
+    and returns its report, ``done(report)`` tells LlumSched. A request the decode pool has
+    no room for keeps decoding (or prefilling) here."""
 
     def __init__(self, server: Any, ask: Callable[[str, int], Destination | None],
                  migrate: Callable[[str, str, Any, dict[str, Any] | None], dict[str, Any]],
                  done: Callable[[dict[str, Any]], None], retry_s: float = 0.2,
-                 stop_and_copy: bool = True) -> None:
+                 stop_and_copy: bool = True, follow_prefill: bool = True, poll_s: float = 0.05) -> None:
         self.server = server
         self.stop_and_copy = stop_and_copy
         """Pause at once behind prefill work (``PDConfig.stop_and_copy_behind_prefill``)."""
+        self.follow_prefill = follow_prefill
+        """Start a prompt's hand-off at its first full chunk (``PDConfig.precopy_prefill_chunks``)."""
         self._ask = ask
         self._migrate = migrate
         self._done = done
         self.retry_s = retry_s
+        self.poll_s = poll_s
+        """How often a prefill instance looks for a prompt with a finished chunk (no step
+        output tells: a chunk that samples nothing emits none)."""
         self.role = "mixed"
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -179,9 +198,13 @@ class HandoffWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Stop, and wait for a hand-off in flight to end (committed or aborted, both
+        block pools exact again)."""
         self._stop.set()
         self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def set_role(self, role: str) -> None:
         self.role = role
@@ -193,25 +216,35 @@ class HandoffWorker:
                                           for o in outputs):
             self._wake.set()
 
-    def candidates(self) -> tuple[list[tuple[str, int]], bool]:
-        """(request id, blocks held) of every request to hand off, oldest first, and whether
-        prompt work waits here (a queued prompt, or one still in its chunks), read at a step
-        boundary."""
+    def _may_have_work(self) -> bool:
+        """A lock-free glance (off the step thread) at whether a prefilling request has a
+        full block computed: only then is a step boundary asked for the candidates."""
+        bs = self.server.engine.kv.block_size
+        return any(not r.output_token_ids and r.num_computed_tokens >= bs
+                   for r in list(self.server.engine.scheduler.running))
+
+    def candidates(self) -> tuple[list[Candidate], bool]:
+        """Every request to hand off, read at a step boundary: those past their first token
+        (oldest first), then those still prefilling with a full block (oldest first); and
+        whether prompt work waits here (a queued prompt, or one still in its chunks)."""
         eng, migrating = self.server.engine, self.server.llumlet.migrating_out
-        reqs = [r for rid, r in eng.requests.items() if r.status == RequestStatus.RUNNING
-                and r.output_token_ids and rid not in migrating]
-        reqs.sort(key=lambda r: r.arrival_time)
+        bs = eng.kv.block_size
+        reqs = [r for rid, r in eng.requests.items() if r.status == RequestStatus.RUNNING and rid not in migrating
+                and (r.output_token_ids or (self.follow_prefill and r.num_computed_tokens >= bs))]
+        reqs.sort(key=lambda r: (not r.output_token_ids, r.arrival_time))
         sched = eng.scheduler
         prefilling = bool(sched.waiting) or any(not r.output_token_ids for r in sched.running)
-        return [(r.request_id, eng.kv.num_blocks_of(r.request_id)) for r in reqs], prefilling
+        return [(r.request_id, eng.kv.num_blocks_of(r.request_id), not r.output_token_ids) for r in reqs], prefilling
 
     def _loop(self) -> None:
         waiting = False
         while not self._stop.is_set():
-            self._wake.wait(self.retry_s if waiting else 1.0)
+            woken = self._wake.wait(self.retry_s if waiting else self.poll_s if self.follow_prefill else 1.0)
             self._wake.clear()
             if self._stop.is_set() or self.role != "prefill":
                 waiting = False
+                continue
+            if not (woken or waiting or (self.follow_prefill and self._may_have_work())):
                 continue
             try:
                 waiting = self.hand_off_all()
@@ -219,21 +252,28 @@ class HandoffWorker:
                 log.exception("PD hand-off round failed")
                 waiting = True
 
+    def overrides(self, is_prefilling: bool, prompt_work_waits: bool) -> dict[str, Any] | None:
+        """The hand-off's ``MigrationConfig`` overrides. With prompt work waiting here, this
+        instance's next steps are prefill chunks: a request decoding beside them waits one
+        such step per token, so it is paused at once and copied in one stage (stop-and-copy)
+        rather than pre-copied while it decodes here (as the simulator's flow)."""
+        if is_prefilling:
+            return FOLLOW_PREFILL
+        return STOP_AND_COPY if prompt_work_waits and self.stop_and_copy else None
+
     def hand_off_all(self) -> bool:
-        """One pass over the candidates; True when some must be offered again later."""
-        # With prompt work waiting, this instance's next steps are prefill chunks: a request
-        # decoding beside them waits one such step per token, so it is paused at once and
-        # copied in one stage (stop-and-copy) rather than pre-copied while it decodes here
-        # (as the simulator's flow, sim/pd_flow.py).
-        todo, prefilling = self.server.call(self.candidates)
-        for request_id, num_blocks in todo:
-            if self.role != "prefill" or self._stop.is_set():
+        """Hand off the candidates, re-read at a boundary after each (a followed prefill
+        takes seconds); True when some must be offered again later."""
+        while not self._stop.is_set() and self.role == "prefill":
+            todo, prompt_work = self.server.call(self.candidates)
+            if not todo:
                 return False
+            request_id, num_blocks, is_prefilling = todo[0]
             dst = self._ask(request_id, num_blocks)
             if dst is None:
                 return True  # the decode pool is full: the rest would not fit either
             try:
-                report = self._migrate(request_id, dst[0], dst[1], STOP_AND_COPY if prefilling and self.stop_and_copy else None)
+                report = self._migrate(request_id, dst[0], dst[1], self.overrides(is_prefilling, prompt_work))
             except Exception as e:  # noqa: BLE001 - counted as a failed hand-off; offered again
                 report = {"committed": False, "abort_reason": f"{type(e).__name__}: {e}"}
             report.setdefault("request_id", request_id)
@@ -242,4 +282,3 @@ class HandoffWorker:
             if not report.get("committed"):
                 return True
         return False
-

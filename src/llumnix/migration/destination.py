@@ -198,6 +198,8 @@ class DestinationEndpoint:
                     or nbytes != len(block_ids) * eng.executor.bytes_per_block:
                 return False
             self._writing[request_id] = self._writing.get(request_id, 0) + 1
+            if request_id in self._reserved_at:  # a reservation being written to is alive (one
+                self._reserved_at[request_id] = self._now()  # followed prefill: reserved once, written per chunk)
             return True
 
     def _close_write(self, request_id: str) -> None:

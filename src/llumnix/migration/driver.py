@@ -34,7 +34,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 from llumnix.core.request import Request, RequestStatus
 from llumnix.kv.prefix_cache import sequence_keys
@@ -107,21 +108,28 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
             if proto.is_timed_out(now()):
                 proto.abort("timeout", now(), reasons.TIMEOUT)
                 break
-            if proto.phase == P.RESERVE:  # a pre-copy stage: full blocks, request still decoding
-                blocks = src.call(lambda: eng.blocks_since(request_id, proto.num_blocks_done, full_only=True)
-                                  if alive() else [])
-                if proto.begin_stage(blocks, now()) == P.RESERVE:
-                    proto.on_reserved(dst.try_reserve(request_id, len(blocks)), now())
+            if proto.phase == P.RESERVE:  # a pre-copy stage: full blocks, request still running
+                got = _next_blocks(request_id, eng, src, proto, alive, now)
+                if got is None:
+                    late = proto.is_timed_out(now())
+                    proto.abort("timeout" if late else "the request finished, was aborted or was preempted",
+                                now(), reasons.TIMEOUT if late else reasons.SOURCE_FINISHED)
+                elif isinstance(got, _Paused):  # following a prefill: paused right after its first token
+                    proto.begin_stage([], now())
+                    snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, got.taken)
+                    paused = snapshot is not None
+                elif proto.begin_stage(got[0], now()) == P.RESERVE:
+                    proto.on_reserved(_take(request_id, dst, spare, len(got[0]), got[1]), now())
             elif proto.phase == P.COPY:
                 if not sender.send(request_id, proto.stages[-1].dst_block_ids,
                                    KVSource(eng.executor, proto.pending_blocks)):
                     proto.abort("the destination refused the KV", now(), reasons.KV_REFUSED)
                     continue
-                ok, unsent = src.call(lambda: (True, len(eng.blocks_since(request_id, 0)) -
-                                               proto.num_blocks_done - len(proto.pending_blocks))
-                                      if alive() else (False, 0))
-                if proto.on_copied(now(), request_alive=ok, num_unsent_blocks=unsent) == P.PAUSE:
-                    spare = dst.try_reserve(request_id, unsent + 1) or []
+                ok, unsent, prefilling = src.call(lambda: _after_stage(eng, request_id, proto) if alive()
+                                                  else (False, 0, False))
+                if proto.on_copied(now(), request_alive=ok, num_unsent_blocks=unsent,
+                                   is_prefilling=prefilling) == P.PAUSE and unsent + 1 > len(spare):
+                    spare += dst.try_reserve(request_id, unsent + 1 - len(spare)) or []
             elif proto.phase == P.PAUSE:
                 spare += _top_up(request_id, eng, src, dst, proto, len(spare), alive)
                 snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now)
@@ -135,6 +143,68 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
             _clean_up_abort(request_id, src, dst, paused or proto.paused_at is not None)
         src.llumlet.on_migration_finished(request_id, proto.phase == P.COMMITTED)
     return proto.report()
+
+
+@dataclass(frozen=True)
+class _Paused:
+    """Following a prefill: ``_pause_at_boundary``'s work, done by ``_next_blocks`` at the
+    boundary right after the request's first token."""
+    taken: tuple[float, list[int], Any, Request]
+
+
+def _next_blocks(request_id: str, eng: Any, src: SourceServer, proto: MigrationProtocol,
+                 alive: Callable[[], bool], now: Callable[[], float]) -> tuple[list[int], int] | _Paused | None:
+    """A pre-copy stage's blocks and how many the rest of the migration needs at the
+    destination, or None if the request is gone. Following a prefill, the stage waits at
+    the source's step boundaries for its next finished chunk (a boundary takes one step,
+    so this polls once a step); at the boundary right after its first token, the request
+    is paused there at once (``_Paused``): the last stage then sends only the tail."""
+    follow = proto.config.follow_prefill
+
+    def poll() -> tuple[list[int], int] | _Paused | None | bool:
+        if not alive():
+            return None
+        req = eng.requests[request_id]
+        if follow and req.output_token_ids:
+            taken = _pause_at_boundary(eng, request_id, proto, alive, now)
+            return None if taken is None else _Paused(taken)
+        blocks = eng.blocks_since(request_id, proto.num_blocks_done, full_only=True)
+        if follow and not blocks:
+            return False  # its next chunk is computing
+        # following a prefill, reserve at once for the whole table (the prompt's blocks are
+        # allocated at admission) and one block of growth: no later stage waits to reserve
+        need = len(eng.blocks_since(request_id, proto.num_blocks_done)) + 1 if follow else len(blocks)
+        return blocks, need
+
+    while True:
+        t0 = time.monotonic()
+        got = src.call(poll)
+        if got is not False:
+            return cast("tuple[list[int], int] | _Paused | None", got)
+        if proto.is_timed_out(now()):
+            return None
+        if time.monotonic() - t0 < 0.001:
+            time.sleep(0.001)  # never spin against an idle step thread
+
+
+def _take(request_id: str, dst: Destination, spare: list[int], n: int, need: int) -> list[int] | None:
+    """``n`` destination blocks for a stage, from those reserved ahead (``spare``, taken
+    in table order) and, if short, a reservation of ``need`` less what is spare."""
+    if len(spare) < n:
+        more = dst.try_reserve(request_id, max(n, need) - len(spare))
+        if more is None:
+            return None
+        spare += more
+    ids = spare[:n]
+    del spare[:n]
+    return ids
+
+
+def _after_stage(eng: Any, request_id: str, proto: MigrationProtocol) -> tuple[bool, int, bool]:
+    """The post-stage check at a source boundary (request alive): (True, blocks of its
+    table not yet sent after this stage, whether it is still prefilling)."""
+    unsent = len(eng.blocks_since(request_id, 0)) - proto.num_blocks_done - len(proto.pending_blocks)
+    return True, unsent, not eng.requests[request_id].output_token_ids
 
 
 def _first_stage_with_cache(request_id: str, eng: Any, src: SourceServer, dst: Destination,
@@ -171,12 +241,15 @@ def _top_up(request_id: str, eng: Any, src: SourceServer, dst: Destination, prot
     reservation waits for the destination's step boundary), and a reservation inside
     the last stage would add that wait to the downtime. One block of margin covers the
     one step that may still run before the pause."""
-    def unsent() -> int:
-        return int(src.call(lambda: len(eng.blocks_since(request_id, proto.num_blocks_done)) if alive() else 0))
+    def unsent() -> int | None:
+        return cast("int | None", src.call(lambda: len(eng.blocks_since(request_id, proto.num_blocks_done))
+                                          if alive() else None))
 
     more: list[int] = []
     growth, now_unsent = 0, unsent()
     for _ in range(max_rounds):
+        if now_unsent is None:
+            break  # it ended: the last stage finds it gone and aborts, with nothing reserved here
         need = now_unsent + 1 + growth - num_spare - len(more)
         if need <= 0:
             break
@@ -185,30 +258,35 @@ def _top_up(request_id: str, eng: Any, src: SourceServer, dst: Destination, prot
             break  # the last stage will ask again, or abort
         more += got
         before, now_unsent = now_unsent, unsent()
-        growth = max(growth, now_unsent - before)  # blocks decoded during one reservation
+        growth = max(growth, (now_unsent or 0) - before)  # blocks decoded during one reservation
     return more
+
+
+def _pause_at_boundary(eng: Any, request_id: str, proto: MigrationProtocol, alive: Callable[[], bool],
+                       now: Callable[[], float]) -> tuple[float, list[int], Any, Request] | None:
+    """At a source step boundary: pause the request, list the blocks not yet sent, gather
+    them and snapshot it (None if it ended)."""
+    paused_at = now()  # the request's last step on the source has just ended
+    if not alive():
+        return None
+    eng.pause_request(request_id)
+    rest = eng.blocks_since(request_id, proto.num_blocks_done)
+    data = eng.executor.gather_blocks(rest) if rest else b""
+    return paused_at, rest, data, eng.snapshot_request(request_id)
 
 
 def _last_stage(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
                 proto: MigrationProtocol, spare: list[int], alive: Callable[[], bool],
-                now: Callable[[], float]) -> Request | None:
+                now: Callable[[], float], taken: tuple[float, list[int], Any, Request] | None = None,
+                ) -> Request | None:
     """Stop and copy. Everything the source must do happens at ONE step boundary
     (pause, list the rest, gather it, snapshot), so the pause costs no extra
     steps; the destination already holds spare blocks, so no reserve round trip
-    is needed unless the request outgrew them. Returns the paused request's
-    snapshot (None if it ended before it could be paused)."""
+    is needed unless the request outgrew them. ``taken``: that boundary's work,
+    done already (following a prefill). Returns the paused request's snapshot
+    (None if it ended before it could be paused)."""
     eng = src.engine
-
-    def at_boundary() -> tuple[float, list[int], Any, Request] | None:
-        paused_at = now()  # the request's last step on the source has just ended
-        if not alive():
-            return None
-        eng.pause_request(request_id)
-        rest = eng.blocks_since(request_id, proto.num_blocks_done)
-        data = eng.executor.gather_blocks(rest) if rest else b""
-        return paused_at, rest, data, eng.snapshot_request(request_id)
-
-    got = src.call(at_boundary)
+    got = taken if taken is not None else src.call(lambda: _pause_at_boundary(eng, request_id, proto, alive, now))
     if got is None:
         proto.on_paused(now(), request_alive=False)
         return None

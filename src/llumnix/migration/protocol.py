@@ -17,7 +17,10 @@ no clock and does no I/O: times come in as arguments.
                                                     └─ otherwise: the next pre-copy stage (RESERVE)
 
 Pre-copy stages send only full blocks, because the request keeps decoding
-into its last block; the last stage sends everything left. With prefix caching
+into its last block; the last stage sends everything left. Following a prefill
+(``follow_prefill``), a stage copied while the request is still prefilling leads
+to the next one (its next chunk's blocks, whatever the stage limit), and the first
+stage copied after its first token leads to PAUSE. With prefix caching
 the destination may already hold the request's leading blocks (``on_cached``,
 before the first stage): they are adopted there and never sent. A request that
 has no KV yet (queued) starts at COMMIT: it migrates as metadata. With
@@ -44,7 +47,14 @@ class MigrationConfig:
     last_stage_max_blocks: int = 2
     """Go to the last stage once at most this many unsent blocks remain."""
     timeout_s: float = 10.0
-    """A migration not committed within this many seconds is aborted by its driver."""
+    """A migration not committed within this many seconds is aborted by its driver (one
+    following a prefill: within this many seconds of its last chunk's stage)."""
+    follow_prefill: bool = False
+    """A request still prefilling (chunked prefill) is pre-copied chunk by chunk: each
+    stage sends the full blocks of the chunks finished since the last one while the next
+    computes (these stages do not count toward ``max_stages``), and the request is paused
+    at the step boundary right after its first token, so the last stage copies only the
+    tail (a PD hand-off). False: a prefilling request migrates as any running one."""
 
     def __post_init__(self) -> None:
         if self.max_stages < 1:
@@ -77,6 +87,8 @@ class StageRecord:
     end_time: float | None = None
     src_block_ids: list[int] = field(default_factory=list)
     dst_block_ids: list[int] = field(default_factory=list)
+    is_prefill: bool = False
+    """Copied while the request was still prefilling (``follow_prefill``)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,10 @@ class MigrationReport:
     """The request had no KV yet (it waited in the source's queue): moved as metadata."""
     abort_code: str | None = None
     """Why it aborted, as a ``migration.reasons`` code (what the metrics count); None if committed."""
+    num_prefill_stages: int = 0
+    """Stages copied while the request was still prefilling (``follow_prefill``)."""
+    num_last_stage_blocks: int = 0
+    """Blocks the last (stop-and-copy) stage sent: what the pause waited for."""
 
 
 class MigrationProtocol:
@@ -137,6 +153,10 @@ class MigrationProtocol:
         self.abort_code: str | None = None
         self._pending_blocks: list[int] = []
         self.marks: dict[str, float] = {}
+        self.num_prefill_stages = 0
+        """Stages copied while the request was still prefilling (``follow_prefill``)."""
+        self._progress_time = now
+        """Where the timeout counts from: the start, or the last prefill stage's copy."""
 
     # -- what the driver asks ---------------------------------------------
     @property
@@ -155,7 +175,7 @@ class MigrationProtocol:
         return self.num_blocks_cached + self.num_blocks_sent
 
     def is_timed_out(self, now: float) -> bool:
-        return not self.phase.is_done and now - self.start_time > self.config.timeout_s
+        return not self.phase.is_done and now - self._progress_time > self.config.timeout_s
 
     # -- transitions ----------------------------------------------------------
     def on_cached(self, num_blocks: int) -> None:
@@ -192,10 +212,12 @@ class MigrationProtocol:
         self.phase = MigrationPhase.COPY
         return self.phase
 
-    def on_copied(self, now: float, *, request_alive: bool, num_unsent_blocks: int) -> MigrationPhase:
+    def on_copied(self, now: float, *, request_alive: bool, num_unsent_blocks: int,
+                  is_prefilling: bool = False) -> MigrationPhase:
         """The stage's copy finished. ``request_alive``: still running on the source,
         not finished, aborted or preempted since the migration began.
-        ``num_unsent_blocks``: blocks of its table not yet sent (after this stage)."""
+        ``num_unsent_blocks``: blocks of its table not yet sent (after this stage).
+        ``is_prefilling``: its first token is not out yet (read with ``request_alive``)."""
         self._expect(MigrationPhase.COPY)
         stage = self.stages[-1]
         stage.end_time = now
@@ -205,8 +227,15 @@ class MigrationProtocol:
             self.phase = MigrationPhase.COMMIT
         elif not request_alive:
             return self.abort("the request finished, was aborted or was preempted", now, reasons.SOURCE_FINISHED)
+        elif self.config.follow_prefill and is_prefilling:
+            stage.is_prefill = True
+            self.num_prefill_stages += 1
+            self._progress_time = now
+            self.phase = MigrationPhase.RESERVE  # the next chunk's blocks
+        elif self.config.follow_prefill:
+            self.phase = MigrationPhase.PAUSE  # its first token is out: only the tail is left
         elif (num_unsent_blocks <= self.config.last_stage_max_blocks
-              or len(self.stages) + 1 >= self.config.max_stages):
+              or len(self.stages) - self.num_prefill_stages + 1 >= self.config.max_stages):
             self.phase = MigrationPhase.PAUSE
         else:
             self.phase = MigrationPhase.RESERVE
@@ -269,11 +298,13 @@ class MigrationProtocol:
             abort_reason=self.abort_reason, num_stages=len(self.stages), num_blocks=blocks,
             num_bytes=blocks * self.bytes_per_block, downtime=downtime, duration=end - self.start_time,
             num_blocks_cached=self.num_blocks_cached, start_time=self.start_time, end_time=end, marks=dict(self.marks),
-            was_queued=self.was_queued, abort_code=self.abort_code,
+            was_queued=self.was_queued, abort_code=self.abort_code, num_prefill_stages=self.num_prefill_stages,
+            num_last_stage_blocks=sum(s.num_blocks for s in self.stages if s.is_last and s.end_time is not None),
         )
 
     def check_invariants(self) -> None:
-        assert len(self.stages) <= self.config.max_stages, "more stages than allowed"
+        assert len(self.stages) - self.num_prefill_stages <= self.config.max_stages, "more stages than allowed"
+        assert self.num_prefill_stages == sum(1 for s in self.stages if s.is_prefill)
         assert sum(1 for s in self.stages if s.is_last) <= 1, "two last stages"
         assert self.num_blocks_sent == sum(s.num_blocks for s in self.stages if s.end_time is not None)
         if self.phase == MigrationPhase.COMMITTED and self.stages:

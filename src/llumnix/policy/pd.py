@@ -78,6 +78,11 @@ class PDConfig:
     """The cluster's hand-off: with prompt work waiting on the prefill instance, pause the
     request at once and copy it in one stage (its next steps there are prefill chunks); False:
     always the live migration. (The simulator's flow always pauses behind queued prompts.)"""
+    precopy_prefill_chunks: bool = True
+    """The cluster's hand-off of a prompt prefilled in chunks starts at its first full block:
+    each finished chunk's KV is copied to the decode instance while the next computes, and
+    the pause after its first token copies only the tail. False: the hand-off starts after
+    the first token and copies the whole prompt then."""
 
     def __post_init__(self) -> None:
         if self.mode not in PD_MODES:
@@ -91,8 +96,9 @@ class PDConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float):
                 raise _bad(f"pd.{name}", f"must be a number, got {v!r}")
-        if not isinstance(self.stop_and_copy_behind_prefill, bool):
-            raise _bad("pd.stop_and_copy_behind_prefill", f"must be true or false, got {self.stop_and_copy_behind_prefill!r}")
+        for name in ("stop_and_copy_behind_prefill", "precopy_prefill_chunks"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(f"pd.{name}", f"must be true or false, got {getattr(self, name)!r}")
         if self.flip_after_s < 0 or self.cooldown_s < 0:
             raise _bad("pd.flip_after_s" if self.flip_after_s < 0 else "pd.cooldown_s", "must be >= 0")
         if self.reclaim_below_tokens > self.lend_above_tokens:
