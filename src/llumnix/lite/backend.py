@@ -34,7 +34,7 @@ from llumnix.lite.client import TOKEN_PROMPTS, Chunk, EndpointError, request_bod
 from llumnix.lite.config import LiteConfig
 from llumnix.lite.endpoint import Endpoint
 from llumnix.lite.http import HttpPool
-from llumnix.lite.outputs import continuation, finished_metrics, read_usage
+from llumnix.lite.outputs import continuation, finished_metrics
 from llumnix.lite.pool import Pool
 from llumnix.lite.routing import route
 
@@ -133,7 +133,7 @@ class LiteBackend:
             if pool is not pools[0]:
                 self.num_fallbacks += 1
             try:
-                async with contextlib.aclosing(self._run(pool, ep, current, n_sent)) as outs:
+                async with contextlib.aclosing(self._run(ep, current, n_sent)) as outs:
                     async for out in outs:
                         sent += out.new_token_ids
                         n_sent = out.num_output_tokens
@@ -169,7 +169,7 @@ class LiteBackend:
                 return pool, ep
         return None
 
-    async def _run(self, pool: Pool, ep: Endpoint, request: GenerateRequest,
+    async def _run(self, ep: Endpoint, request: GenerateRequest,
                    base: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """One attempt on ``ep``: its outputs, the last one finished; EndpointError on
         failure. ``base``: output tokens released before (a resumed request counts on)."""
@@ -184,7 +184,7 @@ class LiteBackend:
                     self._http, ep.url, body, ep.headers, self.config.first_byte_timeout_s,
                     self.config.idle_timeout_s)) as chunks:
                 final: Chunk | None = None
-                async for chunk in chunks:
+                async for chunk in chunks:  # the finish chunk comes last, with the usage
                     ids = self._ids(chunk)
                     n_new = len(chunk.token_ids) if chunk.token_ids is not None else int(bool(chunk.text))
                     if chunk.finish_reason is not None:
@@ -194,13 +194,11 @@ class LiteBackend:
                         continue
                     n_out += n_new
                     lrs.on_tokens(rid, n_new)
-                    pool.touch(ep.endpoint_id)
                     yield RequestOutput(rid, ids, n_out)
                 if final is None:
                     raise EndpointError("the stream ended without a finish reason")
                 if final.finish_reason not in ("stop", "length"):
                     raise EndpointError(f"the engine ended the request ({final.finish_reason})")
-                await read_usage(chunks, final)
             ok = True
             n_out = max(n_out, base + (final.num_completion_tokens or 0))
             yield RequestOutput(rid, final_ids, n_out, final.finish_reason, stop_reason=final.stop_reason,
@@ -209,7 +207,6 @@ class LiteBackend:
             if ok:
                 ep.health.on_success(time.time())
             lrs.on_finish(rid, failed=not ok)
-            pool.touch(ep.endpoint_id)
 
     def _ids(self, chunk: Chunk) -> list[int]:
         if chunk.token_ids is not None:
@@ -261,5 +258,5 @@ class LiteBackend:
         ep = self.endpoints.get(instance_id)
         if ep is None:
             raise InvalidRequestError(f"no endpoint {instance_id!r}", "instance_id")
-        ep.is_drained = drained
+        ep.set_drained(drained)
         return {"instance_id": instance_id, "is_drained": drained, "num_in_flight": ep.lrs.num_in_flight}

@@ -84,36 +84,75 @@ def request_body(model: str, kind: str, prompt: list[int] | str, params: Samplin
     return body
 
 
+USAGE_GRACE_S = 2.0
+"""How long to wait after the finish chunk for the usage chunk and ``[DONE]``."""
+
+
 async def stream_chunks(client: HttpPool, url: str, body: dict[str, Any], headers: dict[str, str],
                         first_byte_timeout_s: float, idle_timeout_s: float) -> AsyncGenerator[Chunk, None]:
-    """The reply's chunks until ``[DONE]`` (or the end of the stream)."""
-    loop = asyncio.get_running_loop()
+    """The reply's chunks, the finish chunk last, carrying the usage that follows it
+    where the engine sends one (within ``USAGE_GRACE_S``: the answer is complete by then,
+    so a failure or a delay past it only loses the usage). The connection goes back to
+    the pool at ``[DONE]``, its body's end read off the caller's path."""
     try:
-        async with asyncio.timeout(first_byte_timeout_s) as deadline, \
-                client.post(url + "/v1/completions", json_bytes(body), headers) as resp:
-            if resp.status != 200:
-                raise _status_error(resp.status, (await resp.read())[:300].decode(errors="replace"))
-            rest = b""
-            async for data in resp.chunks():
-                *lines, rest = (rest + data).split(b"\n")
-                for line in lines:
-                    if not line.startswith(b"data:"):
-                        continue  # blank separators and ': keep-alive' comments
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        await resp.read()  # the body's end: a connection read to its end is kept for the next request
-                        return
-                    chunk = parse_chunk(payload)
-                    # No deadline while the consumer holds the chunk: it would cancel the consumer.
-                    deadline.reschedule(None)
-                    yield chunk
-                    deadline.reschedule(loop.time() + idle_timeout_s)
-    except TimeoutError:
-        raise EndpointError("the endpoint stopped answering (timeout)") from None
+        reply = await client.open(url + "/v1/completions", json_bytes(body), headers, first_byte_timeout_s,
+                                  idle_timeout_s)
     except HttpError as e:
         raise EndpointError(str(e), refused=e.refused) from None
     except OSError as e:
         raise EndpointError(f"{type(e).__name__}: {e}") from None
+    handed_off = False
+    try:
+        if reply.status != 200:
+            raise _status_error(reply.status, (await reply.read())[:300].decode(errors="replace"))
+        rest = b""
+        final: Chunk | None = None
+        while True:
+            try:
+                data = await reply.body()
+            except (HttpError, OSError):
+                if final is None:
+                    raise
+                data = None  # after the finish chunk: the usage is lost, not the answer
+            if data is None:
+                break
+            *lines, rest = (rest + data).split(b"\n") if rest else data.split(b"\n")
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue  # blank separators and ': keep-alive' comments
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    handed_off = True
+                    reply.release_after_end()
+                    if final is not None:
+                        yield final
+                    return
+                if final is not None:
+                    with contextlib.suppress(EndpointError):
+                        _take_usage(final, parse_chunk(payload))
+                    continue
+                chunk = parse_chunk(payload)
+                if chunk.finish_reason is not None:
+                    final = chunk
+                    reply.expire_at(asyncio.get_running_loop().time() + USAGE_GRACE_S)
+                    continue
+                reply.idle()
+                yield chunk
+        if final is not None:
+            yield final
+    except HttpError as e:
+        raise EndpointError(str(e), refused=e.refused) from None
+    except OSError as e:
+        raise EndpointError(f"{type(e).__name__}: {e}") from None
+    finally:
+        if not handed_off:
+            reply.release()
+
+
+def _take_usage(final: Chunk, chunk: Chunk) -> None:
+    if chunk.num_completion_tokens is not None:
+        final.num_completion_tokens = chunk.num_completion_tokens
+        final.num_cached_tokens = chunk.num_cached_tokens
 
 
 def _status_error(status: int, text: str) -> EndpointError:

@@ -59,8 +59,8 @@ class PoolConfig:
     ``llumnix serve --config`` only; its models default to the served model's name."""
 
     def serves(self, model: str) -> bool:
-        return not self.models or any(model.startswith(m[:-1]) if m.endswith("*") else model == m
-                                      for m in self.models)
+        return not self.models or model in self.models or \
+            any(m.endswith("*") and model.startswith(m[:-1]) for m in self.models)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class Endpoint:
-    def __init__(self, cfg: EndpointConfig, pool: str, lite: LiteConfig) -> None:
+    def __init__(self, cfg: EndpointConfig, pool: str, lite: LiteConfig, changed: set[str] | None = None) -> None:
         self.cfg = cfg
         self.endpoint_id = cfg.name
         self.pool = pool
@@ -31,11 +31,12 @@ class Endpoint:
         self.models: tuple[str, ...] = ()
         """Every model name the engine's /v1/models lists (learnt by the probe)."""
         self.max_model_len: int | None = None
+        self.changed: set[str] = set() if changed is None else changed
+        """Where its books and its health changes add its id (its pool's set)."""
         self.lrs = LocalState(cfg.name, cfg.capacity_tokens, cfg.max_num_seqs,
-                              max_scrape_age_s=max(2.0, 4 * lite.scrape_interval_s))
+                              max_scrape_age_s=max(2.0, 4 * lite.scrape_interval_s), changed=self.changed)
         self.health = EndpointHealth(HealthOptions(lite.eject_after, lite.backoff_s, lite.max_backoff_s))
-        self.is_drained = False
-        """An operator's drain: no new requests (those in flight finish)."""
+        self._is_drained = False
         self.headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
         self._lite = lite
         self._scrapes = cfg.kind != "openai"
@@ -44,12 +45,30 @@ class Endpoint:
     def url(self) -> str:
         return self.cfg.url
 
+    @property
+    def is_drained(self) -> bool:
+        """An operator's drain: no new requests (those in flight finish)."""
+        return self._is_drained
+
+    def set_drained(self, drained: bool) -> None:
+        self._is_drained = drained
+        self.changed.add(self.endpoint_id)
+
     def can_serve(self) -> bool:
-        return self.health.can_serve() and not self.is_drained
+        return self.health.can_serve() and not self._is_drained
 
     def on_request_failed(self, error: str, refused: bool) -> None:
         if self.health.on_failure(time.time(), error, fatal=refused):
+            self.changed.add(self.endpoint_id)
             log.warning("lite: endpoint %s ejected: %s", self.endpoint_id, error)
+
+    def on_probe(self, ok: bool, now: float, error: str = "") -> None:
+        """A probe's answer: the health's verdict, and dispatch told when it changed."""
+        could = self.health.can_serve()
+        if self.health.on_probe(ok, now, error):
+            log.warning("lite: endpoint %s re-admitted", self.endpoint_id)
+        if self.health.can_serve() != could:
+            self.changed.add(self.endpoint_id)
 
     def engine_model(self, model: str) -> str:
         """The name to send for a request naming ``model``: itself where the engine lists
@@ -68,8 +87,7 @@ class Endpoint:
                 self._learn(resp.json())
         except (httpx.HTTPError, ValueError) as e:
             ok, error = False, f"probe: {type(e).__name__}: {e}"
-        if self.health.on_probe(ok, time.time(), error):
-            log.warning("lite: endpoint %s re-admitted", self.endpoint_id)
+        self.on_probe(ok, time.time(), error)
         return ok
 
     def _learn(self, models: Any) -> None:

@@ -6,7 +6,13 @@ path, keep using httpx.
 
 A connection goes back to its pool only after a reply read to its end on a connection the
 server keeps open; one that a server closed while idle (a refused reuse: EOF before any
-byte) is replaced by a fresh one once."""
+byte) is replaced by a fresh one once.
+
+Timeouts are per read, not per reply: a read waits at most until the reply's deadline
+(the first byte's, then ``idle_timeout_s`` from the read's start), checked by one timer
+per reply that re-arms itself only when it fires early. Time the caller spends between
+reads (a slow client downstream) never counts, and a streamed chunk costs no timer work.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -29,6 +35,10 @@ class HttpError(Exception):
         super().__init__(message)
         self.refused = refused
         """The connection was refused: nothing listens there."""
+
+
+class ReadTimeout(HttpError):
+    """A read waited past the reply's deadline."""
 
 
 class _Parsed:
@@ -56,12 +66,47 @@ class _Parsed:
 
 
 class Reply:
-    def __init__(self, reader: asyncio.StreamReader, first: bytes) -> None:
-        self._reader = reader
+    """One reply being read; ``release()`` hands its connection back (or closes it)."""
+
+    def __init__(self, pool: HttpPool, key: _Key, conn: _Conn, deadline: float, idle_timeout_s: float) -> None:
+        self._pool = pool
+        self._key = key
+        self._reader, self._writer = conn
         self._parsed = _Parsed()
         self._parser = self._parsed.parser
+        self._loop = asyncio.get_running_loop()
         self.status = 0
-        self._feed(first)
+        self.deadline = deadline
+        """Loop time by which the next read must return (until ``idle_timeout_s`` takes over)."""
+        self.idle_timeout_s = idle_timeout_s
+        self._first = True
+        self._reading = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- reading ------------------------------------------------------------------------
+    async def _read(self) -> bytes:
+        """The next bytes of the connection (b"" at EOF); ReadTimeout past the deadline."""
+        if not self._first:
+            self.deadline = self._loop.time() + self.idle_timeout_s
+        timer = self._timer
+        if timer is None or timer.when() > self.deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self._loop.call_at(self.deadline, self._check)
+        self._reading = True
+        try:
+            return await self._reader.read(1 << 16)
+        finally:
+            self._reading = False
+
+    def _check(self) -> None:
+        self._timer = None
+        if not self._reading:
+            return  # the next read arms a timer again
+        if self._loop.time() < self.deadline:
+            self._timer = self._loop.call_at(self.deadline, self._check)
+            return
+        self._reader.set_exception(ReadTimeout("the endpoint stopped answering (timeout)"))
 
     def _feed(self, data: bytes) -> None:
         try:
@@ -70,16 +115,25 @@ class Reply:
             raise HttpError(f"not an HTTP reply ({e})") from None
 
     async def _more(self) -> None:
-        data = await self._reader.read(1 << 16)
+        data = await self._read()
         if not data:
             raise HttpError("the endpoint closed the connection mid-reply")
         self._feed(data)
 
-    async def start(self) -> Reply:
+    async def start(self, first: bytes) -> Reply:
+        self._feed(first)
         while not self._parsed.has_headers:
             await self._more()
         self.status = self._parser.get_status_code()
         return self
+
+    def idle(self) -> None:
+        """From here on each read waits at most ``idle_timeout_s`` (the first byte is in)."""
+        self._first = False
+
+    def expire_at(self, deadline: float) -> None:
+        """Every read from here on must return by ``deadline`` (loop time)."""
+        self._first, self.deadline = True, deadline
 
     @property
     def is_complete(self) -> bool:
@@ -89,18 +143,54 @@ class Reply:
     def keeps_alive(self) -> bool:
         return self._parsed.keeps_alive
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it comes."""
+    async def body(self) -> bytes | None:
+        """The next piece of the body as it comes; None at its end."""
         parsed = self._parsed
-        while True:
-            while parsed.body:
-                yield parsed.body.popleft()
+        while not parsed.body:
             if parsed.is_complete:
-                return
+                return None
             await self._more()
+        return parsed.body.popleft()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while (data := await self.body()) is not None:
+            yield data
 
     async def read(self) -> bytes:
         return b"".join([c async for c in self.chunks()])
+
+    def release(self) -> None:
+        """The connection back to the pool when the reply was read to its end and the
+        server keeps it open; closed otherwise."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._writer is None:
+            return
+        if self._parsed.is_complete and self._parsed.keeps_alive:
+            self._pool.put(self._key, (self._reader, self._writer))
+        else:
+            self._writer.close()
+        self._writer = None  # type: ignore[assignment]
+
+    def release_after_end(self) -> None:
+        """``release()`` once the rest of the body (the chunked terminator after an SSE
+        ``[DONE]``) is in: at once when it is, else from a task, off the caller's path."""
+        if self._parsed.is_complete or self._parsed.body:
+            self.release()
+        else:
+            task = self._loop.create_task(self._drain())
+            self._pool.draining.add(task)
+            task.add_done_callback(self._pool.draining.discard)
+
+    async def _drain(self) -> None:
+        try:
+            while await self.body() is not None:
+                pass
+        except (HttpError, OSError):
+            pass
+        finally:
+            self.release()
 
 
 class HttpPool:
@@ -109,51 +199,84 @@ class HttpPool:
         self.max_idle_per_host = max_idle_per_host
         self._idle: dict[_Key, list[_Conn]] = {}
         self._ssl: ssl.SSLContext | None = None
+        self.draining: set[asyncio.Task[None]] = set()
+        """Replies finished for their caller whose connection waits for the body's end."""
+        self._heads: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[_Key, bytes]] = {}
+        """Per URL and headers: the connection key and the request's head up to its length."""
 
-    @contextlib.asynccontextmanager
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> AsyncGenerator[Reply, None]:
-        """POST ``body`` (JSON) to ``url``; the reply once its headers are in."""
-        parts = urlsplit(url)
-        tls = parts.scheme == "https"
-        key = (parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80), tls)
-        head = [f"POST {parts.path or '/'} HTTP/1.1", f"Host: {parts.netloc}", "Content-Type: application/json",
-                f"Content-Length: {len(body)}", "Accept: text/event-stream",
-                *(f"{k}: {v}" for k, v in headers.items())]
-        request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
-        reader, writer, first = await self._send(key, request)
-        reply = Reply(reader, first)
-        done = False
-        try:
-            yield await reply.start()
-            done = reply.is_complete and reply.keeps_alive
-        finally:
-            if done and len(self._idle.setdefault(key, [])) < self.max_idle_per_host:
-                self._idle[key].append((reader, writer))
-            else:
-                writer.close()
-
-    async def _send(self, key: _Key, request: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
-        """A connection with the request written and the reply's first bytes read."""
+    async def open(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float,
+                   idle_timeout_s: float | None = None) -> Reply:
+        """POST ``body`` (JSON) to ``url``; the reply once its headers are in, which
+        must be within ``timeout_s`` (connecting included). The caller ``release()``s it."""
+        key, head = self._head(url, headers)
+        request = b"%s%d\r\n\r\n%s" % (head, len(body), body)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        idle_s = timeout_s if idle_timeout_s is None else idle_timeout_s
         idle = self._idle.get(key)
         while idle:
-            reader, writer = idle.pop()
+            conn = idle.pop()
+            reply = Reply(self, key, conn, deadline, idle_s)
             with contextlib.suppress(OSError):
-                writer.write(request)
-                first = await reader.read(1 << 16)
+                conn[1].write(request)
+                first = await reply._read()
                 if first:
-                    return reader, writer, first
-            writer.close()  # closed by the server while idle: take another
-        reader, writer = await self._connect(key)
+                    return await self._started(reply, first)
+            conn[1].close()  # closed by the server while idle: take another
+        conn = await self._connect(key)
+        reply = Reply(self, key, conn, deadline, idle_s)
         try:
-            writer.write(request)
-            first = await reader.read(1 << 16)
+            conn[1].write(request)
+            first = await reply._read()
         except OSError as e:
-            writer.close()
+            conn[1].close()
             raise HttpError(f"{type(e).__name__}: {e}") from None
+        except BaseException:
+            conn[1].close()
+            raise
         if not first:
-            writer.close()
+            conn[1].close()
             raise HttpError("the endpoint closed the connection without a reply")
-        return reader, writer, first
+        return await self._started(reply, first)
+
+    @staticmethod
+    async def _started(reply: Reply, first: bytes) -> Reply:
+        try:
+            return await reply.start(first)
+        except BaseException:
+            reply.release()
+            raise
+
+    @contextlib.asynccontextmanager
+    async def post(self, url: str, body: bytes, headers: dict[str, str],
+                   timeout_s: float = 3600.0) -> AsyncGenerator[Reply, None]:
+        """``open`` as a context: the connection is released on the way out."""
+        reply = await self.open(url, body, headers, timeout_s)
+        try:
+            yield reply
+        finally:
+            reply.release()
+
+    def _head(self, url: str, headers: dict[str, str]) -> tuple[_Key, bytes]:
+        cache_key = (url, tuple(headers.items()))
+        got = self._heads.get(cache_key)
+        if got is None:
+            parts = urlsplit(url)
+            tls = parts.scheme == "https"
+            key = (parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80), tls)
+            head = [f"POST {parts.path or '/'} HTTP/1.1", f"Host: {parts.netloc}", "Content-Type: application/json",
+                    "Accept: text/event-stream", *(f"{k}: {v}" for k, v in headers.items()), "Content-Length: "]
+            got = self._heads[cache_key] = (key, "\r\n".join(head).encode())
+            if len(self._heads) > 4096:  # URLs come from the config: this only guards a leak
+                self._heads.clear()
+        return got
+
+    def put(self, key: _Key, conn: _Conn) -> None:
+        idle = self._idle.setdefault(key, [])
+        if len(idle) < self.max_idle_per_host:
+            idle.append(conn)
+        else:
+            conn[1].close()
 
     async def _connect(self, key: _Key) -> _Conn:
         host, port, tls = key

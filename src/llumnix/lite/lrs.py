@@ -13,10 +13,10 @@ dispatch policy reads, so lite and full mode share one policy pipeline.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from llumnix.core.status import InstanceStatus, RequestBrief
-from llumnix.policy.freeness import blocks_for
 
 BLOCK_SIZE = 16
 """Tokens per block of the LRS's estimate (the engines' own block sizes differ; only
@@ -47,8 +47,11 @@ class _InFlight:
 
 class LocalState:
     def __init__(self, endpoint_id: str, capacity_tokens: int = 0, max_num_seqs: int = 0,
-                 max_scrape_age_s: float = 2.0) -> None:
+                 max_scrape_age_s: float = 2.0, changed: set[str] | None = None) -> None:
         self.endpoint_id = endpoint_id
+        self.changed: set[str] = set() if changed is None else changed
+        """Where every event adds this endpoint's id (a pool's set, shared by its
+        endpoints): its status is rebuilt only after its books changed."""
         self._capacity_tokens = capacity_tokens
         self._max_num_seqs = max_num_seqs
         self.max_scrape_age_s = max_scrape_age_s
@@ -64,12 +67,14 @@ class LocalState:
     def on_dispatch(self, request_id: str, num_prompt_tokens: int, priority: int, now: float) -> None:
         self._in_flight[request_id] = _InFlight(priority, num_prompt_tokens, now)
         self.num_dispatched += 1
+        self.changed.add(self.endpoint_id)
 
     def on_tokens(self, request_id: str, num_new: int) -> None:
         r = self._in_flight.get(request_id)
         if r is not None:
             r.num_output_tokens += num_new
             self.num_output_tokens += num_new
+            self.changed.add(self.endpoint_id)
 
     def on_finish(self, request_id: str, failed: bool = False) -> None:
         if self._in_flight.pop(request_id, None) is not None:
@@ -77,9 +82,11 @@ class LocalState:
                 self.num_failed += 1
             else:
                 self.num_finished += 1
+            self.changed.add(self.endpoint_id)
 
     def on_scrape(self, load: EngineLoad) -> None:
         self.load = load
+        self.changed.add(self.endpoint_id)
 
     # -- views ------------------------------------------------------------------------
     @property
@@ -102,17 +109,24 @@ class LocalState:
         load = self.load
         return load if load is not None and now - load.timestamp <= self.max_scrape_age_s else None
 
+    def valid_until(self, now: float) -> float:
+        """When a status built at ``now`` goes out of date with no event: when the scrape
+        it folds in gets too old (never without one)."""
+        load = self.fresh_load(now)
+        return math.inf if load is None else load.timestamp + self.max_scrape_age_s
+
     def status(self, now: float, is_schedulable: bool = True) -> InstanceStatus:
         """The books as an ``InstanceStatus``: the first ``max_num_seqs`` requests in
         flight run, the rest queue; a fresh scrape adds load the books do not hold."""
         bs, limit = BLOCK_SIZE, self.max_num_seqs
-        briefs = [RequestBrief(rid, r.priority, blocks_for(r.num_prompt_tokens + r.num_output_tokens, bs),
+        # -(-n // bs): blocks_for(n, bs), inlined (a brief per request in flight per rebuild)
+        briefs = [RequestBrief(rid, r.priority, -(-(r.num_prompt_tokens + r.num_output_tokens) // bs),
                                r.num_prompt_tokens + r.num_output_tokens, r.dispatched_at, True,
                                num_output_tokens=r.num_output_tokens)
                   for rid, r in self._in_flight.items()]
         total = max(1, self.capacity_tokens // bs)
-        used = sum(b.num_blocks for b in briefs[:limit])
-        load = self.fresh_load(now)
+        used = sum(b.num_blocks for b in briefs[:limit]) if briefs else 0
+        load = self.fresh_load(now) if self.load is not None else None
         if load is not None:
             briefs += self._foreign(load, len(briefs), total, used, now)
             if load.kv_usage is not None:

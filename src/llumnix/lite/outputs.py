@@ -1,30 +1,12 @@
-"""Helpers of ``LiteBackend``'s request path: the usage after the finish chunk, a
-finished request's metrics, and the continuation of a request resumed mid-stream."""
+"""Helpers of ``LiteBackend``'s request path: a finished request's metrics, and the
+continuation of a request resumed mid-stream."""
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator
 
 from llumnix.core.batch import RequestMetrics
 from llumnix.core.wire import GenerateRequest
-from llumnix.lite.client import Chunk, EndpointError
-
-USAGE_GRACE_S = 2.0
-"""How long to wait after the finish chunk for the usage chunk and the stream's end."""
-
-
-async def read_usage(chunks: AsyncIterator[Chunk], final: Chunk) -> None:
-    """After the finish chunk: the usage chunk, if the engine sends one, and the end.
-    The request is complete already, so a failure or a delay here only loses the usage."""
-    with contextlib.suppress(EndpointError, TimeoutError):
-        async with asyncio.timeout(USAGE_GRACE_S):
-            async for chunk in chunks:
-                if chunk.num_completion_tokens is not None:
-                    final.num_completion_tokens = chunk.num_completion_tokens
-                    final.num_cached_tokens = chunk.num_cached_tokens
 
 
 def continuation(request: GenerateRequest, sent: list[int], n_sent: int) -> GenerateRequest:

@@ -29,6 +29,9 @@ P = TypeVar("P", bound=RoutedPool)
 
 def route(pools: list[P], model: str, rng: random.Random) -> list[P]:
     """The pools to try for ``model``, first choice first (empty when none serves it)."""
+    if len(pools) == 1:  # the common case: one pool, no split and no fallback
+        only = pools[0]
+        return [only] if only.cfg.weight > 0 and only.cfg.serves(model) else []
     serving = [p for p in pools if p.cfg.serves(model) and p.cfg.weight > 0]
     if not serving:
         return []
