@@ -362,6 +362,36 @@ def test_silent_unresponsive_instance_is_marked_unschedulable(cluster):
     ray.kill(sched)
 
 
+def test_a_membership_watch_answers_on_change_not_on_a_timer(cluster):
+    """A gateway's membership watch: answered at once for a version it has not seen, held
+    while nothing changes, and woken by a new member (well before its timeout) with the
+    new instance's handle; its threads are apart from the ones that take dispatches."""
+    from llumnix.cluster.actors import LlumSchedActor
+    from llumnix.core.status import InstanceStatus
+    from llumnix.policy import DispatchRequest
+
+    @ray.remote(num_cpus=0)
+    class Stub:
+        def health(self) -> bool:
+            return True
+
+    sched = LlumSchedActor.options(num_cpus=0).remote(None, None, reschedule_interval_s=0.05)
+    version, members = ray.get(sched.watch_members.remote([], None, 30.0), timeout=10)
+    assert members == {}
+    t0 = time.monotonic()
+    again, _ = ray.get(sched.watch_members.remote([], version, 0.5), timeout=10)
+    assert again == version and time.monotonic() - t0 >= 0.45  # nothing changed: held to its timeout
+    watches = [sched.watch_members.remote([], version, 30.0) for _ in range(12)]  # more than max_concurrency
+    assert ray.get(sched.dispatch.remote(DispatchRequest("r", 5)), timeout=5) is None  # not blocked by them
+    t0 = time.monotonic()
+    ray.get(sched.register.remote(InstanceStatus("a", time.time(), 100, 0, 1, 16, 8), Stub.remote()), timeout=10)
+    answers = ray.get(watches, timeout=10)
+    assert time.monotonic() - t0 < 5
+    assert all(v != version and set(m) == {"a"} and m["a"]["handle"] is not None and m["a"]["role"] == "mixed"
+               for v, m in answers)
+    ray.kill(sched)
+
+
 def test_a_hung_redis_does_not_stall_dispatch(cluster):
     """Issue 28 finding 8: LlumSched wrote each status to Redis under its lock, so a hung
     Redis (2 s socket timeout) stalled every dispatch behind the status pushes."""

@@ -632,7 +632,7 @@ class LlumSchedActor:
         status = self.gs.statuses.get(iid)
         return bool(status is not None and status.is_terminating)
 
-    @ray.method(concurrency_group="watch")  # type: ignore[misc]
+    @ray.method(concurrency_group="watch")
     def watch_members(self, known: list[str], seen: tuple[int, int] | None,
                       timeout_s: float) -> tuple[tuple[int, int], dict[str, dict[str, Any]]]:
         """The members (as ``members``) once they differ from version ``seen``, or after

@@ -128,6 +128,9 @@ class ClusterBackend:
         self.poll_timeout_s = 10.0
         """An instance whose output poll does not answer twice in a row is treated as dead."""
         self.membership_interval_s = 1.0
+        """The retry interval of the membership watch while LlumSched does not answer."""
+        self.membership_wait_s = 30.0
+        """How long one membership watch waits for a change before asking again."""
         self.max_resumes = 1
         """Resumes after an instance failure; a request whose second instance dies too is
         ended with an error rather than risk taking down a third (it may be the cause)."""
@@ -156,7 +159,8 @@ class ClusterBackend:
                     self.gs.set_role(iid, role)
         for iid, actor in self.instances.items():
             self._start_poller(iid, actor)
-        self._spawn(self._sync_membership_loop())
+        self._spawn(self._watch_members_loop())
+        self._spawn(self._watch_links_loop())
         with contextlib.suppress(Exception):  # LlumSched away: no shared view until a restart
             url = await asyncio.wait_for(self.llumsched.cms_url.remote(), 5.0)
             if url not in (None, "memory"):
@@ -216,10 +220,29 @@ class ClusterBackend:
         run = self._serve_link if self._token else self._poll
         self._pollers[iid] = asyncio.create_task(run(iid, actor), name=f"link-{iid}")
 
-    async def _sync_membership_loop(self) -> None:
+    async def _watch_members_loop(self) -> None:
+        """Follow LlumSched's members as they change (instances started by auto-scaling or
+        replacing a lost one, drains, PD roles): one long-polling call at a time, so an
+        idle gateway makes a Ray call each ``membership_wait_s``, not each second."""
+        seen: Any = None
         while not self._stopping:
-            await asyncio.sleep(self.membership_interval_s)
-            await self.refresh_members()
+            try:
+                seen, members = await asyncio.wait_for(
+                    self.llumsched.watch_members.remote(list(self.instances), seen, self.membership_wait_s),
+                    self.membership_wait_s + 5.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - LlumSched down or restarting: keep what we know
+                seen = None
+                await asyncio.sleep(self.membership_interval_s)
+                continue
+            self._apply_members(members)
+
+    async def _watch_links_loop(self) -> None:
+        """Reopen a channel that has been silent for ``link_silence_s`` (an instance pushes
+        a status each second even while idle, so silence means a broken line)."""
+        while not self._stopping:
+            await asyncio.sleep(min(1.0, self.link_silence_s / 4))
             now = time.monotonic()
             for link in list(self._links.values()):
                 if now - link.last_frame_at > self.link_silence_s:
@@ -227,14 +250,17 @@ class ClusterBackend:
                     link.close()
 
     async def refresh_members(self) -> None:
-        """Learn instances that auto-scaling started (and which are terminating) from
-        LlumSched; a restarting LlumSched leaves the known set as it is."""
+        """Learn the members now (an instance dispatch named that this gateway does not
+        know yet); a restarting LlumSched leaves the known set as it is."""
         try:
             members = await asyncio.wait_for(self.llumsched.members.remote(list(self.instances)), 2.0)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - LlumSched down or restarting: keep what we know
             return
+        self._apply_members(members)
+
+    def _apply_members(self, members: dict[str, dict[str, Any]]) -> None:
         now, lc, s_ = time.time(), self.lifecycle, InstanceState
         for iid, m in members.items():
             handle = m["handle"]
