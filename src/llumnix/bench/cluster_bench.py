@@ -87,9 +87,16 @@ class ClusterBenchSettings:
     systems: tuple[str, ...] = tuple(SYSTEMS)
     extra: dict[str, Any] = field(default_factory=dict)
     """Engine fields given to every system (e.g. cuda_graphs)."""
+    trace: bool = False
+    """Trace the engines' preemptions, dispatches and migrations in (``engine_trace.py``)
+    and attribute each preemption in the run's record (``cluster_trace.py``)."""
+    rescheduling: dict[str, Any] = field(default_factory=dict)
+    """Rescheduling fields given to the migrating systems (``llumnix``; e.g. pairing)."""
 
     def system_doc(self, name: str) -> dict[str, Any]:
         doc: dict[str, Any] = {k: dict(v) for k, v in SYSTEMS[name].items()}
+        if self.rescheduling and name == "llumnix":
+            doc["scheduling"]["rescheduling"] = {**doc["scheduling"]["rescheduling"], **self.rescheduling}
         doc["model"] = self.model
         doc["engine"] = {**doc.get("engine", {}), "device": self.device, "num_blocks": self.num_blocks,
                          "block_size": self.block_size, "max_num_seqs": self.max_num_seqs, **self.extra}
@@ -129,12 +136,15 @@ def make_requests(s: ClusterBenchSettings, pairs: tuple[np.ndarray, np.ndarray],
 
 
 # -- one run --------------------------------------------------------------------------------
-def run_once(server: ServeProcess, reqs: list[PlannedRequest], poll_s: float = 0.5) -> dict[str, Any]:
+def run_once(server: ServeProcess, reqs: list[PlannedRequest], poll_s: float = 0.5,
+             trace: str | None = None) -> dict[str, Any]:
     """Drive ``reqs`` through the server; the client's records, the counters' deltas, and
-    what ``/admin/cluster`` showed while it ran."""
+    what ``/admin/cluster`` showed while it ran; with ``trace`` (the engine trace's file)
+    each preemption attributed."""
     from llumnix.bench.cluster_server import cluster_counters, poll_cluster
 
     before = cluster_counters(server.url)
+    wall0 = time.time()
     samples: list[dict[str, Any]] = []
 
     async def both() -> tuple[list[RequestRecord], float]:
@@ -149,7 +159,14 @@ def run_once(server: ServeProcess, reqs: list[PlannedRequest], poll_s: float = 0
     records, duration = asyncio.run(both())
     server.wait_idle()
     after = cluster_counters(server.url)
-    return {"records": records, "duration_s": duration, "before": before, "after": after, "samples": samples}
+    out = {"records": records, "duration_s": duration, "before": before, "after": after, "samples": samples}
+    if trace is not None:
+        from llumnix.bench import cluster_trace, engine_trace
+
+        # the poller's clock started with the run: on the events' clock its samples are wall0 + t
+        polled = [{**x, "t": wall0 + x["t"]} for x in samples]
+        out["trace"] = cluster_trace.attribute(engine_trace.read(trace, wall0, time.time()), polled)
+    return out
 
 
 def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.ndarray, np.ndarray],
@@ -164,8 +181,16 @@ def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.nd
     cfg = out / f"system-{name}.yaml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text(yaml.safe_dump(s.system_doc(name), sort_keys=False))
+    trace_file = out / f"trace-{name}.jsonl" if s.trace else None
+    env = {}
+    if trace_file is not None:
+        from llumnix.bench.engine_trace import ENV, site_dir
+
+        trace_file.unlink(missing_ok=True)
+        env = {ENV: str(trace_file), "PYTHONPATH": os.pathsep.join(
+            x for x in (site_dir(), os.environ.get("PYTHONPATH", "")) if x)}
     t0 = time.perf_counter()
-    with ServeProcess(cfg, out / f"serve-{name}.log") as server:
+    with ServeProcess(cfg, out / f"serve-{name}.log", env=env) as server:
         started = time.perf_counter() - t0
         if capacity is None:
             capacity = probe_capacity(s, server, pairs, vocab)
@@ -178,7 +203,8 @@ def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.nd
                 rate = None if isinstance(load, str) else load * capacity["capacity_req_s"]
                 n = s.burst_size if load == "burst" else s.num_requests
                 reqs = make_requests(s, pairs, n, rate, seed, vocab)
-                rec = run_record(s, run_once(server, reqs), load, seed, rate)
+                rec = run_record(s, run_once(server, reqs, trace=None if trace_file is None else str(trace_file)),
+                                 load, seed, rate)
                 runs.append(rec)
                 log(f"  {name:>15} load {load!s:>5} seed {seed}: {rec['line']}")
     return {"system": name, "startup_s": started, "capacity": capacity, "runs": runs,
@@ -207,6 +233,10 @@ def add_cluster_bench_args(p: Any) -> None:
     g.add_argument("--output-cap", type=int, default=d.max_output, help="output tokens at most (after scaling)")
     g.add_argument("--slo-ttft", type=float, default=d.slo_ttft_s, help="goodput: TTFT objective, s")
     g.add_argument("--slo-tpot", type=float, default=d.slo_tpot_s, help="goodput: TPOT objective, s")
+    g.add_argument("--trace", action="store_true",
+                   help="trace the engines' preemptions and migrations in; attribute each preemption")
+    g.add_argument("--pairing", default=None, help="llumnix's rescheduling.pairing (paper, fit, stable)")
+    g.add_argument("--in-threshold", type=float, default=None, help="llumnix's rescheduling.in_threshold")
 
 
 def _csv(text: str, conv: Any, what: str) -> tuple[Any, ...]:
@@ -214,6 +244,16 @@ def _csv(text: str, conv: Any, what: str) -> tuple[Any, ...]:
         return tuple(conv(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise LlumnixError(f"--{what}: expected comma-separated values, got {text!r}") from None
+
+
+def _rescheduling(args: Any) -> dict[str, Any]:
+    """``--pairing`` / ``--in-threshold`` as rescheduling fields (checked by serve's config)."""
+    out: dict[str, Any] = {}
+    if getattr(args, "pairing", None) is not None:
+        out["pairing"] = args.pairing
+    if getattr(args, "in_threshold", None) is not None:
+        out["in_threshold"] = args.in_threshold
+    return out
 
 
 def settings_from_args(args: Any) -> ClusterBenchSettings:
@@ -229,7 +269,8 @@ def settings_from_args(args: Any) -> ClusterBenchSettings:
                              max_input=args.prompt_cap, max_output=args.output_cap,
                              num_requests=args.requests_per_run, burst_size=args.burst_size,
                              seeds=_csv(args.seeds, int, "seeds"), loads=_csv(args.loads, float, "loads"),
-                             slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, systems=systems, extra=extra)
+                             slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, systems=systems, extra=extra,
+                             trace=bool(getattr(args, "trace", False)), rescheduling=_rescheduling(args))
     if s.num_requests < 1 or s.burst_size < 0 or not s.seeds or not s.loads or min(s.loads) <= 0:
         raise LlumnixError("bench cluster: --requests-per-run >= 1, --burst-size >= 0, seeds and loads > 0")
     if -(-(s.max_input + s.max_output) // s.block_size) > s.num_blocks:

@@ -75,11 +75,17 @@ def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int,
            "goodput_req_s": len(good) / dur if dur > 0 else 0.0, "goodput_fraction": len(good) / max(1, len(recs)),
            "kv_usage": {"mean": statistics.fmean(u for _, u in kv) if kv else None,
                         "max": max((u for _, u in kv), default=None), "series": kv}}
+    if "trace" in raw:
+        out["preemption_trace"] = raw["trace"]
     t = out["ttft_s"]
     i = out["itl_s"]
     out["line"] = (f"TTFT mean {_ms(t['mean'])} P99 {_ms(t['p99'])}, ITL P99 {_ms(i['p99'])} max {_ms(i['max'])}, "
                    f"preempt {out['num_preemptions']}, migr {out['migrations_committed']}/"
                    f"{out['migrations_aborted']} aborted, {len(ok)}/{len(recs)} ok")
+    if "trace" in raw:
+        t_ = raw["trace"]["summary"]
+        out["line"] += (f"; trace: {t_['num_preemptions']} preempt, victim migrated {t_['victim_migrated']}, "
+                        f"<= 5 s after an install {t_['after_recent_install']}, installs {t_['installs']}")
     return out
 
 

@@ -22,8 +22,11 @@ class ServeProcess:
     """``with ServeProcess(config, log) as server``: `llumnix serve --config config` on a free
     loopback port until the block ends (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, config: Path, log: Path, start_timeout_s: float = 600.0) -> None:
+    def __init__(self, config: Path, log: Path, start_timeout_s: float = 600.0,
+                 env: dict[str, str] | None = None) -> None:
         self.config, self.log_path, self.timeout = config, log, start_timeout_s
+        self.env = env or {}
+        """Added to the serve process's environment (``bench cluster --trace``)."""
         self.url = ""
         self.model = ""
 
@@ -37,7 +40,7 @@ class ServeProcess:
             [sys.executable, "-m", "llumnix.cli", "serve", "--config", str(self.config), "--port", str(port),
              "--shutdown-grace", "5"],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+            env={**os.environ, "RAY_DEDUP_LOGS": "0", **self.env})
         deadline = time.monotonic() + self.timeout
         while True:
             if self.proc.poll() is not None:
