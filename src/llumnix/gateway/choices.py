@@ -100,14 +100,11 @@ class _Progress:
                 # Sent whole at its end: the first token's time is the engine's, and the k
                 # tokens' k - 1 gaps share the decode time evenly.
                 self.first = min(now, self.gen.arrival_time + m.ttft)
-                for _ in range(k - 1):
-                    metrics.itl.observe((now - self.first) / (k - 1))
+                metrics.itl.observe((now - self.first) / (k - 1), k - 1)
             metrics.ttft.observe(self.first - self.gen.arrival_time)
             rlog.num_prompt_tokens += len(self.gen.prompt_token_ids)
         elif k and self.last_token is not None:
-            gap = (now - self.last_token) / k  # outputs that carry k tokens: k gaps
-            for _ in range(k):
-                metrics.itl.observe(gap)
+            metrics.itl.observe((now - self.last_token) / k, k)  # outputs that carry k tokens: k gaps
         if k:
             self.last_token = now
             rlog.num_generation_tokens += k

@@ -6,10 +6,15 @@ instance served it); the instances' state and the cumulative counts of the insta
 LlumSched come from the cluster view each scrape reads (``cluster_metrics``)."""
 from __future__ import annotations
 
+import time
+from bisect import bisect_left
+from collections.abc import Iterator
+from itertools import accumulate
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import HistogramMetricFamily
 
 from llumnix.core.batch import RequestMetrics
 from llumnix.gateway.cluster_metrics import ClusterCollector
@@ -38,14 +43,60 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
         scale *= 10
 
 
+class RequestHistogram:
+    """One labelled histogram the request path observes: a bisect and two additions, no
+    lock (the gateway observes on its event loop), ``n`` equal observations at once.
+    prometheus_client's ``Histogram.observe`` takes a lock per value and scans the
+    buckets in Python: ~15 us a call, a tenth of the gateway's CPU per request. Exported
+    by ``RequestHistograms`` at scrape time with the same name, buckets and samples."""
+
+    __slots__ = ("name", "doc", "bounds", "counts", "sum", "created")
+
+    def __init__(self, name: str, doc: str, buckets: Any) -> None:
+        self.name, self.doc = name, doc
+        self.bounds = [float(b) for b in buckets]
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, value: float, n: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+
+
+class RequestHistograms:
+    """The collector of the ``RequestHistogram``s: Prometheus histograms (cumulative
+    buckets, count, sum, created) labelled with the model's name."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.hists: list[RequestHistogram] = []
+
+    def add(self, hist: RequestHistogram) -> RequestHistogram:
+        self.hists.append(hist)
+        return hist
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        labels = [self.model_name]
+        for h in self.hists:
+            cum = list(accumulate(list(h.counts)))
+            fam = HistogramMetricFamily(h.name, h.doc, labels=["model_name"])
+            bounds = [str(b) for b in h.bounds] + ["+Inf"]
+            fam.add_metric(labels, list(zip(bounds, map(float, cum), strict=True)), h.sum)
+            fam.add_sample(h.name + "_created", {"model_name": self.model_name}, h.created)
+            yield fam
+
+
 class GatewayMetrics:
     def __init__(self, model_name: str, max_model_len: int = 1 << 17) -> None:
         self.registry = r = CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name"]
 
-        def hist(name: str, doc: str, buckets: Any) -> Any:
-            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model_name)
+        histograms = RequestHistograms(model_name)
+
+        def hist(name: str, doc: str, buckets: Any) -> RequestHistogram:
+            return histograms.add(RequestHistogram(name, doc, buckets))
 
         def count(name: str, doc: str) -> Any:
             return Counter(name, doc, labels, registry=r).labels(model_name)
@@ -89,6 +140,7 @@ class GatewayMetrics:
                                labels, registry=r)
         self.downtime = hist("llumnix:migration_downtime_seconds", "Downtime of committed migrations.",
                              (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+        r.register(histograms)
         self.cluster = ClusterCollector(model_name)
         r.register(self.cluster)
         self._downtimes_seen = 0

@@ -33,7 +33,7 @@ def sampling_params(ctx: GatewayContext, body: CompletionRequest | ChatCompletio
                     prompt_ids: list[int]) -> SamplingParams:
     """The body's sampling parameters, checked against the model's vocabulary and context."""
     backend = ctx.backend
-    if any(not 0 <= t < backend.vocab_size for t in prompt_ids):
+    if prompt_ids and (min(prompt_ids) < 0 or max(prompt_ids) >= backend.vocab_size):
         raise InvalidRequestError("prompt token ids must be in [0, vocab size)", "prompt")
     params = body.sampling_params(ctx.config.default_max_tokens)
     if any(t >= backend.vocab_size for t, _ in params.logit_bias):
