@@ -104,22 +104,28 @@ async def kill_run(url: str, victim: routers.Proc, trace: list[Req]) -> dict[str
     return summary(results)
 
 
-def start_routers(urls: list[str], log_dir: Path, names: list[str]) -> dict[str, routers.Proc]:
+def start_routers(urls: list[str], log_dir: Path, names: list[str], baseline: str | None = None) -> dict[str, routers.Proc]:
+    """kind/policy -> its process; kind ``llumnix-lite-base`` runs lite from ``baseline``."""
     procs = {}
     for name in names:
         kind, pol = name.split("/")
-        procs[name] = (routers.lite if kind == "llumnix-lite" else routers.sglang_router)(urls, pol, log_dir)
+        if kind == "llumnix-lite-base":
+            if baseline is None:
+                raise SystemExit("llumnix-lite-base needs --baseline-src")
+            procs[name] = routers.lite(urls, pol, log_dir, src=baseline)
+        else:
+            procs[name] = (routers.lite if kind == "llumnix-lite" else routers.sglang_router)(urls, pol, log_dir)
     for proc in procs.values():
         proc.start()
     return procs
 
 
-def router_overhead(log_dir: Path, pairs: int, names: list[str]) -> dict[str, Any]:
+def router_overhead(log_dir: Path, pairs: int, names: list[str], baseline: str | None) -> dict[str, Any]:
     """Added latency in front of three engines that do no work (``echo_engine``)."""
     echoes = [routers.echo_engine(i, log_dir).start() for i in range(3)]
     procs: dict[str, routers.Proc] = {}
     try:
-        procs = start_routers([e.url for e in echoes], log_dir, names)
+        procs = start_routers([e.url for e in echoes], log_dir, names, baseline)
         return asyncio.run(added_latency(echoes[0].url, {k: v.url for k, v in procs.items()}, pairs))
     finally:
         for proc in [*procs.values(), *echoes]:
@@ -136,7 +142,9 @@ def main() -> None:
                    help="llama.cpp's server (default) or our own `llumnix serve --instances 1`")
     p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     p.add_argument("--routers", nargs="+", default=[f"{k}/{pol}" for k, pol in ROUTERS],
-                   help="kind/policy, kind llumnix-lite or sglang-router (default: %(default)s)")
+                   help="kind/policy, kind llumnix-lite, llumnix-lite-base or sglang-router (default: %(default)s)")
+    p.add_argument("--baseline-src", default=None,
+                   help="llumnix-lite-base's sources: a src/ directory, e.g. from `git archive REV src`")
     p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the processes on the way out
@@ -145,7 +153,7 @@ def main() -> None:
     record: dict[str, Any] = {"benchmark": "lite-vs-sglang-router", "machine": machine_info(with_torch=False),
                               "settings": vars(args), "engines": ENGINES[args.engines], "runs": []}
     if "latency" in args.phases:  # a round per seed, each with fresh echo engines and routers
-        rounds = [router_overhead(log_dir, args.latency_pairs, args.routers) for _ in args.seeds]
+        rounds = [router_overhead(log_dir, args.latency_pairs, args.routers, args.baseline_src) for _ in args.seeds]
         record["added_latency_rounds"] = rounds
         record["added_latency_ms"] = {name: {f"{q}_{stat}": f([r[name][q] for r in rounds])
                                              for q in ("p50_ms", "p99_ms")
@@ -160,7 +168,7 @@ def main() -> None:
     urls = [e.url for e in engines]
     procs: dict[str, routers.Proc] = {}
     try:
-        procs = start_routers(urls, log_dir, args.routers)
+        procs = start_routers(urls, log_dir, args.routers, args.baseline_src)
         needed = set(args.workloads) | ({"sharegpt"} if "kill" in args.phases else set())
         record["capacity_rps"] = {w: asyncio.run(capacity(urls, make(99, 0.0, 2 * args.n)))
                                   for w, make in WORKLOADS.items() if w in needed}

@@ -33,6 +33,8 @@ class Proc:
     port: int
     ready_path: str = "/v1/models"
     log_dir: Path = Path("/tmp")
+    env: dict[str, str] | None = None
+    """Extra environment (a baseline's PYTHONPATH)."""
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -41,7 +43,8 @@ class Proc:
 
     def start(self, timeout_s: float = 180.0) -> Proc:
         log = (self.log_dir / f"{self.name}.log").open("ab")
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = None if self.env is None else {**os.environ, **self.env}
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -90,12 +93,15 @@ def llumnix_engine(i: int, log_dir: Path) -> Proc:
                 port, ready_path="/health", log_dir=log_dir)
 
 
-def lite(urls: list[str], policy: str, log_dir: Path) -> Proc:
+def lite(urls: list[str], policy: str, log_dir: Path, src: str | None = None) -> Proc:
+    """Lite-mode Llumnix; ``src``: another source tree's ``src/`` (a baseline), first on the
+    path."""
     port = free_port()
     argv = [sys.executable, "-m", "llumnix.lite", "--model", "smollm2", "--port", str(port), "--dispatch", policy]
     for u in urls:
         argv += ["--engine-url", u]
-    return Proc(f"lite-{policy}", argv, port, log_dir=log_dir)
+    name, env = (f"lite-{policy}", None) if src is None else (f"lite-base-{policy}", {"PYTHONPATH": src})
+    return Proc(name, argv, port, log_dir=log_dir, env=env)
 
 
 def sglang_router(urls: list[str], policy: str, log_dir: Path) -> Proc:

@@ -106,3 +106,53 @@ def test_a_refused_port_and_a_reply_that_is_not_http_are_http_errors():
 
     refused, bad = asyncio.run(run())
     assert refused.refused and not bad.refused and "not an HTTP reply" in str(bad)
+
+
+def test_a_read_waits_at_most_its_deadline_and_time_between_reads_does_not_count():
+    """The first byte within the open's timeout, each later read within idle_timeout_s of
+    its start; a caller that holds a piece longer than that between reads is not cut off."""
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\none\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(b"3\r\ntwo\r\n0\r\n\r\n")
+        await writer.drain()
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\none\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async def run() -> tuple[list[bytes], float, float]:
+        pool = HttpPool(1.0)
+        server, url = await _serve(slow)
+        reply = await pool.open(url, b"{}", {}, timeout_s=1.0, idle_timeout_s=0.3)
+        got = [await reply.body()]
+        reply.idle()
+        await asyncio.sleep(0.5)  # the caller holds the piece past the idle timeout
+        got += [await reply.body(), await reply.body()]
+        reply.release()
+        server.close()
+        server, url = await _serve(hang)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(HttpError, match="timeout"):
+            async with pool.post(url, b"{}", {}, timeout_s=0.2) as r:
+                assert await r.body() == b"one"
+                await r.body()
+        waited = loop.time() - t0
+        t0 = loop.time()
+        reply = await pool.open(url, b"{}", {}, timeout_s=5.0, idle_timeout_s=0.2)
+        await reply.body()
+        reply.idle()
+        with pytest.raises(HttpError, match="timeout"):
+            await reply.body()
+        reply.release()
+        server.close()
+        return got, waited, loop.time() - t0
+
+    got, first_byte_wait, idle_wait = asyncio.run(run())
+    assert got == [b"one", b"two", None]
+    assert 0.15 < first_byte_wait < 1.5 and 0.15 < idle_wait < 1.5
