@@ -98,10 +98,10 @@ def test_a_prompt_in_chunks_is_handed_off_chunk_by_chunk_and_only_its_tail_after
     """Chunked prefill at 8 tokens a step: the worker starts the hand-off at the prompt's
     first full block, its chunks go while the next compute, and the pause after the first
     token copies the tail; the client's stream has every token once."""
-    prompt = [(7 * i) % 900 + 1 for i in range(128)]  # 32 blocks, 16 chunks
-    params = SamplingParams(max_tokens=60)
+    prompt = [(7 * i) % 900 + 1 for i in range(128)]  # 32 blocks, 16 chunks: 0.8 s, so a loaded
+    params = SamplingParams(max_tokens=60)  # machine's slow first stage still ends before the last chunk
     reports: list[dict] = []
-    with Pair(chunk_tokens=8, slow_s=0.03) as pair:
+    with Pair(chunk_tokens=8, slow_s=0.05) as pair:
         w = _worker(pair, [True], reports)
         try:
             pair.add("x", prompt, params)

@@ -47,6 +47,27 @@ def test_a_followed_prefill_sends_its_chunks_early_and_only_the_tail_after_its_f
         pair.check_drained()
 
 
+def test_behind_prompt_work_a_followed_request_is_paused_at_the_boundary_after_its_first_token():
+    """Another prompt waits on the source: the request's next steps there would be prefill
+    chunks, so it is paused right after its first token (made there, and only it) and its
+    tail copied at once."""
+    params = SamplingParams(max_tokens=30)
+    with Pair(chunk_tokens=8, slow_s=0.03, num_blocks=128) as pair:
+        pair.add("x", PROMPT, params)
+        pair.add("y", PROMPT[::-1], params)  # queued behind x's chunks (FCFS)
+        _wait_for_chunk(pair, "x")
+        rep = migrate("x", pair.src, pair.endpoint, pair.sender, FOLLOW)
+        assert rep.committed, rep.abort_reason
+        assert rep.num_prefill_stages >= 2 and rep.num_last_stage_blocks < 16
+        made_here = [o for o in pair.src.get_outputs(0.05) if o.request_id == "x"]
+        assert [o.num_output_tokens for o in made_here] == [1]
+        pair.tokens["x"] = [(1, made_here[0].new_token_ids[0])]
+        assert pair.collect("x") == reference(PROMPT, params)
+        assert sorted(i for i, _ in pair.tokens["x"]) == list(range(1, 31))
+        assert pair.collect("y") == reference(PROMPT[::-1], params)
+        pair.check_drained()
+
+
 @pytest.mark.parametrize("case", ["refused", "client_abort", "ends_at_first_token"])
 def test_every_abort_while_following_leaves_both_pools_exact_at_once(case):
     params = SamplingParams(max_tokens=1 if case == "ends_at_first_token" else 40)

@@ -136,7 +136,7 @@ def test_following_a_prefill_copies_each_chunk_whatever_the_stage_limit_then_pau
     m.check_invariants()
     rep = m.report()
     assert (rep.num_stages, rep.num_prefill_stages, rep.num_last_stage_blocks, rep.num_bytes) == (5, 4, 2, 180)
-    # a chunk stage copied after the first token came out leads straight to the pause
+    # a stage copied after the first token came out: the usual rule (here the stage limit) pauses
     m2 = MigrationProtocol("r", "a", "b", cfg, 0.0)
     m2.begin_stage([0, 1], 0.0)
     m2.on_reserved([5, 6], 0.0)

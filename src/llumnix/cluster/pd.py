@@ -224,16 +224,19 @@ class HandoffWorker:
                    for r in list(self.server.engine.scheduler.running))
 
     def candidates(self) -> tuple[list[Candidate], bool]:
-        """Every request to hand off, read at a step boundary: those past their first token
-        (oldest first), then those still prefilling with a full block (oldest first); and
-        whether prompt work waits here (a queued prompt, or one still in its chunks)."""
+        """Every request to hand off: those past their first token (oldest first), then those
+        still prefilling with a full block (oldest first); and whether prompt work waits here
+        (a queued prompt, or one still in its chunks). Read off the step thread, without
+        waiting for a boundary (a prompt's chunk may take a second on a CPU): migrate()
+        reads the request's state again at its own first boundary."""
         eng, migrating = self.server.engine, self.server.llumlet.migrating_out
         bs = eng.kv.block_size
-        reqs = [r for rid, r in eng.requests.items() if r.status == RequestStatus.RUNNING and rid not in migrating
+        reqs = [r for r in list(eng.requests.values()) if r.status == RequestStatus.RUNNING
+                and r.request_id not in migrating
                 and (r.output_token_ids or (self.follow_prefill and r.num_computed_tokens >= bs))]
         reqs.sort(key=lambda r: (not r.output_token_ids, r.arrival_time))
         sched = eng.scheduler
-        prefilling = bool(sched.waiting) or any(not r.output_token_ids for r in sched.running)
+        prefilling = bool(sched.waiting) or any(not r.output_token_ids for r in list(sched.running))
         return [(r.request_id, eng.kv.num_blocks_of(r.request_id), not r.output_token_ids) for r in reqs], prefilling
 
     def _loop(self) -> None:
@@ -265,7 +268,7 @@ class HandoffWorker:
         """Hand off the candidates, re-read at a boundary after each (a followed prefill
         takes seconds); True when some must be offered again later."""
         while not self._stop.is_set() and self.role == "prefill":
-            todo, prompt_work = self.server.call(self.candidates)
+            todo, prompt_work = self.candidates()
             if not todo:
                 return False
             request_id, num_blocks, is_prefilling = todo[0]

@@ -82,12 +82,13 @@ class Destination(Protocol):
 def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
             config: MigrationConfig, now: Callable[[], float] = time.monotonic) -> MigrationReport:
     eng = src.engine
-    start = src.call(lambda: _state(eng, request_id))
-    status0, preemptions0 = start if start is not None else (RequestStatus.RUNNING, 0)
+    # one boundary: the request's state and, with prefix caching, its first stage's blocks
+    start = src.call(lambda: (_state(eng, request_id), _cache_snapshot(eng, request_id)))
+    status0, preemptions0 = start[0] if start[0] is not None else (RequestStatus.RUNNING, 0)
     proto = MigrationProtocol(request_id, src.instance_id, dst.instance_id, config, now(),
                               has_kv=status0 == RequestStatus.RUNNING,
                               bytes_per_block=eng.executor.bytes_per_block)
-    if start is None:
+    if start[0] is None:
         # Picked at one boundary, gone by the next: it finished (or was aborted) between
         # the two. Nothing was started on either side.
         proto.abort(f"the request finished before its migration began ({request_id} is not on "
@@ -96,40 +97,54 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
     src.llumlet.on_migration_started(request_id)
     paused = False
     snapshot: Request | None = None  # taken at the last stage's boundary
-    spare: list[int] = []  # reserved ahead for the last stage, so it needs no reserve round trip
+    spare: list[int] = []  # reserved ahead for later stages, so they need no reserve round trip
+    ahead: _Chunk | _Paused | None = None  # following a prefill: the next stage, read after the last copy
 
     def alive() -> bool:
         st = _state(eng, request_id)
         return st is not None and st[1] == preemptions0 and st[0] in (RequestStatus.RUNNING, RequestStatus.PAUSED)
 
     try:
-        _first_stage_with_cache(request_id, eng, src, dst, proto, alive, now)
+        _first_stage_with_cache(request_id, eng, dst, proto, start[1], now)
         while not proto.phase.is_done:
             if proto.is_timed_out(now()):
                 proto.abort("timeout", now(), reasons.TIMEOUT)
                 break
             if proto.phase == P.RESERVE:  # a pre-copy stage: full blocks, request still running
-                got = _next_blocks(request_id, eng, src, proto, alive, now)
+                got, ahead = ahead or (_next_blocks(request_id, eng, src, proto, alive, now, 0) if config.follow_prefill
+                                       else _plain_blocks(request_id, eng, src, proto, alive)), None
                 if got is None:
-                    late = proto.is_timed_out(now())
-                    proto.abort("timeout" if late else "the request finished, was aborted or was preempted",
-                                now(), reasons.TIMEOUT if late else reasons.SOURCE_FINISHED)
-                elif isinstance(got, _Paused):  # following a prefill: paused right after its first token
+                    _abort_gone(proto, now)
+                elif isinstance(got, _Paused):  # behind prompt work: paused right after its first token
                     proto.begin_stage([], now())
                     snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, got.taken)
                     paused = snapshot is not None
-                elif proto.begin_stage(got[0], now()) == P.RESERVE:
-                    proto.on_reserved(_take(request_id, dst, spare, len(got[0]), got[1]), now())
+                elif proto.begin_stage(got.blocks, now()) == P.RESERVE:
+                    proto.on_reserved(_take(request_id, dst, spare, len(got.blocks), got.need), now())
             elif proto.phase == P.COPY:
                 if not sender.send(request_id, proto.stages[-1].dst_block_ids,
                                    KVSource(eng.executor, proto.pending_blocks)):
                     proto.abort("the destination refused the KV", now(), reasons.KV_REFUSED)
                     continue
-                ok, unsent, prefilling = src.call(lambda: _after_stage(eng, request_id, proto) if alive()
-                                                  else (False, 0, False))
+                if config.follow_prefill:  # the post-stage check is the wait for the next chunk
+                    ahead = _next_blocks(request_id, eng, src, proto, alive, now, len(proto.pending_blocks))
+                    if ahead is None:
+                        _abort_gone(proto, now)
+                    elif isinstance(ahead, _Paused):  # nothing is left but the tail: the last stage, now
+                        proto.on_copied(now(), request_alive=True, num_unsent_blocks=0)
+                        snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, ahead.taken)
+                        paused, ahead = snapshot is not None, None
+                    if not isinstance(ahead, _Chunk):
+                        continue
+                    ok, unsent, prefilling = True, len(ahead.blocks) + ahead.unsent, ahead.is_prefilling
+                else:
+                    ok, unsent, prefilling = src.call(lambda: _after_stage(eng, request_id, proto) if alive()
+                                                      else (False, 0, False))
                 if proto.on_copied(now(), request_alive=ok, num_unsent_blocks=unsent,
-                                   is_prefilling=prefilling) == P.PAUSE and unsent + 1 > len(spare):
-                    spare += dst.try_reserve(request_id, unsent + 1 - len(spare)) or []
+                                   is_prefilling=prefilling) == P.PAUSE:
+                    ahead = None  # the last stage lists the rest itself
+                    if unsent + 1 > len(spare):
+                        spare += dst.try_reserve(request_id, unsent + 1 - len(spare)) or []
             elif proto.phase == P.PAUSE:
                 spare += _top_up(request_id, eng, src, dst, proto, len(spare), alive)
                 snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now)
@@ -143,48 +158,80 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
             _clean_up_abort(request_id, src, dst, paused or proto.paused_at is not None)
         src.llumlet.on_migration_finished(request_id, proto.phase == P.COMMITTED)
     return proto.report()
-
-
 @dataclass(frozen=True)
 class _Paused:
     """Following a prefill: ``_pause_at_boundary``'s work, done by ``_next_blocks`` at the
-    boundary right after the request's first token."""
+    boundary right after the request's first token, with prompt work waiting there."""
     taken: tuple[float, list[int], Any, Request]
 
 
-def _next_blocks(request_id: str, eng: Any, src: SourceServer, proto: MigrationProtocol,
-                 alive: Callable[[], bool], now: Callable[[], float]) -> tuple[list[int], int] | _Paused | None:
-    """A pre-copy stage's blocks and how many the rest of the migration needs at the
-    destination, or None if the request is gone. Following a prefill, the stage waits at
-    the source's step boundaries for its next finished chunk (a boundary takes one step,
-    so this polls once a step); at the boundary right after its first token, the request
-    is paused there at once (``_Paused``): the last stage then sends only the tail."""
-    follow = proto.config.follow_prefill
+@dataclass(frozen=True)
+class _Chunk:
+    blocks: list[int]
+    """The next pre-copy stage's (full) blocks."""
+    need: int
+    """Destination blocks the rest of the migration needs, reserved at once."""
+    is_prefilling: bool
+    unsent: int
+    """Blocks of the table after ``blocks``."""
 
-    def poll() -> tuple[list[int], int] | _Paused | None | bool:
+
+def _next_blocks(request_id: str, eng: Any, src: SourceServer, proto: MigrationProtocol,
+                 alive: Callable[[], bool], now: Callable[[], float], offset: int) -> _Chunk | _Paused | None:
+    """Following a prefill: the next pre-copy stage, read at a source step boundary
+    (``offset``: blocks being copied, not yet counted as sent), or None if the request is
+    gone (or the migration timed out). While the request prefills, this waits at the
+    boundaries (one a step) for its next finished chunk. At the boundary right after its
+    first token, with prompt work waiting there (its next steps would be prefill chunks),
+    the request is paused at once (``_Paused``): the last stage sends only the tail;
+    without, its tail is pre-copied while it decodes, as in any live migration."""
+    def poll() -> _Chunk | _Paused | None | bool:
         if not alive():
             return None
         req = eng.requests[request_id]
-        if follow and req.output_token_ids:
-            taken = _pause_at_boundary(eng, request_id, proto, alive, now)
+        done = proto.num_blocks_done + offset
+        if req.output_token_ids and _prompt_work_waits(eng, req):
+            taken = _pause_at_boundary(eng, request_id, done, alive, now)
             return None if taken is None else _Paused(taken)
-        blocks = eng.blocks_since(request_id, proto.num_blocks_done, full_only=True)
-        if follow and not blocks:
+        blocks = eng.blocks_since(request_id, done, full_only=True)
+        if not req.output_token_ids and not blocks:
             return False  # its next chunk is computing
-        # following a prefill, reserve at once for the whole table (the prompt's blocks are
-        # allocated at admission) and one block of growth: no later stage waits to reserve
-        need = len(eng.blocks_since(request_id, proto.num_blocks_done)) + 1 if follow else len(blocks)
-        return blocks, need
+        # the whole table (a prompt's blocks are allocated at admission) and a block of growth
+        need = len(eng.blocks_since(request_id, done)) + 1
+        return _Chunk(blocks, need, not req.output_token_ids, need - 1 - len(blocks))
 
     while True:
         t0 = time.monotonic()
         got = src.call(poll)
         if got is not False:
-            return cast("tuple[list[int], int] | _Paused | None", got)
+            return cast("_Chunk | _Paused | None", got)
         if proto.is_timed_out(now()):
             return None
         if time.monotonic() - t0 < 0.001:
             time.sleep(0.001)  # never spin against an idle step thread
+
+
+def _prompt_work_waits(eng: Any, req: Request) -> bool:
+    sched = eng.scheduler
+    return bool(sched.waiting) or any(r is not req and not r.output_token_ids for r in sched.running)
+
+
+def _abort_gone(proto: MigrationProtocol, now: Callable[[], float]) -> None:
+    late = proto.is_timed_out(now())
+    proto.abort("timeout" if late else "the request finished, was aborted or was preempted", now(),
+                reasons.TIMEOUT if late else reasons.SOURCE_FINISHED)
+
+
+def _plain_blocks(request_id: str, eng: Any, src: SourceServer, proto: MigrationProtocol,
+                  alive: Callable[[], bool]) -> _Chunk | None:
+    """A live pre-copy stage's full blocks (None: the request is gone)."""
+    def read() -> _Chunk | None:
+        if not alive():
+            return None
+        blocks = eng.blocks_since(request_id, proto.num_blocks_done, full_only=True)
+        return _Chunk(blocks, len(blocks), False, 0)
+
+    return cast("_Chunk | None", src.call(read))
 
 
 def _take(request_id: str, dst: Destination, spare: list[int], n: int, need: int) -> list[int] | None:
@@ -207,24 +254,24 @@ def _after_stage(eng: Any, request_id: str, proto: MigrationProtocol) -> tuple[b
     return True, unsent, not eng.requests[request_id].output_token_ids
 
 
-def _first_stage_with_cache(request_id: str, eng: Any, src: SourceServer, dst: Destination,
-                            proto: MigrationProtocol, alive: Callable[[], bool], now: Callable[[], float]) -> None:
+def _cache_snapshot(eng: Any, request_id: str) -> tuple[list[int], list[int], list[int]] | None:
+    """With prefix caching, a running request's tokens and full computed blocks (its first
+    stage's), read at the migration's first boundary."""
+    req = eng.requests.get(request_id)
+    if eng.kv.prefix is None or req is None or req.status != RequestStatus.RUNNING:
+        return None
+    return req.prompt_token_ids, list(req.output_token_ids), eng.blocks_since(request_id, 0, full_only=True)
+
+
+def _first_stage_with_cache(request_id: str, eng: Any, dst: Destination, proto: MigrationProtocol,
+                            got: tuple[list[int], list[int], list[int]] | None, now: Callable[[], float]) -> None:
     """Prefix caching (the source's setting stands for the cluster's): the first pre-copy
-    stage, begun with the keys of the request's full computed blocks. The destination
-    adopts the leading ones its cache holds, which are never sent, and reserves the rest;
-    one boundary on each side, as a plain first stage. The keys are hashed off the step
+    stage, begun with the keys of the request's full computed blocks (``got``: its tokens
+    and those blocks, read at the migration's first boundary). The destination adopts the
+    leading ones its cache holds, which are never sent, and reserves the rest; one
+    boundary on each side, as a plain first stage. The keys are hashed off the step
     thread, from a copy of the tokens taken at the boundary."""
-    if eng.kv.prefix is None or proto.phase != P.RESERVE:
-        return
-
-    def snapshot() -> tuple[list[int], list[int], list[int]] | None:
-        if not alive():
-            return None
-        req = eng.requests[request_id]
-        return req.prompt_token_ids, list(req.output_token_ids), eng.blocks_since(request_id, 0, full_only=True)
-
-    got = src.call(snapshot)
-    if got is None or not got[2]:
+    if got is None or proto.phase != P.RESERVE or not got[2]:
         return  # the loop's first stage finds the request gone, or sends its one partial block
     prompt, output, table = got
     reserved = dst.try_reserve_with_cache(request_id, sequence_keys(prompt, output, len(table), eng.kv.block_size))
@@ -262,15 +309,16 @@ def _top_up(request_id: str, eng: Any, src: SourceServer, dst: Destination, prot
     return more
 
 
-def _pause_at_boundary(eng: Any, request_id: str, proto: MigrationProtocol, alive: Callable[[], bool],
+def _pause_at_boundary(eng: Any, request_id: str, done: int, alive: Callable[[], bool],
                        now: Callable[[], float]) -> tuple[float, list[int], Any, Request] | None:
-    """At a source step boundary: pause the request, list the blocks not yet sent, gather
-    them and snapshot it (None if it ended)."""
+    """At a source step boundary: pause the request, list the blocks after the first
+    ``done`` (those the destination has, or is being sent), gather them and snapshot it
+    (None if it ended)."""
     paused_at = now()  # the request's last step on the source has just ended
     if not alive():
         return None
     eng.pause_request(request_id)
-    rest = eng.blocks_since(request_id, proto.num_blocks_done)
+    rest = eng.blocks_since(request_id, done)
     data = eng.executor.gather_blocks(rest) if rest else b""
     return paused_at, rest, data, eng.snapshot_request(request_id)
 
@@ -286,7 +334,7 @@ def _last_stage(request_id: str, src: SourceServer, dst: Destination, sender: KV
     done already (following a prefill). Returns the paused request's snapshot
     (None if it ended before it could be paused)."""
     eng = src.engine
-    got = taken if taken is not None else src.call(lambda: _pause_at_boundary(eng, request_id, proto, alive, now))
+    got = taken if taken is not None else src.call(lambda: _pause_at_boundary(eng, request_id, proto.num_blocks_done, alive, now))
     if got is None:
         proto.on_paused(now(), request_alive=False)
         return None

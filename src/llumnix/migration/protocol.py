@@ -19,8 +19,8 @@ no clock and does no I/O: times come in as arguments.
 Pre-copy stages send only full blocks, because the request keeps decoding
 into its last block; the last stage sends everything left. Following a prefill
 (``follow_prefill``), a stage copied while the request is still prefilling leads
-to the next one (its next chunk's blocks, whatever the stage limit), and the first
-stage copied after its first token leads to PAUSE. With prefix caching
+to the next one (its next chunk's blocks, whatever the stage limit); after its first
+token the usual rule applies (the driver pauses it at once behind prompt work). With prefix caching
 the destination may already hold the request's leading blocks (``on_cached``,
 before the first stage): they are adopted there and never sent. A request that
 has no KV yet (queued) starts at COMMIT: it migrates as metadata. With
@@ -52,9 +52,10 @@ class MigrationConfig:
     follow_prefill: bool = False
     """A request still prefilling (chunked prefill) is pre-copied chunk by chunk: each
     stage sends the full blocks of the chunks finished since the last one while the next
-    computes (these stages do not count toward ``max_stages``), and the request is paused
-    at the step boundary right after its first token, so the last stage copies only the
-    tail (a PD hand-off). False: a prefilling request migrates as any running one."""
+    computes (these stages do not count toward ``max_stages``). With prompt work waiting on
+    the source, the request is paused at the step boundary right after its first token and
+    the last stage copies only the tail; without, the tail is pre-copied while it decodes
+    (a PD hand-off). False: a prefilling request migrates as any running one."""
 
     def __post_init__(self) -> None:
         if self.max_stages < 1:
@@ -232,8 +233,6 @@ class MigrationProtocol:
             self.num_prefill_stages += 1
             self._progress_time = now
             self.phase = MigrationPhase.RESERVE  # the next chunk's blocks
-        elif self.config.follow_prefill:
-            self.phase = MigrationPhase.PAUSE  # its first token is out: only the tail is left
         elif (num_unsent_blocks <= self.config.last_stage_max_blocks
               or len(self.stages) - self.num_prefill_stages + 1 >= self.config.max_stages):
             self.phase = MigrationPhase.PAUSE
