@@ -23,6 +23,7 @@ from typing import Any
 from llumnix.cluster.link import InstanceLink
 from llumnix.core.batch import RequestOutput
 from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError, RequestTooLongError
+from llumnix.core.evolve import evolve
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest, TokenizerLike
@@ -520,11 +521,10 @@ class ClusterBackend:
                                       f"holds {self._usable_blocks * self._block_size}", "max_tokens")
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        if request.params.seed is None:
-            # A seed chosen here makes a resumed request draw what the lost one would have.
-            request = dataclasses.replace(request, params=dataclasses.replace(
-                request.params, seed=random.getrandbits(63)))
-        request = dataclasses.replace(request, client=self.client_id)
+        params = request.params
+        if params.seed is None:  # a seed chosen here makes a resumed request draw what the lost one would have
+            params = evolve(params, seed=random.getrandbits(63))
+        request = evolve(request, params=params, client=self.client_id)
         stream = self._streams[request.request_id] = _Stream(request)
         try:
             iid = self._dispatch_here(request)

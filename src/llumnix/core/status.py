@@ -5,8 +5,9 @@ Policies are pure functions of these snapshots, so everything they read
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
+
+from llumnix.core.evolve import evolve
 
 
 @dataclass(slots=True)
@@ -68,11 +69,8 @@ class InstanceStatus:
     def with_running(self, briefs: tuple[RequestBrief, ...], blocks: int) -> InstanceStatus:
         """This snapshot with ``briefs`` running too, holding ``blocks`` more blocks (what
         dispatch sees between two reports: ``policy/pending.py``). A shallow copy with two
-        fields set: ``dataclasses.replace`` re-runs all 25 fields, once per dispatch."""
-        new = copy.copy(self)
-        object.__setattr__(new, "running", self.running + briefs)  # frozen: as dataclasses' own __init__ sets
-        object.__setattr__(new, "num_used_blocks", self.num_used_blocks + blocks)
-        return new
+        fields set (``core/evolve.py``), once per dispatch."""
+        return evolve(self, running=self.running + briefs, num_used_blocks=self.num_used_blocks + blocks)
 
     @property
     def num_free_blocks(self) -> int:

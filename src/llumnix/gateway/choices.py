@@ -150,7 +150,7 @@ async def run_choice(ctx: GatewayContext, gen: GenerateRequest) -> AsyncIterator
                         out.prompt_logprobs, n_cached)
             if reason is not None:
                 yield step
-                metrics.requests.labels(model_name=ctx.model_name, finished_reason=reason).inc()
+                metrics.labels(metrics.requests, reason).inc()
                 break
             if text or step.logprobs or step.prompt_logprobs is not None:
                 yield step

@@ -144,9 +144,16 @@ class GatewayMetrics:
         self.cluster = ClusterCollector(model_name)
         r.register(self.cluster)
         self._downtimes_seen = 0
+        self._children: dict[tuple[Any, ...], Any] = {}
 
-    def labels(self, metric: M) -> M:
-        return metric.labels(model_name=self.model_name)
+    def labels(self, metric: M, *more: str) -> M:
+        """``metric``'s child for this model (and ``more`` label values), kept: the
+        library's ``labels`` costs a lock and a tuple lookup each call."""
+        key = (id(metric), *more)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(self.model_name, *more)
+        return child
 
     def observe_finished(self, m: RequestMetrics | None, num_prompt_tokens: int, num_output_tokens: int,
                          ttft: float | None, decode: float | None, e2e: float | None) -> None:
