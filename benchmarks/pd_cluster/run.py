@@ -19,7 +19,7 @@ the prefill instance to its first step on the decode instance), set beside one d
 (PD's inter-token P50: the decode instance's step). The load average is recorded per run:
 the machine is shared.
 
-    python benchmarks/pd_cluster/run.py [--seeds 1,2,3] [--load 0.6] [--out DIR]
+    python benchmarks/pd_cluster/run.py [--seeds 1,2,3] [--load 0.6] [--systems colocated,pd,pd-adaptive] [--out DIR]
 
 Writes ``DIR/pd_cluster.json`` (default ``./llumnix-results/pd_cluster``, outside the
 checkout's committed files) and prints the table and the goals.
@@ -47,11 +47,20 @@ WORKLOAD = {"num_requests": 24, "arrival": "poisson", "cv": 1.0, "lengths": "sha
             "output_len": 64, "max_input": 1500, "max_output": 128}
 """benchmarks/chunked_serve.sh's `llumnix bench serve` flags."""
 LIVE_CONFIG = "/tmp/pd_cluster_live.yaml"
+ADAPTIVE_CONFIG = "/tmp/pd_cluster_adaptive.yaml"
+ADAPTIVE = {"min_decode": 0, "lend_above_tokens": 1024, "reclaim_below_tokens": 256}
+"""pd-adaptive's thresholds for this workload (prompts of about 400 tokens): the decode
+instance is lent (takes prefills) when more than about three prompts queue per
+prefill-taking instance, reclaimed when under one remains; ``min_decode`` 0 lets a 1 + 1
+cluster lend its only decode instance (co-located while the queue is long)."""
 SYSTEMS = {"colocated": ["--instances", "2"], "pd": ["--instances", "2", "--prefill-instances", "1"],
-           "pd-live": ["--instances", "2", "--prefill-instances", "1", "--config", LIVE_CONFIG]}
+           "pd-live": ["--instances", "2", "--prefill-instances", "1", "--config", LIVE_CONFIG],
+           "pd-adaptive": ["--instances", "2", "--prefill-instances", "1", "--pd", "adaptive",
+                           "--config", ADAPTIVE_CONFIG]}
 """pd: a hand-off behind prefill work on the prefill instance pauses the request at once and
-copies it in one stage (the default); pd-live: always the live migration (pre-copy while the
-request decodes beside the prefill chunks)."""
+copies it in one stage (the default; a prompt in chunks is pre-copied chunk by chunk from its
+first full block); pd-live: always the live migration (pre-copy while the request decodes
+beside the prefill chunks); pd-adaptive: pd with adaptive roles (``ADAPTIVE``)."""
 
 
 class Serve:
@@ -105,8 +114,8 @@ def one_run(srv: Serve, rate: float, seed: int) -> dict[str, Any]:
     s = summarize(records, duration)
     return {"seed": seed, "rate": rate, "load_avg_1m": [load0, os.getloadavg()[0]], "summary": s,
             "pd": {k: pd.get(k) for k in ("mode", "roles", "handoffs_done", "handoffs_failed", "handoffs_ended_first",
-                                          "handoffs_waiting",
-                                          "handoff_abort_reasons", "handoff_downtime_s")},
+                                          "handoffs_waiting", "handoff_abort_reasons", "handoff_downtime_s",
+                                          "lends", "reclaims", "flips", "role_resends", "role_changes")},
             "migrations": info.get("migrations", {}).get("committed")}
 
 
@@ -123,7 +132,8 @@ def _med(values: list[float | None]) -> dict[str, float | None]:
     return {"median": statistics.median(v) if v else None, "min": min(v, default=None), "max": max(v, default=None)}
 
 
-FIGURES = {"ttft_p99_s": ("ttft_s", "p99"), "itl_p50_s": ("itl_s", "p50"), "itl_p99_s": ("itl_s", "p99"),
+FIGURES = {"ttft_p50_s": ("ttft_s", "p50"), "ttft_p99_s": ("ttft_s", "p99"), "itl_p50_s": ("itl_s", "p50"),
+           "itl_p99_s": ("itl_s", "p99"), "tpot_p50_s": ("tpot_s", "p50"), "tpot_p99_s": ("tpot_s", "p99"),
            "tpot_mean_s": ("tpot_s", "mean"), "e2e_mean_s": ("e2e_s", "mean"), "e2e_p99_s": ("e2e_s", "p99")}
 
 
@@ -140,6 +150,8 @@ def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             out[system]["handoffs_ended_first"] = [r["pd"]["handoffs_ended_first"] for r in rs]
             out[system]["handoff_downtime_p50_s"] = _med([r["pd"]["handoff_downtime_s"]["p50"] for r in rs])
             out[system]["handoff_downtime_p99_s"] = _med([r["pd"]["handoff_downtime_s"]["p99"] for r in rs])
+            out[system]["role_changes"] = [{k: r["pd"].get(k) for k in ("lends", "reclaims", "flips", "role_resends")}
+                                           for r in rs]
     for system in runs:
         if system == "colocated":
             continue
@@ -163,6 +175,7 @@ def main() -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"some of {', '.join(SYSTEMS)}")
     args = ap.parse_args()
     Path(LIVE_CONFIG).write_text("scheduling:\n  pd:\n    stop_and_copy_behind_prefill: false\n")
+    Path(ADAPTIVE_CONFIG).write_text("scheduling:\n  pd:\n" + "".join(f"    {k}: {v}\n" for k, v in ADAPTIVE.items()))
     systems = {name: SYSTEMS[name] for name in args.systems.split(",")}
     t0 = time.time()
     probe = None if args.capacity is not None else capacity()
@@ -179,9 +192,11 @@ def main() -> int:
             print(f"seed {seed} {system:9s} ok {s['num_ok']}/{s['num_requests']}  TTFT p99 {s['ttft_s']['p99']:.3f}  "
                   f"ITL p50 {s['itl_s']['p50']:.3f} p99 {s['itl_s']['p99']:.3f}  TPOT {s['tpot_s']['mean']:.3f}  "
                   f"e2e {s['e2e_s']['mean']:.2f}  load {r['load_avg_1m'][0]:.1f}-{r['load_avg_1m'][1]:.1f}  "
-                  f"hand-offs {r['pd'].get('handoffs_done')}", flush=True)
+                  f"hand-offs {r['pd'].get('handoffs_done')}  role changes {r['pd'].get('lends')}/"
+                  f"{r['pd'].get('reclaims')}/{r['pd'].get('flips')}", flush=True)
     result = {"machine": machine_info(with_torch=False), "workload": WORKLOAD, "systems": systems,
               "rule": f"rate = {args.load} x the co-located capacity (the seed-0 trace at once)",
+              "adaptive": ADAPTIVE,
               "capacity_req_s": cap, "capacity_probe": probe, "rate_req_s": rate, "runs": runs,
               "summary": summary(runs), "wall_s": time.time() - t0}
     out = Path(args.out)

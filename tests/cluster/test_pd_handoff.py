@@ -208,3 +208,16 @@ def test_adaptive_rounds_lend_reclaim_and_flip_a_prefill_instance_when_hand_offs
     static = PDBook(PDConfig(mode="static"), FreenessConfig())
     static.add("p", 0.0)
     assert static.decide(statuses, 20.0) is None
+
+
+def test_an_instance_reporting_another_role_than_the_books_is_told_again_after_a_grace():
+    book = PDBook(PDConfig(mode="adaptive", prefill_instances=1), FreenessConfig())
+    book.add("p", 0.0)
+    book.add("d", 0.0)
+    assert book.reconcile("d", "decode", 5.0) is None  # agrees
+    book.apply(RoleChange("d", "mixed", "lend"), 10.0)
+    assert book.reconcile("d", "decode", 10.3) is None  # a push sent before it heard the change
+    assert book.reconcile("d", "decode", 11.5) == "mixed"  # its set_role was lost: told again
+    assert book.reconcile("d", None, 11.5) is None and book.reconcile("x", "decode", 11.5) is None
+    assert book.info()["role_resends"] == 1
+    assert PDBook(PDConfig(mode="off"), FreenessConfig()).reconcile("d", "prefill", 9.0) is None

@@ -933,6 +933,11 @@ class LlumSchedActor:
                     self._learn_role(status.instance_id, role)
             self.gs.update_status(status)
             self.pd.on_status(status.instance_id)
+            fix = self.pd.reconcile(status.instance_id, role, time.time())
+            target = self.handles.get(status.instance_id) if fix is not None else None
+        if target is not None:
+            with contextlib.suppress(Exception):  # the next push says whether it took it
+                target.set_role.remote(fix)
 
     def _named_instance(self, instance_id: str) -> Any:
         """The actor of an instance this LlumSched does not know yet (after a restart), by

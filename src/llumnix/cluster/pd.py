@@ -61,7 +61,7 @@ class PDBook:
         self.promised: dict[str, int] = {}
         self.last_change: float | None = None
         self.counts = {"handoffs_done": 0, "handoffs_failed": 0, "handoffs_ended_first": 0, "handoffs_waiting": 0,
-                       "lends": 0, "reclaims": 0, "flips": 0}
+                       "lends": 0, "reclaims": 0, "flips": 0, "role_resends": 0}
         self.changes: deque[dict[str, Any]] = deque(maxlen=100)
         self.downtimes_s: deque[float] = deque(maxlen=1000)
         """Each committed hand-off's stall: the request's pause on the prefill instance
@@ -95,6 +95,18 @@ class PDBook:
     def on_status(self, instance_id: str) -> None:
         """A report counts every reservation made before it."""
         self.promised.pop(instance_id, None)
+
+    def reconcile(self, instance_id: str, reported: str | None, now: float, grace_s: float = 1.0) -> str | None:
+        """The role to tell an instance again whose push reports another than this book's
+        (its ``set_role`` was lost or timed out), or None. A push sent before a change it
+        has not heard yet reports the old role: changes younger than ``grace_s`` are let be."""
+        if not self.config.is_on or reported is None or instance_id not in self.roles:
+            return None
+        role = self.roles[instance_id]
+        if reported == role or now - self.role_since.get(instance_id, now) < grace_s:
+            return None
+        self.counts["role_resends"] += 1
+        return role
 
     # -- hand-offs -----------------------------------------------------------------
     def pick(self, statuses: Iterable[InstanceStatus], src_id: str, num_blocks: int) -> str | None:

@@ -57,7 +57,8 @@ class PDConfig:
     min_prefill: int = 1
     """Adaptive PD keeps at least this many prefill-taking instances (prefill or mixed)."""
     min_decode: int = 1
-    """Adaptive PD keeps at least this many ``decode`` instances (not lent)."""
+    """Adaptive PD keeps at least this many ``decode`` instances (not lent). 0 lets it lend
+    the last one (a 1 + 1 cluster runs co-located while the prefill queue is long)."""
     lend_above_tokens: int = 4096
     """Queued prefill tokens per prefill-taking instance above which a decode instance
     takes prefills (is lent, becomes mixed)."""
@@ -90,8 +91,9 @@ class PDConfig:
         for name in ("prefill_instances", "min_prefill", "min_decode", "lend_above_tokens",
                      "reclaim_below_tokens", "growth_blocks"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name != "growth_blocks" else 0):
-                raise _bad(f"pd.{name}", f"must be an integer >= {1 if name != 'growth_blocks' else 0}, got {v!r}")
+            least = 0 if name in ("growth_blocks", "min_decode") else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise _bad(f"pd.{name}", f"must be an integer >= {least}, got {v!r}")
         for name in ("decode_room_freeness", "decode_tight_freeness", "flip_after_s", "cooldown_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float):
