@@ -126,3 +126,41 @@ def test_fit_pairing_pairs_sources_with_destinations_that_can_reserve(statuses, 
 def test_stable_pairing_never_makes_the_destination_a_source(statuses, expected_fit, expected_stable):
     assert pairs(statuses, pairing="fit") == expected_fit
     assert pairs(statuses, pairing="stable") == expected_stable
+
+
+def test_dst_queue_all_keeps_moves_off_a_destination_whose_queue_owns_its_free_blocks():
+    # issue 32's bench: a burst of dispatches has just queued three 2-block prompts on "q"
+    # (1 running on 1 block, 9 of 10 free). Algorithm 1 counts only the head of line:
+    # F = (10 - 1 - 2) / 1 = 7, the freest destination, and the move takes the blocks its
+    # queue is about to get. Counting every queued request: (10 - 1 - 6) / 4 = 0.75
+    src = inst("src", total=10, running=[run(f"s{k}", 2) for k in range(5)])   # F = 0
+    q = inst("q", total=10, running=[run("r", 1)], waiting=[wait(f"w{k}", 32) for k in range(3)])
+    assert pairs([src, q]) == [("src", "q")]
+    assert pairs([src, q], dst_queue="all") == []
+    # an instance with no queue is judged the same by both rules
+    idle = inst("idle", total=10, running=[run("r", 1)])                          # F = 9
+    assert pairs([src, idle]) == pairs([src, idle], dst_queue="all") == [("src", "idle")]
+
+
+def test_dst_queue_all_leaves_room_for_the_queue_and_ends_a_chain_onto_a_queued_instance():
+    from llumnix.policy.config import FreenessConfig
+    from llumnix.policy.freeness import room_for_migration
+    from llumnix.policy.rounds import keep_migrating
+
+    # 20 free blocks (1 of them the watermark), one 2-block prompt queued
+    dst = inst("d", total=24, running=[run("r", 4)], waiting=[wait("w", 32)])
+    assert room_for_migration(dst) == 20 - 1 - 1
+    assert room_for_migration(dst, queued=True) == 20 - 1 - 1 - 2
+    src = inst("s", total=10, running=[run(f"s{k}", 2) for k in range(5)])
+    fcfg = FreenessConfig(headroom_tokens={})
+    assert keep_migrating(src, dst, 0, ReschedulingConfig(), fcfg)
+    crowded = inst("d", total=24, running=[run("r", 4)], waiting=[wait(f"w{k}", 96) for k in range(3)])
+    assert keep_migrating(src, crowded, 0, ReschedulingConfig(), fcfg)             # Alg. 1: F = 14
+    assert not keep_migrating(src, crowded, 0, ReschedulingConfig(dst_queue="all"), fcfg)  # (20-18)/4
+
+
+def test_dst_queue_is_checked():
+    from llumnix.policy.config import PolicyConfigError
+
+    with pytest.raises(PolicyConfigError, match="unknown dst_queue 'some'"):
+        ReschedulingConfig(dst_queue="some")

@@ -237,6 +237,7 @@ def add_cluster_bench_args(p: Any) -> None:
                    help="trace the engines' preemptions and migrations in; attribute each preemption")
     g.add_argument("--pairing", default=None, help="llumnix's rescheduling.pairing (paper, fit, stable)")
     g.add_argument("--in-threshold", type=float, default=None, help="llumnix's rescheduling.in_threshold")
+    g.add_argument("--dst-queue", default=None, help="llumnix's rescheduling.dst_queue (head, all)")
 
 
 def _csv(text: str, conv: Any, what: str) -> tuple[Any, ...]:
@@ -247,12 +248,14 @@ def _csv(text: str, conv: Any, what: str) -> tuple[Any, ...]:
 
 
 def _rescheduling(args: Any) -> dict[str, Any]:
-    """``--pairing`` / ``--in-threshold`` as rescheduling fields (checked by serve's config)."""
+    """``--pairing`` / ``--in-threshold`` / ``--dst-queue`` as rescheduling fields (checked by serve's config)."""
     out: dict[str, Any] = {}
     if getattr(args, "pairing", None) is not None:
         out["pairing"] = args.pairing
     if getattr(args, "in_threshold", None) is not None:
         out["in_threshold"] = args.in_threshold
+    if getattr(args, "dst_queue", None) is not None:
+        out["dst_queue"] = args.dst_queue
     return out
 
 

@@ -79,6 +79,7 @@ SCALING_SIGNALS = ("mean", "cluster", "demand")
 DEFRAGS = ("paper", "hol")
 QUEUED_MOVES = ("any", "fits")
 PAIRINGS = ("paper", "fit", "stable")
+DST_QUEUES = ("head", "all")
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,15 @@ class ReschedulingConfig:
     """paper (lowest freeness with highest) | fit: with the highest that has room for the
     request the source will give up | stable: fit, and taking that request does not make
     the destination a source (``policy/pairing.py``; neither is in the paper)."""
+    dst_queue: str = "head"
+    """How a destination's queue counts against it: head (Algorithm 1: only the head of
+    line's demand, the rest 0) | all (every queued request's demand and a batch slot, as
+    llumnix dispatch's ``queued: all`` counts it, ``freeness.queue_aware_freeness``; and a
+    running request moves there only if it fits beyond that demand). Sources are judged
+    by Algorithm 1 either way. With head, an instance whose queue a burst of dispatches
+    has just filled (say 1 running, 3 queued, 9 of 10 blocks free) is the freest
+    destination (F = 7); the move takes the blocks its queue was about to get, and its own
+    younger requests are preempted as they grow (issue 32's bench, 2026-11-26)."""
     defrag: str = "paper"
     """paper (Algorithm 1) | hol: also move a blocked head-of-line request to an instance with
     room for it, and give it up first (``policy/defrag.py``; not in the paper)."""
@@ -155,6 +165,9 @@ class ReschedulingConfig:
         if self.pairing not in PAIRINGS:
             raise PolicyConfigError(f"unknown pairing policy {self.pairing!r} (known: {', '.join(PAIRINGS)})",
                                     "rescheduling.pairing")
+        if self.dst_queue not in DST_QUEUES:
+            raise PolicyConfigError(f"unknown dst_queue {self.dst_queue!r} (known: {', '.join(DST_QUEUES)})",
+                                    "rescheduling.dst_queue")
         if self.defrag not in DEFRAGS:
             raise PolicyConfigError(f"unknown defrag policy {self.defrag!r} (known: {', '.join(DEFRAGS)})",
                                     "rescheduling.defrag")

@@ -141,10 +141,13 @@ decoding; the last stage moves at most ``last_stage_max_blocks``, and each stage
 what the request grew by): a destination must have them free beyond its own blocks."""
 
 
-def room_for_migration(status: InstanceStatus) -> int:
+def room_for_migration(status: InstanceStatus, queued: bool = False) -> int:
     """Blocks a running request migrating in may hold and still be reserved here through
-    its last stage: free beyond the watermark, less ``MIGRATION_GROWTH_BLOCKS``; >= 0."""
-    return max(0, status.num_free_blocks - status.num_watermark_blocks - MIGRATION_GROWTH_BLOCKS)
+    its last stage: free beyond the watermark, less ``MIGRATION_GROWTH_BLOCKS``; >= 0.
+    ``queued``: beyond what every request already queued here needs to start, too (the
+    blocks its queue is about to take; ``rescheduling.dst_queue: all``)."""
+    owed = _queued_demand(status) if queued else 0
+    return max(0, status.num_free_blocks - status.num_watermark_blocks - MIGRATION_GROWTH_BLOCKS - owed)
 
 
 def fits_now(status: InstanceStatus, num_prompt_tokens: int) -> bool:

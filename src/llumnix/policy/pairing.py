@@ -41,7 +41,13 @@ from dataclasses import dataclass
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.defrag import plan_hol_moves
-from llumnix.policy.freeness import blocks_for, freeness, freeness_after, room_for_migration
+from llumnix.policy.freeness import (
+    blocks_for,
+    freeness,
+    freeness_after,
+    queue_aware_freeness,
+    room_for_migration,
+)
 from llumnix.policy.selection import select_requests
 
 
@@ -62,6 +68,18 @@ def is_destination(status: InstanceStatus, f: float, cfg: ReschedulingConfig) ->
     return status.is_schedulable and not status.is_terminating and f > cfg.in_threshold
 
 
+def destination_freeness(status: InstanceStatus, cfg: ReschedulingConfig, fcfg: FreenessConfig) -> float:
+    """The freeness a destination is judged (and ranked) by: Algorithm 1's, or with
+    ``dst_queue: all`` every queued request's demand counted (``queue_aware_freeness``)."""
+    return queue_aware_freeness(status, fcfg) if cfg.dst_queue == "all" else freeness(status, fcfg)
+
+
+def destination_room(status: InstanceStatus, cfg: ReschedulingConfig) -> int:
+    """Blocks a running request moving to ``status`` may hold (``room_for_migration``;
+    beyond the queue's demand too with ``dst_queue: all``)."""
+    return room_for_migration(status, queued=cfg.dst_queue == "all")
+
+
 def _has_movable(status: InstanceStatus) -> bool:
     return any(not r.is_migrating for r in (*status.running, *status.waiting))
 
@@ -80,24 +98,26 @@ def pair_migrations(statuses: list[InstanceStatus], cfg: ReschedulingConfig,
 def _paper_pairs(live: list[InstanceStatus], cfg: ReschedulingConfig,
                  fcfg: FreenessConfig) -> list[MigrationOrder]:
     f = {s.instance_id: freeness(s, fcfg) for s in live}
+    fd = f if cfg.dst_queue == "head" else {s.instance_id: destination_freeness(s, cfg, fcfg) for s in live}
     srcs = sorted((s for s in live if is_source(s, f[s.instance_id], cfg)
                    and s.num_migrating_out < cfg.max_out and _has_movable(s)),
                   key=lambda s: (f[s.instance_id], s.instance_id))
-    dsts = sorted((s for s in live if is_destination(s, f[s.instance_id], cfg)
+    src_ids = {s.instance_id for s in srcs}
+    dsts = sorted((s for s in live if s.instance_id not in src_ids and is_destination(s, fd[s.instance_id], cfg)
                    and s.num_migrating_in < cfg.max_in),
-                  key=lambda s: (-f[s.instance_id], s.instance_id))
+                  key=lambda s: (-fd[s.instance_id], s.instance_id))
     # in_threshold >= out_threshold and terminating instances are never destinations,
     # so the two lists are disjoint.
     if cfg.pairing == "paper":
         # A move the destination has no room to reserve is refused there (and ends the
         # chain): the order is left out, the pairing otherwise the paper's.
         return [MigrationOrder(src.instance_id, dst.instance_id) for src, dst in zip(srcs, dsts, strict=False)
-                if _next_move(src, cfg)[0] <= room_for_migration(dst)]
+                if _next_move(src, cfg)[0] <= destination_room(dst, cfg)]
     orders: list[MigrationOrder] = []
     for src in srcs:
         need, demand = _next_move(src, cfg)
         for i, dst in enumerate(dsts):
-            if need > room_for_migration(dst):
+            if need > destination_room(dst, cfg):
                 continue
             if cfg.pairing == "stable" and not stays_destination(dst, demand, cfg, fcfg):
                 continue

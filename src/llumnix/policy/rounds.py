@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.freeness import freeness
-from llumnix.policy.pairing import is_destination, is_source
+from llumnix.policy.pairing import destination_freeness, is_destination, is_source
 from llumnix.policy.selection import movable_requests
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def keep_migrating(src: InstanceStatus, dst: InstanceStatus, num_in: int, cfg: R
     ``num_in``: migrations into ``dst`` under way, not counting the one that ended."""
     if not movable_requests(src, migrating_out) or not is_source(src, freeness(src, fcfg), cfg):
         return False
-    return num_in < cfg.max_in and is_destination(dst, freeness(dst, fcfg), cfg)
+    return num_in < cfg.max_in and is_destination(dst, destination_freeness(dst, cfg, fcfg), cfg)
 
 
 def is_drained(status: InstanceStatus) -> bool:
