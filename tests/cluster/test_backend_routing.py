@@ -246,11 +246,17 @@ def test_the_fallback_from_the_shared_view_never_picks_a_stale_draining_or_dead_
         def all_statuses(self):
             return dict(self.statuses)
 
-    async def pick(statuses, dead=()):
+    async def pick(statuses, dead=(), roles=None):
         be = _backend({k: FakeInstance(set()) for k in ("a", "b", "c", "d")})
         be.cms = Store({s.instance_id: s for s in statuses})
         for iid in dead:
             be.lifecycle.move(iid, InstanceState.FAILED, now)
+        if roles:
+            from llumnix.policy import GlobalScheduler
+
+            be.gs = GlobalScheduler(None)
+            for iid, role in roles.items():
+                be.gs.set_role(iid, role)
         return await be._cms_pick()
 
     from llumnix.policy.lifecycle import InstanceState
@@ -260,6 +266,8 @@ def test_the_fallback_from_the_shared_view_never_picks_a_stale_draining_or_dead_
     assert asyncio.run(pick([st("a", 90), st("b", 10, is_terminating=True)])) == "a"  # b drains
     assert asyncio.run(pick([st("a", 90), st("b", 10)], dead=["b"])) == "a"  # b's actor died
     assert asyncio.run(pick([st("b", 10, age=5.0)])) is None  # nothing fresh: round-robin instead
+    # PD: a decode instance takes no new request, however free
+    assert asyncio.run(pick([st("a", 90), st("b", 10)], roles={"a": "prefill", "b": "decode"})) == "a"
 
 
 def test_llumsched_dying_with_the_forwarded_add_does_not_fail_a_healthy_instance():

@@ -180,13 +180,15 @@ class ClusterBackend:
 
     async def _cms_pick(self) -> str | None:
         """Fallback dispatch from the shared view: the freest instance this gateway can
-        reach whose status is fresh, schedulable and not terminating (None without a view)."""
+        reach whose status is fresh, schedulable and not terminating, and that takes new
+        requests under PD (not a decode instance; None without a view)."""
         from llumnix.policy import FreenessConfig, freeness
 
         now = time.time()
+        takes = self.gs.takes_prefill if self.gs is not None else (lambda iid: True)
         fresh = [s for iid, s in (await self._cms_statuses()).items()
                  if iid in self.instances and not self.lifecycle.is_gone(iid) and s.is_schedulable
-                 and not s.is_terminating and now - s.timestamp <= self.cms_staleness_s]
+                 and not s.is_terminating and now - s.timestamp <= self.cms_staleness_s and takes(iid)]
         if not fresh:
             return None
         cfg = FreenessConfig()
@@ -645,8 +647,9 @@ class ClusterBackend:
             if picked is not None:
                 self.num_cms_dispatches += 1
                 return picked, None
+            takes = self.gs.takes_prefill if self.gs is not None else (lambda iid: True)
             ids = [i for i in sorted(self.instances)
-                   if self.lifecycle.state(i) != InstanceState.TERMINATING] or sorted(self.instances)
+                   if self.lifecycle.state(i) != InstanceState.TERMINATING and takes(i)] or sorted(self.instances)
             if not ids:
                 return None, None
             return ids[self.num_fallback_dispatches % len(ids)], None
