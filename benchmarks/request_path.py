@@ -385,7 +385,7 @@ def main() -> None:
     p.add_argument("what", nargs="?", default="run", choices=["run", "worker"])
     p.add_argument("--port", type=int, default=0, help="worker: its port")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--sequential", type=int, default=40, help="requests per sequential phase")
+    p.add_argument("--sequential", type=int, default=100, help="requests per sequential phase (P50s of 40 moved by +-3 ms between rounds)")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--seconds", type=float, default=6.0, help="length of each concurrent phase")
     p.add_argument("--idle-seconds", type=float, default=5.0)
