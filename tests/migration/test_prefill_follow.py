@@ -136,3 +136,23 @@ def test_a_request_that_ends_before_its_first_stage_reserves_nothing_at_the_dest
         assert not rep.committed and rep.abort_code == "source_finished"
         assert dst.reserved == []
         pair.check_drained()
+
+
+def test_a_one_chunk_prompt_behind_prompt_work_is_paused_right_after_its_first_token():
+    """The hand-off starts while the prompt's only chunk computes; another prompt is still
+    in its chunks when the first token comes out, so the request is paused at that very
+    boundary (it makes no second token there) and copied whole in one stage."""
+    params = SamplingParams(max_tokens=20)
+    with Pair(chunk_tokens=64, slow_s=0.1, num_blocks=128) as pair:
+        eng = pair.src.engine
+        pair.src.call(lambda: (eng.add_request("x", PROMPT[:29], params),  # 29 + 35 tokens in the
+                               eng.add_request("y", PROMPT, params)))  # first step, y's rest after
+        rep = migrate("x", pair.src, pair.endpoint, pair.sender, FOLLOW)
+        assert rep.committed, rep.abort_reason
+        assert rep.num_stages == 1 and rep.num_last_stage_blocks == 8  # 29 tokens + 1: 8 blocks of 4
+        made_here = [o for o in pair.src.get_outputs(0.05) if o.request_id == "x"]
+        assert [o.num_output_tokens for o in made_here] == [1]
+        pair.tokens["x"] = [(1, made_here[0].new_token_ids[0])]
+        assert pair.collect("x") == reference(PROMPT[:29], params)
+        assert pair.collect("y") == reference(PROMPT, params)
+        pair.check_drained()

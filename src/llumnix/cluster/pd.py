@@ -3,15 +3,16 @@ hand-offs, and the prefill instance's hand-off worker. The decisions are
 ``policy/pd.py``'s pure functions, as in the simulator (``sim/pd_flow.py``)::
 
     prefill instance: a step's output carries a request's first token, or (a glance
-        every ``poll_s``) a prompt in its chunks has a full block ─► HandoffWorker wakes
+        every ``poll_s``) a prompt is prefilling here ─► HandoffWorker wakes
         ─► at a step boundary, those requests (running, not migrating), first-token ones
         first ─► for each: LlumSched.pd_destination (PDBook.pick: pick_decode_instance
         over its statuses, less the blocks promised since each one's last report)
-          ─► a decode instance: the live migration (migrate()); a prompt still in its
-               chunks is followed: the destination reserves its whole table at once,
-               each finished chunk's full blocks are copied while the next computes, and
-               it is paused at the boundary right after its first token, so the last
-               stage copies only the tail ─► LlumSched.pd_handoff_done (counted)
+          ─► a decode instance: the live migration (migrate()); a prompt still
+               prefilling is followed: the destination reserves its whole table at once,
+               each finished chunk's full blocks are copied while the next computes, and,
+               with prompt work waiting here, it is paused at the boundary right after its
+               first token, so the last stage copies only the tail (without, the tail is
+               pre-copied while it decodes) ─► LlumSched.pd_handoff_done (counted)
           ─► None (the decode pool is full): it keeps decoding here; offered again
                every ``retry_s`` until a decode instance has room (never dropped)
     LlumSched's round (adaptive): adaptive_decision ─► PDBook.apply ─► the instance's
@@ -178,9 +179,11 @@ Candidate = tuple[str, int, bool]
 class HandoffWorker:
     """On an instance whose role is ``prefill``: hands each request off to a decode
     instance, one at a time (the source's migration lock): a request past its first token,
-    and (``follow_prefill``) one still in its prefill chunks once it has a full block, whose
-    finished chunks are then pre-copied while the next ones compute, so that the pause after
-    its first token copies only the tail (``MigrationConfig.follow_prefill``).
+    and (``follow_prefill``) one still prefilling, whose finished chunks are then pre-copied
+    while the next ones compute, and which is paused at the boundary right after its first
+    token when prompt work waits here, so that the last stage copies only the tail
+    (``MigrationConfig.follow_prefill``; a one-chunk prompt is then copied whole, but
+    without waiting out the next step, a prefill chunk).
     ``ask(request_id, num_blocks)`` asks LlumSched for a destination, ``migrate(request_id,
     dst_id, dst, overrides)`` runs the live migration (``MigrationConfig`` overrides or None)
     and returns its report, ``done(report)`` tells LlumSched. A request the decode pool has
@@ -194,7 +197,7 @@ class HandoffWorker:
         self.stop_and_copy = stop_and_copy
         """Pause at once behind prefill work (``PDConfig.stop_and_copy_behind_prefill``)."""
         self.follow_prefill = follow_prefill
-        """Start a prompt's hand-off at its first full chunk (``PDConfig.precopy_prefill_chunks``)."""
+        """Start a prompt's hand-off while it prefills (``PDConfig.precopy_prefill_chunks``)."""
         self._ask = ask
         self._migrate = migrate
         self._done = done
@@ -229,23 +232,18 @@ class HandoffWorker:
             self._wake.set()
 
     def _may_have_work(self) -> bool:
-        """A lock-free glance (off the step thread) at whether a prefilling request has a
-        full block computed: only then is a step boundary asked for the candidates."""
-        bs = self.server.engine.kv.block_size
-        return any(not r.output_token_ids and r.num_computed_tokens >= bs
-                   for r in list(self.server.engine.scheduler.running))
+        """A lock-free glance (off the step thread) at whether a request is prefilling here."""
+        return any(not r.output_token_ids for r in list(self.server.engine.scheduler.running))
 
     def candidates(self) -> tuple[list[Candidate], bool]:
         """Every request to hand off: those past their first token (oldest first), then those
-        still prefilling with a full block (oldest first); and whether prompt work waits here
+        still prefilling (oldest first); and whether prompt work waits here
         (a queued prompt, or one still in its chunks). Read off the step thread, without
         waiting for a boundary (a prompt's chunk may take a second on a CPU): migrate()
         reads the request's state again at its own first boundary."""
         eng, migrating = self.server.engine, self.server.llumlet.migrating_out
-        bs = eng.kv.block_size
         reqs = [r for r in list(eng.requests.values()) if r.status == RequestStatus.RUNNING
-                and r.request_id not in migrating
-                and (r.output_token_ids or (self.follow_prefill and r.num_computed_tokens >= bs))]
+                and r.request_id not in migrating and (r.output_token_ids or self.follow_prefill)]
         reqs.sort(key=lambda r: (not r.output_token_ids, r.arrival_time))
         sched = eng.scheduler
         prefilling = bool(sched.waiting) or any(not r.output_token_ids for r in list(sched.running))

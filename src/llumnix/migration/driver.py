@@ -83,7 +83,9 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
             config: MigrationConfig, now: Callable[[], float] = time.monotonic) -> MigrationReport:
     eng = src.engine
     # one boundary: the request's state and, with prefix caching, its first stage's blocks
-    start = src.call(lambda: (_state(eng, request_id), _cache_snapshot(eng, request_id)))
+    # (following a prefill: or the request paused there, if its first token is just out
+    # with prompt work waiting; the hand-off was started while its last chunk computed)
+    start = src.call(lambda: _start(eng, request_id, config.follow_prefill, now))
     status0, preemptions0 = start[0] if start[0] is not None else (RequestStatus.RUNNING, 0)
     proto = MigrationProtocol(request_id, src.instance_id, dst.instance_id, config, now(),
                               has_kv=status0 == RequestStatus.RUNNING,
@@ -105,7 +107,13 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
         return st is not None and st[1] == preemptions0 and st[0] in (RequestStatus.RUNNING, RequestStatus.PAUSED)
 
     try:
-        _first_stage_with_cache(request_id, eng, dst, proto, start[1], now)
+        if isinstance(start[1], _Paused):
+            if proto.phase == P.RESERVE:
+                proto.begin_stage([], now())  # nothing to pre-copy: straight to PAUSE
+            snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, start[1].taken)
+            paused = snapshot is not None
+        else:
+            _first_stage_with_cache(request_id, eng, dst, proto, start[1], now)
         while not proto.phase.is_done:
             if proto.is_timed_out(now()):
                 proto.abort("timeout", now(), reasons.TIMEOUT)
@@ -252,6 +260,21 @@ def _after_stage(eng: Any, request_id: str, proto: MigrationProtocol) -> tuple[b
     table not yet sent after this stage, whether it is still prefilling)."""
     unsent = len(eng.blocks_since(request_id, 0)) - proto.num_blocks_done - len(proto.pending_blocks)
     return True, unsent, not eng.requests[request_id].output_token_ids
+
+
+def _start(eng: Any, request_id: str, follow: bool, now: Callable[[], float],
+           ) -> tuple[tuple[RequestStatus, int] | None, tuple[list[int], list[int], list[int]] | _Paused | None]:
+    """At the migration's first source boundary: the request's state, and what its first
+    stage starts from (``_cache_snapshot``, or ``_Paused`` following a prefill whose first
+    token is just out with prompt work waiting)."""
+    state = _state(eng, request_id)
+    req = eng.requests.get(request_id)
+    if follow and state is not None and state[0] == RequestStatus.RUNNING and req.output_token_ids \
+            and _prompt_work_waits(eng, req):
+        taken = _pause_at_boundary(eng, request_id, 0, lambda: True, now)
+        assert taken is not None
+        return state, _Paused(taken)
+    return state, _cache_snapshot(eng, request_id)
 
 
 def _cache_snapshot(eng: Any, request_id: str) -> tuple[list[int], list[int], list[int]] | None:

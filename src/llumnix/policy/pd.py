@@ -80,10 +80,10 @@ class PDConfig:
     request at once and copy it in one stage (its next steps there are prefill chunks); False:
     always the live migration. (The simulator's flow always pauses behind queued prompts.)"""
     precopy_prefill_chunks: bool = True
-    """The cluster's hand-off of a prompt prefilled in chunks starts at its first full block:
-    each finished chunk's KV is copied to the decode instance while the next computes, and
-    the pause after its first token copies only the tail. False: the hand-off starts after
-    the first token and copies the whole prompt then."""
+    """The cluster's hand-off of a prompt starts while it prefills: each finished chunk's KV
+    is copied to the decode instance while the next computes, and the pause after its
+    first token (at once, behind prompt work) copies only the tail. False: the hand-off
+    starts after the first token, one step later, and copies the whole prompt then."""
 
     def __post_init__(self) -> None:
         if self.mode not in PD_MODES:
