@@ -388,7 +388,7 @@ def main() -> None:
     p.add_argument("--sequential", type=int, default=100, help="requests per sequential phase (P50s of 40 moved by +-3 ms between rounds)")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--seconds", type=float, default=6.0, help="length of each concurrent phase")
-    p.add_argument("--idle-seconds", type=float, default=5.0)
+    p.add_argument("--idle-seconds", type=float, default=10.0, help="idle window per round (CPU times tick at 10 ms)")
     p.add_argument("--sglang-python", default=os.environ.get("SGLANG_PYTHON", "/work/venv-sglr/bin/python"))
     p.add_argument("--out", default="llumnix-results", help="folder for the JSON (default ./llumnix-results)")
     args = p.parse_args()
