@@ -191,3 +191,10 @@ def test_kv_binds_when_requests_queue_at_a_nearly_full_cache_under_the_batch_lim
     assert not kv_binds(S, steady(0.95, 7.0, 0.5))  # full, but nothing waits for it
     assert not kv_binds(S, steady(0.95, 64.0, 9.0))  # the batch limit binds
     assert not kv_binds(S, steady(None, None, None))
+
+
+def test_the_probe_is_sized_from_its_flags_and_checked():
+    s = settings_from_args(_args("--probe-concurrency", "48", "--probe-requests", "144"))
+    assert (s.probe_concurrency, s.probe_requests) == (48, 144)
+    with pytest.raises(LlumnixError, match="--probe-requests >= 2 x it"):
+        settings_from_args(_args("--probe-concurrency", "48", "--probe-requests", "90"))

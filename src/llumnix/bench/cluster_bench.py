@@ -233,6 +233,9 @@ def add_cluster_bench_args(p: Any) -> None:
     g.add_argument("--output-cap", type=int, default=d.max_output, help="output tokens at most (after scaling)")
     g.add_argument("--slo-ttft", type=float, default=d.slo_ttft_s, help="goodput: TTFT objective, s")
     g.add_argument("--slo-tpot", type=float, default=d.slo_tpot_s, help="goodput: TPOT objective, s")
+    g.add_argument("--probe-requests", type=int, default=d.probe_requests, help="capacity probe: requests")
+    g.add_argument("--probe-concurrency", type=int, default=d.probe_concurrency,
+                   help="capacity probe: requests in flight (closed loop); at least 2 x what the caches hold")
     g.add_argument("--trace", action="store_true",
                    help="trace the engines' preemptions and migrations in; attribute each preemption")
     g.add_argument("--pairing", default=None, help="llumnix's rescheduling.pairing (paper, fit, stable)")
@@ -273,9 +276,13 @@ def settings_from_args(args: Any) -> ClusterBenchSettings:
                              num_requests=args.requests_per_run, burst_size=args.burst_size,
                              seeds=_csv(args.seeds, int, "seeds"), loads=_csv(args.loads, float, "loads"),
                              slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, systems=systems, extra=extra,
-                             trace=bool(getattr(args, "trace", False)), rescheduling=_rescheduling(args))
+                             trace=bool(getattr(args, "trace", False)), rescheduling=_rescheduling(args),
+                             probe_requests=args.probe_requests, probe_concurrency=args.probe_concurrency)
     if s.num_requests < 1 or s.burst_size < 0 or not s.seeds or not s.loads or min(s.loads) <= 0:
         raise LlumnixError("bench cluster: --requests-per-run >= 1, --burst-size >= 0, seeds and loads > 0")
+    if s.probe_concurrency < 1 or s.probe_requests < 2 * s.probe_concurrency + 2:
+        raise LlumnixError("bench cluster: --probe-concurrency >= 1 and --probe-requests >= 2 x it + 2 "
+                           "(the rate is measured between the first and the last --probe-concurrency completions)")
     if -(-(s.max_input + s.max_output) // s.block_size) > s.num_blocks:
         raise LlumnixError(f"bench cluster: a request of {s.max_input} + {s.max_output} tokens would not fit "
                            f"{s.num_blocks} blocks of {s.block_size} tokens; raise --num-blocks or lower the caps")
