@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import statistics
 import sys
@@ -161,6 +162,7 @@ def main() -> None:
                                       for name in rounds[0]}
         print("added latency (ms), in front of engines that do no work:", record["added_latency_ms"], flush=True)
     if set(args.phases) == {"latency"}:
+        record["load_avg_1m_end"] = os.getloadavg()[0]
         write_result(args.out, record)
         return
     make_engine = routers.llamacpp if args.engines == "llamacpp" else routers.llumnix_engine
@@ -192,6 +194,7 @@ def main() -> None:
     finally:
         for proc in [*procs.values(), *engines]:
             proc.stop()
+        record["load_avg_1m_end"] = os.getloadavg()[0]
         write_result(args.out, record)
 
 
