@@ -6,9 +6,14 @@ token and copies the whole prompt then) and true (after: each finished chunk's K
 the decode instance while the next computes; the pause after the first token copies the
 tail).
 
-One streamed request at a time (random token ids, greedy, ``ignore_eos``, ``--max-tokens``
-tokens, ``logprobs: 0`` so every token is its own event), so each hand-off is measured
-alone. Per request, from the client: TTFT, the gap between the first and the second token
+One measured streamed request at a time (random token ids, greedy, ``ignore_eos``,
+``--max-tokens`` tokens, ``logprobs: 0`` so every token is its own event), in two scenarios:
+``alone``, and ``behind``: a second prompt (``--behind`` tokens, one output token) sent
+0.05 s after it, so it waits behind the measured prompt (FCFS; a 256-token prompt fills a
+step's budget) and is still waiting when its first token is out and the hand-off happens
+with prompt work waiting on the prefill instance (the request is then paused at once after
+its first token rather than pre-copied while it decodes beside prefill chunks: the case
+whose stall the issue is about). Per request, from the client: TTFT, the gap between the first and the second token
 on the stream, and one decode step (the median gap between the later tokens, all made on
 the decode instance); the stall is the gap less that step (the time the hand-off added),
 and the goal is a stall below one decode step. From ``/admin/cluster``'s latest hand-off:
@@ -32,6 +37,7 @@ import os
 import random
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -65,12 +71,20 @@ def stream(url: str, model: str, prompt: list[int], max_tokens: int) -> list[flo
     return times
 
 
-def one_request(srv: Serve, model: str, length: int, max_tokens: int, rng: random.Random) -> dict[str, Any]:
+def one_request(srv: Serve, model: str, length: int, max_tokens: int, rng: random.Random,
+                behind: int) -> dict[str, Any]:
     before = srv.cluster()["pd"]["handoffs_done"]
     prompt = [rng.randrange(100, 40000) for _ in range(length)]
+    other = [rng.randrange(100, 40000) for _ in range(behind)]
     load0 = os.getloadavg()[0]
+    bg = None
+    if behind:
+        bg = threading.Timer(0.05, lambda: stream(srv.url, model, other, 1))
+        bg.start()
     t0 = time.monotonic()
     times = stream(srv.url, model, prompt, max_tokens)
+    if bg is not None:
+        bg.join()
     pd: dict[str, Any] = {}
     for _ in range(20):  # the hand-off's report reaches LlumSched just after its commit
         pd = srv.cluster()["pd"]
@@ -80,7 +94,7 @@ def one_request(srv: Serve, model: str, length: int, max_tokens: int, rng: rando
     handoff = pd["handoffs_recent"][-1] if pd["handoffs_done"] > before else None
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     step = statistics.median(gaps[1:]) if len(gaps) > 1 else None
-    rec: dict[str, Any] = {"prompt_tokens": length, "num_tokens": len(times), "ttft_s": times[0] - t0,
+    rec: dict[str, Any] = {"prompt_tokens": length, "scenario": "behind" if behind else "alone", "num_tokens": len(times), "ttft_s": times[0] - t0,
                            "gap_1_2_s": gaps[0] if gaps else None, "decode_step_s": step,
                            "load_avg_1m": [load0, os.getloadavg()[0]], "handoff": handoff}
     rec["stall_s"] = None if step is None or not gaps else gaps[0] - step
@@ -91,7 +105,7 @@ def one_request(srv: Serve, model: str, length: int, max_tokens: int, rng: rando
     return rec
 
 
-def run_system(name: str, lengths: list[int], max_tokens: int, seed: int) -> list[dict[str, Any]]:
+def run_system(name: str, lengths: list[int], max_tokens: int, seed: int, behind: int) -> list[dict[str, Any]]:
     cfg = Path(f"/tmp/pd_handoff_{name}.yaml")
     cfg.write_text(f"scheduling:\n  pd:\n    precopy_prefill_chunks: {SYSTEMS[name]}\n")
     rng = random.Random(seed)
@@ -99,12 +113,12 @@ def run_system(name: str, lengths: list[int], max_tokens: int, seed: int) -> lis
     with Serve(f"handoff-{name}", [*FLAGS, "--config", str(cfg)]) as srv:
         model = srv.model()
         stream(srv.url, model, [rng.randrange(100, 40000) for _ in range(32)], 4)  # warm-up
-        for length in lengths:
-            rec = one_request(srv, model, length, max_tokens, rng)
+        for length, bh in ((n, b) for b in (0, behind) for n in lengths):
+            rec = one_request(srv, model, length, max_tokens, rng, bh)
             rec.update(system=name, seed=seed)
             out.append(rec)
             h = rec["handoff"] or {}
-            print(f"{name:6s} {length:5d} tok  TTFT {rec['ttft_s']:.2f}  gap1-2 {rec['gap_1_2_s']:.3f}  "
+            print(f"{name:6s} {rec['scenario']:6s} {length:5d} tok  TTFT {rec['ttft_s']:.2f}  gap1-2 {rec['gap_1_2_s']:.3f}  "
                   f"step {rec['decode_step_s']:.3f}  stall {rec['stall_s']:+.3f}  sent {h.get('num_bytes', 0) / 1e6:.1f} MB"
                   f" (last stage {rec.get('last_stage_bytes', 0) / 1e6:.1f})  chunks {h.get('num_prefill_stages')}  "
                   f"hand-off {h.get('duration') or 0:.2f} s  downtime {h.get('downtime') or 0:.3f}  "
@@ -120,11 +134,11 @@ def _stat(values: list[float | None]) -> dict[str, float | None]:
 
 def summary(records: list[dict[str, Any]], lengths: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name in SYSTEMS:
-        for length in lengths:
-            rs = [r for r in records if r["system"] == name and r["prompt_tokens"] == length]
+    for name, scenario, length in ((n, sc, ln) for sc in ("alone", "behind") for n in SYSTEMS for ln in lengths):
+        rs = [r for r in records if r["system"] == name and r["prompt_tokens"] == length and r["scenario"] == scenario]
+        if rs:
             hs = [r["handoff"] or {} for r in rs]
-            out[f"{name}_{length}"] = {
+            out[f"{scenario}_{name}_{length}"] = {
                 "bytes_sent": _stat([h.get("num_bytes") for h in hs]),
                 "last_stage_bytes": _stat([r.get("last_stage_bytes") for r in rs]),
                 "chunk_stages": _stat([h.get("num_prefill_stages") for h in hs]),
@@ -142,6 +156,7 @@ def main() -> int:
     ap.add_argument("--lengths", default="256,1024,4096")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--behind", type=int, default=1024, help="the 'behind' scenario's second prompt (0: none)")
     ap.add_argument("--out", default=f"{RESULTS_DIR}/pd_cluster")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -149,9 +164,9 @@ def main() -> int:
     records: list[dict[str, Any]] = []
     for rep in range(args.reps):
         for name in (("before", "after") if rep % 2 == 0 else ("after", "before")):
-            records += run_system(name, lengths, args.max_tokens, seed=rep)
+            records += run_system(name, lengths, args.max_tokens, rep, args.behind)
     result = {"machine": machine_info(with_torch=False), "flags": FLAGS, "systems": SYSTEMS,
-              "settings": {"lengths": lengths, "reps": args.reps, "max_tokens": args.max_tokens,
+              "settings": {"lengths": lengths, "reps": args.reps, "max_tokens": args.max_tokens, "behind": args.behind,
                            "stall": "gap between tokens 1 and 2 on the stream less the median later gap"},
               "records": records, "summary": summary(records, lengths), "wall_s": time.time() - t0}
     out = Path(args.out)

@@ -156,3 +156,16 @@ def test_a_one_chunk_prompt_behind_prompt_work_is_paused_right_after_its_first_t
         assert pair.collect("x") == reference(PROMPT[:29], params)
         assert pair.collect("y") == reference(PROMPT, params)
         pair.check_drained()
+
+
+def test_a_request_paused_at_the_first_boundary_is_resumed_when_the_destination_refuses():
+    params = SamplingParams(max_tokens=20)
+    with Pair(chunk_tokens=64, slow_s=0.1, num_blocks=128, dst_blocks=4) as pair:
+        eng = pair.src.engine
+        pair.src.call(lambda: (eng.add_request("x", PROMPT[:29], params), eng.add_request("y", PROMPT, params)))
+        rep = migrate("x", pair.src, pair.endpoint, pair.sender, FOLLOW)
+        assert not rep.committed and rep.abort_code == "refused", rep.abort_reason
+        assert _free(pair.dst) == 4
+        assert pair.collect("x") == reference(PROMPT[:29], params)  # resumed where it was
+        assert pair.collect("y") == reference(PROMPT, params)
+        pair.check_drained()
