@@ -212,3 +212,38 @@ def test_a_final_only_request_that_leaves_the_engine_sends_what_it_made_and_an_a
         assert srv.call(lambda: srv.engine.kv.num_free_blocks) == 64
     finally:
         srv.stop()
+
+
+def test_a_status_the_receiver_held_back_is_reported_again_though_the_engine_went_idle():
+    """The actor's push to LlumSched is throttled (``InstanceActor._push`` returns False
+    for a held-back status). The last status before a quiet spell must still get through
+    soon, not with the next idle heartbeat a second later (``/metrics`` read the prefix
+    hits of a finished request as 0)."""
+    eng = make_engine()
+    eng.clock = __import__("llumnix.core.clock", fromlist=["WallClock"]).WallClock()
+    taken: list[tuple[float, int]] = []
+    state = {"hold": False}
+
+    def receive(status):
+        if state["hold"]:
+            return False
+        taken.append((time.monotonic(), len(status.running)))
+        return True
+
+    srv = InstanceServer(eng, Llumlet(eng.instance_id, eng, ReschedulingConfig(), FreenessConfig()),
+                         on_status=receive, status_interval_s=0.02, idle_status_interval_s=5.0)
+    srv.start()
+    try:
+        state["hold"] = True  # every status of the request's life is held back
+        srv.call(lambda: srv.engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=4)))
+        _collect(srv, 1)
+        n, t_held = len(taken), time.monotonic()
+        time.sleep(0.1)
+        state["hold"] = False
+        deadline = time.monotonic() + 2.0
+        while len(taken) == n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(taken) > n, "the held-back status was never reported again"
+        assert taken[-1][1] == 0 and taken[-1][0] - t_held < 1.0  # the idle state, long before the 5 s heartbeat
+    finally:
+        srv.stop()

@@ -127,12 +127,14 @@ class InstanceActor:
     PUSH_INTERVAL_S = 0.25
     HANDLE_EVERY_S = 2.0
 
-    def _push(self, status: InstanceStatus) -> None:
+    def _push(self, status: InstanceStatus) -> bool:
         """To the meta store, and to LlumSched at most every ``PUSH_INTERVAL_S``: it
         reschedules twice a second and dispatches only when a gateway cannot, while the
         gateways get every status on their channels; each push is a Ray call that costs
-        LlumSched about a millisecond. A skipped push's evicted prefix keys ride on the
-        next one; a change of state (drain, health) is never held back."""
+        LlumSched about a millisecond. False when the push was held back: the server then
+        reports again soon (``InstanceServer``), so the last status before a quiet spell
+        is never lost. A skipped push's evicted prefix keys ride on the next one; a change
+        of state (drain, health) is never held back."""
         if self._cms is not None:
             self._cms.put_status(status)  # never waits on Redis (StoreWriter)
         now = time.monotonic()
@@ -141,7 +143,7 @@ class InstanceActor:
         changed = last is None or (last.is_terminating, last.is_schedulable) != (
             status.is_terminating, status.is_schedulable)
         if not changed and now - self._pushed_at < self.PUSH_INTERVAL_S:
-            return
+            return False
         status = dataclasses.replace(status, evicted_prefix_keys=tuple(self._evicted))
         self._evicted.clear()
         self._last_pushed, self._pushed_at = status, now
@@ -155,6 +157,7 @@ class InstanceActor:
             self._llumsched.update_status.remote(status, handle, self.role)
         except Exception:  # noqa: BLE001 - LlumSched is restarting; the next push retries
             log.debug("status push to LlumSched failed", exc_info=True)
+        return True
 
     # -- PD (cluster/pd.py) -------------------------------------------------------
     def _handoff_worker(self) -> Any:

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 class InstanceServer:
     def __init__(self, engine: EngineCore, llumlet: Llumlet,
-                 on_status: Callable[[InstanceStatus], None] | None = None,
+                 on_status: Callable[[InstanceStatus], bool | None] | None = None,
                  status_interval_s: float = 0.05, idle_status_interval_s: float = 1.0,
                  on_outputs: Callable[[list[RequestOutput]], None] | None = None) -> None:
         self.engine = engine
@@ -59,6 +59,8 @@ class InstanceServer:
         self._thread = threading.Thread(target=self._loop, name=f"engine-{self.instance_id}", daemon=True)
         self._last_report = 0.0
         self._report_due = False
+        self._push_held = False
+        """``on_status`` held the last status back (returned False): report at the busy cadence."""
         """Commands ran since the last status: the next delivery carries one."""
         self.last_step_time = time.monotonic()
         self.step_log: collections.deque[tuple[float, float, int, float, bool]] = collections.deque(maxlen=4096)
@@ -241,7 +243,8 @@ class InstanceServer:
         request finished, and after commands (coalesced: a burst of adds is one report,
         sent with the step that starts them; at once where no step follows)."""
         now = time.monotonic()
-        interval = self._status_interval if self.engine.has_unfinished_requests() else self._idle_status_interval
+        busy = self.engine.has_unfinished_requests() or self._push_held
+        interval = self._status_interval if busy else self._idle_status_interval
         status = None
         if force_report or self._report_due or now - self._last_report >= interval:
             self._last_report, self._report_due = now, False
@@ -268,7 +271,9 @@ class InstanceServer:
             if published:  # a step whose outputs were all held wakes no channel writer
                 self._outbox_cv.notify_all()
         if status is not None and self._on_status is not None:
-            self._on_status(status)
+            # a receiver that held this status back (a throttle) gets another at the busy
+            # cadence until one goes through, even if the engine is idle from now on
+            self._push_held = self._on_status(status) is False
 
     _IDLE_CLIENT_S = 120.0
 
