@@ -4,7 +4,7 @@ policy option change? ``python -m benchmarks.cluster.sim_small [--seeds 200] [--
 
 The trace is ``bench cluster``'s (real ShareGPT first turns x 0.125, prompts <= 32 and
 outputs <= 64 tokens, Poisson; ``cluster_bench.make_requests``' streams), the cluster its
-sizing (2 instances of ``--blocks`` blocks of ``--block-size`` tokens, chunked prefill,
+sizing (``--instances`` 2 of ``--blocks`` blocks of ``--block-size`` tokens, chunked prefill,
 watermark 0.01), the engine and the policies the product's own (the simulator runs them);
 step times are the simulator's a10-llama7b-serving model, not SmolLM2 on this CPU, so the
 rates are the simulator's (``--rates``), chosen where INFaaS++'s preemptions per request
@@ -26,6 +26,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "llumnix": {"dispatch": "llumnix", "migration": True},
     "llumnix dst_queue=all": {"dispatch": "llumnix", "migration": True, "rescheduling": {"dst_queue": "all"}},
     "llumnix pairing=stable": {"dispatch": "llumnix", "migration": True, "rescheduling": {"pairing": "stable"}},
+    "llumnix in_threshold=6": {"dispatch": "llumnix", "migration": True, "rescheduling": {"in_threshold": 6.0}},
     "llumnix no migration": {"dispatch": "llumnix"},
 }
 
@@ -40,7 +41,8 @@ def trace_for(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: i
     return Trace("bench-cluster", rate, seed, np.cumsum(gaps) / rate, ins[idx], outs[idx], np.zeros(n, np.int64))
 
 
-def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, block_size: int) -> dict[str, Any]:
+def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, block_size: int,
+        watermark: float = 0.01, instances: int = 2) -> dict[str, Any]:
     from llumnix.sim.cluster import ClusterConfig
     from llumnix.sim.config import SystemSpec
     from llumnix.sim.latency import get_latency_model
@@ -50,8 +52,8 @@ def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, bl
     d = SYSTEMS[system]
     opts = {"rescheduling": d["rescheduling"]} if "rescheduling" in d else {}
     spec = SystemSpec(system, d["dispatch"], enable_migration=d.get("migration", False), options=opts)
-    cluster = ClusterConfig(num_instances=2, num_blocks=blocks, block_size=block_size, max_num_seqs=32,
-                            chunked_prefill=True, max_model_len=blocks * block_size)
+    cluster = ClusterConfig(num_instances=instances, num_blocks=blocks, block_size=block_size, max_num_seqs=32,
+                            chunked_prefill=True, max_model_len=blocks * block_size, watermark=watermark)
     sim = Simulator(cluster, get_latency_model("a10-llama7b-serving"), make_policy(spec, cluster, seed=seed),
                     trace_for(pairs, n, rate, seed))
     out = sim.run()
@@ -66,6 +68,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=10)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--instances", type=int, default=2)
+    ap.add_argument("--watermark", type=float, default=0.01, help="admission watermark (10 blocks: 0.01 is 0 blocks)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     from llumnix.bench.cluster_bench import ClusterBenchSettings, scaled_pairs
@@ -77,7 +81,8 @@ def main() -> None:
     for rate in (float(x) for x in a.rates.split(",")):
         per: dict[str, np.ndarray] = {}
         for name in systems:
-            per[name] = np.array([run(name, pairs, a.requests, rate, s, a.blocks, a.block_size)["preemptions"]
+            per[name] = np.array([run(name, pairs, a.requests, rate, s, a.blocks, a.block_size,
+                                      a.watermark, a.instances)["preemptions"]
                                   for s in range(a.seeds)])
         base = per["infaas++"]
         for name in systems:
