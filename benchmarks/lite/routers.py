@@ -76,7 +76,8 @@ def llamacpp(i: int, log_dir: Path, n_ctx: int = 2048) -> Proc:
     port = free_port()
     return Proc(f"llamacpp-{i}", [LLAMACPP_PY, str(Path(__file__).with_name("llamacpp_server.py")), "--model", smollm2_gguf(),
                                   "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
-                                  "--n_threads", "1", "--model_alias", "smollm2"], port, log_dir=log_dir)
+                                  "--n_threads", "1", "--model_alias", "smollm2", "--interrupt_requests", "False"],
+                port, log_dir=log_dir)
 
 
 def echo_engine(i: int, log_dir: Path) -> Proc:
