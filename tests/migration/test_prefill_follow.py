@@ -169,3 +169,24 @@ def test_a_request_paused_at_the_first_boundary_is_resumed_when_the_destination_
         assert pair.collect("x") == reference(PROMPT[:29], params)  # resumed where it was
         assert pair.collect("y") == reference(PROMPT, params)
         pair.check_drained()
+
+
+def test_a_prefill_whose_computed_blocks_the_destination_caches_is_never_paused_mid_prefill():
+    """Prefix caching: the decode instance caches the prompt's first 24 blocks, so the first
+    stage adopts every block computed so far and sends none; that must not move the request
+    before its first token (it would finish its prefill on the decode instance)."""
+    params = SamplingParams(max_tokens=30)
+    with Pair(chunk_tokens=8, slow_s=0.03, prefix_caching=True, num_blocks=128, dst_blocks=128) as pair:
+        pair.dst.call(lambda: pair.dst.engine.add_request("other", PROMPT[:96] + [7, 8],
+                                                          SamplingParams(max_tokens=400)))
+        pair.add("x", PROMPT, params)
+        _wait_for_chunk(pair, "x")
+        rep = migrate("x", pair.src, pair.endpoint, pair.sender, FOLLOW)
+        assert rep.committed, rep.abort_reason
+        assert rep.num_blocks_cached >= 2
+        made_here = [o for o in pair.src.get_outputs(0.05) if o.request_id == "x"]
+        assert made_here and made_here[0].num_output_tokens == 1  # its first token came from the source
+        pair.tokens["x"] = [(o.num_output_tokens, o.new_token_ids[0]) for o in made_here]
+        assert pair.collect("x") == reference(PROMPT, params)
+        pair.dst.call(lambda: pair.dst.engine.abort_request("other"))
+        pair.check_drained()

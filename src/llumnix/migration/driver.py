@@ -300,6 +300,8 @@ def _first_stage_with_cache(request_id: str, eng: Any, dst: Destination, proto: 
     reserved = dst.try_reserve_with_cache(request_id, sequence_keys(prompt, output, len(table), eng.kv.block_size))
     if reserved is not None:
         proto.on_cached(reserved[0])
+        if proto.num_blocks_done == len(table) and proto.config.follow_prefill and not output:
+            return  # all adopted, still prefilling: the loop waits for its next chunk (never pause mid-prefill)
     if proto.begin_stage(table[proto.num_blocks_done:], now()) == P.RESERVE:  # else all adopted: PAUSE
         proto.on_reserved(None if reserved is None else reserved[1], now())
 
