@@ -104,8 +104,8 @@ class Serve:
         return dict(httpx.get(f"{self.url}/admin/cluster", timeout=10).json())
 
 
-def one_run(srv: Serve, rate: float, seed: int) -> dict[str, Any]:
-    reqs = plan(WORKLOAD["num_requests"], rate, WORKLOAD["arrival"], WORKLOAD["cv"], WORKLOAD["lengths"],
+def one_run(srv: Serve, rate: float, seed: int, num_requests: int | None = None) -> dict[str, Any]:
+    reqs = plan(num_requests or WORKLOAD["num_requests"], rate, WORKLOAD["arrival"], WORKLOAD["cv"], WORKLOAD["lengths"],
                 WORKLOAD["input_len"], WORKLOAD["output_len"], WORKLOAD["max_input"], WORKLOAD["max_output"], seed)
     load0 = os.getloadavg()[0]
     records, duration = asyncio.run(run_load(srv.url, srv.model(), reqs, show_progress=False))
@@ -173,6 +173,8 @@ def main() -> int:
     ap.add_argument("--capacity", type=float, default=None, help="skip the probe: this capacity (req/s)")
     ap.add_argument("--out", default=f"{RESULTS_DIR}/pd_cluster")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"some of {', '.join(SYSTEMS)}")
+    ap.add_argument("--num-requests", type=int, default=None,
+                    help="requests per run, the trace's first N (default the workload's 24; the capacity probe keeps 24)")
     args = ap.parse_args()
     Path(LIVE_CONFIG).write_text("scheduling:\n  pd:\n    stop_and_copy_behind_prefill: false\n")
     Path(ADAPTIVE_CONFIG).write_text("scheduling:\n  pd:\n" + "".join(f"    {k}: {v}\n" for k, v in ADAPTIVE.items()))
@@ -186,7 +188,7 @@ def main() -> int:
     for seed in (int(x) for x in args.seeds.split(",")):
         for system, flags in systems.items():
             with Serve(system, flags) as srv:
-                r = one_run(srv, rate, seed)
+                r = one_run(srv, rate, seed, args.num_requests)
             runs[system].append(r)
             s = r["summary"]
             print(f"seed {seed} {system:9s} ok {s['num_ok']}/{s['num_requests']}  TTFT p99 {s['ttft_s']['p99']:.3f}  "
@@ -195,6 +197,7 @@ def main() -> int:
                   f"hand-offs {r['pd'].get('handoffs_done')}  role changes {r['pd'].get('lends')}/"
                   f"{r['pd'].get('reclaims')}/{r['pd'].get('flips')}", flush=True)
     result = {"machine": machine_info(with_torch=False), "workload": WORKLOAD, "systems": systems,
+              "num_requests": args.num_requests or WORKLOAD["num_requests"],
               "rule": f"rate = {args.load} x the co-located capacity (the seed-0 trace at once)",
               "adaptive": ADAPTIVE,
               "capacity_req_s": cap, "capacity_probe": probe, "rate_req_s": rate, "runs": runs,
