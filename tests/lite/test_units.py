@@ -117,3 +117,30 @@ def test_config_errors_name_their_path():
         from_doc([{"name": "a", "endpoints": ["http://h:1"]}], {"max_attempt": 2})
     cfg = from_doc([{"name": "a", "models": "m*", "endpoints": [{"url": "http://h:1/v1/", "capacity_tokens": 4096}]}])
     assert cfg.pools[0].endpoints[0].url == "http://h:1" and cfg.pools[0].serves("m-7b")
+
+
+def test_a_probe_timing_out_while_the_endpoint_streams_output_does_not_count_against_it():
+    import asyncio
+
+    import httpx
+
+    from llumnix.lite.config import from_urls
+    from llumnix.lite.endpoint import Endpoint
+
+    lite = from_urls(["http://e:1"], "m", eject_after=1)
+    ep = Endpoint(lite.pools[0].endpoints[0], "default", lite)
+    ep.lrs.on_dispatch("r", 10, 0, now=0.0)
+
+    def busy(request: httpx.Request) -> httpx.Response:
+        ep.lrs.on_tokens("r", 3)  # our request streamed while the probe waited
+        raise httpx.ReadTimeout("slow", request=request)
+
+    def silent(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow", request=request)
+
+    async def probe(handler) -> bool:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await ep.probe(client)
+
+    assert asyncio.run(probe(busy)) and ep.can_serve() and ep.health.num_failures_in_row == 0
+    assert not asyncio.run(probe(silent)) and not ep.can_serve()  # no progress: a failure, ejected

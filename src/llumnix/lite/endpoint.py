@@ -77,7 +77,13 @@ class Endpoint:
 
     # -- watching -----------------------------------------------------------------------
     async def probe(self, client: httpx.AsyncClient) -> bool:
-        """One active probe; learns the engine's model name and context on success."""
+        """One active probe; learns the engine's model name and context on success. A
+        probe that times out while the endpoint streamed output to our requests counts
+        for nothing: the engine is alive, only slow to answer probes while busy (a
+        single-slot server, a starved event loop), and ejecting it would pile its
+        requests onto the others."""
+        lrs = self.lrs
+        progress = lrs.num_output_tokens + lrs.num_finished
         try:
             resp = await client.get(self.url + "/v1/models", headers=self.headers,
                                     timeout=self._lite.connect_timeout_s + 2.0)
@@ -85,6 +91,10 @@ class Endpoint:
             error = "" if ok else f"probe: HTTP {resp.status_code}"
             if ok:
                 self._learn(resp.json())
+        except httpx.TimeoutException as e:
+            if lrs.num_output_tokens + lrs.num_finished != progress:
+                return True
+            ok, error = False, f"probe: {type(e).__name__}: {e}"
         except (httpx.HTTPError, ValueError) as e:
             ok, error = False, f"probe: {type(e).__name__}: {e}"
         self.on_probe(ok, time.time(), error)
