@@ -61,6 +61,8 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
+    if not a.cluster_json.is_file():
+        raise SystemExit(f"attribution: no such file {a.cluster_json} (a `llumnix bench cluster --trace` output)")
     rows = table(json.loads(a.cluster_json.read_text()))
     print(markdown(rows) if a.markdown else json.dumps(rows, indent=1))
     if a.out:
