@@ -119,7 +119,9 @@ def test_config_errors_name_their_path():
     assert cfg.pools[0].endpoints[0].url == "http://h:1" and cfg.pools[0].serves("m-7b")
 
 
-def test_a_probe_timing_out_while_the_endpoint_streams_output_does_not_count_against_it():
+def test_a_probe_that_connected_but_timed_out_counts_for_nothing_and_a_refused_one_ejects():
+    """Measured: llama-cpp-python's servers answered probes late while they generated
+    (for us or for others), and counting that ejected every endpoint 5-8 times in minutes."""
     import asyncio
 
     import httpx
@@ -129,18 +131,16 @@ def test_a_probe_timing_out_while_the_endpoint_streams_output_does_not_count_aga
 
     lite = from_urls(["http://e:1"], "m", eject_after=1)
     ep = Endpoint(lite.pools[0].endpoints[0], "default", lite)
-    ep.lrs.on_dispatch("r", 10, 0, now=0.0)
 
-    def busy(request: httpx.Request) -> httpx.Response:
-        ep.lrs.on_tokens("r", 3)  # our request streamed while the probe waited
+    def slow(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("slow", request=request)
 
-    def silent(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("slow", request=request)
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
 
     async def probe(handler) -> bool:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
             return await ep.probe(client)
 
-    assert asyncio.run(probe(busy)) and ep.can_serve() and ep.health.num_failures_in_row == 0
-    assert not asyncio.run(probe(silent)) and not ep.can_serve()  # no progress: a failure, ejected
+    assert not asyncio.run(probe(slow)) and ep.can_serve() and ep.health.num_failures_in_row == 0
+    assert not asyncio.run(probe(refused)) and not ep.can_serve()

@@ -77,13 +77,13 @@ class Endpoint:
 
     # -- watching -----------------------------------------------------------------------
     async def probe(self, client: httpx.AsyncClient) -> bool:
-        """One active probe; learns the engine's model name and context on success. A
-        probe that times out while the endpoint streamed output to our requests counts
-        for nothing: the engine is alive, only slow to answer probes while busy (a
-        single-slot server, a starved event loop), and ejecting it would pile its
-        requests onto the others."""
-        lrs = self.lrs
-        progress = lrs.num_output_tokens + lrs.num_finished
+        """One active probe; learns the engine's model name and context on success.
+
+        A probe that connected but got no answer in time counts for nothing: a busy
+        engine answers probes late (llama-cpp-python's server while it generates, even
+        for other clients), and ejecting it piles its requests onto the others; a hung
+        one fails the requests themselves (``first_byte_timeout_s``, retried elsewhere,
+        then ejected). Refused or timed-out connections and error answers count."""
         try:
             resp = await client.get(self.url + "/v1/models", headers=self.headers,
                                     timeout=self._lite.connect_timeout_s + 2.0)
@@ -91,10 +91,8 @@ class Endpoint:
             error = "" if ok else f"probe: HTTP {resp.status_code}"
             if ok:
                 self._learn(resp.json())
-        except httpx.TimeoutException as e:
-            if lrs.num_output_tokens + lrs.num_finished != progress:
-                return True
-            ok, error = False, f"probe: {type(e).__name__}: {e}"
+        except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
+            return False
         except (httpx.HTTPError, ValueError) as e:
             ok, error = False, f"probe: {type(e).__name__}: {e}"
         self.on_probe(ok, time.time(), error)
