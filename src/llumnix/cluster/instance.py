@@ -198,8 +198,10 @@ class InstanceServer:
         return not s.running and not s.waiting
 
     def _drain_commands(self, block: bool) -> None:
+        """Run the queued commands; ``block``: with nothing to step, wait for one until the
+        next status report is due (an idle engine sleeps through its heartbeat interval)."""
         try:
-            fn, fut = self._commands.get(timeout=self._status_interval) if block \
+            fn, fut = self._commands.get(timeout=self._until_report()) if block \
                 else self._commands.get_nowait()
         except queue.Empty:
             return
@@ -237,16 +239,21 @@ class InstanceServer:
             self._final_only.discard(rid)
         self._deliver([out for rid in gone if (out := self._held.pop(rid, None)) is not None], force_report=False)
 
+    def _report_interval(self) -> float:
+        busy = self.engine.has_unfinished_requests() or self._push_held
+        return self._status_interval if busy else self._idle_status_interval
+
+    def _until_report(self) -> float:
+        return max(0.0, self._last_report + self._report_interval() - time.monotonic())
+
     def _deliver(self, outputs: list[RequestOutput], force_report: bool) -> None:
         """Outputs and, when one is due, a status, under one lock and one wake-up: a
         channel sends them in one frame. A status is due every status interval, after a
         request finished, and after commands (coalesced: a burst of adds is one report,
         sent with the step that starts them; at once where no step follows)."""
         now = time.monotonic()
-        busy = self.engine.has_unfinished_requests() or self._push_held
-        interval = self._status_interval if busy else self._idle_status_interval
         status = None
-        if force_report or self._report_due or now - self._last_report >= interval:
+        if force_report or self._report_due or now - self._last_report >= self._report_interval():
             self._last_report, self._report_due = now, False
             status = self.llumlet.push(time.time())
         if not outputs and status is None:
