@@ -82,19 +82,8 @@ class Destination(Protocol):
 def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
             config: MigrationConfig, now: Callable[[], float] = time.monotonic) -> MigrationReport:
     eng = src.engine
-    # one boundary: the request's state and, with prefix caching, its first stage's blocks
-    # (following a prefill: or the request paused there, if its first token is just out
-    # with prompt work waiting; the hand-off was started while its last chunk computed)
-    start = src.call(lambda: _start(eng, request_id, config.follow_prefill, now))
-    status0, preemptions0 = start[0] if start[0] is not None else (RequestStatus.RUNNING, 0)
-    proto = MigrationProtocol(request_id, src.instance_id, dst.instance_id, config, now(),
-                              has_kv=status0 == RequestStatus.RUNNING,
-                              bytes_per_block=eng.executor.bytes_per_block)
-    if start[0] is None:
-        # Picked at one boundary, gone by the next: it finished (or was aborted) between
-        # the two. Nothing was started on either side.
-        proto.abort(f"the request finished before its migration began ({request_id} is not on "
-                    f"{src.instance_id})", now(), reasons.SOURCE_FINISHED)
+    proto, preemptions0, first = _open(request_id, src, dst, config, now)
+    if proto.phase.is_done:
         return proto.report()
     src.llumlet.on_migration_started(request_id)
     paused = False
@@ -107,13 +96,13 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
         return st is not None and st[1] == preemptions0 and st[0] in (RequestStatus.RUNNING, RequestStatus.PAUSED)
 
     try:
-        if isinstance(start[1], _Paused):
+        if isinstance(first, _Paused):
             if proto.phase == P.RESERVE:
                 proto.begin_stage([], now())  # nothing to pre-copy: straight to PAUSE
-            snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, start[1].taken)
+            snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, first.taken)
             paused = snapshot is not None
         else:
-            _first_stage_with_cache(request_id, eng, dst, proto, start[1], now)
+            _first_stage_with_cache(request_id, eng, dst, proto, first, now)
         while not proto.phase.is_done:
             if proto.is_timed_out(now()):
                 proto.abort("timeout", now(), reasons.TIMEOUT)
@@ -166,6 +155,27 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
             _clean_up_abort(request_id, src, dst, paused or proto.paused_at is not None)
         src.llumlet.on_migration_finished(request_id, proto.phase == P.COMMITTED)
     return proto.report()
+def _open(request_id: str, src: SourceServer, dst: Destination, config: MigrationConfig, now: Callable[[], float],
+          ) -> tuple[MigrationProtocol, int, tuple[list[int], list[int], list[int]] | _Paused | None]:
+    """The migration's first source boundary (``_start``): its protocol (aborted if the
+    request is gone), the request's preemption count then, and what its first stage
+    starts from."""
+    eng = src.engine
+    # following a prefill, the request may be paused there: its first token is just out
+    # with prompt work waiting (the hand-off was started while its last chunk computed)
+    state, first = src.call(lambda: _start(eng, request_id, config.follow_prefill, now))
+    status0, preemptions0 = state if state is not None else (RequestStatus.RUNNING, 0)
+    proto = MigrationProtocol(request_id, src.instance_id, dst.instance_id, config, now(),
+                              has_kv=status0 == RequestStatus.RUNNING,
+                              bytes_per_block=eng.executor.bytes_per_block)
+    if state is None:
+        # Picked at one boundary, gone by the next: it finished (or was aborted) between
+        # the two. Nothing was started on either side.
+        proto.abort(f"the request finished before its migration began ({request_id} is not on "
+                    f"{src.instance_id})", now(), reasons.SOURCE_FINISHED)
+    return proto, preemptions0, first
+
+
 @dataclass(frozen=True)
 class _Paused:
     """Following a prefill: ``_pause_at_boundary``'s work, done by ``_next_blocks`` at the
