@@ -51,7 +51,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import Serve  # noqa: E402 - this folder's runner
 
-from llumnix.bench.machine import RESULTS_DIR, machine_info  # noqa: E402
+from llumnix.bench.machine import RESULTS_DIR, machine_info, write_result  # noqa: E402
 
 SYSTEMS = {"before": "false", "after": "true"}
 """``scheduling.pd.precopy_prefill_chunks`` of each system."""
@@ -182,11 +182,8 @@ def main() -> int:
                            "first_gap_stall": "gap between tokens 1 and 2 less that median",
                            "excess": "sum over gaps of the excess over that median"},
               "records": records, "summary": summary(records, lengths), "wall_s": time.time() - t0}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "handoff_cost.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result["summary"], indent=1))
-    print(f"wrote {out / 'handoff_cost.json'} ({result['wall_s']:.0f} s)")
+    write_result(Path(args.out) / "handoff_cost.json", result)
     return 0
 
 

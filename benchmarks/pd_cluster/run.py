@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from llumnix.bench.machine import RESULTS_DIR, machine_info
+from llumnix.bench.machine import RESULTS_DIR, machine_info, write_result
 from llumnix.bench.serve_bench import plan, run_load, summarize
 from llumnix.cluster.startup import free_port
 
@@ -202,11 +202,8 @@ def main() -> int:
               "adaptive": ADAPTIVE,
               "capacity_req_s": cap, "capacity_probe": probe, "rate_req_s": rate, "runs": runs,
               "summary": summary(runs), "wall_s": time.time() - t0}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "pd_cluster.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result["summary"], indent=1))
-    print(f"wrote {out / 'pd_cluster.json'} ({result['wall_s']:.0f} s)")
+    write_result(Path(args.out) / "pd_cluster.json", result)
     return 0
 
 
