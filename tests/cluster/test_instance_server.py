@@ -1,6 +1,7 @@
 """InstanceServer without Ray: commands at step boundaries, outputs, failure surfacing."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -245,5 +246,70 @@ def test_a_status_the_receiver_held_back_is_reported_again_though_the_engine_wen
             time.sleep(0.01)
         assert len(taken) > n, "the held-back status was never reported again"
         assert taken[-1][1] == 0 and taken[-1][0] - t_held < 1.0  # the idle state, long before the 5 s heartbeat
+    finally:
+        srv.stop()
+
+
+def _wait_standing(srv, n: int) -> None:
+    deadline = time.time() + 5
+    while srv.call(lambda: len(srv._standing)) != n and time.time() < deadline:
+        time.sleep(0.005)
+
+
+def test_call_until_acts_at_the_very_boundary_a_step_makes_its_condition_true():
+    """The condition is checked on the step thread right after each step, so the request
+    is paused at the boundary after its third token however slow the caller's thread is."""
+    srv, _ = _server()
+    try:
+        eng = srv.engine
+
+        def third_token() -> int | bool:
+            req = eng.requests.get("x")
+            if req is None or len(req.output_token_ids) < 3:
+                return False
+            eng.pause_request("x")
+            return len(req.output_token_ids)
+
+        got = []
+        t = threading.Thread(target=lambda: got.append(srv.call_until(third_token, 10.0)))
+        t.start()
+        _wait_standing(srv, 1)
+        srv.call(lambda: eng.add_request("x", [1, 2, 3], SamplingParams(max_tokens=40)))
+        t.join(5.0)
+        assert got == [3]
+        time.sleep(0.1)
+        assert srv.call(lambda: len(eng.requests["x"].output_token_ids)) == 3
+    finally:
+        srv.stop()
+
+
+def test_call_until_is_answered_by_a_command_when_no_step_follows():
+    srv, _ = _server()
+    try:
+        eng = srv.engine
+        got = []
+        t = threading.Thread(target=lambda: got.append(srv.call_until(lambda: "yes" if eng.requests else False, 10.0)))
+        t.start()
+        _wait_standing(srv, 1)  # idle engine: no step will run, only a command can answer
+        assert not got
+        srv.call(lambda: eng.add_request("x", [1, 2, 3], SamplingParams(max_tokens=2)))
+        t.join(2.0)
+        assert got == ["yes"]
+    finally:
+        srv.stop()
+
+
+def test_call_until_that_times_out_never_runs_again():
+    srv, _ = _server()
+    try:
+        runs = []
+        with pytest.raises(TimeoutError):
+            srv.call_until(lambda: runs.append(1) or False, 0.05)
+        n = len(runs)
+        assert n >= 1
+        for _ in range(3):  # each command's boundary would run it, were it still standing
+            srv.call(lambda: None)
+        assert len(runs) == n
+        assert srv.call(lambda: srv._standing) == []
     finally:
         srv.stop()

@@ -109,6 +109,12 @@ class _EndsAfterStart:
             self.srv.call(lambda: self.engine.abort_request(self.rid))
         return self.srv.call(fn, timeout)
 
+    def call_until(self, fn, timeout: float):
+        self.calls += 1
+        if self.calls == 2:
+            self.srv.call(lambda: self.engine.abort_request(self.rid))
+        return self.srv.call_until(fn, timeout)
+
 
 class _Counting:
     def __init__(self, endpoint) -> None:

@@ -47,6 +47,8 @@ class InstanceServer:
         the evicted prefix keys of every push since the one a channel sent last)."""
         self._status_seq = 0
         self._commands: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        self._standing: list[tuple[Callable[[], Any], Future[Any]]] = []
+        """``call_until``'s calls, run at every step boundary until each has its answer (step thread only)."""
         self._outboxes: dict[str, _Outbox] = {}
         """Outputs not yet acknowledged, by the request's ``client`` tag."""
         self._final_only: set[str] = set()
@@ -93,6 +95,32 @@ class InstanceServer:
 
     def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
         return self.run_at_boundary(fn).result(timeout)
+
+    def call_until(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """Run ``fn`` at this boundary and, on the step thread, at every later one until
+        it returns something other than False; return that. The step thread runs it right
+        after each step, so a condition a step makes true is acted on at that very
+        boundary, however late the caller's thread gets a core (a caller polling with
+        ``call`` can miss steps under CPU contention). Raises TimeoutError after
+        ``timeout`` seconds; then ``fn`` has stopped running, so nothing it would have done
+        happens after the caller gave up."""
+        fut: Future[Any] = Future()
+        entry = (fn, fut)
+
+        def first() -> None:
+            if fut.set_running_or_notify_cancel():
+                self._standing.append(entry)
+                self._run_standing()
+
+        self.call(first, timeout)
+        try:
+            return fut.result(max(0.0, timeout))
+        except TimeoutError:
+            # withdrawn on the step thread, so it cannot run once more after this
+            self.call(lambda: entry in self._standing and self._standing.remove(entry))
+            if fut.done():  # answered at the boundary the withdrawal waited for
+                return fut.result()
+            raise
 
     def get_outputs(self, timeout: float = 0.5, client: str = "") -> list[RequestOutput]:
         """Outputs of ``client``'s requests produced since its last call, taken: waits up
@@ -183,6 +211,8 @@ class InstanceServer:
                     self._deliver(outputs, force_report=any(o.is_finished for o in outputs))
                     if outputs and self.on_outputs is not None:
                         self.on_outputs(outputs)
+                    if self._standing:
+                        self._run_standing()
                 else:
                     self._deliver([], force_report=False)
         except BaseException as e:  # noqa: BLE001 - recorded, surfaced through is_alive/health
@@ -215,7 +245,9 @@ class InstanceServer:
             try:
                 fn, fut = self._commands.get_nowait()
             except queue.Empty:
-                return
+                break
+        if self._standing:  # the commands may have answered them (an abort, with no step to follow)
+            self._run_standing()
 
     # -- final-only requests (step thread) -------------------------------------------
     def hold_until_final(self, request_id: str) -> None:
@@ -292,7 +324,24 @@ class InstanceServer:
             del self._last_read[c]
             self._outboxes.pop(c, None)
 
+    def _run_standing(self) -> None:
+        """``call_until``'s calls, at this boundary: each that answers (or raises) is done."""
+        for entry in list(self._standing):
+            fn, fut = entry
+            try:
+                got = fn()
+            except Exception as e:  # noqa: BLE001 - handed to the caller
+                self._standing.remove(entry)
+                fut.set_exception(e)
+                continue
+            if got is not False:
+                self._standing.remove(entry)
+                fut.set_result(got)
+
     def _fail_pending(self) -> None:
+        for _, fut in self._standing:
+            fut.set_exception(RuntimeError(f"instance {self.instance_id} stopped"))
+        self._standing.clear()
         while True:
             try:
                 _, fut = self._commands.get_nowait()

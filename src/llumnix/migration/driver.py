@@ -54,6 +54,12 @@ class SourceServer(Protocol):
 
     def call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any: ...
 
+    def call_until(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """``fn`` run on the step thread at every boundary until it returns something other
+        than False (InstanceServer.call_until); TimeoutError after ``timeout`` seconds, with
+        ``fn`` withdrawn."""
+        ...
+
 
 class Destination(Protocol):
     instance_id: str
@@ -199,10 +205,11 @@ def _next_blocks(request_id: str, eng: Any, src: SourceServer, proto: MigrationP
     """Following a prefill: the next pre-copy stage, read at a source step boundary
     (``offset``: blocks being copied, not yet counted as sent), or None if the request is
     gone (or the migration timed out). While the request prefills, this waits at the
-    boundaries (one a step) for its next finished chunk. At the boundary right after its
-    first token, with prompt work waiting there (its next steps would be prefill chunks),
-    the request is paused at once (``_Paused``): the last stage sends only the tail;
-    without, its tail is pre-copied while it decodes, as in any live migration."""
+    boundaries (one a step, on the step thread: ``call_until``) for its next finished
+    chunk. At the boundary right after its first token, with prompt work waiting there
+    (its next steps would be prefill chunks), the request is paused at once (``_Paused``):
+    the last stage sends only the tail; without, its tail is pre-copied while it decodes,
+    as in any live migration."""
     def poll() -> _Chunk | _Paused | None | bool:
         if not alive():
             return None
@@ -218,15 +225,10 @@ def _next_blocks(request_id: str, eng: Any, src: SourceServer, proto: MigrationP
         need = len(eng.blocks_since(request_id, done)) + 1
         return _Chunk(blocks, need, not req.output_token_ids, need - 1 - len(blocks))
 
-    while True:
-        t0 = time.monotonic()
-        got = src.call(poll)
-        if got is not False:
-            return cast("_Chunk | _Paused | None", got)
-        if proto.is_timed_out(now()):
-            return None
-        if time.monotonic() - t0 < 0.001:
-            time.sleep(0.001)  # never spin against an idle step thread
+    try:
+        return cast("_Chunk | _Paused | None", src.call_until(poll, proto.time_left(now())))
+    except TimeoutError:
+        return None
 
 
 def _prompt_work_waits(eng: Any, req: Request) -> bool:

@@ -178,6 +178,10 @@ class MigrationProtocol:
     def is_timed_out(self, now: float) -> bool:
         return not self.phase.is_done and now - self._progress_time > self.config.timeout_s
 
+    def time_left(self, now: float) -> float:
+        """Seconds until ``is_timed_out`` without further progress."""
+        return max(0.0, self._progress_time + self.config.timeout_s - now)
+
     # -- transitions ----------------------------------------------------------
     def on_cached(self, num_blocks: int) -> None:
         """Before the first stage: the destination adopted this many of the request's
