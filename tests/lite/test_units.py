@@ -144,3 +144,31 @@ def test_a_probe_that_connected_but_timed_out_counts_for_nothing_and_a_refused_o
 
     assert not asyncio.run(probe(slow)) and ep.can_serve() and ep.health.num_failures_in_row == 0
     assert not asyncio.run(probe(refused)) and not ep.can_serve()
+
+
+def test_an_ejection_by_a_failed_probe_is_logged_once_with_its_endpoint_and_reason(caplog):
+    import asyncio
+    import logging
+
+    import httpx
+
+    from llumnix.lite.config import from_urls
+    from llumnix.lite.endpoint import Endpoint
+
+    lite = from_urls(["http://e:1"], "m", eject_after=2)
+    ep = Endpoint(lite.pools[0].endpoints[0], "default", lite)
+
+    def error(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503)
+
+    async def probe() -> bool:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(error)) as client:
+            return await ep.probe(client)
+
+    with caplog.at_level(logging.WARNING, logger="llumnix.lite.endpoint"):
+        asyncio.run(probe())  # one failure in a row: not ejected yet
+        assert ep.can_serve() and not caplog.records
+        asyncio.run(probe())
+        asyncio.run(probe())  # already ejected: nothing more to say
+    assert not ep.can_serve()
+    assert [r.getMessage() for r in caplog.records] == ["lite: endpoint e:1 ejected: probe: HTTP 503"]

@@ -69,6 +69,8 @@ class Endpoint:
             log.warning("lite: endpoint %s re-admitted", self.endpoint_id)
         if self.health.can_serve() != could:
             self.changed.add(self.endpoint_id)
+            if could:
+                log.warning("lite: endpoint %s ejected: %s", self.endpoint_id, self.health.last_error)
 
     def engine_model(self, model: str) -> str:
         """The name to send for a request naming ``model``: itself where the engine lists
