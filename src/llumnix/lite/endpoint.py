@@ -40,6 +40,7 @@ class Endpoint:
         self.headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
         self._lite = lite
         self._scrapes = cfg.kind != "openai"
+        self._slots_asked = bool(cfg.max_num_seqs)
 
     @property
     def url(self) -> str:
@@ -93,6 +94,8 @@ class Endpoint:
             error = "" if ok else f"probe: HTTP {resp.status_code}"
             if ok:
                 self._learn(resp.json())
+                if not self._slots_asked:
+                    await self._learn_slots(client)
         except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
             return False
         except (httpx.HTTPError, ValueError) as e:
@@ -111,6 +114,20 @@ class Endpoint:
         n = mine.get("max_model_len")
         if isinstance(n, int) and n > 0:
             self.max_model_len = n
+
+    async def _learn_slots(self, client: httpx.AsyncClient) -> None:
+        """Once: how many requests the engine runs at once, where it says (llama.cpp's
+        server: ``GET /props`` -> ``total_slots``); other engines answer 404 and are not
+        asked again."""
+        self._slots_asked = True
+        try:
+            resp = await client.get(self.url + "/props", headers=self.headers, timeout=2.0)
+            n = resp.json().get("total_slots") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            self.lrs.learn_max_num_seqs(n)
+            log.info("lite: endpoint %s runs %d requests at once (its /props)", self.endpoint_id, n)
 
     async def scrape(self, client: httpx.AsyncClient) -> None:
         if not self._scrapes:
