@@ -96,13 +96,51 @@ async def added_latency(direct: str, via: dict[str, str], n: int) -> dict[str, A
 
 
 async def kill_run(url: str, victim: routers.Proc, trace: list[Req]) -> dict[str, Any]:
-    async def killer() -> None:
-        await asyncio.sleep(trace[int(0.4 * len(trace))].arrival_s)
-        victim.kill()
+    """Replay ``trace`` and SIGKILL ``victim`` at the arrival of its request 40% in: the
+    run's summary, plus what the kill cost the requests in flight at that moment (sent,
+    not yet answered): how many, how many failed, and their TTFT beside the others'."""
+    kill_at = trace[int(0.4 * len(trace))].arrival_s
+    start = time.perf_counter()
 
-    results, _ = await asyncio.gather(replay(url, trace), killer())
-    victim.start()
-    return summary(results)
+    async def killer() -> float:
+        await asyncio.sleep(max(0.0, start + kill_at - time.perf_counter()))
+        victim.kill()
+        return time.perf_counter() - start
+
+    results, killed_at = await asyncio.gather(replay(url, trace, start=start), killer())
+    in_flight = [(q, r) for q, r in zip(trace, results, strict=True)
+                 if q.arrival_s <= killed_at and (not r.ok or r.e2e_s is None or q.arrival_s + r.e2e_s > killed_at)]
+    hit = [r.ttft_s for _, r in in_flight if r.ok and r.ttft_s is not None]
+    rest = [r.ttft_s for r in results if r.ok and r.ttft_s is not None and all(r is not x for _, x in in_flight)]
+    return {**summary(results), "killed_at_s": killed_at, "in_flight_at_kill": len(in_flight),
+            "in_flight_failed": sum(not r.ok for _, r in in_flight),
+            "in_flight_ttft_mean_s": statistics.fmean(hit) if hit else None,
+            "in_flight_ttft_max_s": max(hit) if hit else None,
+            "others_ttft_mean_s": statistics.fmean(rest) if rest else None,
+            "requests": [{"arrival_s": q.arrival_s, "ok": r.ok, "ttft_s": r.ttft_s, "e2e_s": r.e2e_s,
+                          "error": r.error} for q, r in zip(trace, results, strict=True)]}
+
+
+def kill_phase(urls: list[str], victim: routers.Proc, log_dir: Path, names: list[str], seeds: list[int],
+               rate: float, n: int) -> list[dict[str, Any]]:
+    """Per seed, per router (a fresh router process each run, the victim restarted
+    before it): one engine killed 40% into a sharegpt trace at ``rate``."""
+    out = []
+    for seed in seeds:
+        trace = sharegpt(100 + seed, rate, n)
+        for name in names:
+            if victim.proc is None or victim.proc.poll() is not None:
+                victim.start()
+            proc = start_routers(urls, log_dir, [name])[name]
+            try:
+                time.sleep(2.0)  # every router has probed every engine
+                load = os.getloadavg()[0]
+                s = asyncio.run(kill_run(proc.url, victim, trace))
+            finally:
+                proc.stop()
+            out.append({"seed": seed, "router": name, "load_avg_1m": [load, os.getloadavg()[0]], **s})
+            print("kill", seed, name, {k: v for k, v in s.items() if k != "requests"}, flush=True)
+    return out
 
 
 def start_routers(urls: list[str], log_dir: Path, names: list[str], baseline: str | None = None) -> dict[str, routers.Proc]:
@@ -138,6 +176,7 @@ def main() -> None:
     p.add_argument("--out", default=str(Path.home() / "lite-bench" / "result.json"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--n", type=int, default=8, help="requests per run")
+    p.add_argument("--kill-n", type=int, default=16, help="requests per kill run")
     p.add_argument("--latency-pairs", type=int, default=30)
     p.add_argument("--engines", choices=("llamacpp", "llumnix"), default="llamacpp",
                    help="llama.cpp's server (default) or our own `llumnix serve --instances 1`")
@@ -146,8 +185,11 @@ def main() -> None:
                    help="kind/policy, kind llumnix-lite, llumnix-lite-base or sglang-router (default: %(default)s)")
     p.add_argument("--baseline-src", default=None,
                    help="llumnix-lite-base's sources: a src/ directory, e.g. from `git archive REV src`")
+    p.add_argument("--capacity", nargs="*", default=[], metavar="WORKLOAD=RPS",
+                   help="use these capacities (from an earlier run's measurement) instead of measuring")
     p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     args = p.parse_args()
+    args.capacity = {w: float(v) for w, v in (c.split("=", 1) for c in args.capacity)}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the processes on the way out
     log_dir = Path(args.out).parent / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -170,9 +212,12 @@ def main() -> None:
     urls = [e.url for e in engines]
     procs: dict[str, routers.Proc] = {}
     try:
-        procs = start_routers(urls, log_dir, args.routers, args.baseline_src)
-        needed = set(args.workloads) | ({"sharegpt"} if "kill" in args.phases else set())
-        record["capacity_rps"] = {w: asyncio.run(capacity(urls, make(99, 0.0, 2 * args.n)))
+        if "runs" in args.phases:
+            procs = start_routers(urls, log_dir, args.routers, args.baseline_src)
+        needed = (set(args.workloads) if "runs" in args.phases else set()) | \
+            ({"sharegpt"} if "kill" in args.phases else set())
+        record["load_avg_1m_start"] = os.getloadavg()[0]
+        record["capacity_rps"] = {w: args.capacity.get(w) or asyncio.run(capacity(urls, make(99, 0.0, 2 * args.n)))
                                   for w, make in WORKLOADS.items() if w in needed}
         print("capacity (req/s):", record["capacity_rps"], flush=True)
         for seed in args.seeds if "runs" in args.phases else ():
@@ -182,15 +227,16 @@ def main() -> None:
                 for level, factor in (("light", 0.3), ("near", 0.85)):
                     trace = make(seed, factor * record["capacity_rps"][w], args.n)
                     for name, proc in procs.items():
+                        load = os.getloadavg()[0]
                         s = summary(asyncio.run(replay(proc.url, trace)))
-                        record["runs"].append({"seed": seed, "workload": w, "rate": level, "router": name, **s})
+                        record["runs"].append({"seed": seed, "workload": w, "rate": level, "router": name, **s,
+                                               "load_avg_1m": [load, os.getloadavg()[0]]})
                         print(seed, w, level, name, s, flush=True)
-        for name, proc in procs.items() if "kill" in args.phases else ():
-            trace = sharegpt(7, 0.85 * record["capacity_rps"]["sharegpt"], args.n + 6)
-            s = asyncio.run(kill_run(proc.url, engines[2], trace))
-            record.setdefault("kill_one_of_three", {})[name] = s
-            print("kill", name, s, flush=True)
-            time.sleep(3)  # the routers see the restarted engine again
+        if "kill" in args.phases:
+            for proc in procs.values():  # the kill phase starts a router per run
+                proc.stop()
+            record["kill_runs"] = kill_phase(urls, engines[2], log_dir, args.routers, args.seeds,
+                                             0.85 * record["capacity_rps"]["sharegpt"], args.kill_n)
     finally:
         for proc in [*procs.values(), *engines]:
             proc.stop()

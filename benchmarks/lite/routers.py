@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import yaml
 
 from llumnix.cluster.startup import free_port
 
@@ -94,15 +95,39 @@ def llumnix_engine(i: int, log_dir: Path) -> Proc:
                 port, ready_path="/health", log_dir=log_dir)
 
 
+ENDPOINT_KEYS = ("max_num_seqs", "capacity_tokens")
+
+
 def lite(urls: list[str], policy: str, log_dir: Path, src: str | None = None) -> Proc:
     """Lite-mode Llumnix; ``src``: another source tree's ``src/`` (a baseline), first on the
-    path."""
+    path. ``policy`` may carry settings after ``@``: ``llumnix@prefix_slack=0,max_num_seqs=1``
+    (``max_num_seqs``/``capacity_tokens`` per endpoint, anything else a dispatch param over
+    lite's defaults), run through a config file."""
     port = free_port()
-    argv = [sys.executable, "-m", "llumnix.lite", "--model", "smollm2", "--port", str(port), "--dispatch", policy]
-    for u in urls:
-        argv += ["--engine-url", u]
-    name, env = (f"lite-{policy}", None) if src is None else (f"lite-base-{policy}", {"PYTHONPATH": src})
+    base, _, extra = policy.partition("@")
+    argv = [sys.executable, "-m", "llumnix.lite", "--model", "smollm2", "--port", str(port)]
+    tag = policy.replace("@", "-").replace(",", "-").replace("=", "")
+    if extra:
+        argv += ["--config", str(_lite_config(urls, base, extra, log_dir / f"lite-{tag}.yaml"))]
+    else:
+        argv += ["--dispatch", base]
+        for u in urls:
+            argv += ["--engine-url", u]
+    name, env = (f"lite-{tag}", None) if src is None else (f"lite-base-{tag}", {"PYTHONPATH": src})
     return Proc(name, argv, port, log_dir=log_dir, env=env)
+
+
+def _lite_config(urls: list[str], policy: str, extra: str, path: Path) -> Path:
+    from llumnix.lite.config import from_urls
+
+    settings = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in extra.split(","))}
+    endpoint = {k: settings.pop(k) for k in ENDPOINT_KEYS if k in settings}
+    params = {**from_urls([urls[0]], "smollm2", dispatch=policy).policy_params, **settings}
+    doc = {"model": "smollm2", "pools": [{"name": "default", "models": ["smollm2"],
+                                          "endpoints": [{"url": u, **endpoint} for u in urls]}],
+           "lite": {"dispatch": policy, "dispatch_params": params}}
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 def sglang_router(urls: list[str], policy: str, log_dir: Path) -> Proc:

@@ -93,11 +93,12 @@ async def one(session: aiohttp.ClientSession, url: str, req: Req) -> Result:
         return Result(False, error=f"{type(e).__name__}: {e}"[:120])
 
 
-async def replay(url: str, trace: list[Req], timeout_s: float = 300.0) -> list[Result]:
-    """Send each request at its arrival time; wait for all."""
+async def replay(url: str, trace: list[Req], timeout_s: float = 300.0, start: float | None = None) -> list[Result]:
+    """Send each request at its arrival time (after ``start``, a perf_counter time; default
+    now); wait for all."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        start = time.perf_counter()
+        start = time.perf_counter() if start is None else start
 
         async def at(req: Req) -> Result:
             await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
