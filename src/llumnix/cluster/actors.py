@@ -98,6 +98,7 @@ class InstanceActor:
 
         self.channel = ChannelServer(self.server, token, self._add_at_boundary, host=migration_host(node_ip))
         self._senders: dict[tuple[str, str], Any] = {}
+        self._senders_lock = threading.Lock()  # PD hand-offs run migrations side by side
         self._migrating = threading.Lock()
         self._closed = False  # set by close_if_idle: a stopping instance takes no new work
         self.stop_when_empty = False
@@ -177,7 +178,10 @@ class InstanceActor:
                 self._llumsched.pd_handoff_done.remote(iid, {k: report.get(k) for k in keep})
 
         pd = SchedulingConfig.from_dict(self._scheduling).pd
-        worker = HandoffWorker(self.server, ask, self.migrate_request, done,
+        def migrate(request_id: str, dst_id: str, dst: Any, overrides: dict[str, Any] | None) -> dict[str, Any]:
+            return self.migrate_request(request_id, dst_id, dst, overrides, exclusive=False)  # several in flight
+
+        worker = HandoffWorker(self.server, ask, migrate, done,
                                stop_and_copy=pd.stop_and_copy_behind_prefill, follow_prefill=pd.precopy_prefill_chunks)
         self.server.on_outputs = worker.on_outputs  # set before the step thread starts
         return worker
@@ -351,9 +355,10 @@ class InstanceActor:
         from llumnix.migration.transports import connect
 
         key = (transport or self.transport, dst_instance_id)
-        if key not in self._senders:
-            self._senders[key] = connect(key[0], dst, self._token, self.transport_options)
-        return self._senders[key]
+        with self._senders_lock:
+            if key not in self._senders:
+                self._senders[key] = connect(key[0], dst, self._token, self.transport_options)
+            return self._senders[key]
 
     def _drop_if_broken(self, rep: Any, dst_instance_id: str, transport: str | None = None) -> None:
         if not rep.committed and (rep.abort_reason or "").startswith("TransportError"):
@@ -361,12 +366,14 @@ class InstanceActor:
                 self._senders.pop((transport or self.transport, dst_instance_id)).close()
 
     def migrate_request(self, request_id: str, dst_instance_id: str, dst: Any,
-                        overrides: dict[str, Any] | None = None, transport: str | None = None) -> dict[str, Any]:
-        """Migrate one named request (benchmarks, admin); returns its report."""
+                        overrides: dict[str, Any] | None = None, transport: str | None = None,
+                        exclusive: bool = True) -> dict[str, Any]:
+        """Migrate one named request (benchmarks, admin); returns its report. ``exclusive``
+        False (PD hand-offs, several in flight): beside other migrations out of here."""
         from llumnix.migration.driver import migrate
 
         cfg = dataclasses.replace(self.migration_config, **(overrides or {}))
-        with self._migrating:
+        with self._migrating if exclusive else contextlib.nullcontext():
             sender = self._sender(dst_instance_id, dst, transport)
             rep = migrate(request_id, self.server, _RemoteDestination(dst_instance_id, dst), sender, cfg)
             self._drop_if_broken(rep, dst_instance_id, transport)
