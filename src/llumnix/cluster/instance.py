@@ -116,8 +116,7 @@ class InstanceServer:
         try:
             return fut.result(max(0.0, timeout))
         except TimeoutError:
-            # withdrawn on the step thread, so it cannot run once more after this
-            self.call(lambda: entry in self._standing and self._standing.remove(entry))
+            self.call(lambda: self._withdraw(entry))  # on the step thread: it cannot run once more
             if fut.done():  # answered at the boundary the withdrawal waited for
                 return fut.result()
             raise
@@ -323,6 +322,10 @@ class InstanceServer:
         for c in idle:
             del self._last_read[c]
             self._outboxes.pop(c, None)
+
+    def _withdraw(self, entry: tuple[Callable[[], Any], Future[Any]]) -> None:
+        if entry in self._standing:
+            self._standing.remove(entry)
 
     def _run_standing(self) -> None:
         """``call_until``'s calls, at this boundary: each that answers (or raises) is done."""
