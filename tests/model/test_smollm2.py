@@ -48,8 +48,23 @@ def test_unknown_model_is_a_clear_error():
         load_model("/no/such/model.gguf")
 
 
+@pytest.fixture
+def parse_the_gguf_once(monkeypatch):
+    """transformers reads the GGUF three times (tokenizer, config, tensors: its metadata
+    parse is seconds of numpy memmap indexing each time) and rebuilds gguf's tensor-name
+    map for every submodule (~400 times): both memoized here, for this test only, which
+    then spends its time on what it checks (on the CI's 2 cores: ~2 of its minutes)."""
+    import functools
+
+    import gguf
+
+    reader = functools.cache(gguf.GGUFReader)
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path, *a, **kw: reader(str(path), *a, **kw))
+    monkeypatch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+
+
 @pytest.mark.slow
-def test_tokenizer_and_greedy_tokens_match_transformers_on_the_gguf(smollm2):
+def test_tokenizer_and_greedy_tokens_match_transformers_on_the_gguf(smollm2, parse_the_gguf_once):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
