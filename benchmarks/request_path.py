@@ -37,31 +37,17 @@ from typing import Any
 
 import psutil
 
-from llumnix.cluster.startup import free_port
+from llumnix.cluster.startup import free_port, wait_until_healthy
 
 MAX_TOKENS = 8
 PROMPT = "Hello there, how are you today?"
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
-    import httpx
-
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s")
 
 
 @contextlib.contextmanager
 def process(args: list[str], ready_url: str) -> Iterator[psutil.Process]:
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_http(ready_url, proc)
+        wait_until_healthy(ready_url.removesuffix("/health"), proc, what=" ".join(args[:3]))
         yield psutil.Process(proc.pid)
     finally:
         proc.terminate()

@@ -6,12 +6,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
-from llumnix.cluster.startup import free_port
+from llumnix.cluster.startup import free_port, wait_until_healthy
+from llumnix.core.errors import LlumnixError
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -29,16 +29,10 @@ def test_sigterm_lets_a_running_stream_finish_within_the_grace_then_exits(tiny_m
                              "--shutdown-grace", str(grace)],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            assert time.time() < deadline, "llumnix serve did not come up in 120 s"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        try:
+            wait_until_healthy(url, proc, 120.0, "llumnix serve")
+        except LlumnixError as e:
+            pytest.fail(f"{e}\n{(tmp_path / 'serve.log').read_text()}")
         name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         # logprobs: 0 names every streamed token, so they are counted however many a chunk
         # carries (a stream that falls behind gets the tokens queued for it as one chunk).

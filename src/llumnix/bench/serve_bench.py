@@ -445,35 +445,26 @@ class _gateway_process:  # noqa: N801 - a context manager used like a function
 
     def __enter__(self) -> str:
         import os
-        import socket
         import subprocess
         import sys
 
-        import httpx
         import ray
 
+        from llumnix.cluster.startup import free_port, wait_until_healthy
+
         ctx = ray.get_runtime_context()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "llumnix.cli", "gateway", "--ray-address", ctx.gcs_address,
              "--namespace", ctx.namespace, "--port", str(port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
         url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 300
-        while True:
-            if self.proc.poll() is not None:
-                raise LlumnixError(f"overhead: `llumnix gateway` exited with {self.proc.returncode}")
-            if time.time() > deadline:
-                self.__exit__()
-                raise LlumnixError("overhead: `llumnix gateway` did not start in 300 s")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    return url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
+        try:
+            wait_until_healthy(url, self.proc, 300.0, "overhead: `llumnix gateway`")
+        except LlumnixError:
+            self.__exit__()
+            raise
+        return url
 
     def __exit__(self, *exc: object) -> None:
         self.proc.terminate()

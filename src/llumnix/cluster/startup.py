@@ -19,6 +19,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def wait_until_healthy(url: str, proc: Any, timeout_s: float = 300.0, what: str = "the server") -> None:
+    """Until ``url``'s ``/health`` answers 200 (a server started as ``proc``, a Popen):
+    LlumnixError, in one line, when the process exits first or ``timeout_s`` runs out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise LlumnixError(f"{what} exited with status {proc.returncode} before {url}/health answered")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise LlumnixError(f"{what} did not answer {url}/health within {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
 def bind_port(host: str, port: int) -> socket.socket:
     """The HTTP socket, bound and listening: the port is ours from now on (a socket that
     is only bound, with SO_REUSEADDR, would not keep a second server off it). A client that
