@@ -84,3 +84,16 @@ def test_slots_are_learnt_from_llamacpps_props_once_and_other_engines_are_asked_
     assert ep.lrs.known_max_num_seqs == 0 and ep.lrs.max_num_seqs == 256 and asked.count("/props") == 1
     ep, _ = _endpoint(lambda r: httpx.Response(200, text="not json"))
     assert ep.lrs.known_max_num_seqs == 0
+
+
+def test_llama_cpp_pythons_server_is_known_to_run_one_request_at_a_time():
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/openapi.json":  # what llama-cpp-python 0.3's FastAPI app serves
+            return httpx.Response(200, json={"openapi": "3.1.0", "info": {"title": "🦙 llama.cpp Python API"}})
+        return httpx.Response(404)
+
+    ep, asked = _endpoint(answer)
+    assert ep.lrs.known_max_num_seqs == 1 and asked.count("/openapi.json") == 1
+    ep, _ = _endpoint(lambda r: httpx.Response(200, json={"info": {"title": "vLLM"}}) if r.url.path ==
+                      "/openapi.json" else httpx.Response(404))
+    assert ep.lrs.known_max_num_seqs == 0
