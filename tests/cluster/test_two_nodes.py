@@ -192,21 +192,29 @@ def test_gloo_advertises_the_node_address_not_loopback(cluster):
 
 
 class Outputs:
-    """Every token of every request from a set of instances, as (index, token)."""
+    """Every token of every request from a set of instances, as (index, token), and which
+    instance (its place in ``actors``) made each."""
 
     def __init__(self, actors: list[Any]) -> None:
         self.actors = actors
         self.tokens: dict[str, list[tuple[int, int]]] = {}
+        self.made_by: dict[str, dict[int, int]] = {}
         self.finished: set[str] = set()
+
+    def makers(self, rid: str) -> list[int]:
+        """The instances that made ``rid``'s tokens, in token order, each run once."""
+        order = [a for _, a in sorted(self.made_by[rid].items())]
+        return [a for k, a in enumerate(order) if k == 0 or order[k - 1] != a]
 
     def result(self, rid: str, timeout: float = 120.0) -> list[int]:
         deadline = time.time() + timeout
         while rid not in self.finished:
             assert time.time() < deadline, f"{rid} did not finish"
-            for a in self.actors:
+            for n, a in enumerate(self.actors):
                 for o in ray.get(a.get_outputs.remote(0.05), timeout=30):
-                    self.tokens.setdefault(o.request_id, []).extend(
-                        (o.num_output_tokens - len(o.new_token_ids) + 1 + k, t) for k, t in enumerate(o.new_token_ids))
+                    first = o.num_output_tokens - len(o.new_token_ids) + 1
+                    self.tokens.setdefault(o.request_id, []).extend((first + k, t) for k, t in enumerate(o.new_token_ids))
+                    self.made_by.setdefault(o.request_id, {}).update((first + k, n) for k in range(len(o.new_token_ids)))
                     if o.finish_reason is not None:
                         self.finished.add(o.request_id)
         got = sorted(self.tokens[rid])
@@ -232,6 +240,7 @@ def test_migration_across_nodes_and_back_keeps_the_greedy_tokens(cluster, transp
     here, there = by_node(cluster)
     actors = cluster.instances
     out = Outputs(list(actors.values()))
+    place = {iid: n for n, iid in enumerate(actors)}
     add(actors[here], f"ref-{transport}", 400)
     reference = out.result(f"ref-{transport}")
     rid = f"x-{transport}"
@@ -247,8 +256,12 @@ def test_migration_across_nodes_and_back_keeps_the_greedy_tokens(cluster, transp
             assert where_is(actors, rid) == src
         assert rep["committed"], aborts
         assert rep["num_stages"] >= 1 and rep["num_bytes"] > 0
-        assert where_is(actors, rid) == dst
+        # there, or already finished there (it decodes on through the pre-copy stages: on a
+        # loaded machine it can make its last token before this looks)
+        where = where_is(actors, rid)
+        assert where == dst or (k == 1 and where is None), where
     assert out.result(rid) == reference
+    assert out.makers(rid) == [place[here], place[there], place[here]]  # made here, there, and here again
 
 
 def test_a_process_joins_by_address_without_ray_auth_mode(nodes, cluster, tiny_model_dir):
