@@ -299,12 +299,13 @@ def test_call_until_is_answered_by_a_command_when_no_step_follows():
         srv.stop()
 
 
-def test_call_until_that_times_out_never_runs_again():
+@pytest.mark.parametrize("timeout", [0.0, 0.05])  # 0: it times out before it is even registered
+def test_call_until_that_times_out_never_runs_again(timeout):
     srv, _ = _server()
     try:
         runs = []
         with pytest.raises(TimeoutError):
-            srv.call_until(lambda: runs.append(1) or False, 0.05)
+            srv.call_until(lambda: runs.append(1) or False, timeout)
         n = len(runs)
         assert n >= 1
         for _ in range(3):  # each command's boundary would run it, were it still standing

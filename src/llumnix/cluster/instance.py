@@ -112,10 +112,11 @@ class InstanceServer:
                 self._standing.append(entry)
                 self._run_standing()
 
-        self.call(first, timeout)
+        deadline = time.monotonic() + timeout
         try:
-            return fut.result(max(0.0, timeout))
-        except TimeoutError:
+            self.run_at_boundary(first).result(timeout)
+            return fut.result(max(0.0, deadline - time.monotonic()))
+        except TimeoutError:  # (the withdrawal runs after ``first``: commands run in order)
             self.call(lambda: self._withdraw(entry))  # on the step thread: it cannot run once more
             if fut.done():  # answered at the boundary the withdrawal waited for
                 return fut.result()
