@@ -68,8 +68,12 @@ def main() -> int:
     with Serve(f"trace-{args.system}", SYSTEMS[args.system]) as srv:
         load0 = os.getloadavg()[0]
         records, duration = asyncio.run(run_load(srv.url, srv.model(), reqs, show_progress=False))
-        pd = srv.cluster().get("pd") or {}
+        info = srv.cluster()
+    pd, instances = info.get("pd") or {}, info.get("instances") or []
     s = summarize(records, duration)
+    for i in instances:
+        print(f"  {i.get('instance_id')} ({i.get('role')}): preemptions {i.get('num_preemptions')}, "
+              f"blocks {i.get('num_total_blocks')}")
     placed = place_gaps(records, args.long)
     print(f"{args.system} seed {args.seed}: ITL p50 {s['itl_s']['p50']:.3f} p99 {s['itl_s']['p99']:.3f} "
           f"TTFT p99 {s['ttft_s']['p99']:.3f}  load {load0:.1f}-{os.getloadavg()[0]:.1f}")
@@ -84,6 +88,7 @@ def main() -> int:
               "rate_req_s": args.rate, "load_avg_1m": [load0, os.getloadavg()[0]], "summary": s,
               "gaps": placed, "pd": {k: pd.get(k) for k in ("handoffs_done", "handoffs_failed", "handoffs_waiting",
                                                             "handoff_downtime_s", "handoffs_recent")},
+              "instances": instances,
               "itl_s": [r.itl_s for r in records], "time": time.time()}
     write_result(Path(args.out) / f"trace_{args.system}_{args.seed}.json", result)
     return 0
