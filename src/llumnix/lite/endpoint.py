@@ -40,7 +40,6 @@ class Endpoint:
         self.headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
         self._lite = lite
         self._scrapes = cfg.kind != "openai"
-        self._slots_asked = bool(cfg.max_num_seqs)
 
     @property
     def url(self) -> str:
@@ -94,8 +93,6 @@ class Endpoint:
             error = "" if ok else f"probe: HTTP {resp.status_code}"
             if ok:
                 self._learn(resp.json())
-                if not self._slots_asked:
-                    await self._learn_slots(client)
         except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
             return False
         except (httpx.HTTPError, ValueError) as e:
@@ -114,28 +111,6 @@ class Endpoint:
         n = mine.get("max_model_len")
         if isinstance(n, int) and n > 0:
             self.max_model_len = n
-
-    async def _learn_slots(self, client: httpx.AsyncClient) -> None:
-        """Once: how many requests the engine runs at once, where it says: llama.cpp's
-        server (``GET /props`` -> ``total_slots``), or llama-cpp-python's, which runs one
-        (its one model under one lock; it is known by its API's title). Other engines
-        are not asked again."""
-        self._slots_asked = True
-        n = await self._get_json(client, "/props", lambda d: d.get("total_slots"))
-        if n is None:
-            title = await self._get_json(client, "/openapi.json", lambda d: d.get("info", {}).get("title"))
-            n = 1 if isinstance(title, str) and "llama.cpp Python" in title else None
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-            self.lrs.learn_max_num_seqs(n)
-            log.info("lite: endpoint %s runs %d request(s) at once", self.endpoint_id, n)
-
-    async def _get_json(self, client: httpx.AsyncClient, path: str, pick: Any) -> Any:
-        """``pick(body)`` of a 200 JSON answer to ``GET path``; None otherwise."""
-        try:
-            resp = await client.get(self.url + path, headers=self.headers, timeout=2.0)
-            return pick(resp.json()) if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
-            return None
 
     async def scrape(self, client: httpx.AsyncClient) -> None:
         if not self._scrapes:

@@ -105,19 +105,6 @@ class LocalState:
     def max_num_seqs(self) -> int:
         return self._max_num_seqs or DEFAULT_MAX_NUM_SEQS
 
-    @property
-    def known_max_num_seqs(self) -> int:
-        """Requests the engine is known to run at once (configured, or learnt from the
-        engine); 0 when unknown."""
-        return self._max_num_seqs
-
-    def learn_max_num_seqs(self, n: int) -> None:
-        """The engine says it runs ``n`` requests at once (llama.cpp's slots); a configured
-        value wins."""
-        if not self._max_num_seqs and n > 0:
-            self._max_num_seqs = n
-            self.changed.add(self.endpoint_id)
-
     def fresh_load(self, now: float) -> EngineLoad | None:
         load = self.load
         return load if load is not None and now - load.timestamp <= self.max_scrape_age_s else None

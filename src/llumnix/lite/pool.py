@@ -11,12 +11,6 @@ the books themselves, current whenever nothing changed, so none is ever stale (n
 ``fresh`` filter cut-off); only a folded-in scrape ages, and its endpoint is rebuilt when
 it does. A dispatch decides exactly as one over statuses rebuilt for every endpoint
 (``tests/lite/test_pool.py`` checks it against that reference).
-
-An endpoint whose concurrency is known (``max_num_seqs`` configured, or llama.cpp's
-slots) and taken sits a dispatch out while another endpoint has a free slot: an engine
-that runs one request at a time makes a request sent to it while busy wait a whole
-request, which no prefix hit repays (measured with llama.cpp's server:
-``benchmarks/lite/results/2026-11-26-s25-llamacpp.md``).
 """
 from __future__ import annotations
 
@@ -65,10 +59,6 @@ class Pool:
         excluded); its books count the request from here on."""
         now = max(self._clock(), self._last_now)  # statuses never go back in time
         self._last_now = now
-        bounded = self._bounded
-        full = self._full(exclude, bounded) if bounded else None
-        if full:
-            exclude = exclude | full
         if exclude:
             exclude = exclude & self.endpoints.keys()
             self.changed.update(exclude)  # unschedulable for this dispatch only
@@ -84,25 +74,6 @@ class Pool:
         ep = self.endpoints[picked]
         ep.lrs.on_dispatch(request_id, len(prompt), priority, now)
         return ep
-
-    def _full(self, exclude: set[str], bounded: list[Endpoint]) -> set[str] | None:
-        """Endpoints at their known concurrency (every slot taken) while another could start
-        the request at once: they sit this dispatch out, so a request never waits behind a
-        whole request (a prefix hit included) while an engine has a free slot. None when no
-        endpoint has one (then the policy's own rule, queues and prefix slack, decides)."""
-        full = {ep.endpoint_id for ep in bounded if ep.lrs.num_in_flight >= ep.lrs.known_max_num_seqs}
-        if not full:
-            return None
-        for iid, ep in self.endpoints.items():
-            if iid not in full and iid not in exclude and ep.can_serve() and \
-                    ep.lrs.num_in_flight < ep.lrs.max_num_seqs:
-                return full
-        return None
-
-    @property
-    def _bounded(self) -> list[Endpoint]:
-        """Endpoints whose concurrency is known."""
-        return [ep for ep in self.endpoints.values() if ep.lrs.known_max_num_seqs]
 
     def _refresh(self, now: float, exclude: set[str]) -> None:
         sched, endpoints = self.scheduler, self.endpoints
