@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from llumnix.cluster.pd import HandoffWorker, PDBook
+from llumnix.cluster.handoff import HandoffWorker
+from llumnix.cluster.pd import PDBook
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.migration import MigrationConfig
 from llumnix.migration.driver import migrate

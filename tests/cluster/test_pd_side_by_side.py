@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from llumnix.cluster.pd import FOLLOW_PREFILL, STOP_AND_COPY, HandoffWorker
+from llumnix.cluster.handoff import FOLLOW_PREFILL, STOP_AND_COPY, HandoffWorker
 from llumnix.core.request import RequestStatus
 
 

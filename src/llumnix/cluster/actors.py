@@ -162,7 +162,7 @@ class InstanceActor:
 
     # -- PD (cluster/pd.py) -------------------------------------------------------
     def _handoff_worker(self) -> Any:
-        from llumnix.cluster.pd import HandoffWorker
+        from llumnix.cluster.handoff import HandoffWorker
 
         iid = self.llm.engine.instance_id
 
