@@ -33,6 +33,7 @@ def _free(s):
     ({"lend_above_tokens": 100, "reclaim_below_tokens": 200}, "pd.reclaim_below_tokens"),
     ({"decode_room_freeness": 1, "decode_tight_freeness": 5}, "pd.decode_tight_freeness"),
     ({"cooldown_s": -1}, "pd.cooldown_s"),
+    ({"max_handoffs_in_flight": 0}, "pd.max_handoffs_in_flight"),
     ({"bogus": 1}, "pd.bogus"),
 ])
 def test_bad_pd_values_are_one_line_errors_naming_the_path(doc, path):

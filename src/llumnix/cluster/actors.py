@@ -182,7 +182,8 @@ class InstanceActor:
             return self.migrate_request(request_id, dst_id, dst, overrides, exclusive=False)  # several in flight
 
         worker = HandoffWorker(self.server, ask, migrate, done,
-                               stop_and_copy=pd.stop_and_copy_behind_prefill, follow_prefill=pd.precopy_prefill_chunks)
+                               stop_and_copy=pd.stop_and_copy_behind_prefill, follow_prefill=pd.precopy_prefill_chunks,
+                               max_in_flight=pd.max_handoffs_in_flight)
         self.server.on_outputs = worker.on_outputs  # set before the step thread starts
         return worker
 

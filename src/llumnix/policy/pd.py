@@ -84,12 +84,16 @@ class PDConfig:
     is copied to the decode instance while the next computes, and the pause after its
     first token (at once, behind prompt work) copies only the tail. False: the hand-off
     starts after the first token, one step later, and copies the whole prompt then."""
+    max_handoffs_in_flight: int = 8
+    """The cluster's hand-offs out of one prefill instance at once, each on its own thread:
+    a followed prompt's lasts as long as its remaining chunks, and one at a time a request
+    past its first token would wait behind it, decoding there a token per prefill chunk."""
 
     def __post_init__(self) -> None:
         if self.mode not in PD_MODES:
             raise _bad("pd.mode", f"must be one of {', '.join(PD_MODES)}, got {self.mode!r}")
         for name in ("prefill_instances", "min_prefill", "min_decode", "lend_above_tokens",
-                     "reclaim_below_tokens", "growth_blocks"):
+                     "reclaim_below_tokens", "growth_blocks", "max_handoffs_in_flight"):
             v = getattr(self, name)
             least = 0 if name in ("growth_blocks", "min_decode") else 1
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
