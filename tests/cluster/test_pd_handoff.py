@@ -29,7 +29,7 @@ def _worker(pair: Pair, room: list[bool], reports: list[dict]) -> HandoffWorker:
                                           MigrationConfig(**{"max_stages": 3, **(overrides or {})})))
 
     w = HandoffWorker(pair.src, ask, mig, reports.append, retry_s=0.05)
-    pair.src.on_outputs = w.on_outputs
+    pair.src.on_step = w.on_step
     w.set_role("prefill")
     w.start()
     return w
@@ -113,6 +113,26 @@ def test_a_prompt_in_chunks_is_handed_off_chunk_by_chunk_and_only_its_tail_after
         assert reports[0]["num_prefill_stages"] >= 1 and reports[0]["num_last_stage_blocks"] < 16, reports
         assert sorted(k for k, _ in pair.tokens["x"]) == list(range(1, 61))
         assert out == reference(prompt, params)
+        pair.check_drained()
+
+
+def test_a_prompts_first_chunk_wakes_the_worker_with_no_glance_to_fall_back_on(monkeypatch):
+    """The step thread's hook wakes the worker at a step of prompt work (a chunk samples
+    nothing, so no output tells): the prompt is followed while it prefills."""
+    monkeypatch.setattr(HandoffWorker, "GLANCE_S", 60.0)  # only the hook can wake it in time
+    prompt = [(5 * i) % 900 + 1 for i in range(128)]
+    reports: list[dict] = []
+    with Pair(chunk_tokens=8, slow_s=0.05) as pair:
+        w = _worker(pair, [True], reports)
+        try:
+            time.sleep(0.1)  # its first round (started by set_role) found nothing
+            pair.add("x", prompt, SamplingParams(max_tokens=20))
+            out = pair.collect("x")
+        finally:
+            w.stop()
+        assert [r["committed"] for r in reports] == [True], reports
+        assert reports[0]["num_prefill_stages"] >= 1, reports  # followed from its chunks
+        assert out == reference(prompt, SamplingParams(max_tokens=20))
         pair.check_drained()
 
 

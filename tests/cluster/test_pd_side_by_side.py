@@ -59,7 +59,7 @@ def test_a_request_past_its_first_token_moves_while_a_followed_prompt_is_in_flig
         assert _until(lambda: "long" in started)
         assert started["long"] == FOLLOW_PREFILL
         inst.short.status, inst.short.output_token_ids = RequestStatus.RUNNING, [7]
-        w.on_outputs([SimpleNamespace(num_output_tokens=1, new_token_ids=[7], is_finished=False)])
+        w.on_step([SimpleNamespace(num_output_tokens=1, new_token_ids=[7], is_finished=False)], False)
         if max_in_flight > 1:
             assert _until(lambda: "short" in started)
             assert started["short"] == STOP_AND_COPY  # the long prompt's chunks still wait here

@@ -184,7 +184,7 @@ class InstanceActor:
         worker = HandoffWorker(self.server, ask, migrate, done,
                                stop_and_copy=pd.stop_and_copy_behind_prefill, follow_prefill=pd.precopy_prefill_chunks,
                                max_in_flight=pd.max_handoffs_in_flight)
-        self.server.on_outputs = worker.on_outputs  # set before the step thread starts
+        self.server.on_step = worker.on_step  # set before the step thread starts
         return worker
 
     def set_role(self, role: str) -> None:

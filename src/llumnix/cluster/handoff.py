@@ -38,11 +38,13 @@ class HandoffWorker:
     several may run at once) and returns its report, ``done(report)`` tells LlumSched. A
     request the decode pool has no room for keeps decoding (or prefilling) here."""
 
+    GLANCE_S = 1.0
+    """With no wake, a look this often for work the hooks did not announce (a safety net)."""
+
     def __init__(self, server: Any, ask: Callable[[str, int], Destination | None],
                  migrate: Callable[[str, str, Any, dict[str, Any] | None], dict[str, Any]],
                  done: Callable[[dict[str, Any]], None], retry_s: float = 0.2,
-                 stop_and_copy: bool = True, follow_prefill: bool = True, poll_s: float = 0.05,
-                 max_in_flight: int = 8) -> None:
+                 stop_and_copy: bool = True, follow_prefill: bool = True, max_in_flight: int = 8) -> None:
         self.server = server
         self.stop_and_copy = stop_and_copy
         """Pause at once behind prefill work (``PDConfig.stop_and_copy_behind_prefill``)."""
@@ -52,9 +54,6 @@ class HandoffWorker:
         self._migrate = migrate
         self._done = done
         self.retry_s = retry_s
-        self.poll_s = poll_s
-        """How often a prefill instance looks for a prompt with a finished chunk (no step
-        output tells: a chunk that samples nothing emits none)."""
         self.max_in_flight = max_in_flight
         """Hand-offs running at once (every prompt prefilling here is followed, and requests
         past their first token move beside them)."""
@@ -93,10 +92,12 @@ class HandoffWorker:
         self.role = role
         self._wake.set()  # a flip to prefill hands off the decodes it holds
 
-    def on_outputs(self, outputs: list[RequestOutput]) -> None:
-        """The step thread's hook: a request's first token wakes the worker at once."""
-        if self.role == "prefill" and any(o.num_output_tokens == len(o.new_token_ids) and not o.is_finished
-                                          for o in outputs):
+    def on_step(self, outputs: list[RequestOutput], prefill: bool) -> None:
+        """The step thread's hook, after each step: a request's first token, or (following
+        prompts) a step of prompt work (a chunk samples nothing: no output tells), wakes
+        the worker at once."""
+        if self.role == "prefill" and ((prefill and self.follow_prefill) or any(
+                o.num_output_tokens == len(o.new_token_ids) and not o.is_finished for o in outputs)):
             self._wake.set()
 
     def _may_have_work(self) -> bool:
@@ -126,7 +127,7 @@ class HandoffWorker:
     def _loop(self) -> None:
         waiting = False
         while not self._stop.is_set():
-            woken = self._wake.wait(self.retry_s if waiting else self.poll_s if self.follow_prefill else 1.0)
+            woken = self._wake.wait(self.retry_s if waiting else self.GLANCE_S)
             self._wake.clear()
             if self._stop.is_set() or self.role != "prefill":
                 waiting = False

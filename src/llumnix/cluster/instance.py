@@ -31,13 +31,14 @@ class InstanceServer:
     def __init__(self, engine: EngineCore, llumlet: Llumlet,
                  on_status: Callable[[InstanceStatus], bool | None] | None = None,
                  status_interval_s: float = 0.05, idle_status_interval_s: float = 1.0,
-                 on_outputs: Callable[[list[RequestOutput]], None] | None = None) -> None:
+                 on_step: Callable[[list[RequestOutput], bool], None] | None = None) -> None:
         self.engine = engine
         self.llumlet = llumlet
         self.instance_id = engine.instance_id
         self._on_status = on_status
-        self.on_outputs = on_outputs
-        """Called on the step thread with each step's outputs (PD: a first token wakes the hand-off)."""
+        self.on_step = on_step
+        """Called on the step thread after each step with its outputs and whether it ran
+        prompt work (PD: a first token, or a prompt's chunk, wakes the hand-off worker)."""
         self._status_interval = status_interval_s
         self._idle_status_interval = idle_status_interval_s
         """With no request here a status changes only through a command (which reports
@@ -209,8 +210,8 @@ class InstanceServer:
                     self.step_log.append((t0, self.last_step_time, len(outputs), time.thread_time() - c0,
                                           self.engine.last_step_was_prefill))
                     self._deliver(outputs, force_report=any(o.is_finished for o in outputs))
-                    if outputs and self.on_outputs is not None:
-                        self.on_outputs(outputs)
+                    if self.on_step is not None:
+                        self.on_step(outputs, self.engine.last_step_was_prefill)
                     if self._standing:
                         self._run_standing()
                 else:

@@ -3,8 +3,8 @@ hand-offs (here), and the prefill instance's hand-off worker (``cluster/handoff.
 The decisions are
 ``policy/pd.py``'s pure functions, as in the simulator (``sim/pd_flow.py``)::
 
-    prefill instance: a step's output carries a request's first token, or (a glance
-        every ``poll_s``) a prompt is prefilling here ─► HandoffWorker wakes
+    prefill instance: a step's output carries a request's first token, or a step ran a
+        prompt's chunk (the step thread's hook) ─► HandoffWorker (cluster/handoff.py) wakes
         ─► those requests (running, no hand-off yet), first-token ones first ─► for
         each: LlumSched.pd_destination (PDBook.pick: pick_decode_instance over its
         statuses, less the blocks promised since each one's last report)
