@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, cast
@@ -35,7 +36,9 @@ log = logging.getLogger(__name__)
 def _was_restarted() -> bool:
     """This actor is a restart (Ray reconstructed it after it died), not a fresh start."""
     try:
-        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        with warnings.catch_warnings():  # Ray's property reads its own deprecated actor_id:
+            warnings.simplefilter("ignore", DeprecationWarning)  # a warning in every quick start
+            return bool(ray.get_runtime_context().was_current_actor_reconstructed)
     except Exception:  # noqa: BLE001 - outside an actor (tests): a fresh start
         return False
 
