@@ -41,7 +41,8 @@ import httpx
 
 from llumnix.bench.machine import RESULTS_DIR, machine_info, write_result
 from llumnix.bench.serve_bench import plan, run_load, summarize
-from llumnix.cluster.startup import free_port
+from llumnix.cluster.startup import free_port, wait_until_healthy
+from llumnix.core.errors import LlumnixError
 
 WORKLOAD = {"num_requests": 24, "arrival": "poisson", "cv": 1.0, "lengths": "sharegpt", "input_len": 300,
             "output_len": 64, "max_input": 1500, "max_output": 128}
@@ -76,18 +77,12 @@ class Serve:
         self.log = open(f"/tmp/pd_cluster_{self.name}.log", "w")  # noqa: SIM115 - closed in __exit__
         self.proc = subprocess.Popen([str(exe), "serve", "--port", str(self.port), *self.flags],
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llumnix serve ({self.name}) exited; see {self.log.name}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        self.__exit__()
-        raise RuntimeError(f"llumnix serve ({self.name}) did not come up in 300 s")
+        try:
+            wait_until_healthy(self.url, self.proc, 300.0, f"llumnix serve ({self.name}; log {self.log.name})")
+        except LlumnixError:
+            self.__exit__()
+            raise
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.proc.terminate()

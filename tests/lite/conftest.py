@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from llumnix.cluster.startup import free_port
+from llumnix.cluster.startup import free_port, wait_until_healthy
+from llumnix.core.errors import LlumnixError
 from llumnix.lite.app import lite_app
 from llumnix.lite.backend import LiteBackend
 from llumnix.lite.config import EndpointConfig, LiteConfig, PoolConfig
@@ -69,13 +69,7 @@ def gateway(backend: Any) -> Iterator[str]:
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180) -> None:
     """Until ``url``/health answers 200; fails with the log's tail if the process exits or time runs out."""
-    deadline = time.time() + timeout_s
-    while True:
-        assert proc.poll() is None, log.read_text()
-        assert time.time() < deadline, f"{url} did not come up: {log.read_text()[-2000:]}"
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
+    try:
+        wait_until_healthy(url, proc, timeout_s)
+    except LlumnixError as e:
+        pytest.fail(f"{e}\n{log.read_text()[-2000:]}")
