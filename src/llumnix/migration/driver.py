@@ -161,6 +161,8 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
             _clean_up_abort(request_id, src, dst, paused or proto.paused_at is not None)
         src.llumlet.on_migration_finished(request_id, proto.phase == P.COMMITTED)
     return proto.report()
+
+
 def _open(request_id: str, src: SourceServer, dst: Destination, config: MigrationConfig, now: Callable[[], float],
           ) -> tuple[MigrationProtocol, int, tuple[list[int], list[int], list[int]] | _Paused | None]:
     """The migration's first source boundary (``_start``): its protocol (aborted if the
