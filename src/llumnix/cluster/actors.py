@@ -703,8 +703,11 @@ class LlumSchedActor:
         """What /health compares with: the instance count to keep, and the instances
         serving (schedulable, not terminating) or being started in place of lost ones."""
         with self._lock:
+            # a replacement counts once its replacement is booked (so /health's "ok" and
+            # /admin/cluster's "replaced" event never disagree), until then as replacing
             serving = sorted(iid for iid in self.lifecycle.ids(InstanceState.SERVING)
-                             if iid in self.handles and (s := self.gs.statuses.get(iid)) is not None
+                             if iid in self.handles and iid not in self._replacing
+                             and (s := self.gs.statuses.get(iid)) is not None
                              and s.is_schedulable and not s.is_terminating)
             return {"target": self._capacity_target(), "serving": serving, "replacing": sorted(self._replacing)}
 
@@ -745,12 +748,12 @@ class LlumSchedActor:
                 self.lifecycle.move(iid, InstanceState.FAILED, time.time(), str(e))
             return
         with self._lock:
-            lost_at = self._replacing.pop(iid)
+            seconds = time.time() - self._replacing[iid]
+            self.scaling_events.append({"time": time.time(), "kind": "replaced", "instance_id": iid,
+                                        "seconds_to_serve": seconds})
             self.num_replaced += 1
-        seconds = time.time() - lost_at
+            del self._replacing[iid]  # last: capacity() counts it as serving from here
         log.warning("instance %s replaces a lost instance; serving %.1f s after the loss", iid, seconds)
-        self.scaling_events.append({"time": time.time(), "kind": "replaced", "instance_id": iid,
-                                    "seconds_to_serve": seconds})
 
     def _health_check(self) -> None:
         """Pull, as a fallback to the pushes: an instance silent for too long is asked
