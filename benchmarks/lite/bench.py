@@ -11,7 +11,10 @@ The rule, fixed before any run: per workload, capacity is the completed requests
 second of a closed loop with 2 requests per engine in flight, sent straight to the
 engines round-robin; the light rate is 0.3 x capacity, the near-capacity rate 0.85 x.
 Seeds are replayed router by router in turn (seed-major), so drift of the machine hits
-every router alike. Added latency: one-token requests sent straight to engine 0 and
+every router alike; the routers' order rotates by one each seed, and before every run each
+engine gets one short request of its own, so no run finds its prompts cached by the run
+before it (llama-cpp-python keeps the last prompt's KV: the same trace replayed through
+the next router found its last prompts cached on whichever engine ran them last). Added latency: one-token requests sent straight to engine 0 and
 through each router alternately, one at a time (P50/P99 of the difference
 of pairs), in front of three servers that do no work (``echo_engine.py``), so the
 routers' own cost is not lost in the engines' jitter. Failures: at the near-capacity rate of ``sharegpt`` one engine is killed
@@ -76,6 +79,16 @@ async def capacity(urls: list[str], trace: list[Req]) -> float:
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(i) for i in range(2 * len(urls))))
         return done / (time.perf_counter() - t0)
+
+
+async def forget(urls: list[str], tag: str) -> None:
+    """One short request of its own to each engine, together: what an engine keeps of the
+    last prompt it ran (llama-cpp-python reuses its KV for a prompt sharing its prefix) is
+    then this, not a prompt of the trace about to be replayed."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
+        await asyncio.gather(*(one(s, u, Req(f"Forget {tag} on engine {i}.", 1, 0.0)) for i, u in enumerate(urls)))
 
 
 async def warm_up(urls: list[str]) -> None:
@@ -239,11 +252,17 @@ def main() -> None:
                     continue
                 for level, factor in (("light", 0.3), ("near", 0.85)):
                     trace = make(seed, factor * record["capacity_rps"][w], args.n)
-                    for name, proc in procs.items():
+                    names = list(procs)
+                    for name in names[seed % len(names):] + names[:seed % len(names)]:
+                        asyncio.run(forget(urls, f"{seed}-{w}-{level}-{name}"))
                         load = os.getloadavg()[0]
-                        s = summary(asyncio.run(replay(proc.url, trace)))
+                        results = asyncio.run(replay(procs[name].url, trace))
+                        s = summary(results)
                         record["runs"].append({"seed": seed, "workload": w, "rate": level, "router": name, **s,
-                                               "load_avg_1m": [load, os.getloadavg()[0]]})
+                                               "load_avg_1m": [load, os.getloadavg()[0]],
+                                               "requests": [{"arrival_s": q.arrival_s, "ttft_s": r.ttft_s,
+                                                             "e2e_s": r.e2e_s, "ok": r.ok}
+                                                            for q, r in zip(trace, results, strict=True)]})
                         print(seed, w, level, name, s, flush=True)
         if "kill" in args.phases:
             for proc in procs.values():  # the kill phase starts a router per run

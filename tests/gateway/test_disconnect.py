@@ -96,3 +96,59 @@ def test_finished_work_is_not_cancelled_by_a_late_disconnect() -> None:
         return client.left
 
     assert asyncio.run(main()) is False
+
+
+def test_a_streams_tail_is_the_bodys_end_in_one_write() -> None:
+    from llumnix.gateway.streaming import Tail
+
+    sent: list[dict[str, Any]] = []
+
+    async def body():
+        yield b"data: x\n\n"
+        yield Tail(b"data: y\n\ndata: [DONE]\n\n")
+
+    async def send(m: dict[str, Any]) -> None:
+        sent.append(m)
+
+    asyncio.run(EventStream(body())({"type": "http"}, _client(None), send))
+    assert [(m.get("body"), m.get("more_body")) for m in sent[1:]] == [
+        (b"data: x\n\n", True), (b"data: y\n\ndata: [DONE]\n\n", False)]
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_finished_streams_last_chunk_usage_and_done_go_out_as_one_write(include_usage: bool) -> None:
+    """Through the app: the finishing chunk, the usage (when asked for) and ``[DONE]`` are
+    the body's last message, not three more writes after it."""
+    import json
+
+    from llumnix.gateway.app import build_app
+    from tests.gateway.fake_backend import EngineBackend
+
+    app = build_app(EngineBackend())
+    body = json.dumps({"model": "fake", "prompt": "abc", "max_tokens": 3, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": include_usage}}).encode()
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
+             "scheme": "http", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 1), "root_path": ""}
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(m: dict[str, Any]) -> None:
+        sent.append(m)
+
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 30))
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    assert [m["more_body"] for m in bodies] == [True, True, False]  # two tokens, then the tail
+    events = bodies[-1]["body"].split(b"\n\n")[:-1]
+    assert events[-1] == b"data: [DONE]"
+    last = json.loads(events[0][6:])
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert len(events) == (3 if include_usage else 2)
+    if include_usage:
+        assert json.loads(events[1][6:])["usage"]["completion_tokens"] == 3

@@ -64,6 +64,8 @@ async def sse_events(ctx: GatewayContext, reply: Reply) -> AsyncIterator[bytes]:
     n_outs = [0] * len(gens)
     n_cached = 0
     opened = [not chunks.scoring] * len(gens)
+    n_open = len(gens)
+    last = b""  # the last choice's finishing chunk, held to go out with the stream's tail
     try:
         async for i, step in merge_choices(ctx, gens):
             if i == 0:
@@ -77,12 +79,24 @@ async def sse_events(ctx: GatewayContext, reply: Reply) -> AsyncIterator[bytes]:
                     yield chunks.choice(i, "", "length")
                 continue
             n_outs[i] = step.num_output_tokens
-            yield chunks.choice(i, step.text, step.finish_reason, lps=step.logprobs)
+            chunk = chunks.choice(i, step.text, step.finish_reason, lps=step.logprobs)
+            if step.finish_reason is not None:
+                n_open -= 1
+                if not n_open:
+                    last = chunk
+                    continue
+            yield chunk
     except Exception as e:  # noqa: BLE001 - the headers are sent: the error is an event, the detail logged
-        yield sse(failure_body(e, "the request failed: ")[1])
-    if reply.include_usage:
-        yield chunks.usage(sum(n_outs), n_cached)
-    yield sse("[DONE]")
+        last += sse(failure_body(e, "the request failed: ")[1])
+    yield Tail(last + (chunks.usage(sum(n_outs), n_cached) if reply.include_usage else b"") + DONE)
+
+
+class Tail(bytes):
+    """A stream's last events (its finishing chunk, the usage, ``[DONE]``) as one piece:
+    ``EventStream`` sends it with the end of the body, one write where there were four."""
+
+
+DONE = sse("[DONE]")
 
 
 
@@ -105,6 +119,9 @@ class EventStream(Response):
             with ClientWatch(receive):
                 await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
                 async for chunk in self.body_iterator:
+                    if type(chunk) is Tail:  # the body's end goes with it
+                        await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                        return
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
