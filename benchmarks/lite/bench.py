@@ -40,6 +40,8 @@ from llumnix.bench.machine import machine_info, write_result
 
 WORKLOADS = {"chats": chats, "sharegpt": sharegpt}
 PHASES = ("latency", "runs", "kill")
+RATES = {"light": 0.3, "near": 0.85}
+"""Each rate's fraction of the workload's measured capacity."""
 ENGINES = {"llamacpp": "llama-cpp-python server, SmolLM2-135M-Instruct Q4_1, n_ctx 2048, 1 thread each, x3",
            "llumnix": "llumnix serve --instances 1 (own Ray each), SmolLM2-135M-Instruct Q4_1 on CPU, x3"}
 ROUTERS = [("llumnix-lite", "llumnix"), ("sglang-router", "cache_aware"), ("sglang-router", "power_of_two"),
@@ -210,6 +212,7 @@ def main() -> None:
     p.add_argument("--capacity", nargs="*", default=[], metavar="WORKLOAD=RPS",
                    help="use these capacities (from an earlier run's measurement) instead of measuring")
     p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    p.add_argument("--rates", nargs="+", choices=list(RATES), default=list(RATES))
     args = p.parse_args()
     args.capacity = {w: float(v) for w, v in (c.split("=", 1) for c in args.capacity)}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the processes on the way out
@@ -250,7 +253,7 @@ def main() -> None:
             for w, make in WORKLOADS.items():
                 if w not in args.workloads:
                     continue
-                for level, factor in (("light", 0.3), ("near", 0.85)):
+                for level, factor in ((k, v) for k, v in RATES.items() if k in args.rates):
                     trace = make(seed, factor * record["capacity_rps"][w], args.n)
                     names = list(procs)
                     for name in names[seed % len(names):] + names[:seed % len(names)]:
