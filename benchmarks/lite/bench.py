@@ -14,8 +14,8 @@ Seeds are replayed router by router in turn (seed-major), so drift of the machin
 every router alike; the routers' order rotates by one each seed, and before every run each
 engine gets one short request of its own, so no run finds its prompts cached by the run
 before it (llama-cpp-python keeps the last prompt's KV: the same trace replayed through
-the next router found its last prompts cached on whichever engine ran them last). Added latency: one-token requests sent straight to engine 0 and
-through each router alternately, one at a time (P50/P99 of the difference
+the next router found its last prompts cached on whichever engine ran them last).
+Added latency: one-token requests sent straight to engine 0 and through each router alternately, one at a time (P50/P99 of the difference
 of pairs), in front of three servers that do no work (``echo_engine.py``), so the
 routers' own cost is not lost in the engines' jitter. Failures: at the near-capacity rate of ``sharegpt`` one engine is killed
 (SIGKILL) 40% into the trace and restarted after; a request fails on a non-200, an error

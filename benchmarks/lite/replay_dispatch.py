@@ -19,6 +19,7 @@ import random
 import statistics
 from pathlib import Path
 
+from benchmarks.lite.bench import pct
 from benchmarks.lite.workloads import sharegpt
 
 from llumnix.bench.machine import machine_info, write_result
@@ -73,8 +74,7 @@ def replay(policy: str, seed: int, n: int, rate: float, slowdown: float) -> dict
         free_at[e] = start + prefill + DECODE_S * q.max_tokens * slowdown
         running[e].append(free_at[e])
         heapq.heappush(finishing, (free_at[e], e, f"r{k}"))
-    ttft.sort()
-    return {"ttft_mean_s": statistics.fmean(ttft), "ttft_p99_s": ttft[int(round(0.99 * (len(ttft) - 1)))]}
+    return {"ttft_mean_s": statistics.fmean(ttft), "ttft_p99_s": pct(ttft, 0.99)}
 
 
 def main() -> None:

@@ -748,8 +748,9 @@ class LlumSchedActor:
                 self.lifecycle.move(iid, InstanceState.FAILED, time.time(), str(e))
             return
         with self._lock:
-            seconds = time.time() - self._replacing[iid]
-            self.scaling_events.append({"time": time.time(), "kind": "replaced", "instance_id": iid,
+            now = time.time()
+            seconds = now - self._replacing[iid]
+            self.scaling_events.append({"time": now, "kind": "replaced", "instance_id": iid,
                                         "seconds_to_serve": seconds})
             self.num_replaced += 1
             del self._replacing[iid]  # last: capacity() counts it as serving from here
