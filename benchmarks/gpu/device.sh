@@ -25,11 +25,17 @@ for w in sorted(glob.glob(".dev/whl/*.whl")):
                 os.chmod(path, mode)  # ray's gcs_server and raylet must stay executable
 PY
 export PYTHONPATH=$site:$PWD/src:$PWD PATH=$site/bin:$PATH
-export MODEL=/tmp/smollm2-random
+export MODEL=/tmp/smollm2-random LLUMNIX_CACHE=/tmp/llumnix-cache
 cp -r .dev/smollm2-shape "$MODEL" && python3 benchmarks/gpu/random_model.py weights "$MODEL" 2>&1 | tail -1
+# the real ShareGPT's token counts (bench cluster's trace) travel without the 125 MB data set:
+#   cp ~/.cache/llumnix/sharegpt-smollm2.json .dev/   (made here by any run on the data set)
+if [ -f .dev/sharegpt-smollm2.json ]; then
+  mkdir -p "$LLUMNIX_CACHE" && cp .dev/sharegpt-smollm2.json "$LLUMNIX_CACHE/sharegpt-_tmp_smollm2-random.json"
+fi
 echo "setup: $(( $(date +%s) - t0 )) s"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 pack() { tar czf "$OUT/gpu.tgz" -C "$res" . ; }
-limit() { case $1 in tests) echo 120;; engine) echo 170;; migration) echo 170;; serve) echo 80;; ab) echo 260;; *) echo 120;; esac; }
+limit() { case $1 in tests) echo 120;; engine) echo 170;; migration) echo 170;; serve) echo 80;; ab) echo 260;;
+  cluster) echo "${CLUSTER_LIMIT:-420}";; *) echo 120;; esac; }
 for step in ${*:-tests engine migration serve}; do
   s0=$(date +%s)
   if [ "$step" = ab ]; then cmd=(benchmarks/gpu/ab.sh "$res"); else cmd=(benchmarks/gpu/run.sh "$res" "$step"); fi
@@ -43,4 +49,5 @@ done
 grep -h -A14 "downtime" "$res"/migration-*.log 2>/dev/null | tail -40
 tail -6 "$res/serve.log" 2>/dev/null
 tail -8 "$res/ab.out" 2>/dev/null
+grep -h "capacity\|load \| seed \|wrote" "$res/cluster.log" 2>/dev/null | tail -60
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -5,7 +5,7 @@
 # run of `llumnix serve` on CUDA. Needs a CUDA build of torch and the project installed
 # with its serve and bench extras (or on PYTHONPATH).
 # Usage: benchmarks/gpu/run.sh [OUT_DIR] [STEP...]; STEP is any of tests engine migration
-# serve (default: all four). MODEL (default smollm2), TRANSPORTS (default tcp,gloo,ray),
+# serve cluster (default: the first four). MODEL (default smollm2), TRANSPORTS (default tcp,gloo,ray),
 # REPEATS (default 3) and LLUMNIX_BENCH_LENGTHS (e.g. 256,1024,4096) narrow the runs.
 set -uo pipefail
 out=${1:-benchmarks/results/gpu}
@@ -37,7 +37,16 @@ for step in $steps; do
       done ;;
     serve)
       benchmarks/gpu/serve_smoke.sh "$model" 2>&1 | tee "$out/serve.log" || rc=1 ;;
-    *) echo "unknown step $step (tests, engine, migration, serve)"; exit 2 ;;
+    cluster)  # `llumnix bench cluster` on INSTANCES (default 8) instances sharing GPU 0; CLUSTER_FLAGS replaces
+              # the default flags (issue 32's 8-instance check: eager steps, runs of >= 4 s of the probed rate)
+      n=${INSTANCES:-8}
+      # shellcheck disable=SC2086 # CLUSTER_FLAGS is a list of flags
+      $py -m llumnix.cli bench cluster --model "$model" --device cuda --instances "$n" \
+        --gpus-per-instance "$($py -c "print(1 / $n)")" ${CLUSTER_FLAGS:---no-cuda-graphs --dtype bfloat16 \
+        --systems infaas++,llumnix,round-robin --seeds 0,1,2,3 --run-seconds 4 --requests-per-run 64 \
+        --burst-size 64 --probe-requests 192 --probe-concurrency 64} \
+        --out "$out/cluster" 2>&1 | tee "$out/cluster.log" || rc=1 ;;
+    *) echo "unknown step $step (tests, engine, migration, serve, cluster)"; exit 2 ;;
   esac
 done
 exit $rc

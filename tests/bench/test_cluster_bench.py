@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llumnix.bench.cluster_bench import ClusterBenchSettings, make_requests, scaled_pairs, settings_from_args
+from llumnix.bench.cluster_bench import (
+    ClusterBenchSettings,
+    make_requests,
+    requests_per_run,
+    scaled_pairs,
+    settings_from_args,
+)
 from llumnix.bench.cluster_report import REFUSED, aggregate, goals, run_record
 from llumnix.bench.cluster_server import metric_sums
 from llumnix.bench.serve_bench import RequestRecord
@@ -47,6 +53,9 @@ def test_flags_map_onto_the_settings_and_bad_ones_are_one_line_errors():
     assert doc["engine"]["device"] == "cuda" and doc["engine"]["num_blocks"] == 20
     assert doc["scheduling"]["rescheduling"]["enabled"] is True
     assert s.system_doc("llumnix-default")["engine"].get("enable_prefix_caching") is None  # serve's default
+    assert "gpus_per_instance" not in doc["deployment"]  # serve's default: a GPU each
+    packed = settings_from_args(_args("--device", "cuda", "--instances", "8", "--gpus-per-instance", "0.125"))
+    assert packed.system_doc("infaas++")["deployment"] == {"instances": 8, "gpus_per_instance": 0.125}
     s = settings_from_args(_args("--prompt-cap", "32", "--output-cap", "80", "--length-scale", "0.5"))
     assert (s.max_input, s.max_output, s.scale) == (32, 80, 0.5)
     with pytest.raises(LlumnixError, match="unknown 'nope'"):
@@ -55,6 +64,14 @@ def test_flags_map_onto_the_settings_and_bad_ones_are_one_line_errors():
         settings_from_args(_args("--seeds", "a,b"))
     with pytest.raises(LlumnixError, match="would not fit 4 blocks"):
         settings_from_args(_args("--num-blocks", "4"))
+
+
+def test_run_seconds_sizes_the_poisson_runs_from_the_probed_capacity():
+    assert requests_per_run(S, 50.0) == S.num_requests  # without it: the fixed count
+    s = settings_from_args(_args("--run-seconds", "4", "--requests-per-run", "64"))
+    assert requests_per_run(s, 50.0) == 200 and requests_per_run(s, 5.0) == 64  # never under the count
+    with pytest.raises(LlumnixError, match="--run-seconds must be > 0"):
+        settings_from_args(_args("--run-seconds", "0"))
 
 
 def _rec(ttft, e2e, n, itl):

