@@ -42,7 +42,8 @@ def trace_for(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: i
 
 
 def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, block_size: int,
-        watermark: float = 0.01, instances: int = 2) -> dict[str, Any]:
+        watermark: float = 0.01, instances: int = 2, status_interval_s: float = 0.05,
+        reschedule_every: int = 2) -> dict[str, Any]:
     from llumnix.sim.cluster import ClusterConfig
     from llumnix.sim.config import SystemSpec
     from llumnix.sim.latency import get_latency_model
@@ -53,7 +54,8 @@ def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, bl
     opts = {"rescheduling": d["rescheduling"]} if "rescheduling" in d else {}
     spec = SystemSpec(system, d["dispatch"], enable_migration=d.get("migration", False), options=opts)
     cluster = ClusterConfig(num_instances=instances, num_blocks=blocks, block_size=block_size, max_num_seqs=32,
-                            chunked_prefill=True, max_model_len=blocks * block_size, watermark=watermark)
+                            chunked_prefill=True, max_model_len=blocks * block_size, watermark=watermark,
+                            status_interval_s=status_interval_s, reschedule_every=reschedule_every)
     sim = Simulator(cluster, get_latency_model("a10-llama7b-serving"), make_policy(spec, cluster, seed=seed),
                     trace_for(pairs, n, rate, seed))
     out = sim.run()
@@ -70,6 +72,10 @@ def main() -> None:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--watermark", type=float, default=0.01, help="admission watermark (10 blocks: 0.01 is 0 blocks)")
+    ap.add_argument("--status-interval", type=float, default=0.05,
+                    help="s between status reports (the real cluster's busy push: 0.25)")
+    ap.add_argument("--reschedule-every", type=int, default=2,
+                    help="status rounds per rescheduling round (the real cluster: 0.5 s)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     from llumnix.bench.cluster_bench import ClusterBenchSettings, scaled_pairs
@@ -82,7 +88,8 @@ def main() -> None:
         per: dict[str, np.ndarray] = {}
         for name in systems:
             per[name] = np.array([run(name, pairs, a.requests, rate, s, a.blocks, a.block_size,
-                                      a.watermark, a.instances)["preemptions"]
+                                      a.watermark, a.instances, a.status_interval,
+                                      a.reschedule_every)["preemptions"]
                                   for s in range(a.seeds)])
         base = per["infaas++"]
         for name in systems:
