@@ -200,3 +200,21 @@ def test_a_hand_off_from_a_prefill_instance_with_queued_prompts_pauses_at_once()
     assert out["num_finished"] + out["num_rejected"] == 40
     assert 0 < pd["handoffs_paused"] <= pd["handoffs"] + pd["handoffs_aborted"]
     _all_free(sim)
+
+
+def test_adaptive_pd_lends_several_at_once_and_moves_queued_prompts_onto_them():
+    cfg = ClusterConfig(num_instances=5, num_blocks=400, max_num_batched_tokens=4096, max_model_len=4096,
+                        check_invariants=True)
+    pd = {"mode": "adaptive", "prefill_instances": 1, "lend_above_tokens": 1000, "reclaim_below_tokens": 200,
+          "decode_room_freeness": 5, "decode_tight_freeness": 1, "cooldown_s": 0.1, "max_lends_per_round": 3,
+          "reclaim_after_s": 0.5, "rebalance_queued": True, "handoff_to_idle_lent": True}
+    sim = _pd_sim(pd, cfg, n=60, rate=12.0, kind="L-S")
+    out = sim.run()
+    assert out["num_finished"] + out["num_rejected"] == 60 and out["num_finished"] > 55
+    lends_at: dict[float, int] = {}
+    for t, _iid, _role, reason in sim.pd.changes:
+        lends_at[t] = lends_at.get(t, 0) + (reason == "lend")
+    assert max(lends_at.values()) >= 2  # one round lent several
+    assert out["pd"]["queue_moves"] > 0
+    assert out["pd"]["lends"] + out["pd"]["flips"] + out["pd"]["reclaims"] == len(sim.pd.changes)
+    _all_free(sim)

@@ -10,7 +10,11 @@ with ``now`` passed in; nothing here does I/O or keeps state. The simulator call
                       ``pick_decode_instance`` (decode freeness among instances with room
                       for its blocks) -> one live migration; None: the decode pool is full,
                       it keeps decoding where it is and is offered again next round
-    adaptive rounds   ``adaptive_decision`` -> at most one ``RoleChange`` a round
+    adaptive rounds   ``adaptive_decisions`` -> this round's ``RoleChange``s (several
+                      lends at once, else at most one change; ``adaptive_decision``: the
+                      first, for a caller that applies one a round); with
+                      ``rebalance_queued``, ``queue_moves`` spreads queued prompts over
+                      the prefill-taking instances (the simulator only, so far)
 
 Roles: ``mixed`` prefills and decodes (co-located, today's behaviour), ``prefill``
 hands every request off after its first token, ``decode`` takes no new request.
@@ -18,8 +22,11 @@ Adaptive PD moves capacity where the load is:
 
     lend      decode -> mixed     the prefill queue per prefill-taking instance is above
                                   ``lend_above_tokens`` while the decode pool has room
-                                  (mean freeness, and no hand-off waiting for room)
-    reclaim   mixed -> decode     the queue fell below ``reclaim_below_tokens``
+                                  (mean freeness, and no hand-off waiting for room): as
+                                  many as bring it back to the threshold, at most
+                                  ``max_lends_per_round``
+    reclaim   mixed -> decode     the queue fell below ``reclaim_below_tokens``, lent for
+                                  ``reclaim_after_s`` at least
     flip      mixed -> prefill    lent for ``flip_after_s`` with the queue still high and
                                   the decode pool's room: its decodes leave by hand-off
                                   (migration drains it)
@@ -72,7 +79,21 @@ class PDConfig:
     flip_after_s: float = 5.0
     """A lent instance still needed after this long flips to ``prefill``."""
     cooldown_s: float = 0.5
-    """Seconds between two adaptive role changes."""
+    """Seconds between two adaptive rounds that change roles."""
+    max_lends_per_round: int = 1
+    """Decode instances one round may lend at once: as many as bring the queued prefill
+    tokens per prefill-taking instance down to ``lend_above_tokens``, at most this many
+    (a burst of long prompts needs several at once, not one per cooldown)."""
+    reclaim_after_s: float = 0.0
+    """A lent instance goes back to decode only after this long lent (hysteresis: the
+    next burst of a bursty trace finds it still lent)."""
+    rebalance_queued: bool = False
+    """Adaptive PD moves queued prompts (no KV yet: metadata only) from the most queued
+    prefill-taking instance to the least, so a lend relieves the queue that made it,
+    not only the prompts that arrive after it."""
+    handoff_to_idle_lent: bool = False
+    """With no ``decode`` instance that has room, a hand-off may go to a lent instance
+    with no prompt work queued (it waits behind no prefill step)."""
     growth_blocks: int = 1
     """Blocks of decode growth a hand-off destination must have beyond the request's own."""
     stop_and_copy_behind_prefill: bool = True
@@ -93,20 +114,23 @@ class PDConfig:
         if self.mode not in PD_MODES:
             raise _bad("pd.mode", f"must be one of {', '.join(PD_MODES)}, got {self.mode!r}")
         for name in ("prefill_instances", "min_prefill", "min_decode", "lend_above_tokens",
-                     "reclaim_below_tokens", "growth_blocks", "max_handoffs_in_flight"):
+                     "reclaim_below_tokens", "growth_blocks", "max_handoffs_in_flight", "max_lends_per_round"):
             v = getattr(self, name)
             least = 0 if name in ("growth_blocks", "min_decode") else 1
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise _bad(f"pd.{name}", f"must be an integer >= {least}, got {v!r}")
-        for name in ("decode_room_freeness", "decode_tight_freeness", "flip_after_s", "cooldown_s"):
+        for name in ("decode_room_freeness", "decode_tight_freeness", "flip_after_s", "cooldown_s",
+                     "reclaim_after_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float):
                 raise _bad(f"pd.{name}", f"must be a number, got {v!r}")
-        for name in ("stop_and_copy_behind_prefill", "precopy_prefill_chunks"):
+        for name in ("stop_and_copy_behind_prefill", "precopy_prefill_chunks", "rebalance_queued",
+                     "handoff_to_idle_lent"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(f"pd.{name}", f"must be true or false, got {getattr(self, name)!r}")
-        if self.flip_after_s < 0 or self.cooldown_s < 0:
-            raise _bad("pd.flip_after_s" if self.flip_after_s < 0 else "pd.cooldown_s", "must be >= 0")
+        for name in ("flip_after_s", "cooldown_s", "reclaim_after_s"):
+            if getattr(self, name) < 0:
+                raise _bad(f"pd.{name}", "must be >= 0")
         if self.reclaim_below_tokens > self.lend_above_tokens:
             raise _bad("pd.reclaim_below_tokens", "must be <= lend_above_tokens")
         if self.decode_tight_freeness > self.decode_room_freeness:
@@ -153,18 +177,49 @@ def pick_decode_instance(statuses: Sequence[InstanceStatus], roles: Mapping[str,
     ``growth_blocks`` more, the highest ``freeness_of(status)``; ties by id. None: the
     decode pool is full. ``freeness_of``: the caller's freeness (Algorithm 1's)."""
     need = handoff_blocks(num_blocks, config)
-    best: tuple[float, str] | None = None
+    best: tuple[int, float, str] | None = None
     for s in statuses:
         iid = s.instance_id
-        if iid == exclude or roles.get(iid) != "decode" or s.is_terminating or not s.is_schedulable:
+        # a lent instance with no prompt work is a fallback (``handoff_to_idle_lent``): rank 0
+        idle_lent = (config.handoff_to_idle_lent and roles.get(iid) == "mixed"
+                     and queued_prefill_tokens(s) == 0)
+        if iid == exclude or not (roles.get(iid) == "decode" or idle_lent) or s.is_terminating \
+                or not s.is_schedulable:
             continue
         room = s.num_free_blocks - s.num_watermark_blocks - (promised or {}).get(iid, 0)
         if room < need:
             continue
-        f = float(freeness_of(s))
-        if best is None or f > best[0] or (f == best[0] and iid < best[1]):
-            best = (f, iid)
-    return None if best is None else best[1]
+        key = (0 if idle_lent else 1, float(freeness_of(s)), iid)
+        if best is None or key[:2] > best[:2] or (key[:2] == best[:2] and iid < best[2]):
+            best = key
+    return None if best is None else best[2]
+
+
+def queue_moves(loads: Mapping[str, int], queued: Mapping[str, Sequence[tuple[str, int]]],
+                max_moves: int) -> list[tuple[str, str, str]]:
+    """Moves ``(request_id, src, dst)`` of queued prompts among the prefill-taking
+    instances (``rebalance_queued``). ``loads``: each one's queued prefill tokens;
+    ``queued``: its movable prompts in queue order, ``(request_id, tokens)``. The last
+    queued prompt of the most loaded instance that has one goes to the least loaded
+    while that instance's load plus the prompt stays below the source's: each move
+    lowers the sum of squared loads, so none is ever undone."""
+    loads = dict(loads)
+    queues = {i: list(q) for i, q in queued.items()}
+    moves: list[tuple[str, str, str]] = []
+    while len(moves) < max_moves and loads:
+        dst = min(loads, key=lambda i: (loads[i], i))
+        srcs = [i for i in loads if queues.get(i)]
+        if not srcs:
+            break
+        src = max(srcs, key=lambda i: (loads[i], i))
+        rid, tokens = queues[src][-1]
+        if src == dst or loads[dst] + tokens >= loads[src]:
+            break
+        queues[src].pop()
+        loads[src] -= tokens
+        loads[dst] += tokens
+        moves.append((rid, src, dst))
+    return moves
 
 
 # -- adaptive PD -------------------------------------------------------------------------
@@ -212,26 +267,44 @@ class PoolView:
 
 def adaptive_decision(view: PoolView, config: PDConfig, now: float,
                       last_change: float | None) -> RoleChange | None:
-    """At most one role change (module docstring), none within ``cooldown_s`` of the last."""
+    """The first of ``adaptive_decisions`` (a caller that applies one change a round)."""
+    changes = adaptive_decisions(view, config, now, last_change)
+    return changes[0] if changes else None
+
+
+def adaptive_decisions(view: PoolView, config: PDConfig, now: float,
+                       last_change: float | None) -> list[RoleChange]:
+    """This round's role changes (module docstring), none within ``cooldown_s`` of the last:
+    up to ``max_lends_per_round`` lends, else at most one reclaim or flip."""
     if config.mode != "adaptive" or (last_change is not None and now - last_change < config.cooldown_s):
-        return None
+        return []
     pressure, room = view.prefill_pressure, view.decode_room
     has_room = room >= config.decode_room_freeness and view.num_waiting_handoffs == 0
     decode, mixed, prefill = view.ids("decode"), view.ids("mixed"), view.ids("prefill")
     if pressure > config.lend_above_tokens:
         old = [i for i in mixed if now - view.role_since.get(i, now) >= config.flip_after_s]
         if old and has_room and len(decode) >= config.min_decode:
-            return RoleChange(min(old, key=lambda i: (view.role_since.get(i, now), i)), "prefill", "flip")
+            return [RoleChange(min(old, key=lambda i: (view.role_since.get(i, now), i)), "prefill", "flip")]
         if has_room and len(decode) > config.min_decode:
-            freest = max(decode, key=lambda i: (view.freeness.get(i, 0.0), i))
-            return RoleChange(freest, "mixed", "lend")
-        return None
+            n = min(_num_to_lend(view, config), len(decode) - config.min_decode, config.max_lends_per_round)
+            freest = sorted(decode, key=lambda i: (view.freeness.get(i, 0.0), i), reverse=True)
+            return [RoleChange(i, "mixed", "lend") for i in freest[:max(1, n)]]
+        return []
     if pressure < config.reclaim_below_tokens:
-        if mixed:
-            least = min(mixed, key=lambda i: (view.queued_tokens.get(i, 0), i))
-            return RoleChange(least, "decode", "reclaim")
+        held = [i for i in mixed if now - view.role_since.get(i, now) >= config.reclaim_after_s]
+        if held:
+            least = min(held, key=lambda i: (view.queued_tokens.get(i, 0), i))
+            return [RoleChange(least, "decode", "reclaim")]
         tight = room < config.decode_tight_freeness or view.num_waiting_handoffs > 0
-        if tight and len(prefill) > config.min_prefill:
+        if not mixed and tight and len(prefill) > config.min_prefill:
             least = min(prefill, key=lambda i: (view.queued_tokens.get(i, 0), i))
-            return RoleChange(least, "decode", "flip")
-    return None
+            return [RoleChange(least, "decode", "flip")]
+    return []
+
+
+def _num_to_lend(view: PoolView, config: PDConfig) -> int:
+    """Lends that bring the queued prefill tokens per prefill-taking instance down to
+    ``lend_above_tokens`` (with the queue spread over the new takers too)."""
+    takers = view.ids(*TAKES_PREFILL)
+    total = sum(view.queued_tokens.get(i, 0) for i in takers)
+    return max(1, -(-total // config.lend_above_tokens) - len(takers))

@@ -11,7 +11,9 @@ The policy is ``policy/pd.py``'s (pure); this drives it on the simulated instanc
             then a short last stage
     no decode instance has room ─► the request keeps decoding on its prefill instance;
         offered again at the next status round (and the next step end after one)
-    status round (PD reads every one) ─► adaptive_decision ─► set_role; hand-offs retried
+    status round (PD reads every one) ─► adaptive_decisions ─► set_role (several lends
+        at once); with ``rebalance_queued``, queue_moves ─► queued prompts migrate (metadata
+        only) to the least queued prefill-taking instances; hand-offs retried
 
 A hand-off that aborts (the destination refused the reservation, the request finished
 or was preempted meanwhile) leaves the request where it was, its blocks accounted on
@@ -26,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 from llumnix.core.request import RequestStatus
 from llumnix.policy.freeness import freeness
 from llumnix.policy.pd import (
+    TAKES_PREFILL,
     PoolView,
     RoleChange,
-    adaptive_decision,
+    adaptive_decisions,
     pick_decode_instance,
+    queue_moves,
     queued_prefill_tokens,
 )
 from llumnix.sim.events import Event
@@ -60,7 +64,7 @@ class PDFlow:
         self._full = False
         """The last hand-off attempt found the decode pool full (cleared each round)."""
         self.counts = {"handoffs": 0, "handoffs_aborted": 0, "handoffs_deferred": 0, "handoffs_paused": 0,
-                       "lends": 0, "reclaims": 0, "flips": 0}
+                       "lends": 0, "reclaims": 0, "flips": 0, "queue_moves": 0, "queue_moves_aborted": 0}
         self._stop_and_copy = dataclasses.replace(migration, max_stages=1)
         self._fused = dataclasses.replace(cost, blocking_bandwidth=None)
         """A stop-and-copy hand-off sends the blocks in one fused copy (the bandwidth of a
@@ -125,15 +129,39 @@ class PDFlow:
     def on_round(self, now: float) -> list[Event]:
         """A status round: adaptive PD's decision, then every prefill instance's hand-offs."""
         self._full = False
-        change = adaptive_decision(self._view(), self.config, now, self.last_change)
-        if change is not None:
+        for change in adaptive_decisions(self._view(), self.config, now, self.last_change):
             self.apply(change, now)
         events: list[Event] = []
+        if self.config.mode == "adaptive" and self.config.rebalance_queued:
+            events += self._rebalance(now)
         for iid, role in sorted(self.policy.roles.items()):
             inst = self.cluster.instances.get(iid)
             if role == "prefill" and inst is not None and not self._full:
                 events += self._handoffs(inst, now)
         return events
+
+    def _rebalance(self, now: float) -> list[Event]:
+        """Queued prompts from the most queued prefill-taking instances to the least."""
+        takers = {i: self.cluster.instances[i] for i, r in self.policy.roles.items()
+                  if r in TAKES_PREFILL and i in self.cluster.instances}
+        loads = {i: _prompt_tokens(inst) for i, inst in takers.items()}
+        queued = {i: [(r.request_id, r.num_tokens) for r in inst.engine.scheduler.waiting
+                      if not r.output_token_ids and r.request_id not in inst.migrations_out]
+                  for i, inst in takers.items()}
+        events: list[Event] = []
+        for rid, src_id, dst_id in queue_moves(loads, queued, len(takers)):
+            src, dst = takers[src_id], takers[dst_id]
+            run = MigrationRun(src, dst, rid, self.migration, self.cost, now, on_done=self._moved)
+            src.llumlet.on_migration_started(rid)
+            self._on_started()
+            events += run.start(now)
+        return events
+
+    def _moved(self, run: MigrationRun, now: float) -> list[Event]:
+        committed = run.protocol.report().committed
+        run.src.llumlet.on_migration_finished(run.request_id, committed)
+        self.counts["queue_moves" if committed else "queue_moves_aborted"] += 1
+        return self._on_finished(run, now)
 
     def _view(self) -> PoolView:
         fcfg = self.policy.config.freeness
@@ -171,3 +199,14 @@ class PDFlow:
                 "roles_at_end": {r: sum(1 for x in self.policy.roles.values() if x == r)
                                  for r in ("prefill", "decode", "mixed")},
                 "handoff_downtime": summarize(np.asarray(self.handoff_downtimes))}
+
+
+def _prompt_tokens(inst: SimInstance) -> int:
+    """Prompt tokens not computed yet on ``inst`` (``queued_prefill_tokens`` of its
+    engine), counting a queued prompt in migration at its destination."""
+    n = sum(r.num_tokens for rid, r in inst.engine.requests.items()
+            if not r.output_token_ids and rid not in inst.migrations_out)
+    for rid, run in inst.migrations_in.items():
+        r = run.src.engine.requests.get(rid)
+        n += r.num_tokens if r is not None and not r.output_token_ids else 0
+    return n
