@@ -1,5 +1,5 @@
 """policy/pd.py, adaptive PD under bursts: several lends a round, reclaim hysteresis,
-queued prompts spread over the prefill-taking instances, hand-offs into idle lent ones."""
+queued prompts spread over the prefill-taking instances."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,17 +9,14 @@ import pytest
 
 from llumnix.policy import SchedulingConfig
 from llumnix.policy.config import PolicyConfigError
-from llumnix.policy.freeness import freeness
 from llumnix.policy.pd import (
     PDConfig,
     PoolView,
     RoleChange,
     adaptive_decision,
     adaptive_decisions,
-    pick_decode_instance,
     queue_moves,
 )
-from tests.policy.snapshots import NO_HEADROOM, inst, run, wait
 
 BURSTY = PDConfig(mode="adaptive", prefill_instances=2, lend_above_tokens=4000, reclaim_below_tokens=1000,
                   decode_room_freeness=10, decode_tight_freeness=2, cooldown_s=0.1, max_lends_per_round=8,
@@ -32,7 +29,6 @@ FREE = {"d1": 20, "d2": 60, "d3": 40, "d4": 50, "d5": 30, "d6": 15}
     ({"max_lends_per_round": 0}, "pd.max_lends_per_round"),
     ({"reclaim_after_s": -1}, "pd.reclaim_after_s"),
     ({"rebalance_queued": "yes"}, "pd.rebalance_queued"),
-    ({"handoff_to_idle_lent": 1}, "pd.handoff_to_idle_lent"),
 ])
 def test_bad_adaptive_values_are_one_line_errors_naming_the_path(doc, path):
     with pytest.raises(PolicyConfigError) as e:
@@ -62,11 +58,13 @@ def test_a_burst_lends_as_many_decode_instances_as_its_queue_needs_in_one_round(
 
 def test_a_lent_instance_is_reclaimed_only_after_reclaim_after_s():
     roles = {**ROLES, "d2": "mixed", "d4": "mixed"}
-    low = {"p1": 200, "p2": 0, "d2": 0, "d4": 500}
-    since = {"d2": 9.5, "d4": 8.0}
-    v = PoolView(roles, since, low, FREE)
-    # d2 was lent 0.5 s ago and stays; d4 (lent 2 s) goes back although more is queued there
+    low = {"p1": 200, "p2": 0, "d2": 0, "d4": 0}
+    v = PoolView(roles, {"d2": 9.5, "d4": 8.0}, low, FREE)
+    # d2 was lent 0.5 s ago and stays; d4, lent 2 s, goes back
     assert adaptive_decisions(v, BURSTY, 10.0, None) == [RoleChange("d4", "decode", "reclaim")]
+    # not while a prompt of its own is still queued there (a hand-off would wait behind it)
+    busy = PoolView(roles, {"d2": 9.5, "d4": 8.0}, {**low, "d4": 500}, FREE)
+    assert adaptive_decisions(busy, BURSTY, 10.0, None) == []
     held = PoolView(roles, {"d2": 9.5, "d4": 9.5}, low, dict.fromkeys(FREE, 1.0), num_waiting_handoffs=2)
     # both still held: nothing is reclaimed, and no prefill instance flips to decode meanwhile
     assert adaptive_decisions(held, BURSTY, 10.0, None) == []
@@ -108,20 +106,3 @@ def test_queue_moves_end_and_never_undo_a_move():
         if srcs:
             src = max(srcs, key=lambda i: (after[i], i))
             assert min(after.values()) + tokens[left[src][-1]] >= after[src]
-
-
-def test_with_the_decode_pool_full_a_hand_off_may_go_to_an_idle_lent_instance():
-    roles = {"p": "prefill", "d": "decode", "m1": "mixed", "m2": "mixed", "m3": "mixed"}
-    decoding = dataclasses.replace(run("y", 10), num_output_tokens=3)
-    statuses = [inst("p"), inst("d", running=[run("x", 95)]), inst("m1", running=[decoding]),
-                inst("m2", waiting=[wait("q", 320)]), inst("m3", running=[run("z", 5)])]  # m3: prefilling
-    on = dataclasses.replace(BURSTY, handoff_to_idle_lent=True)
-
-    def free(s):
-        return freeness(s, NO_HEADROOM)
-
-    assert pick_decode_instance(statuses, roles, 20, BURSTY, free) is None  # off: the request waits
-    assert pick_decode_instance(statuses, roles, 20, on, free) == "m1"  # m2 and m3 have prompt work
-    # a decode instance with room comes first, even when the lent one is freer
-    roomy = [inst("p"), inst("d", running=[run("x", 60)]), inst("m1")]
-    assert pick_decode_instance(roomy, roles, 20, on, free) == "d"

@@ -207,7 +207,7 @@ def test_adaptive_pd_lends_several_at_once_and_moves_queued_prompts_onto_them():
                         check_invariants=True)
     pd = {"mode": "adaptive", "prefill_instances": 1, "lend_above_tokens": 1000, "reclaim_below_tokens": 200,
           "decode_room_freeness": 5, "decode_tight_freeness": 1, "cooldown_s": 0.1, "max_lends_per_round": 3,
-          "reclaim_after_s": 0.5, "rebalance_queued": True, "handoff_to_idle_lent": True}
+          "reclaim_after_s": 0.5, "rebalance_queued": True}
     sim = _pd_sim(pd, cfg, n=60, rate=12.0, kind="L-S")
     out = sim.run()
     assert out["num_finished"] + out["num_rejected"] == 60 and out["num_finished"] > 55

@@ -26,7 +26,8 @@ Adaptive PD moves capacity where the load is:
                                   many as bring it back to the threshold, at most
                                   ``max_lends_per_round``
     reclaim   mixed -> decode     the queue fell below ``reclaim_below_tokens``, lent for
-                                  ``reclaim_after_s`` at least
+                                  ``reclaim_after_s`` at least, its own prompts done (a
+                                  hand-off into it must not wait behind a prefill step)
     flip      mixed -> prefill    lent for ``flip_after_s`` with the queue still high and
                                   the decode pool's room: its decodes leave by hand-off
                                   (migration drains it)
@@ -91,9 +92,6 @@ class PDConfig:
     """Adaptive PD moves queued prompts (no KV yet: metadata only) from the most queued
     prefill-taking instance to the least, so a lend relieves the queue that made it,
     not only the prompts that arrive after it."""
-    handoff_to_idle_lent: bool = False
-    """With no ``decode`` instance that has room, a hand-off may go to a lent instance
-    with no prompt work queued (it waits behind no prefill step)."""
     growth_blocks: int = 1
     """Blocks of decode growth a hand-off destination must have beyond the request's own."""
     stop_and_copy_behind_prefill: bool = True
@@ -124,8 +122,7 @@ class PDConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float):
                 raise _bad(f"pd.{name}", f"must be a number, got {v!r}")
-        for name in ("stop_and_copy_behind_prefill", "precopy_prefill_chunks", "rebalance_queued",
-                     "handoff_to_idle_lent"):
+        for name in ("stop_and_copy_behind_prefill", "precopy_prefill_chunks", "rebalance_queued"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(f"pd.{name}", f"must be true or false, got {getattr(self, name)!r}")
         for name in ("flip_after_s", "cooldown_s", "reclaim_after_s"):
@@ -177,22 +174,18 @@ def pick_decode_instance(statuses: Sequence[InstanceStatus], roles: Mapping[str,
     ``growth_blocks`` more, the highest ``freeness_of(status)``; ties by id. None: the
     decode pool is full. ``freeness_of``: the caller's freeness (Algorithm 1's)."""
     need = handoff_blocks(num_blocks, config)
-    best: tuple[int, float, str] | None = None
+    best: tuple[float, str] | None = None
     for s in statuses:
         iid = s.instance_id
-        # a lent instance with no prompt work is a fallback (``handoff_to_idle_lent``): rank 0
-        idle_lent = (config.handoff_to_idle_lent and roles.get(iid) == "mixed"
-                     and queued_prefill_tokens(s) == 0)
-        if iid == exclude or not (roles.get(iid) == "decode" or idle_lent) or s.is_terminating \
-                or not s.is_schedulable:
+        if iid == exclude or roles.get(iid) != "decode" or s.is_terminating or not s.is_schedulable:
             continue
         room = s.num_free_blocks - s.num_watermark_blocks - (promised or {}).get(iid, 0)
         if room < need:
             continue
-        key = (0 if idle_lent else 1, float(freeness_of(s)), iid)
-        if best is None or key[:2] > best[:2] or (key[:2] == best[:2] and iid < best[2]):
-            best = key
-    return None if best is None else best[2]
+        f = float(freeness_of(s))
+        if best is None or f > best[0] or (f == best[0] and iid < best[1]):
+            best = (f, iid)
+    return None if best is None else best[1]
 
 
 def queue_moves(loads: Mapping[str, int], queued: Mapping[str, Sequence[tuple[str, int]]],
@@ -291,7 +284,9 @@ def adaptive_decisions(view: PoolView, config: PDConfig, now: float,
             return [RoleChange(i, "mixed", "lend") for i in freest[:max(1, n)]]
         return []
     if pressure < config.reclaim_below_tokens:
-        held = [i for i in mixed if now - view.role_since.get(i, now) >= config.reclaim_after_s]
+        # only once its own prompts are done: a hand-off into it must not wait behind one
+        held = [i for i in mixed if now - view.role_since.get(i, now) >= config.reclaim_after_s
+                and view.queued_tokens.get(i, 0) == 0]
         if held:
             least = min(held, key=lambda i: (view.queued_tokens.get(i, 0), i))
             return [RoleChange(least, "decode", "reclaim")]
