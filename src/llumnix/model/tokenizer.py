@@ -38,6 +38,8 @@ class Tokenizer:
         self.chat_template = chat_template or CHATML
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         self._template = env.from_string(self.chat_template)
+        self._template_tokens = {"bos_token": self._token(bos_token_id), "eos_token": self._token(eos_token_id)}
+        """The special tokens' text every render passes (looked up once, not per request)."""
 
     def with_chat_template(self, template: str) -> Tokenizer:
         """This tokenizer with another chat template (`--chat-template`)."""
@@ -101,8 +103,7 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self._token(self.bos_token_id),
-                                     eos_token=self._token(self.eos_token_id))
+                                     **self._template_tokens)
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """The token ids a chat prefills. Only the chat template's own text holds control
