@@ -96,7 +96,7 @@ class Pair:
 
 
 def reference(prompt, params):
-    eng = make_engine()
+    eng = make_engine(num_blocks=256)  # room for the longest request here
     eng.add_request("x", prompt, params)
     return run_to_completion(eng)["x"]
 
@@ -128,15 +128,16 @@ def test_blocks_the_destination_caches_are_adopted_not_sent(transport):
     """Prefix caching: the destination runs a request sharing x's first 20 tokens, so
     x's first 5 blocks are adopted there by their keys; only the rest travels, and x
     still produces every token exactly once, as without migration."""
-    params = SamplingParams(max_tokens=120)
-    with Pair(prefix_caching=True, transport=transport) as pair:
+    # 240 tokens (2.4 s): under load 12+ a gloo pair's first migration outlasted 120 (source_finished)
+    params = SamplingParams(max_tokens=240)
+    with Pair(num_blocks=128, dst_blocks=160, prefix_caching=True, transport=transport) as pair:
         pair.dst.call(lambda: pair.dst.engine.add_request("other", PROMPT[:20] + [7, 8], SamplingParams(max_tokens=200)))
         pair.add("x", PROMPT, params)
         time.sleep(0.05)
         rep = migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig(max_stages=3))
         assert rep.committed, rep.abort_reason
         assert rep.num_blocks_cached == 5
-        assert 0 < rep.num_blocks <= (len(PROMPT) + 120) // 4 + 1 - 5
+        assert 0 < rep.num_blocks <= (len(PROMPT) + params.max_tokens) // 4 + 1 - 5
         out = pair.collect("x")
         assert sorted(i for i, _ in pair.tokens["x"]) == list(range(1, params.max_tokens + 1))
         assert out == reference(PROMPT, params)
@@ -164,17 +165,19 @@ def test_the_client_tag_travels_with_the_request():
 
 @pytest.mark.parametrize("transport", ["tcp", "gloo"])
 def test_back_and_forth(transport):
-    pair = Pair(transport=transport)
+    pair = Pair(num_blocks=128, dst_blocks=128, transport=transport)
     back_endpoint = DestinationEndpoint(pair.src, TOKEN, options=OPTIONS)
     back_sender = open_sender(transport, back_endpoint)
     try:
-        pair.add("x", PROMPT, SamplingParams(max_tokens=150))  # two migrations: room for both
+        # two migrations: room for both (3 s; with 150 tokens, under load 12+, a gloo pair's
+        # second migration found the request finished)
+        pair.add("x", PROMPT, SamplingParams(max_tokens=300))
         time.sleep(0.03)
         assert migrate("x", pair.src, pair.endpoint, pair.sender, MigrationConfig()).committed
         time.sleep(0.03)
         back = migrate("x", pair.dst, back_endpoint, back_sender, MigrationConfig())
         assert back.committed, back
-        assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=150))
+        assert pair.collect("x") == reference(PROMPT, SamplingParams(max_tokens=300))
         pair.check_drained()
     finally:
         back_sender.close()
