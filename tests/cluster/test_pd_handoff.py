@@ -231,6 +231,27 @@ def test_adaptive_rounds_lend_reclaim_and_flip_a_prefill_instance_when_hand_offs
     assert static.decide(statuses, 20.0) is None
 
 
+def test_under_a_burst_the_clusters_book_lends_several_decode_instances_in_one_round():
+    """``max_lends_per_round``: LlumSched's round applies every lend the policy gives, as
+    the simulator does (4,800 queued tokens, 1,000 a taker: 4 more takers, 3 allowed)."""
+    from llumnix.core.status import RequestBrief
+
+    cfg = PDConfig(mode="adaptive", prefill_instances=1, min_decode=1, lend_above_tokens=1000,
+                   reclaim_below_tokens=200, decode_room_freeness=5, cooldown_s=1, max_lends_per_round=3)
+    book = PDBook(cfg, FreenessConfig(headroom_tokens={}))
+    ids = ("p", "d1", "d2", "d3", "d4", "d5")
+    for i in ids:
+        book.add(i, 0.0)
+    queued = [RequestBrief(f"q{i}", 0, 0, 800, 0.0, False) for i in range(6)]
+    statuses = {i: inst(i, waiting=queued if i == "p" else []) for i in ids}
+    changes = book.decide_all(statuses, 10.0)
+    assert [c.reason for c in changes] == ["lend"] * 3 and len({c.instance_id for c in changes}) == 3
+    assert book.decide(statuses, 10.0) == changes[0]
+    for c in changes:
+        book.apply(c, 10.0)
+    assert book.info()["lends"] == 3 and book.decide_all(statuses, 10.5) == []  # one cooldown for the round
+
+
 def test_an_instance_reporting_another_role_than_the_books_is_told_again_after_a_grace():
     book = PDBook(PDConfig(mode="adaptive", prefill_instances=1), FreenessConfig())
     book.add("p", 0.0)

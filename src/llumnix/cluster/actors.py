@@ -980,21 +980,24 @@ class LlumSchedActor:
             self.pd.on_handoff(report)
 
     def _pd_round(self) -> None:
-        """Adaptive PD: at most one role change a round, told to the instance at once
-        (gateways learn it with their next membership refresh)."""
+        """Adaptive PD: this round's role changes (several lends at once under a burst,
+        ``max_lends_per_round``), each told to its instance at once (gateways learn them
+        with their next membership refresh)."""
         if self.pd.config.mode != "adaptive":
             return
         now = time.time()
+        told = []
         with self._lock:
-            change = self.pd.decide(dict(self.gs.statuses), now)
-            if change is None or change.instance_id not in self.handles:
-                return
-            self.pd.apply(change, now)
-            self.gs.set_role(change.instance_id, change.role)
-            handle = self.handles[change.instance_id]
-        log.warning("PD: %s -> %s (%s)", change.instance_id, change.role, change.reason)
-        with contextlib.suppress(Exception):  # its next push carries the role it took
-            ray.get(handle.set_role.remote(change.role), timeout=10)
+            for change in self.pd.decide_all(dict(self.gs.statuses), now):
+                if change.instance_id not in self.handles:
+                    continue
+                self.pd.apply(change, now)
+                self.gs.set_role(change.instance_id, change.role)
+                told.append((change, self.handles[change.instance_id]))
+        for change, handle in told:
+            log.warning("PD: %s -> %s (%s)", change.instance_id, change.role, change.reason)
+            with contextlib.suppress(Exception):  # its next push carries the role it took
+                ray.get(handle.set_role.remote(change.role), timeout=10)
 
     def dispatch(self, req: DispatchRequest) -> str | None:
         with self._lock:

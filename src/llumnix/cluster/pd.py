@@ -18,7 +18,7 @@ The decisions are
                pre-copied while it decodes) ─► LlumSched.pd_handoff_done (counted)
           ─► None (the decode pool is full): it keeps decoding here; offered again
                every ``retry_s`` until a decode instance has room (never dropped)
-    LlumSched's round (adaptive): adaptive_decision ─► PDBook.apply ─► the instance's
+    LlumSched's round (adaptive): adaptive_decisions ─► PDBook.apply ─► the instance's
         set_role; gateways learn the new role with their next membership refresh
 
 The gateway's and LlumSched's ``GlobalScheduler`` both take the roles
@@ -39,7 +39,7 @@ from llumnix.policy.pd import (
     PDConfig,
     PoolView,
     RoleChange,
-    adaptive_decision,
+    adaptive_decisions,
     handoff_blocks,
     pick_decode_instance,
     queued_prefill_tokens,
@@ -136,9 +136,15 @@ class PDBook:
 
     # -- adaptive PD ----------------------------------------------------------------
     def decide(self, statuses: dict[str, InstanceStatus], now: float) -> RoleChange | None:
-        """Adaptive PD's one change this round (None with static roles)."""
+        """The first of this round's changes (``decide_all``), or None."""
+        changes = self.decide_all(statuses, now)
+        return changes[0] if changes else None
+
+    def decide_all(self, statuses: dict[str, InstanceStatus], now: float) -> list[RoleChange]:
+        """Adaptive PD's changes this round: up to ``max_lends_per_round`` lends, else at
+        most one reclaim or flip (none with static roles)."""
         if self.config.mode != "adaptive":
-            return None
+            return []
         known = {i: s for i, s in statuses.items() if i in self.roles}
         waiting = sum(1 for i, s in known.items() if self.roles[i] == "prefill"
                       for r in s.running if r.num_output_tokens > 0 and not r.is_migrating)
@@ -146,7 +152,7 @@ class PDBook:
                         queued_tokens={i: queued_prefill_tokens(s) for i, s in known.items()},
                         freeness={i: freeness(s, self.fcfg) for i, s in known.items()},
                         num_waiting_handoffs=waiting)
-        return adaptive_decision(view, self.config, now, self.last_change)
+        return adaptive_decisions(view, self.config, now, self.last_change)
 
     def apply(self, change: RoleChange, now: float) -> None:
         self.roles[change.instance_id] = change.role
