@@ -416,6 +416,7 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
     boundary: list[float] = []
     downtimes: list[float] = []
     stages: list[int] = []
+    failed: list[str] = []
     k = 0
     try:
         for srv in servers:
@@ -424,11 +425,14 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
                 rid, p = f"co-{k}", synthetic_prompt(32, k, vocab)
                 srv.call(functools.partial(srv.engine.add_request, rid, p, long_run))
         for n in grid.migration_lengths:
+            # a small model can finish the request mid-migration (on a loaded machine all three
+            # 256-token tries did): it gets the room max_model_len leaves it, and more tries
+            mig_run = SamplingParams(max_tokens=max(256, min(llm.config.max_model_len, 1024) - n), ignore_eos=True)
             for _ in range(grid.migration_repeats):
-                for _attempt in range(3):  # a small model can finish the request mid-migration
+                for _attempt in range(6):
                     k += 1
                     rid, p = f"mig-{k}", synthetic_prompt(n, k, vocab)
-                    src.call(functools.partial(src.engine.add_request, rid, p, long_run))
+                    src.call(functools.partial(src.engine.add_request, rid, p, mig_run))
                     deadline = time.time() + 300
                     while src.call(functools.partial(_num_output_tokens, src.engine, rid)) < 2:
                         if time.time() > deadline:
@@ -444,13 +448,15 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
                         downtimes.append(rep.downtime)
                         stages.append(rep.num_stages)
                         break
+                    failed.append(str(rep.abort_reason) if not rep.committed else "committed without a downtime")
     finally:
         sender.close()
         endpoint.close()
         for srv in servers:
             srv.stop()
     if not downtimes or not sender.sends:
-        raise RuntimeError("no live migration committed while profiling")
+        raise RuntimeError(f"no live migration committed while profiling ({len(downtimes)} committed, "
+                           f"{len(sender.sends)} sends; failed tries: {'; '.join(failed) or 'none'})")
     fixed, per_byte = _fit_line([float(b) for b, _ in sender.sends], [s for _, s in sender.sends])
     bandwidth = 1.0 / per_byte if per_byte > 0 else 1e12
     reserve = statistics.median(dest.reserves) if dest.reserves else 0.0
