@@ -396,6 +396,17 @@ def sibling_servers(llm: Any, instance_ids: tuple[str, ...]) -> list[Any]:
     return servers
 
 
+def _start_decoding(src: Any, rid: str, prompt: list[int], params: SamplingParams) -> None:
+    """Add ``rid`` on ``src`` and wait until it has decoded two tokens (a running request
+    with KV to move)."""
+    src.call(functools.partial(src.engine.add_request, rid, prompt, params))
+    deadline = time.time() + 300
+    while src.call(functools.partial(_num_output_tokens, src.engine, rid)) < 2:
+        if time.time() > deadline:
+            raise TimeoutError(f"{rid} did not start decoding")
+        time.sleep(0.01)
+
+
 def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
     """Live migrations over tcp between two engines (sharing the weights) stepping in
     their own threads, ``co_running`` requests decoding on each; returns the
@@ -432,12 +443,7 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
                 for _attempt in range(6):
                     k += 1
                     rid, p = f"mig-{k}", synthetic_prompt(n, k, vocab)
-                    src.call(functools.partial(src.engine.add_request, rid, p, mig_run))
-                    deadline = time.time() + 300
-                    while src.call(functools.partial(_num_output_tokens, src.engine, rid)) < 2:
-                        if time.time() > deadline:
-                            raise TimeoutError(f"{rid} did not start decoding")
-                        time.sleep(0.01)
+                    _start_decoding(src, rid, p, mig_run)
                     t0 = time.perf_counter()
                     src.call(lambda: None)  # the wait for the source's next step boundary
                     boundary.append(time.perf_counter() - t0)
