@@ -209,13 +209,13 @@ def test_adaptive_rounds_lend_reclaim_and_flip_a_prefill_instance_when_hand_offs
         book.add(i, 0.0)
     queued = [RequestBrief(f"q{i}", 0, 0, 800, 0.0, False) for i in range(3)]
     statuses = {"p": inst("p", waiting=queued), "d1": inst("d1", running=[run("a", 30)]), "d2": inst("d2")}
-    change = book.decide(statuses, 10.0)
+    [change] = book.decide_all(statuses, 10.0)
     assert change == RoleChange("d2", "mixed", "lend")  # 2,400 queued tokens; d2 is the freest
     book.apply(change, 10.0)
-    assert book.decide(statuses, 10.5) is None  # cooldown
+    assert book.decide_all(statuses, 10.5) == []  # cooldown
     # the queue is gone: the lent instance goes back to decoding
     statuses = {"p": inst("p"), "d1": inst("d1"), "d2": inst("d2")}
-    assert book.decide(statuses, 12.0) == RoleChange("d2", "decode", "reclaim")
+    assert book.decide_all(statuses, 12.0) == [RoleChange("d2", "decode", "reclaim")]
     # two prefill instances, a request past its first token waiting on p1 (the decode pool
     # is full for it), no prompt queued: a prefill instance becomes a decode one (the least
     # queued, ties by id: p1, whose waiting request then simply decodes there)
@@ -224,11 +224,11 @@ def test_adaptive_rounds_lend_reclaim_and_flip_a_prefill_instance_when_hand_offs
         book2.add(i, 0.0)
     decoding = RequestBrief("x", 0, 20, 320, 0.0, True, num_output_tokens=5)
     statuses = {"p1": inst("p1", running=[decoding]), "p2": inst("p2"), "d1": inst("d1", running=[run("a", 95)])}
-    assert book2.decide(statuses, 30.0) == RoleChange("p1", "decode", "flip")
+    assert book2.decide_all(statuses, 30.0) == [RoleChange("p1", "decode", "flip")]
     # static PD never changes a role
     static = PDBook(PDConfig(mode="static"), FreenessConfig())
     static.add("p", 0.0)
-    assert static.decide(statuses, 20.0) is None
+    assert static.decide_all(statuses, 20.0) == []
 
 
 def test_under_a_burst_the_clusters_book_lends_several_decode_instances_in_one_round():
@@ -246,7 +246,6 @@ def test_under_a_burst_the_clusters_book_lends_several_decode_instances_in_one_r
     statuses = {i: inst(i, waiting=queued if i == "p" else []) for i in ids}
     changes = book.decide_all(statuses, 10.0)
     assert [c.reason for c in changes] == ["lend"] * 3 and len({c.instance_id for c in changes}) == 3
-    assert book.decide(statuses, 10.0) == changes[0]
     for c in changes:
         book.apply(c, 10.0)
     assert book.info()["lends"] == 3 and book.decide_all(statuses, 10.5) == []  # one cooldown for the round

@@ -12,7 +12,7 @@ from llumnix.policy.pd import (
     PDConfig,
     PoolView,
     RoleChange,
-    adaptive_decision,
+    adaptive_decisions,
     initial_roles,
     pick_decode_instance,
     queued_prefill_tokens,
@@ -95,39 +95,39 @@ def _view(roles, queued, free, since=None):
 def test_lend_when_the_prefill_queue_grows_and_the_decode_pool_has_room():
     roles = {"p1": "prefill", "p2": "prefill", "d1": "decode", "d2": "decode", "d3": "decode"}
     v = _view(roles, {"p1": 5000, "p2": 4000}, {"d1": 20, "d2": 40, "d3": 15})
-    assert adaptive_decision(v, ADAPTIVE, 10.0, None) == RoleChange("d2", "mixed", "lend")
+    assert adaptive_decisions(v, ADAPTIVE, 10.0, None) == [RoleChange("d2", "mixed", "lend")]
     # within the cooldown: nothing
-    assert adaptive_decision(v, ADAPTIVE, 10.0, 9.5) is None
+    assert adaptive_decisions(v, ADAPTIVE, 10.0, 9.5) == []
     # no room in the decode pool: nothing is lent
     tight = _view(roles, {"p1": 5000, "p2": 4000}, {"d1": 5, "d2": 8, "d3": 1})
-    assert adaptive_decision(tight, ADAPTIVE, 10.0, None) is None
+    assert adaptive_decisions(tight, ADAPTIVE, 10.0, None) == []
     # static mode never changes roles
     static = PDConfig(mode="static", prefill_instances=2)
-    assert adaptive_decision(v, static, 10.0, None) is None
+    assert adaptive_decisions(v, static, 10.0, None) == []
 
 
 def test_a_lent_instance_flips_to_prefill_when_still_needed_and_is_reclaimed_when_not():
     roles = {"p1": "prefill", "m": "mixed", "d1": "decode", "d2": "decode"}
     high = {"p1": 9000, "m": 6000}
     v = _view(roles, high, {"d1": 20, "d2": 20, "m": 3}, since={"m": 1.0})
-    assert adaptive_decision(v, ADAPTIVE, 7.0, None) == RoleChange("m", "prefill", "flip")
-    assert adaptive_decision(v, ADAPTIVE, 5.0, None) == RoleChange("d2", "mixed", "lend")  # lent 4 s only
+    assert adaptive_decisions(v, ADAPTIVE, 7.0, None) == [RoleChange("m", "prefill", "flip")]
+    assert adaptive_decisions(v, ADAPTIVE, 5.0, None) == [RoleChange("d2", "mixed", "lend")]  # lent 4 s only
     low = _view(roles, {"p1": 100, "m": 0}, {"d1": 20, "d2": 20, "m": 3}, since={"m": 1.0})
-    assert adaptive_decision(low, ADAPTIVE, 7.0, None) == RoleChange("m", "decode", "reclaim")
+    assert adaptive_decisions(low, ADAPTIVE, 7.0, None) == [RoleChange("m", "decode", "reclaim")]
 
 
 def test_a_prefill_instance_flips_to_decode_when_the_decode_pool_is_tight_and_prefill_idle():
     roles = {"p1": "prefill", "p2": "prefill", "d1": "decode"}
     v = _view(roles, {"p1": 300, "p2": 0}, {"d1": 1.0})
-    assert adaptive_decision(v, ADAPTIVE, 3.0, None) == RoleChange("p2", "decode", "flip")
+    assert adaptive_decisions(v, ADAPTIVE, 3.0, None) == [RoleChange("p2", "decode", "flip")]
     # the last prefill instance stays (min_prefill)
     one = _view({"p1": "prefill", "d1": "decode"}, {"p1": 0}, {"d1": 1.0})
-    assert adaptive_decision(one, ADAPTIVE, 3.0, None) is None
+    assert adaptive_decisions(one, ADAPTIVE, 3.0, None) == []
 
 
 def test_hand_offs_waiting_for_room_block_lending_and_pull_a_prefill_instance_to_decode():
     roles = {"p1": "prefill", "p2": "prefill", "d1": "decode", "d2": "decode", "d3": "decode"}
     busy = PoolView(roles, {}, {"p1": 5000, "p2": 4000}, {"d1": 20, "d2": 40, "d3": 15}, num_waiting_handoffs=3)
-    assert adaptive_decision(busy, ADAPTIVE, 10.0, None) is None  # roomy by freeness, but full for hand-offs
+    assert adaptive_decisions(busy, ADAPTIVE, 10.0, None) == []  # roomy by freeness, but full for hand-offs
     idle = PoolView(roles, {}, {"p1": 200, "p2": 0}, {"d1": 20, "d2": 40, "d3": 15}, num_waiting_handoffs=3)
-    assert adaptive_decision(idle, ADAPTIVE, 10.0, None) == RoleChange("p2", "decode", "flip")
+    assert adaptive_decisions(idle, ADAPTIVE, 10.0, None) == [RoleChange("p2", "decode", "flip")]

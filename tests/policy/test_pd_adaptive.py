@@ -13,7 +13,6 @@ from llumnix.policy.pd import (
     PDConfig,
     PoolView,
     RoleChange,
-    adaptive_decision,
     adaptive_decisions,
     queue_moves,
 )
@@ -41,7 +40,6 @@ def test_a_burst_lends_as_many_decode_instances_as_its_queue_needs_in_one_round(
     v = PoolView(ROLES, {}, {"p1": 12000, "p2": 8000}, FREE)
     assert adaptive_decisions(v, BURSTY, 10.0, None) == [
         RoleChange("d2", "mixed", "lend"), RoleChange("d4", "mixed", "lend"), RoleChange("d3", "mixed", "lend")]
-    assert adaptive_decision(v, BURSTY, 10.0, None) == RoleChange("d2", "mixed", "lend")  # one a round
     # at most max_lends_per_round; the pool keeps min_decode
     capped = dataclasses.replace(BURSTY, max_lends_per_round=2)
     assert len(adaptive_decisions(v, capped, 10.0, None)) == 2

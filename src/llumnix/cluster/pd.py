@@ -135,11 +135,6 @@ class PDBook:
         self.counts["handoffs_ended_first" if code == "source_finished" else "handoffs_failed"] += 1
 
     # -- adaptive PD ----------------------------------------------------------------
-    def decide(self, statuses: dict[str, InstanceStatus], now: float) -> RoleChange | None:
-        """The first of this round's changes (``decide_all``), or None."""
-        changes = self.decide_all(statuses, now)
-        return changes[0] if changes else None
-
     def decide_all(self, statuses: dict[str, InstanceStatus], now: float) -> list[RoleChange]:
         """Adaptive PD's changes this round: up to ``max_lends_per_round`` lends, else at
         most one reclaim or flip (none with static roles)."""

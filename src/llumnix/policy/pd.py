@@ -11,8 +11,7 @@ with ``now`` passed in; nothing here does I/O or keeps state. The simulator call
                       for its blocks) -> one live migration; None: the decode pool is full,
                       it keeps decoding where it is and is offered again next round
     adaptive rounds   ``adaptive_decisions`` -> this round's ``RoleChange``s (several
-                      lends at once, else at most one change; ``adaptive_decision``: the
-                      first, for a caller that applies one a round); with
+                      lends at once, else at most one change); with
                       ``rebalance_queued``, ``queue_moves`` spreads queued prompts over
                       the prefill-taking instances (the simulator only, so far)
 
@@ -258,13 +257,6 @@ class PoolView:
         return sum(self.freeness.get(i, 0.0) for i in dec) / len(dec) if dec else float("inf")
 
 
-def adaptive_decision(view: PoolView, config: PDConfig, now: float,
-                      last_change: float | None) -> RoleChange | None:
-    """The first of ``adaptive_decisions`` (a caller that applies one change a round)."""
-    changes = adaptive_decisions(view, config, now, last_change)
-    return changes[0] if changes else None
-
-
 def adaptive_decisions(view: PoolView, config: PDConfig, now: float,
                        last_change: float | None) -> list[RoleChange]:
     """This round's role changes (module docstring), none within ``cooldown_s`` of the last:
@@ -287,9 +279,8 @@ def adaptive_decisions(view: PoolView, config: PDConfig, now: float,
         # only once its own prompts are done: a hand-off into it must not wait behind one
         held = [i for i in mixed if now - view.role_since.get(i, now) >= config.reclaim_after_s
                 and view.queued_tokens.get(i, 0) == 0]
-        if held:
-            least = min(held, key=lambda i: (view.queued_tokens.get(i, 0), i))
-            return [RoleChange(least, "decode", "reclaim")]
+        if held:  # none has prompts queued: the first by id
+            return [RoleChange(min(held), "decode", "reclaim")]
         tight = room < config.decode_tight_freeness or view.num_waiting_handoffs > 0
         if not mixed and tight and len(prefill) > config.min_prefill:
             least = min(prefill, key=lambda i: (view.queued_tokens.get(i, 0), i))

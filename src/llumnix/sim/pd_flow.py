@@ -107,9 +107,7 @@ class PDFlow:
                 self.counts["handoffs_paused"] += 1
             run = MigrationRun(src, dst, rid, self._stop_and_copy if pause else self.migration,
                                self._fused if pause else self.cost, now, on_done=self._done)
-            src.llumlet.on_migration_started(rid)
-            self._on_started()
-            events += run.start(now)
+            events += self._launch(run, now)
         return events
 
     def _done(self, run: MigrationRun, now: float) -> list[Event]:
@@ -152,10 +150,14 @@ class PDFlow:
         for rid, src_id, dst_id in queue_moves(loads, queued, len(takers)):
             src, dst = takers[src_id], takers[dst_id]
             run = MigrationRun(src, dst, rid, self.migration, self.cost, now, on_done=self._moved)
-            src.llumlet.on_migration_started(rid)
-            self._on_started()
-            events += run.start(now)
+            events += self._launch(run, now)
         return events
+
+    def _launch(self, run: MigrationRun, now: float) -> list[Event]:
+        """A hand-off or a queue move starts: its source's llumlet and the count know first."""
+        run.src.llumlet.on_migration_started(run.request_id)
+        self._on_started()
+        return run.start(now)
 
     def _moved(self, run: MigrationRun, now: float) -> list[Event]:
         committed = run.protocol.report().committed
