@@ -338,6 +338,7 @@ def main_cluster_bench(args: Any) -> int:
     t0 = time.perf_counter()
     capacity = None if args.capacity is None else {"capacity_req_s": args.capacity, "rule": "--capacity"}
     systems: list[dict[str, Any]] = []
+    machine = machine_info(with_torch=False)
     out.mkdir(parents=True, exist_ok=True)
 
     def record(done: list[dict[str, Any]], partial: bool) -> dict[str, Any]:
@@ -348,7 +349,7 @@ def main_cluster_bench(args: Any) -> int:
                              "mean_output": float(pairs[1].mean())},
                 "capacity": capacity, "aggregate": agg, "goals": {} if partial else rep.goals(agg, s.loads),
                 "systems": done, "wall_s": time.perf_counter() - t0, "loadavg_before": list(load_before),
-                "loadavg_after": list(os.getloadavg()), "machine": machine_info(with_torch=False)}
+                "loadavg_after": list(os.getloadavg()), "machine": machine}
         if partial:
             data["partial"] = "cut short: the runs so far (rewritten after each run until the benchmark ends)"
         tmp = out / "cluster.json.tmp"
