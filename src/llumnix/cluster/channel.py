@@ -31,7 +31,9 @@ import os
 import pickle
 import socket
 import struct
+import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("!I")
 NONCE = 16
+_NEVER = sys.maxsize
+"""A status number no status reaches: wait for outputs only."""
 MAX_FRAME = 64 << 20
 """The largest frame either end accepts (a batch of outputs is far below it)."""
 
@@ -80,9 +84,10 @@ class ChannelServer:
     (adds and acks) and a writer thread (outputs, statuses, add results)."""
 
     def __init__(self, server: InstanceServer, token: bytes, add: Callable[[GenerateRequest], Future[Any]],
-                 host: str = "127.0.0.1", heartbeat_s: float = 1.0) -> None:
+                 host: str = "127.0.0.1", heartbeat_s: float = 1.0, status_gap_s: float | None = None) -> None:
         self._server, self._token, self._add = server, token, add
         self._heartbeat_s = heartbeat_s
+        self._status_gap_s = server.status_interval_s if status_gap_s is None else status_gap_s
         self._sock = socket.create_server((host, 0))
         self.address: tuple[str, int] = (host, self._sock.getsockname()[1])
         self._closed = threading.Event()
@@ -129,7 +134,7 @@ class ChannelServer:
             if hello is None:
                 return
             client, ack = hello
-            writer = _Writer(self._server, conn, client, ack, self._heartbeat_s)
+            writer = _Writer(self._server, conn, client, ack, self._heartbeat_s, self._status_gap_s)
             threading.Thread(target=writer.run, daemon=True, name="channel-writer").start()
             try:
                 self._read(conn, client, writer)
@@ -147,29 +152,47 @@ class ChannelServer:
         while not self._closed.is_set():
             kind, arg = _recv_frame(conn)
             if kind == "add":
-                self._add(arg).add_done_callback(functools.partial(writer.added, arg.request_id))
+                fut = self._add(arg)
+                # done already: the status its command made due may be out, so do not wait for the next
+                fut.add_done_callback(functools.partial(writer.added, arg.request_id, fut.done()))
             elif kind == "ack":
                 self._server.ack_outputs(client, int(arg))
 
 
 class _Writer:
     """Sends one client its outputs as the engine publishes them (a frame per step at
-    most), the statuses pushed since its last frame, and the results of its adds; a
-    status at least every heartbeat, so silence means a dead line."""
+    most), the newest status, and the results of its adds; a status at least every
+    heartbeat, so silence means a dead line.
+
+    A status alone goes at most every ``status_gap_s`` (the engine's busy report
+    interval): an engine also reports after every add and every finished request, and a
+    gateway that forwarded each would wake for every request of every other client in the
+    cluster. Outputs and refused adds go at once, with the newest status if there is one."""
 
     def __init__(self, server: InstanceServer, conn: socket.socket, client: str, ack: int,
-                 heartbeat_s: float) -> None:
+                 heartbeat_s: float, status_gap_s: float) -> None:
         self._server, self._conn, self._client = server, conn, client
         self._sent, self._status_sent = ack, -1
-        self._heartbeat_s = heartbeat_s
+        self._status_at = -1e9
+        self._heartbeat_s, self._status_gap_s = heartbeat_s, status_gap_s
         self._results: list[tuple[str, BaseException | None]] = []
+        self._urgent = False
+        """A refused add waits in ``_results``: send now."""
         self._stopped = False
 
-    def added(self, request_id: str, fut: Future[Any]) -> None:
+    def added(self, request_id: str, at_once: bool, fut: Future[Any]) -> None:
+        """An add's result. A refusal goes out at once; a success rides on the next frame,
+        which the add itself makes due within a step (commands are followed by a status:
+        ``InstanceServer._deliver``): one frame a request fewer, for both ends."""
         err = fut.exception()
         if err is not None and not isinstance(err, (LlumnixError, RuntimeError, TimeoutError)):
             err = RuntimeError(f"{type(err).__name__}: {err}")  # what surely unpickles
-        self._server.notify_readers(lambda: self._results.append((request_id, err)))
+
+        def note() -> None:
+            self._results.append((request_id, err))
+            self._urgent = self._urgent or at_once or err is not None
+
+        self._server.notify_readers(note, wake=at_once or err is not None)
 
     def stop(self) -> None:
         self._stopped = True
@@ -179,19 +202,25 @@ class _Writer:
         server = self._server
         try:
             while not self._stopped:
-                last, outs, status_seq = server.wait_outputs(
-                    self._client, self._sent, self._heartbeat_s, status_after=self._status_sent,
-                    wake=lambda: bool(self._results) or self._stopped)
-                results = server.notify_readers(self._take_results)
-                statuses = server.statuses_after(self._status_sent)
-                if not (outs or statuses or results) and server.statuses:
-                    statuses = [server.statuses[-1][1]]  # a heartbeat: the newest again
-                self._conn.sendall(pack(("out", last, outs, statuses, results)))
-                self._sent, self._status_sent = last, status_seq
+                hold = self._status_at + self._status_gap_s - time.monotonic()
+                last, outs, _ = server.wait_outputs(
+                    self._client, self._sent, hold if hold > 0 else self._heartbeat_s,
+                    status_after=_NEVER if hold > 0 else self._status_sent,
+                    wake=lambda: self._urgent or self._stopped)
+                if hold > 0 and not (outs or self._urgent or self._stopped):
+                    continue  # the gap is over: a status may go now
+                results = server.notify_readers(self._take_results, wake=False)
+                seq, status = server.newest_status(self._status_sent)
+                if status is None and not (outs or results) and server.statuses:
+                    status = server.statuses[-1][1]  # a heartbeat: the newest again
+                self._conn.sendall(pack(("out", last, outs, [] if status is None else [status], results)))
+                self._sent, self._status_sent = last, seq
+                if status is not None:
+                    self._status_at = time.monotonic()
         except (OSError, RuntimeError):  # the client went away, or the engine stopped
             with contextlib.suppress(OSError):
                 self._conn.shutdown(socket.SHUT_RDWR)
 
     def _take_results(self) -> list[tuple[str, BaseException | None]]:
-        results, self._results = self._results, []
+        results, self._results, self._urgent = self._results, [], False
         return results

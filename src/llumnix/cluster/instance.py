@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from llumnix.core.batch import RequestOutput
+from llumnix.core.evolve import evolve
 from llumnix.core.status import InstanceStatus
 from llumnix.engine import EngineCore
 from llumnix.policy.llumlet import Llumlet
@@ -178,16 +179,33 @@ class InstanceServer:
             box = self._outboxes[client] = _Outbox()
         return box
 
-    def statuses_after(self, seq: int) -> list[InstanceStatus]:
-        """The pushed statuses numbered after ``seq`` still kept (oldest first)."""
-        with self._outbox_cv:
-            return [st for n, st in self.statuses if n > seq]
+    @property
+    def status_interval_s(self) -> float:
+        """How often a busy engine reports."""
+        return self._status_interval
 
-    def notify_readers(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` under the outbox lock and wake every waiting reader."""
+    def newest_status(self, after: int) -> tuple[int, InstanceStatus | None]:
+        """The newest pushed status and its number, or ``(after, None)`` when none is
+        numbered after ``after``. It carries the evicted prefix keys of every status since
+        ``after`` (events, which the newest alone would drop; the rest is state, which it
+        supersedes)."""
+        with self._outbox_cv:
+            newer = [(n, st) for n, st in self.statuses if n > after]
+        if not newer:
+            return after, None
+        seq, newest = newer[-1]
+        if len(newer) > 1:
+            keys = tuple(k for _, st in newer for k in st.evicted_prefix_keys)
+            if len(keys) != len(newest.evicted_prefix_keys):
+                newest = evolve(newest, evicted_prefix_keys=keys)
+        return seq, newest
+
+    def notify_readers(self, fn: Callable[[], T], wake: bool = True) -> T:
+        """Run ``fn`` under the outbox lock and (``wake``) wake every waiting reader."""
         with self._outbox_cv:
             result = fn()
-            self._outbox_cv.notify_all()
+            if wake:
+                self._outbox_cv.notify_all()
             return result
 
     def status(self) -> InstanceStatus:
