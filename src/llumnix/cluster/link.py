@@ -1,14 +1,17 @@
 """The gateway's end of an instance's request channel (``channel.py``), on asyncio:
 adds go out as frames, outputs, statuses and add results come back in one frame
-per engine step, each handed to the ``LinkSink`` as it arrives."""
+per engine step, each handed to the ``LinkSink`` as it arrives.
+
+Each connection is an ``asyncio.Protocol`` (``_Line``): the handshake and the frames
+are cut out of the bytes in ``data_received`` itself, with no coroutine woken per frame
+(a stream reader costs two awaits and a future a frame)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import pickle
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from llumnix.cluster.channel import HEADER, MAX_FRAME, NONCE, mac, pack
 from llumnix.core.batch import RequestOutput
@@ -24,81 +27,165 @@ class LinkSink(Protocol):
     def on_add_result(self, instance_id: str, request_id: str, error: BaseException | None) -> None: ...
 
 
+def _quiet(fut: asyncio.Future[None]) -> None:
+    """Mark ``fut``'s error as seen: a line that broke is reported once, by whoever waits."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+class _Line(asyncio.Protocol):
+    """One connection of a link: the handshake and the frames are cut out of the bytes in
+    ``data_received``, each whole frame handed to the link at once."""
+
+    def __init__(self, link: InstanceLink) -> None:
+        loop = asyncio.get_running_loop()
+        self.link = link
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.nonce = os.urandom(NONCE)
+        self.hello_sent = False
+        self.proven: asyncio.Future[None] = loop.create_future()
+        """Set once the instance proved the token (``open`` waits for it)."""
+        self.closed: asyncio.Future[None] = loop.create_future()
+        """Failed when the line breaks (``run`` waits for it)."""
+        for fut in (self.proven, self.closed):
+            fut.add_done_callback(_quiet)
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(ConnectionError(f"the channel to {self.link.instance_id} closed"))
+
+    def fail(self, err: ConnectionError) -> None:
+        for fut in (self.proven, self.closed):
+            if not fut.done():
+                fut.set_exception(err)
+        if self.transport is not None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        try:
+            if not self.proven.done():
+                self._handshake(buf)
+            if self.proven.done():
+                self._frames(buf)
+        except Exception as e:  # noqa: BLE001 - a line that speaks nonsense is closed (and reopened)
+            self.fail(e if isinstance(e, ConnectionError) else ConnectionError(
+                f"the channel to {self.link.instance_id} sent a bad frame: {e!r}"))
+
+    def _handshake(self, buf: bytearray) -> None:
+        """The instance's nonce, then its proof (``channel.py``'s exchange)."""
+        assert self.transport is not None
+        link = self.link
+        if not self.hello_sent:
+            if len(buf) < NONCE:
+                return
+            server_nonce = bytes(buf[:NONCE])
+            del buf[:NONCE]
+            self.transport.write(self.nonce + mac(link.token, server_nonce) + pack((link.client, link.acked)))
+            self.hello_sent = True
+        if len(buf) < 32:
+            return
+        proof = bytes(buf[:32])
+        del buf[:32]
+        if proof != mac(link.token, self.nonce):
+            raise ConnectionError(f"instance {link.instance_id}'s channel failed to prove the cluster token")
+        self.proven.set_result(None)
+
+    def _frames(self, buf: bytearray) -> None:
+        pos, end, size = 0, len(buf), HEADER.size
+        while end - pos >= size:
+            (n,) = HEADER.unpack_from(buf, pos)
+            if n > MAX_FRAME:
+                raise ConnectionError(f"a {n}-byte frame from {self.link.instance_id} is over the channel's limit")
+            if end - pos - size < n:
+                break
+            frame = pickle.loads(bytes(buf[pos + size:pos + size + n]))
+            pos += size + n
+            self.link.on_frame(*frame)
+        del buf[:pos]
+
+
 class InstanceLink:
     def __init__(self, instance_id: str, address: tuple[str, int], token: bytes, client: str,
                  sink: LinkSink) -> None:
         self.instance_id = instance_id
         self.address = address
-        self._token, self._client, self._sink = token, client, sink
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self.token, self.client, self._sink = token, client, sink
+        self._line: _Line | None = None
         self.acked = 0
         """Sequence number of the last output this gateway has: a reconnect resumes after it."""
         self.last_frame_at = time.monotonic()
         self._ack_timer: asyncio.TimerHandle | None = None
 
-    ACK_DELAY_S = 0.05
-    """Acks only let the instance drop what this gateway has: they need not be prompt."""
+    ACK_DELAY_S = 0.2
+    """Acks only let the instance drop what this gateway has: they need not be prompt
+    (and one due when a request goes out rides with it)."""
 
     @property
     def is_open(self) -> bool:
-        return self._writer is not None and not self._writer.is_closing()
+        line = self._line
+        return line is not None and line.transport is not None and not line.transport.is_closing()
 
     async def open(self, timeout_s: float = 5.0) -> None:
         """Connect and prove, both ways, that each end holds the cluster's token."""
-        async def handshake() -> None:
-            reader, writer = await asyncio.open_connection(*self.address)
-            nonce = os.urandom(NONCE)
-            server_nonce = await reader.readexactly(NONCE)
-            writer.write(nonce + mac(self._token, server_nonce) + pack((self._client, self.acked)))
-            proof = await reader.readexactly(32)
-            if proof != mac(self._token, nonce):
-                writer.close()
-                raise ConnectionError(f"instance {self.instance_id}'s channel failed to prove the cluster token")
-            self._reader, self._writer = reader, writer
-
-        await asyncio.wait_for(handshake(), timeout_s)
+        self._line = None
+        line = _Line(self)
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().create_connection(lambda: line, *self.address),
+                                   timeout_s)
+            await asyncio.wait_for(asyncio.shield(line.proven), timeout_s)
+        except BaseException:
+            line.fail(ConnectionError(f"the channel to {self.instance_id} did not open"))
+            raise
+        self._line = line
         self.last_frame_at = time.monotonic()
 
     def add(self, request: GenerateRequest) -> None:
         """Send ``request`` (its result comes back through ``on_add_result``)."""
-        if self._writer is None or self._writer.is_closing():
+        line = self._line
+        if line is None or line.transport is None or line.transport.is_closing():
             raise ConnectionError(f"the channel to {self.instance_id} is closed")
-        self._writer.write(pack(("add", request)))
+        frame = pack(("add", request))
+        if self._ack_timer is not None:  # an ack is due: it goes with the add, in one write
+            self._ack_timer.cancel()
+            self._ack_timer = None
+            frame = pack(("ack", self.acked)) + frame
+        line.transport.write(frame)
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        if self._line is not None:
+            self._line.fail(ConnectionError(f"the channel to {self.instance_id} was closed"))
+
+    async def run(self) -> None:
+        """Wait until the line breaks (raises ConnectionError); frames reach the sink
+        meanwhile, as they come."""
+        assert self._line is not None
+        try:
+            await self._line.closed
+        finally:
+            self.close()
+
+    def on_frame(self, _kind: str, last: int, outs: list[RequestOutput], statuses: list[InstanceStatus],
+                 results: list[tuple[str, BaseException | None]]) -> None:
+        sink, iid = self._sink, self.instance_id
+        self.last_frame_at = time.monotonic()
+        if statuses:
+            sink.on_statuses(iid, statuses)
+        for rid, err in results:
+            sink.on_add_result(iid, rid, err)
+        if outs:
+            sink.on_outputs(iid, outs)
+        if last > self.acked:
+            self.acked = last
+            if self._ack_timer is None:  # one ack per ACK_DELAY_S, not a syscall per frame
+                self._ack_timer = asyncio.get_running_loop().call_later(self.ACK_DELAY_S, self._send_ack)
 
     def _send_ack(self) -> None:
         self._ack_timer = None
-        if self._writer is not None and not self._writer.is_closing():
-            self._writer.write(pack(("ack", self.acked)))
-
-    async def run(self) -> None:
-        """Read frames until the line breaks (raises ConnectionError / EOF)."""
-        assert self._reader is not None and self._writer is not None
-        reader, writer, sink, iid = self._reader, self._writer, self._sink, self.instance_id
-        try:
-            while True:
-                (n,) = HEADER.unpack(await reader.readexactly(HEADER.size))
-                if n > MAX_FRAME:
-                    raise ConnectionError(f"a {n}-byte frame from {iid} is over the channel's limit")
-                _, last, outs, statuses, results = pickle.loads(await reader.readexactly(n))
-                self.last_frame_at = time.monotonic()
-                if statuses:
-                    sink.on_statuses(iid, statuses)
-                for rid, err in results:
-                    sink.on_add_result(iid, rid, err)
-                if outs:
-                    sink.on_outputs(iid, outs)
-                if last > self.acked:
-                    self.acked = last
-                    if self._ack_timer is None:  # one ack per ACK_DELAY_S, not a syscall per frame
-                        self._ack_timer = asyncio.get_running_loop().call_later(self.ACK_DELAY_S, self._send_ack)
-        except asyncio.IncompleteReadError as e:
-            raise ConnectionError(f"the channel to {iid} closed") from e
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
-
+        if self.is_open:
+            assert self._line is not None and self._line.transport is not None
+            self._line.transport.write(pack(("ack", self.acked)))
