@@ -81,10 +81,16 @@ def serve_http(app: Any, sock: socket.socket, log_level: str, grace_s: float,
     """uvicorn on ``sock`` until SIGINT/SIGTERM; ``on_ready`` once it accepts connections."""
     import uvicorn
 
+    from llumnix.cluster.gc_watch import freeze_startup_objects
+
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if self.started and not self.should_exit:
+                # What start-up built (the app, Ray's worker state, the tokenizer) lives as
+                # long as the server: out of the collector's walks (``gc_watch``), which
+                # otherwise cost a full collection of it every few hundred requests.
+                freeze_startup_objects()
                 on_ready()
 
     # uvicorn's stubs say int; it waits any number of seconds (asyncio.wait_for)
