@@ -78,6 +78,19 @@ def test_pending_estimate_lasts_until_a_report_accounts_for_it(report, grace, le
     assert gs.pending.num_pending("i0") == left
 
 
+def test_a_request_seen_finishing_stops_counting_at_once():
+    """A gateway sees a request's last output (with the report sent beside it): the
+    estimate goes then, not a grace period later, and only that request's."""
+    gs = gs_with(n=1, grace=1.0)
+    burst(gs, 3, tokens=170)  # 11 blocks each
+    gs.update_status(inst("i0", ts=0.5))  # shows none of them, within the grace
+    gs.on_finished("i0", "r1")
+    gs.on_finished("i0", "nope")  # not pending here: nothing changes
+    (view,) = gs.view()
+    assert gs.pending.num_pending("i0") == 2
+    assert view.num_running == 2 and view.num_used_blocks == 22
+
+
 def test_burst_after_a_report_is_judged_on_fresh_freeness():
     gs = gs_with(n=2)
     gs.update_status(inst("i0", running=[run("big", 90)], ts=0.005))  # F(i0) = 10, F(i1) = 100

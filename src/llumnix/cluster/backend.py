@@ -315,8 +315,11 @@ class ClusterBackend:
             await self._on_instance_failed(iid, actor, err or ConnectionError(f"the channel to {iid} closed"))
 
     def on_outputs(self, instance_id: str, outputs: list[RequestOutput]) -> None:
+        gs = self.gs
         for out in outputs:
             self._route(instance_id, out)
+            if out.is_finished and gs is not None:  # the frame's status (applied first) saw it end
+                gs.on_finished(instance_id, out.request_id)
 
     def on_statuses(self, instance_id: str, statuses: list[InstanceStatus]) -> None:
         if self.gs is None or instance_id not in self.instances or self.lifecycle.is_gone(instance_id):

@@ -151,6 +151,13 @@ class GlobalScheduler:
             self.statuses[status.instance_id] = self._marked(status)
             self._stale_views.add(status.instance_id)
 
+    def on_finished(self, instance_id: str, request_id: str) -> None:
+        """A request dispatched here finished on ``instance_id`` before any report showed
+        it running: it stops counting at once, not a grace period later (short requests
+        between two reports would otherwise fill the view with requests long gone)."""
+        if self.pending.forget(instance_id, request_id) and instance_id in self.statuses:
+            self._stale_views.add(instance_id)
+
     def _set(self, status: InstanceStatus) -> None:
         self.statuses[status.instance_id] = status
         self._refresh(status.instance_id)

@@ -5,7 +5,8 @@ two reports. Dispatching each against the same stale snapshot would send the
 whole burst to one instance. So each dispatched request is added to its
 instance's view as a running request holding its prompt's blocks (it adds to
 sum V, to B, to the used blocks and to the request count), until a report
-shows it or is ``grace_s`` newer than the dispatch (it finished or was lost).
+shows it, the dispatcher learns it finished (a gateway sees its last output), or a
+report is ``grace_s`` newer than the dispatch (it finished unseen, or was lost).
 
     report t0      dispatch r1, r2 (pending on i0, i1)      report t1 shows r1
         |-----------------x----x--------------------------------|
@@ -44,6 +45,16 @@ class PendingDispatches:
         self._by_instance[status.instance_id] = [
             p for p in pend
             if p.brief.request_id not in seen and status.timestamp < p.dispatched_at + grace_s]
+
+    def forget(self, instance_id: str, request_id: str) -> bool:
+        """``request_id`` finished on ``instance_id`` (whose report of that is in hand):
+        no longer counted. False if it was not pending there."""
+        pend = self._by_instance.get(instance_id)
+        if not pend:
+            return False
+        kept = [p for p in pend if p.brief.request_id != request_id]
+        self._by_instance[instance_id] = kept
+        return len(kept) != len(pend)
 
     def remove_instance(self, instance_id: str) -> None:
         self._by_instance.pop(instance_id, None)
