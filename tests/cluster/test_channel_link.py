@@ -164,10 +164,11 @@ def test_frames_are_cut_out_of_any_split_of_the_bytes():
         link = InstanceLink("i0", ("127.0.0.1", 0), TOKEN, "gw", sink)
         line = _Line(link)
         line.connection_made(Transport())
+        line.end.is_proven = True  # the handshake skipped
         line.proven.set_result(None)
         for i in range(0, len(data), chunk):
             line.data_received(data[i:i + chunk])
-        assert not line.buf and not line.closed.done()
+        assert line.end.is_empty and not line.closed.done()
         return sink
 
     for chunk in (1, 3, 7, len(data) // 2, len(data)):
@@ -193,6 +194,7 @@ def test_a_frame_over_the_limit_or_not_a_frame_breaks_the_line():
         line = _Line(link)
         t = Transport()
         line.connection_made(t)
+        line.end.is_proven = True  # the handshake skipped
         line.proven.set_result(None)
         line.data_received(data)
         assert t.closed
@@ -251,3 +253,79 @@ def test_the_newest_status_carries_the_evicted_keys_of_those_it_replaces():
     seq, st = srv.newest_status(2)
     assert (seq, st.evicted_prefix_keys) == (3, (b"b", b"c"))
     assert srv.newest_status(3) == (3, None)
+
+
+def test_llumscheds_feed_reads_statuses_at_its_gap_and_reopens_a_broken_line(instance):
+    import socket as socketlib
+    import threading
+    import time
+
+    from llumnix.cluster.status_feed import CLIENT, StatusFeed
+
+    srv, chan = instance
+    got: list[tuple[str, float]] = []
+    lock = threading.Lock()
+
+    def on_statuses(iid, statuses):
+        with lock:
+            got.extend((iid, time.monotonic()) for _ in statuses)
+
+    feed = StatusFeed(TOKEN, on_statuses, status_gap_s=0.1)
+    try:
+        feed.watch("i0", chan.address)
+        deadline = time.time() + 10
+        while not feed.is_live("i0") and time.time() < deadline:
+            time.sleep(0.02)
+        assert feed.is_live("i0") and chan.has_client(CLIENT)
+        with lock:
+            got.clear()
+        t0 = time.monotonic()
+        for i in range(20):  # busy: the engine reports every 10 ms, the feed gets one a gap
+            srv.call(lambda i=i: srv.engine.add_request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=30)))
+            time.sleep(0.02)
+        elapsed = time.monotonic() - t0
+        with lock:
+            n = len(got)
+        assert 2 <= n <= elapsed / 0.1 + 2, (n, elapsed)
+        with chan._lock:  # noqa: SLF001 - the instance's end drops the line
+            for conn in chan._conns:  # noqa: SLF001
+                conn.shutdown(socketlib.SHUT_RDWR)
+        before = feed.num_frames
+        deadline = time.time() + 10
+        while feed.num_frames <= before + 2 and time.time() < deadline:
+            time.sleep(0.05)
+        assert feed.num_frames > before + 2  # reopened, reading again
+        feed.drop("i0")
+        deadline = time.time() + 5
+        while chan.has_client(CLIENT) and time.time() < deadline:
+            time.sleep(0.02)
+        assert not chan.has_client(CLIENT) and not feed.is_live("i0")
+    finally:
+        feed.close()
+
+
+def test_an_instance_the_feed_cannot_reach_leaves_the_other_lines_alone(instance):
+    import time
+
+    from llumnix.cluster.status_feed import StatusFeed
+
+    _, chan = instance
+    dead = socket_free_port()
+    feed = StatusFeed(TOKEN, lambda iid, sts: None)
+    try:
+        feed.watch("gone", ("127.0.0.1", dead))
+        feed.watch("i0", chan.address)
+        deadline = time.time() + 10
+        while not feed.is_live("i0") and time.time() < deadline:
+            time.sleep(0.02)
+        assert feed.is_live("i0") and not feed.is_live("gone")
+    finally:
+        feed.close()
+
+
+def socket_free_port() -> int:
+    import socket as socketlib
+
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

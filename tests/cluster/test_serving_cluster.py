@@ -438,6 +438,11 @@ def test_llumsched_is_restarted_by_ray_and_relearns_the_instances(server, cluste
             pass
         time.sleep(0.2)
     assert len(info["instances"]) == 2
+    # ...and reads their statuses on its own lines to their channels again
+    while time.time() < deadline and len(info["status_feed"]["live"]) < 2:
+        time.sleep(0.2)
+        info = ray.get(cluster.llumsched.cluster_info.remote(), timeout=5)
+    assert info["status_feed"]["live"] == sorted(i["instance_id"] for i in info["instances"])
     r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "y", "max_tokens": 4}, timeout=30)
     assert r.status_code == 200
     # The restarted scheduler decides again over what it relearnt (gateways use its

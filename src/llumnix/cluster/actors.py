@@ -17,6 +17,8 @@ from typing import Any, cast
 import ray
 
 from llumnix.cluster.history import HISTORY, MigrationHistory
+from llumnix.cluster.status_feed import CLIENT as FEED_CLIENT
+from llumnix.cluster.status_feed import StatusFeed
 from llumnix.core.batch import RequestOutput
 from llumnix.core.errors import LlumnixError
 from llumnix.core.status import InstanceStatus
@@ -146,7 +148,12 @@ class InstanceActor:
         last = self._last_pushed
         changed = last is None or (last.is_terminating, last.is_schedulable) != (
             status.is_terminating, status.is_schedulable)
-        if not changed and now - self._pushed_at < self.PUSH_INTERVAL_S:
+        if not changed and self.channel.has_client(FEED_CLIENT):
+            # LlumSched reads the statuses on its line to our channel (``status_feed``);
+            # a push now and then still carries the handle and the role
+            if now - self._handle_sent_at < self.HANDLE_EVERY_S:
+                return True
+        elif not changed and now - self._pushed_at < self.PUSH_INTERVAL_S:
             return False
         status = dataclasses.replace(status, evicted_prefix_keys=tuple(self._evicted))
         self._evicted.clear()
@@ -506,6 +513,10 @@ class LlumSchedActor:
         self._next_replace = 0.0
         self.replace_backoff_s = 5.0
         self.num_replaced = 0
+        token = (instance_spec or {}).get("token")
+        self.feed = None if not token else StatusFeed(token, self._on_fed_statuses, reschedule_interval_s / 2)
+        """Lines to the instances' channels, where this actor reads their statuses
+        (``status_feed``); None without the cluster's token (statuses come by push)."""
         self.num_resumed_from_cms = self._resume_from_cms()
         threading.Thread(target=self._reschedule_loop, daemon=True, name="rescheduler").start()
         if self._cms is not None:
@@ -537,6 +548,8 @@ class LlumSchedActor:
             if handle is not None:
                 self.handles[status.instance_id] = handle
             self._note_members()
+        if handle is not None:
+            self._feed_from(status.instance_id, handle)
         if handle is not None and self.pd.config.is_on:
             ray.get(handle.set_role.remote(role), timeout=30)
 
@@ -572,6 +585,7 @@ class LlumSchedActor:
             self.gs.add_instance(status)
             self.handles[iid] = handle
             self._relearnt(iid, status)
+            self._feed_from(iid, handle)
             found += 1
         if found:
             log.warning("resumed %d instance(s) from the meta store %s", found, self._cms.url)
@@ -609,6 +623,8 @@ class LlumSchedActor:
             self.pd.remove(instance_id)
             self.handles.pop(instance_id, None)
             self._in_flight.pop(instance_id, None)
+            if self.feed is not None:
+                self.feed.drop(instance_id)
             if self._cms_writer is not None:
                 self._cms_writer.remove(instance_id)
                 self._cms_writer.remove_member(instance_id)
@@ -947,6 +963,7 @@ class LlumSchedActor:
                 self.gs.add_instance(status)  # first push after a restart of this actor
                 self.handles[status.instance_id] = handle
                 self._relearnt(status.instance_id, status)
+                self._feed_from(status.instance_id, handle)
                 if role is not None and self.pd.config.is_on:  # a role it was given before
                     self._learn_role(status.instance_id, role)
             self.gs.update_status(status)
@@ -956,6 +973,35 @@ class LlumSchedActor:
         if target is not None:
             with contextlib.suppress(Exception):  # the next push says whether it took it
                 target.set_role.remote(fix)
+
+    def _on_fed_statuses(self, instance_id: str, statuses: list[InstanceStatus]) -> None:
+        """Statuses read on the line to ``instance_id``'s channel (the feed's thread): as a
+        push's, for an instance this actor knows (a push or a registration brings new
+        ones, with their handles)."""
+        with self._lock:
+            if self.lifecycle.is_gone(instance_id) or instance_id not in self.gs.statuses:
+                return
+            for status in statuses:
+                self.gs.update_status(status, refresh=False)  # views rebuilt when next read
+            self.pd.on_status(instance_id)
+
+    def _feed_from(self, instance_id: str, handle: Any) -> None:
+        """Open the feed's line to a newly known instance (its channel's address asked off
+        the caller's path; an instance that cannot say keeps pushing over Ray)."""
+        feed = self.feed
+        if feed is None:
+            return
+
+        def resolve() -> None:
+            try:
+                host, port = ray.get(handle.channel_address.remote(), timeout=30)
+            except Exception as e:  # noqa: BLE001 - dead, or an older instance: statuses come by push
+                log.info("status feed: no channel address for %s (%s)", instance_id, type(e).__name__)
+                return
+            if not self.lifecycle.is_gone(instance_id):
+                feed.watch(instance_id, (str(host), int(port)))
+
+        threading.Thread(target=resolve, daemon=True, name="feed-resolve").start()
 
     def _named_instance(self, instance_id: str) -> Any:
         """The actor of an instance this LlumSched does not know yet (after a restart), by
@@ -1038,6 +1084,9 @@ class LlumSchedActor:
                     "capacity": {"target": self._capacity_target(), "num_replaced": self.num_replaced,
                                  "replacing": sorted(self._replacing)},
                     "pd": self.pd.info(),
+                    "status_feed": None if self.feed is None else {
+                        "live": sorted(i for i in self.gs.statuses if self.feed.is_live(i)),
+                        "num_frames": self.feed.num_frames},
                     "instances": [{**status_summary(s, fcfg, now), "role": self.pd.role_of(s.instance_id),
                                    # prompt blocks LlumSched remembers sending there (prefix affinity)
                                    "prefix_blocks_sent": None if index is None else index.size(s.instance_id),

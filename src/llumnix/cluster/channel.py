@@ -12,7 +12,7 @@ Frames are a 4-byte length and a pickle, exchanged only after both ends proved
 they hold the cluster's token (HMAC over the other's nonce), so nothing is
 unpickled from an unauthenticated peer::
 
-    server -> nonce_s    client -> nonce_c, HMAC(token, nonce_s), (client, ack)
+    server -> nonce_s    client -> nonce_c, HMAC(token, nonce_s), (client, ack, status_gap_s)
     server -> HMAC(token, nonce_c)
     client -> ("add", GenerateRequest) | ("ack", seq)
     server -> ("out", last_seq, [RequestOutput], [InstanceStatus], [(request_id, error)])
@@ -36,11 +36,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llumnix.cluster.instance import InstanceServer
 from llumnix.core.errors import LlumnixError
 from llumnix.core.wire import GenerateRequest
+
+if TYPE_CHECKING:
+    from llumnix.cluster.instance import InstanceServer
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,70 @@ def _recv_frame(sock: socket.socket) -> Any:
     return pickle.loads(_recv_exact(sock, n))
 
 
+class ClientEnd:
+    """A client's side of one connection, as bytes: the handshake, then whole frames.
+    ``feed`` it what came; it returns what to send back (the hello, once) and hands each
+    frame's fields to ``on_frame``. The gateway's asyncio link and LlumSched's status feed
+    both speak through it. Raises ConnectionError on a bad proof or an oversized frame."""
+
+    def __init__(self, token: bytes, client: str, ack: int, on_frame: Callable[..., None], peer: str,
+                 status_gap_s: float | None = None) -> None:
+        self._token, self._client, self._ack, self._on_frame, self._peer = token, client, ack, on_frame, peer
+        self._gap = status_gap_s
+        """How often a status alone may come (None: the instance's busy report interval)."""
+        self._buf = bytearray()
+        self._nonce = os.urandom(NONCE)
+        self._hello_sent = False
+        self.is_proven = False
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self._buf
+        buf += data
+        reply = b"" if self.is_proven else self._handshake(buf)
+        if self.is_proven:
+            self._frames(buf)
+        return reply
+
+    @property
+    def is_empty(self) -> bool:
+        """No partial frame waits for more bytes."""
+        return not self._buf
+
+    def _handshake(self, buf: bytearray) -> bytes:
+        """The server's nonce, then its proof of the token."""
+        reply = b""
+        if not self._hello_sent:
+            if len(buf) < NONCE:
+                return reply
+            server_nonce = bytes(buf[:NONCE])
+            del buf[:NONCE]
+            reply = self._nonce + mac(self._token, server_nonce) + pack((self._client, self._ack, self._gap))
+            self._hello_sent = True
+        if len(buf) < 32:
+            return reply
+        proof = bytes(buf[:32])
+        del buf[:32]
+        if not hmac.compare_digest(proof, mac(self._token, self._nonce)):
+            raise ConnectionError(f"{self._peer}'s channel failed to prove the cluster token")
+        self.is_proven = True
+        return reply
+
+    def _frames(self, buf: bytearray) -> None:
+        pos, end, size = 0, len(buf), HEADER.size
+        try:
+            while end - pos >= size:
+                (n,) = HEADER.unpack_from(buf, pos)
+                if n > MAX_FRAME:
+                    raise ConnectionError(f"a {n}-byte frame from {self._peer} is over the channel's limit")
+                if end - pos - size < n:
+                    break
+                frame = pickle.loads(bytes(buf[pos + size:pos + size + n]))
+                pos += size + n
+                self._on_frame(*frame)
+        finally:
+            del buf[:pos]
+
+
 class ChannelServer:
     """The instance's end: one listening socket; per client connection a reader thread
     (adds and acks) and a writer thread (outputs, statuses, add results)."""
@@ -92,8 +158,13 @@ class ChannelServer:
         self.address: tuple[str, int] = (host, self._sock.getsockname()[1])
         self._closed = threading.Event()
         self._conns: set[socket.socket] = set()
+        self._clients: dict[str, int] = {}
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True, name="channel-accept").start()
+
+    def has_client(self, client: str) -> bool:
+        """A line of ``client``'s is open (past the handshake)."""
+        return self._clients.get(client, 0) > 0
 
     def close(self) -> None:
         self._closed.set()
@@ -113,7 +184,7 @@ class ChannelServer:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=self._serve, args=(conn,), daemon=True, name="channel-conn").start()
 
-    def _handshake(self, conn: socket.socket) -> tuple[str, int] | None:
+    def _handshake(self, conn: socket.socket) -> tuple[str, int, float] | None:
         conn.settimeout(5.0)
         nonce = os.urandom(NONCE)
         conn.sendall(nonce)
@@ -122,9 +193,9 @@ class ChannelServer:
             log.warning("request channel: a peer without the cluster's token was refused")
             return None
         conn.sendall(mac(self._token, peer_nonce))
-        client, ack = _recv_frame(conn)
+        client, ack, gap = _recv_frame(conn)
         conn.settimeout(None)
-        return str(client), int(ack)
+        return str(client), int(ack), self._status_gap_s if gap is None else float(gap)
 
     def _serve(self, conn: socket.socket) -> None:
         with self._lock:
@@ -133,13 +204,17 @@ class ChannelServer:
             hello = self._handshake(conn)
             if hello is None:
                 return
-            client, ack = hello
-            writer = _Writer(self._server, conn, client, ack, self._heartbeat_s, self._status_gap_s)
+            client, ack, gap = hello
+            writer = _Writer(self._server, conn, client, ack, self._heartbeat_s, gap)
             threading.Thread(target=writer.run, daemon=True, name="channel-writer").start()
+            with self._lock:
+                self._clients[client] = self._clients.get(client, 0) + 1
             try:
                 self._read(conn, client, writer)
             finally:
                 writer.stop()
+                with self._lock:
+                    self._clients[client] -= 1
         except (OSError, ConnectionError, EOFError, pickle.UnpicklingError, ValueError):
             pass  # the client went away (or spoke nonsense): its outbox waits for a reconnect
         finally:

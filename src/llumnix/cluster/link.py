@@ -8,12 +8,10 @@ are cut out of the bytes in ``data_received`` itself, with no coroutine woken pe
 from __future__ import annotations
 
 import asyncio
-import os
-import pickle
 import time
 from typing import Any, Protocol
 
-from llumnix.cluster.channel import HEADER, MAX_FRAME, NONCE, mac, pack
+from llumnix.cluster.channel import ClientEnd, pack
 from llumnix.core.batch import RequestOutput
 from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest
@@ -34,16 +32,14 @@ def _quiet(fut: asyncio.Future[None]) -> None:
 
 
 class _Line(asyncio.Protocol):
-    """One connection of a link: the handshake and the frames are cut out of the bytes in
-    ``data_received``, each whole frame handed to the link at once."""
+    """One connection of a link: the bytes go through a ``ClientEnd`` as they come, each
+    whole frame handed to the link at once."""
 
     def __init__(self, link: InstanceLink) -> None:
         loop = asyncio.get_running_loop()
         self.link = link
+        self.end = ClientEnd(link.token, link.client, link.acked, link.on_frame, f"instance {link.instance_id}")
         self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
-        self.nonce = os.urandom(NONCE)
-        self.hello_sent = False
         self.proven: asyncio.Future[None] = loop.create_future()
         """Set once the instance proved the token (``open`` waits for it)."""
         self.closed: asyncio.Future[None] = loop.create_future()
@@ -65,48 +61,15 @@ class _Line(asyncio.Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
         try:
-            if not self.proven.done():
-                self._handshake(buf)
-            if self.proven.done():
-                self._frames(buf)
+            reply = self.end.feed(data)
+            if reply and self.transport is not None:
+                self.transport.write(reply)
+            if self.end.is_proven and not self.proven.done():
+                self.proven.set_result(None)
         except Exception as e:  # noqa: BLE001 - a line that speaks nonsense is closed (and reopened)
             self.fail(e if isinstance(e, ConnectionError) else ConnectionError(
                 f"the channel to {self.link.instance_id} sent a bad frame: {e!r}"))
-
-    def _handshake(self, buf: bytearray) -> None:
-        """The instance's nonce, then its proof (``channel.py``'s exchange)."""
-        assert self.transport is not None
-        link = self.link
-        if not self.hello_sent:
-            if len(buf) < NONCE:
-                return
-            server_nonce = bytes(buf[:NONCE])
-            del buf[:NONCE]
-            self.transport.write(self.nonce + mac(link.token, server_nonce) + pack((link.client, link.acked)))
-            self.hello_sent = True
-        if len(buf) < 32:
-            return
-        proof = bytes(buf[:32])
-        del buf[:32]
-        if proof != mac(link.token, self.nonce):
-            raise ConnectionError(f"instance {link.instance_id}'s channel failed to prove the cluster token")
-        self.proven.set_result(None)
-
-    def _frames(self, buf: bytearray) -> None:
-        pos, end, size = 0, len(buf), HEADER.size
-        while end - pos >= size:
-            (n,) = HEADER.unpack_from(buf, pos)
-            if n > MAX_FRAME:
-                raise ConnectionError(f"a {n}-byte frame from {self.link.instance_id} is over the channel's limit")
-            if end - pos - size < n:
-                break
-            frame = pickle.loads(bytes(buf[pos + size:pos + size + n]))
-            pos += size + n
-            self.link.on_frame(*frame)
-        del buf[:pos]
 
 
 class InstanceLink:
