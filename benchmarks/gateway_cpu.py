@@ -89,7 +89,7 @@ async def run_round(url: str, proc: Any, args: argparse.Namespace) -> dict[str, 
     import aiohttp
     from benchmarks.request_path import concurrent, http_call, measure_path
 
-    idle = idle_burn([proc], args.idle_seconds)
+    idle = await idle_burn([proc], args.idle_seconds)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         call = http_call(s, [url], "smollm2")
         await concurrent(call, 4, 1.0, False)  # warm

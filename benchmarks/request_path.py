@@ -11,8 +11,9 @@ Two systems, each measured against its own direct path:
 Per round, in rotating order: sequential non-streaming latency, sequential streaming
 time to first token, then 32 clients (non-streaming latency and throughput, streaming TTFT)
 for a fixed time; the CPU the router processes (gateway + LlumSched; sglang-router) spend
-in each phase, less what they burn idle (measured each round), per request. Medians over
-rounds with [min-max].
+in each phase, less what they burn idle (measured each round), per request. Then our
+gateway's floor: its cheapest route (GET /v1/models) at the sequential phase's cadence and
+back to back, CPU per request beyond idle. Medians over rounds with [min-max].
 
     python -m benchmarks.request_path [--rounds 5] [--out DIR]
 
@@ -240,9 +241,29 @@ async def _counted(coro: Awaitable[list[float]]) -> tuple[list[float], int]:
     return xs, len(xs)
 
 
-def idle_burn(procs: list[psutil.Process], seconds: float) -> float:
+async def floor(session: Any, url: str, procs: list[psutil.Process], idle_cores: float, n: int,
+                period_s: float) -> float:
+    """CPU per request beyond idle of the cheapest route through the same gateway (GET
+    /v1/models: HTTP, the app, a small JSON body; no tokenizer, no instance), ``n`` of
+    them one every ``period_s`` (0: back to back). What a request costs before any chat
+    work, at the sequential phase's cadence: a process woken every 15 ms finds its caches
+    cold, which a loop of requests back to back never sees."""
     c0, t0 = cpu_s(procs), time.perf_counter()
-    time.sleep(seconds)
+    for _ in range(n):
+        t = time.perf_counter()
+        async with session.get(f"{url}/v1/models") as r:
+            await r.read()
+        if period_s > 0:
+            await asyncio.sleep(max(0.0, period_s - (time.perf_counter() - t)))
+    return 1000 * (cpu_s(procs) - c0 - idle_cores * (time.perf_counter() - t0)) / n
+
+
+async def idle_burn(procs: list[psutil.Process], seconds: float) -> float:
+    """Cores ``procs`` burn while nothing is asked of them. The event loop keeps running
+    meanwhile: a blocked loop would miss the servers closing idle keep-alive connections
+    and reuse them after (a 'Server disconnected' in the next phase)."""
+    c0, t0 = cpu_s(procs), time.perf_counter()
+    await asyncio.sleep(seconds)
     return (cpu_s(procs) - c0) / (time.perf_counter() - t0)
 
 
@@ -318,11 +339,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         await concurrent(call, 4, 1.0, False)
                     order = list(paths)
                     for r in range(args.rounds):
-                        idle = {"ours": idle_burn(ours, args.idle_seconds), "theirs": idle_burn(theirs, 2.0)}
+                        idle = {"ours": await idle_burn(ours, args.idle_seconds), "theirs": await idle_burn(theirs, 2.0)}
                         rec: dict[str, Any] = {"idle_cores_ours": idle["ours"], "idle_cores_theirs": idle["theirs"]}
                         for p in order[r % 4:] + order[:r % 4]:
                             call, procs, who = paths[p]
                             rec[p] = await measure_path(call, procs, idle[who], args)
+                        period = 1 / rec["ours_gateway"]["seq_rps"]
+                        rec["floor_paced_cpu_ms_per_req"] = await floor(s, gw_url, ours, idle["ours"],
+                                                                        args.sequential, period)
+                        rec["floor_tight_cpu_ms_per_req"] = await floor(s, gw_url, ours, idle["ours"],
+                                                                        args.sequential, 0.0)
                         rounds.append(rec)
                         print(json.dumps({"round": r, **summary(rounds)["ratios"]}), flush=True)
 
@@ -344,6 +370,11 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     for sys_, direct, routed in (("ours", "ours_direct", "ours_gateway"),
                                  ("sglang", "sglang_direct", "sglang_router")):
         out.update(_system_summary(per, sys_, direct, routed))
+    if all("floor_paced_cpu_ms_per_req" in r for r in rounds):
+        out["ours_floor_paced_cpu_ms_per_req"] = per(lambda r: r["floor_paced_cpu_ms_per_req"])
+        out["ours_floor_tight_cpu_ms_per_req"] = per(lambda r: r["floor_tight_cpu_ms_per_req"])
+        out["ours_seq_cpu_above_floor_ms_per_req"] = per(
+            lambda r: r["ours_gateway"]["seq_cpu_ms_per_req"] - r["floor_paced_cpu_ms_per_req"])
     m = {k: v["median"] for k, v in out.items()}
 
     def ratio(ours: str, theirs: str) -> float | None:
@@ -364,6 +395,10 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "cpu_ms_per_req_seq": round(m["ours_router_cpu_ms_per_req_seq"], 2),
         "cpu_ms_per_req_c32": round(m["ours_router_cpu_ms_per_req_c32"], 2),
         "idle_pct_core": round(m["idle_pct_core_ours"], 2)}
+    if "ours_floor_paced_cpu_ms_per_req" in m:
+        out["ratios"].update(floor_cpu_ms_per_req_paced=round(m["ours_floor_paced_cpu_ms_per_req"], 2),
+                             floor_cpu_ms_per_req_tight=round(m["ours_floor_tight_cpu_ms_per_req"], 2),
+                             cpu_ms_per_req_seq_above_floor=round(m["ours_seq_cpu_above_floor_ms_per_req"], 2))
     return out
 
 
