@@ -12,7 +12,7 @@ import time
 import warnings
 from collections import deque
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 
@@ -26,6 +26,9 @@ from llumnix.core.wire import GenerateRequest
 from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, SchedulingConfig
 from llumnix.policy.lifecycle import InstanceState, Lifecycles
 from llumnix.policy.rounds import pairs_to_start, scaling_round, victims_to_stop
+
+if TYPE_CHECKING:
+    from llumnix.cluster.channel import ChannelServer
 
 LLUMSCHED_NAME = "llumnix-llumsched"
 SCALED_IN = "scaled in"
@@ -87,6 +90,7 @@ class InstanceActor:
         self._pushed_at = self._handle_sent_at = -1e9
         self.role: str | None = None
         """This instance's PD role (``policy/pd.py``) once LlumSched has assigned it (``set_role``)."""
+        self.channel: ChannelServer | None = None  # opened below (a push before then goes by Ray)
         self.server = InstanceServer(self.llm.engine, self.llumlet, on_status=self._push)
         self.handoff = self._handoff_worker() if cfg.pd.is_on else None
         self.server.start()
@@ -148,7 +152,7 @@ class InstanceActor:
         last = self._last_pushed
         changed = last is None or (last.is_terminating, last.is_schedulable) != (
             status.is_terminating, status.is_schedulable)
-        if not changed and self.channel.has_client(FEED_CLIENT):
+        if not changed and self.channel is not None and self.channel.has_client(FEED_CLIENT):
             # LlumSched reads the statuses on its line to our channel (``status_feed``);
             # a push now and then still carries the handle and the role
             if now - self._handle_sent_at < self.HANDLE_EVERY_S:
@@ -235,6 +239,7 @@ class InstanceActor:
 
     def channel_address(self) -> tuple[str, int]:
         """Where a gateway's request channel connects (``channel.py``)."""
+        assert self.channel is not None
         return self.channel.address
 
     def resume_request(self, req: GenerateRequest, output_token_ids: list[int]) -> None:
@@ -311,7 +316,8 @@ class InstanceActor:
     def shutdown(self) -> None:
         if self.handoff is not None:
             self.handoff.stop()
-        self.channel.close()
+        if self.channel is not None:
+            self.channel.close()
         self.endpoint.close()
         self.server.stop()
 
