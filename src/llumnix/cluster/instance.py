@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -140,7 +141,9 @@ class InstanceServer:
         Raises once the step thread has died, so nobody waits on it forever."""
         if ack is not None:
             self.ack_outputs(client, ack)
-        last, out, _ = self.wait_outputs(client, after=None, timeout=timeout)
+        # outputs only: a status (there always is one) must not end the wait, or every
+        # poll returns at once and its caller spins (taking the GIL from the step thread)
+        last, out, _ = self.wait_outputs(client, after=None, timeout=timeout, status_after=sys.maxsize)
         return last, out
 
     def ack_outputs(self, client: str, upto: int) -> None:
