@@ -31,7 +31,6 @@ import os
 import pickle
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -48,8 +47,6 @@ log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("!I")
 NONCE = 16
-_NEVER = sys.maxsize
-"""A status number no status reaches: wait for outputs only."""
 MAX_FRAME = 64 << 20
 """The largest frame either end accepts (a batch of outputs is far below it)."""
 
@@ -280,7 +277,7 @@ class _Writer:
                 hold = self._status_at + self._status_gap_s - time.monotonic()
                 last, outs, _ = server.wait_outputs(
                     self._client, self._sent, hold if hold > 0 else self._heartbeat_s,
-                    status_after=_NEVER if hold > 0 else self._status_sent,
+                    status_after=None if hold > 0 else self._status_sent,
                     wake=lambda: self._urgent or self._stopped)
                 if hold > 0 and not (outs or self._urgent or self._stopped):
                     continue  # the gap is over: a status may go now

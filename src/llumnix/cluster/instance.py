@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import logging
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -141,9 +140,7 @@ class InstanceServer:
         Raises once the step thread has died, so nobody waits on it forever."""
         if ack is not None:
             self.ack_outputs(client, ack)
-        # outputs only: a status (there always is one) must not end the wait, or every
-        # poll returns at once and its caller spins (taking the GIL from the step thread)
-        last, out, _ = self.wait_outputs(client, after=None, timeout=timeout, status_after=sys.maxsize)
+        last, out, _ = self.wait_outputs(client, after=None, timeout=timeout)
         return last, out
 
     def ack_outputs(self, client: str, upto: int) -> None:
@@ -151,19 +148,21 @@ class InstanceServer:
         with self._outbox_cv:
             self._box(client).ack(upto)
 
-    def wait_outputs(self, client: str, after: int | None, timeout: float, status_after: int = -1,
+    def wait_outputs(self, client: str, after: int | None, timeout: float, status_after: int | None = None,
                      wake: Callable[[], bool] | None = None) -> tuple[int, list[RequestOutput], int]:
         """``client``'s outputs numbered after ``after`` (None: every unacknowledged one),
         the number of the last, and the number of the newest pushed status; waits up to
-        ``timeout`` for an output, a status newer than ``status_after`` or ``wake()``
-        (checked under the outbox lock, which whoever makes it true must notify)."""
+        ``timeout`` for an output, a status newer than ``status_after`` (None: statuses do
+        not end the wait; there always is one, so a poll woken by it would spin) or
+        ``wake()`` (checked under the outbox lock, which whoever makes it true must notify)."""
         now = time.monotonic()
         deadline = now + timeout
         with self._outbox_cv:
             self._last_read[client] = now
             box = self._box(client)
             while self.is_alive:
-                if box.has_after(after) or self._status_seq > status_after or (wake is not None and wake()):
+                if box.has_after(after) or (status_after is not None and self._status_seq > status_after) \
+                        or (wake is not None and wake()):
                     break
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._outbox_cv.wait(left):
