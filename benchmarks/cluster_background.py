@@ -93,15 +93,12 @@ def main() -> None:
     p.add_argument("--reschedule-interval", type=float, default=0.5, help="LlumSched's rounds (s)")
     p.add_argument("--out", default="llumnix-results", help="folder for the JSON (default ./llumnix-results)")
     args = p.parse_args()
-    from llumnix.bench.machine import machine_info
+    from llumnix.bench.machine import machine_info, write_result
 
     res = run(args)
     res.update(machine=machine_info(with_torch=False), settings=vars(args))
-    out = Path(args.out) / f"cluster_background-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
     print(json.dumps(res["summary"], indent=1))
-    print(f"wrote {out}")
+    write_result(Path(args.out) / f"cluster_background-{time.strftime('%Y%m%d-%H%M%S')}.json", res)
 
 
 if __name__ == "__main__":

@@ -429,16 +429,13 @@ def main() -> None:
     if args.what == "worker":
         run_worker(args.port)
         return
-    from llumnix.bench.machine import machine_info
+    from llumnix.bench.machine import machine_info, write_result
 
     res = run(args)
     res.update(machine=machine_info(with_torch=False), settings={k: v for k, v in vars(args).items() if k != "what"},
                max_tokens=MAX_TOKENS, prompt=PROMPT)
-    out = Path(args.out) / f"request_path-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
     print(json.dumps(res["ratios"], indent=1))
-    print(f"wrote {out}")
+    write_result(Path(args.out) / f"request_path-{time.strftime('%Y%m%d-%H%M%S')}.json", res)
 
 
 if __name__ == "__main__":
