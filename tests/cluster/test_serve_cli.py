@@ -230,6 +230,6 @@ def test_admin_key_from_the_flag_or_the_environment_and_the_body_limit(monkeypat
     p = argparse.ArgumentParser()
     add_serve_args(p)
     args = p.parse_args([])
-    assert args.admin_key == "from-env" and args.max_request_bytes == 8 << 20
+    assert args.admin_key == "from-env" and args.max_request_bytes == "auto"
     args = p.parse_args(["--admin-key", "flag", "--max-request-bytes", "1024"])
     assert args.admin_key == "flag" and args.max_request_bytes == 1024

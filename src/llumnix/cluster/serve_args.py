@@ -33,6 +33,11 @@ def port(text: str) -> int:
     return value
 
 
+def bytes_or_auto(text: str) -> int | str:
+    """An argparse type: 'auto' or an integer >= 1."""
+    return "auto" if text == "auto" else positive_int(text)
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1."""
     try:
@@ -79,8 +84,9 @@ def _add_http_args(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--admin-key", default=os.environ.get("LLUMNIX_ADMIN_KEY"),
                    help="require 'Authorization: Bearer KEY' on /admin/* (default: $LLUMNIX_ADMIN_KEY); "
                         "without one, drain and undrain are off and /admin/cluster is read-only")
-    p.add_argument("--max-request-bytes", type=positive_int, default=8 << 20, metavar="N",
-                   help="answer larger request bodies with a 413 before parsing them (default 8 MiB)")
+    p.add_argument("--max-request-bytes", type=bytes_or_auto, default="auto", metavar="N",
+                   help="answer larger request bodies with a 413 before parsing them (default auto: 64 "
+                        "bytes a token of --max-model-len, at least 512 KiB)")
     p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
                    help="on SIGTERM/Ctrl-C, stop taking requests and let running ones finish for up "
                         "to S seconds (default 30)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from llumnix.core.sampling_params import SamplingParams
 
@@ -105,6 +106,14 @@ class Request:
     def num_new_tokens(self) -> int:
         """Tokens the next step must compute for this request."""
         return self.num_tokens - self.num_computed_tokens
+
+    @cached_property
+    def banned_under_min_tokens(self) -> tuple[int, ...]:
+        """The tokens masked out of sampling until ``min_tokens`` are out: EOS (unless
+        ignored) and the stop token ids. Made once per request, not at every step."""
+        p = self.sampling_params
+        eos = () if self.eos_token_id is None or p.ignore_eos else (self.eos_token_id,)
+        return (*eos, *sorted(p.stop_token_set))
 
     def new_token_ids(self) -> list[int]:
         """The tokens from num_computed_tokens on, without copying the whole sequence."""

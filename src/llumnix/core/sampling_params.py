@@ -1,12 +1,22 @@
 """Per-request sampling parameters, vLLM/OpenAI field names."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llumnix.core.errors import InvalidRequestError
 
+# A request's work budget (docs/serving.md, "Bounds"): every field whose size multiplies the
+# work of an engine step or of the gateway is bounded, so no request buys more than its share.
 MAX_LOGIT_BIAS = 1024
 """Most tokens one request's ``logit_bias`` may name."""
+MAX_STOP_TOKEN_IDS = 1024
+"""Most ``stop_token_ids`` one request may name (each step masks them while under
+``min_tokens``)."""
+MAX_STOP_STRINGS = 4
+"""Most stop strings (OpenAI's limit)."""
+MAX_STOP_CHARS = 256
+"""Longest stop string, in characters: every step decodes a window of the output as long
+as the longest one."""
 GREEDY_BELOW = 1e-5
 """A temperature under this samples greedily: logits divided by it overflow float32."""
 
@@ -47,8 +57,12 @@ class SamplingParams:
     and multiplied by it when negative (vLLM's and transformers'; in (0, 2], 1 is off)."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias) pairs added to the logits before sampling (OpenAI's; bias in [-100, 100])."""
+    stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
+    """``stop_token_ids`` as a set, made once: the stop check runs on every token."""
 
     def __post_init__(self) -> None:
+        self._check_lists()
+        object.__setattr__(self, "stop_token_set", frozenset(self.stop_token_ids))
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError("max_tokens must be an integer >= 1", "max_tokens")
         if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:
@@ -66,22 +80,29 @@ class SamplingParams:
             raise InvalidRequestError("logprobs must be in [0, 20]", "logprobs")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
             raise InvalidRequestError("prompt_logprobs must be in [0, 20]", "prompt_logprobs")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequestError("stop strings must be non-empty strings", "stop")
-        if len(self.stop) > 4:
-            raise InvalidRequestError("at most 4 stop strings", "stop")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise InvalidRequestError(f"{name} must be in [-2, 2]", name)
         if not 0.0 < self.repetition_penalty <= 2.0:
             raise InvalidRequestError("repetition_penalty must be in (0, 2]", "repetition_penalty")
-        if len(self.logit_bias) > MAX_LOGIT_BIAS:
-            raise InvalidRequestError(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
         for token, bias in self.logit_bias:
             if not isinstance(token, int) or isinstance(token, bool) or token < 0:
                 raise InvalidRequestError("logit_bias keys must be token ids (integers >= 0)", "logit_bias")
             if not -100.0 <= bias <= 100.0:
                 raise InvalidRequestError("logit_bias values must be in [-100, 100]", "logit_bias")
+
+    def _check_lists(self) -> None:
+        """The lengths first, before anything walks the lists."""
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings", "stop")
+        if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise InvalidRequestError(f"stop strings must be non-empty strings of at most {MAX_STOP_CHARS} "
+                                      "characters", "stop")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidRequestError(f"stop_token_ids may name at most {MAX_STOP_TOKEN_IDS} tokens",
+                                      "stop_token_ids")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequestError(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
 
     @property
     def is_greedy(self) -> bool:

@@ -237,7 +237,7 @@ class EngineCore(MigrationOpsMixin):
             pass  # nothing but the length ends it yet
         elif token == req.eos_token_id and not params.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
-        elif token in params.stop_token_ids:
+        elif token in params.stop_token_set:
             req.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
         elif params.stop and self.detokenizer is not None:

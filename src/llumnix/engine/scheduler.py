@@ -277,10 +277,7 @@ class LocalScheduler:
         first ``num_tokens`` of them (a prefill chunk, which samples only if it reaches
         the sequence's end)."""
         p = req.sampling_params
-        banned: tuple[int, ...] = ()
-        if len(req.output_token_ids) < p.min_tokens:
-            eos = () if req.eos_token_id is None or p.ignore_eos else (req.eos_token_id,)
-            banned = (*eos, *p.stop_token_ids)
+        banned = req.banned_under_min_tokens if len(req.output_token_ids) < p.min_tokens else ()
         tokens = req.new_token_ids()
         sample = num_tokens is None or num_tokens >= len(tokens)
         if not sample:

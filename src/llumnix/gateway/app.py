@@ -14,7 +14,7 @@ from llumnix.gateway.backend import Backend
 from llumnix.gateway.context import GatewayConfig, GatewayContext
 from llumnix.gateway.errors import install_error_handlers
 from llumnix.gateway.fast_routes import FastRoutes
-from llumnix.gateway.limits import BodyLimitMiddleware
+from llumnix.gateway.limits import BodyLimitMiddleware, body_limit
 from llumnix.gateway.metrics import GatewayMetrics
 from llumnix.gateway.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -27,12 +27,13 @@ def build_app(backend: Backend, config: GatewayConfig | None = None, **fields: A
     app = GatewayApp(title="Llumnix", version="0.1.0")
     app.state.gateway = GatewayContext(backend, config, GatewayMetrics(backend.model_name, backend.max_model_len))
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
+    max_bytes = body_limit(config.max_request_bytes, backend.max_model_len)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_bytes)
     app.add_middleware(AuthMiddleware, config=config)  # added last: runs first, before any body is read
     fast = FastRoutes(app.stack, {"/v1/chat/completions": (ChatCompletionRequest, routes.chat),
                                   "/v1/completions": (CompletionRequest, routes.completions)})
     app.fast_paths = frozenset(fast.routes)
-    app.fast = AuthMiddleware(BodyLimitMiddleware(fast, max_bytes=config.max_request_bytes), config=config)
+    app.fast = AuthMiddleware(BodyLimitMiddleware(fast, max_bytes=max_bytes), config=config)
     app.include_router(routes.router)
     app.include_router(admin.reads)
     if config.admin_key is not None:

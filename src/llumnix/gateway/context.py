@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Literal
 
 from starlette.requests import Request
 
@@ -24,8 +25,9 @@ class GatewayConfig:
     """Refuse /admin/cluster (403) when neither key is set: the server listens beyond loopback."""
     default_max_tokens: int = 256
     """max_tokens of a request that names none (shrunk to what the context leaves)."""
-    max_request_bytes: int | None = 8 << 20
-    """Larger request bodies get a 413 before they are parsed (None: no limit)."""
+    max_request_bytes: int | Literal["auto"] | None = "auto"
+    """Larger request bodies get a 413 before they are parsed (None: no limit; 'auto': 64
+    bytes a token of context, at least 512 KiB: ``limits.body_limit``)."""
     offload_bytes: int = 16 << 10
     """Texts of more UTF-8 bytes than this (token lists of a quarter as many tokens) are
     tokenized (detokenized) in a worker thread, so the event loop keeps serving."""

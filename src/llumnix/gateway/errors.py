@@ -19,9 +19,20 @@ from llumnix.gateway.context import context
 log = logging.getLogger(__name__)
 
 
+def _utf8_safe(text: str) -> str:
+    """``text`` with any lone surrogate escaped: an error message may quote what the client
+    sent (a model name of "\\ud800"), and its answer must still encode."""
+    try:
+        text.encode()
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+
+
 def error_body(message: str, *, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return {"error": {"message": _utf8_safe(message), "type": type_,
+                      "param": None if param is None else _utf8_safe(param), "code": code}}
 
 
 def error_response(status: int, message: str, *, type_: str = "invalid_request_error",

@@ -9,6 +9,22 @@ from starlette.exceptions import HTTPException
 
 from llumnix.gateway.errors import error_response
 
+AUTO_BYTES_PER_TOKEN = 64
+"""``--max-request-bytes auto``: this many bytes per token of context (JSON-escaped text
+runs 4-24 bytes a token, token ids 2-8)..."""
+AUTO_MIN_BYTES = 512 << 10
+"""...and never less than this. Validating a body holds the GIL for up to ~0.12 ms per KiB
+(a chat of empty messages, the costliest shape) on a 2-core VM: 512 KiB is ~60 ms of a
+stalled event loop at worst, where 8 MiB was a second."""
+
+
+def body_limit(setting: int | str | None, max_model_len: int) -> int | None:
+    """The request body limit in bytes: a number, None (no limit), or 'auto' (from the context)."""
+    if setting == "auto":
+        return max(AUTO_MIN_BYTES, AUTO_BYTES_PER_TOKEN * max_model_len)
+    assert setting is None or isinstance(setting, int)
+    return setting
+
 
 def _too_large(limit: int) -> str:
     return f"the request body is larger than this server's limit of {limit} bytes (--max-request-bytes)"

@@ -6,7 +6,16 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from llumnix.core.errors import InvalidRequestError
 from llumnix.core.request import Priority
@@ -40,12 +49,35 @@ def parse_priority(value: str | int | None) -> int:
     return Priority.HIGH if value < 0 else Priority.NORMAL
 
 
+def _valid_unicode(v: object, param: str) -> object:
+    """A string field JSON let carry a lone UTF-16 surrogate ("\\ud800"): the client's
+    error, a 400 naming the field, not an answer that cannot be encoded."""
+    if isinstance(v, str):
+        try:
+            v.encode()
+        except UnicodeEncodeError as e:
+            raise InvalidRequestError(f"{param} is not valid Unicode: a lone surrogate at character {e.start}",
+                                      param) from None
+    return v
+
+
+class _Named(BaseModel):
+    """A request that names the served model."""
+
+    model: str
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_unicode(cls, v: object) -> object:
+        return _valid_unicode(v, "model")
+
+
 MAX_N = 16
 """Most choices per request: each is an engine request of its own (no shared prefix)."""
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 _UNSUPPORTED: dict[str, tuple[object, ...]] = {
@@ -59,7 +91,7 @@ _UNSUPPORTED: dict[str, tuple[object, ...]] = {
 nothing: any other value is refused rather than silently ignored."""
 
 
-class _SamplingFields(BaseModel):
+class _SamplingFields(_Named):
     model_config = ConfigDict(extra="ignore")
 
     @model_validator(mode="before")
@@ -73,32 +105,31 @@ class _SamplingFields(BaseModel):
                     raise InvalidRequestError(f"{key} is not supported by this server (accepted: {shown})", key)
         return data
 
-    model: str
-    max_tokens: int | None = Field(default=None)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
+    max_tokens: StrictInt | None = Field(default=None)
+    temperature: StrictFloat = 1.0
+    top_p: StrictFloat = 1.0
+    top_k: StrictInt = 0
+    seed: StrictInt | None = None
     stop: str | list[str] | None = None
-    n: int = 1
-    stream: bool = False
+    n: StrictInt = 1
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     """``include_usage``: a last chunk with the usage and no choices (OpenAI's rule: only
     when asked, since a client reading ``choices[0]`` of every chunk would fail on it)."""
-    logprobs: int | None = None
-    return_tokens_as_token_ids: bool = False
+    logprobs: StrictBool | StrictInt | None = None
+    return_tokens_as_token_ids: StrictBool = False
     """vLLM's extension: logprobs name tokens "token_id:N" instead of by their text."""
-    ignore_eos: bool = False
-    min_tokens: int = 0
+    ignore_eos: StrictBool = False
+    min_tokens: StrictInt = 0
     """vLLM's extension: until the output has this many tokens, neither EOS nor a stop
     token id nor a stop string ends it."""
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[StrictInt] | None = None
     """vLLM's extension: token ids that end the output (kept in it, as EOS is)."""
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    repetition_penalty: StrictFloat | None = None
     """vLLM's extension (transformers' rule): > 1 discourages every token already seen."""
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
     """OpenAI's: token ids (as strings, JSON's keys) mapped to a bias added to their logits."""
     priority: str | int | None = None
     user: str | None = None
@@ -136,7 +167,7 @@ class _SamplingFields(BaseModel):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[int]
-    echo: bool = False
+    echo: StrictBool = False
 
     @property
     def echo_only(self) -> bool:
@@ -195,9 +226,9 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    max_completion_tokens: int | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         if self.max_tokens is None and self.max_completion_tokens is not None:
@@ -212,13 +243,12 @@ class ChatCompletionRequest(_SamplingFields):
         return params
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_Named):
     """vLLM's /tokenize: a prompt, or chat messages rendered with the chat template."""
 
-    model: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: StrictBool = True
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -227,9 +257,8 @@ class TokenizeRequest(BaseModel):
         return self
 
 
-class DetokenizeRequest(BaseModel):
-    model: str
-    tokens: list[int]
+class DetokenizeRequest(_Named):
+    tokens: list[StrictInt]
 
 
 class Usage(BaseModel):

@@ -24,13 +24,19 @@ def utf8_size(text: str, param: str) -> int:
                                   f"{text[e.start]!r} at character {e.start}", param) from None
 
 
-def check_size(ctx: GatewayContext, num_bytes: int, param: str) -> None:
+MESSAGE_BYTES = 16
+"""What a chat message weighs beyond its content when the gateway decides whether to render
+it off the event loop: the template's role markers, and the message object itself."""
+
+
+def check_size(ctx: GatewayContext, num_bytes: int, param: str, at_least: int = 0) -> None:
     """Refuse a text whose bytes prove it longer than the context: each token covers at
-    most ``max_token_bytes`` bytes of it."""
+    most ``max_token_bytes`` bytes of it. ``at_least``: tokens it has whatever its bytes
+    (a chat: one a message, its role marker)."""
     per_token = ctx.backend.tokenizer.max_token_bytes
-    if per_token is None:
-        return
-    at_least, context_len = -(-num_bytes // per_token), ctx.backend.max_model_len
+    if per_token is not None:
+        at_least = max(at_least, -(-num_bytes // per_token))
+    context_len = ctx.backend.max_model_len
     if at_least > context_len:
         raise RequestTooLongError(f"the {param} has at least {at_least} tokens ({num_bytes} bytes); this "
                                   f"model's context is {context_len} tokens", param)
@@ -52,11 +58,19 @@ async def encode_prompt(ctx: GatewayContext, text: str, add_special_tokens: bool
 
 
 async def encode_chat(ctx: GatewayContext, messages: list[ChatMessage], bounded: bool = True) -> list[int]:
-    """The token ids a chat prefills: its messages through the model's chat template."""
+    """The token ids a chat prefills: its messages through the model's chat template. A
+    message renders to at least one token however empty its content, so the count of
+    messages bounds the template's work as the bytes do (250,000 empty messages are a
+    long chat, not a short one)."""
     size = sum(utf8_size(m.content, "messages") for m in messages)
     if bounded:
-        check_size(ctx, size, "messages")
-    return await _run(ctx, size, ctx.backend.tokenizer.encode_chat, [m.model_dump() for m in messages])
+        check_size(ctx, size, "messages", at_least=len(messages))
+    size += MESSAGE_BYTES * len(messages)
+    return await _run(ctx, size, _render_chat, ctx, messages)
+
+
+def _render_chat(ctx: GatewayContext, messages: list[ChatMessage]) -> list[int]:
+    return ctx.backend.tokenizer.encode_chat([m.model_dump() for m in messages])
 
 
 async def decode(ctx: GatewayContext, token_ids: list[int]) -> str:

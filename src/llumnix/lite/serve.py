@@ -93,7 +93,7 @@ def build_lite_app(args: argparse.Namespace) -> tuple[Any, Any]:
                           max_model_len=getattr(args, "max_model_len", None) or 8192)
     app = lite_app(backend, api_key=getattr(args, "api_key", None), admin_key=getattr(args, "admin_key", None),
                    admin_requires_key=getattr(args, "host", "127.0.0.1") not in ("127.0.0.1", "localhost", "::1"),
-                   max_request_bytes=getattr(args, "max_request_bytes", 8 << 20))
+                   max_request_bytes=getattr(args, "max_request_bytes", "auto"))
     return app, backend
 
 
