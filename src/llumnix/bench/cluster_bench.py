@@ -100,6 +100,9 @@ class ClusterBenchSettings:
     and attribute each preemption in the run's record (``cluster_trace.py``)."""
     rescheduling: dict[str, Any] = field(default_factory=dict)
     """Rescheduling fields given to the migrating systems (``llumnix``; e.g. pairing)."""
+    reschedule_interval_s: float | None = None
+    """LlumSched's round (serve's ``deployment.reschedule_interval_s``; its status feed reads
+    at twice that rate), for every system; None: serve's default (0.5 s)."""
 
     def system_doc(self, name: str) -> dict[str, Any]:
         doc: dict[str, Any] = {k: dict(v) for k, v in SYSTEMS[name].items()}
@@ -109,6 +112,8 @@ class ClusterBenchSettings:
         doc["engine"] = {**doc.get("engine", {}), "device": self.device, "num_blocks": self.num_blocks,
                          "block_size": self.block_size, "max_num_seqs": self.max_num_seqs, **self.extra}
         doc["deployment"] = {"instances": self.instances}
+        if self.reschedule_interval_s is not None:
+            doc["deployment"]["reschedule_interval_s"] = self.reschedule_interval_s
         if self.gpus_per_instance is not None:
             doc["deployment"]["gpus_per_instance"] = self.gpus_per_instance
         return doc
@@ -268,6 +273,8 @@ def add_cluster_bench_args(p: Any) -> None:
     g.add_argument("--pairing", default=None, help="llumnix's rescheduling.pairing (paper, fit, stable)")
     g.add_argument("--in-threshold", type=float, default=None, help="llumnix's rescheduling.in_threshold")
     g.add_argument("--dst-queue", default=None, help="llumnix's rescheduling.dst_queue (head, all)")
+    g.add_argument("--reschedule-interval", type=float, default=None, metavar="S",
+                   help="LlumSched's rescheduling round, s, for every system (default: serve's, 0.5)")
 
 
 def _csv(text: str, conv: Any, what: str) -> tuple[Any, ...]:
@@ -306,6 +313,7 @@ def settings_from_args(args: Any) -> ClusterBenchSettings:
                              seeds=_csv(args.seeds, int, "seeds"), loads=_csv(args.loads, float, "loads"),
                              slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, systems=systems, extra=extra,
                              trace=bool(getattr(args, "trace", False)), rescheduling=_rescheduling(args),
+                             reschedule_interval_s=getattr(args, "reschedule_interval", None),
                              probe_requests=args.probe_requests, probe_concurrency=args.probe_concurrency)
     if s.run_seconds is not None and not s.run_seconds > 0:
         raise LlumnixError(f"bench cluster: --run-seconds must be > 0, got {s.run_seconds:g}")
