@@ -25,8 +25,8 @@ def running_cluster(model_dir: Any, tag: str, **cfg: Any) -> Iterator[Any]:
     from llumnix.cluster.launcher import ClusterConfig, start_cluster
 
     engine = {"block_size": 4, "max_num_seqs": 8, **cfg.pop("engine", {})}
-    c = start_cluster(ClusterConfig(model=str(model_dir), engine=engine, namespace=f"{tag}-{time.time_ns()}",
-                                    reschedule_interval_s=0.05, **cfg))
+    cfg = {"reschedule_interval_s": 0.05, **cfg}
+    c = start_cluster(ClusterConfig(model=str(model_dir), engine=engine, namespace=f"{tag}-{time.time_ns()}", **cfg))
     try:
         yield c
     finally:

@@ -304,6 +304,45 @@ def test_llumscheds_feed_reads_statuses_at_its_gap_and_reopens_a_broken_line(ins
         feed.close()
 
 
+def test_a_feed_without_a_gap_gets_every_status_the_instance_reports(instance):
+    """Triggered rescheduling's line (gap 0): each report reaches LlumSched as it is made,
+    not one a gap; a status the writer had no time to send before the next is superseded."""
+    import threading
+    import time
+
+    from llumnix.cluster.status_feed import StatusFeed
+
+    srv, chan = instance
+    got: list[float] = []
+    lock = threading.Lock()
+
+    def on_statuses(iid, statuses):
+        with lock:
+            got.extend(s.timestamp for s in statuses)
+
+    feed = StatusFeed(TOKEN, on_statuses, status_gap_s=0.0)
+    try:
+        feed.watch("i0", chan.address)
+        deadline = time.time() + 10
+        while not feed.is_live("i0") and time.time() < deadline:
+            time.sleep(0.02)
+        assert feed.is_live("i0")
+        seq0 = srv.newest_status(0)[0]
+        with lock:
+            got.clear()
+        for i in range(20):  # busy: the engine reports every 10 ms
+            srv.call(lambda i=i: srv.engine.add_request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=30)))
+            time.sleep(0.02)
+        time.sleep(0.05)
+        num_reported = srv.newest_status(0)[0] - seq0
+        with lock:
+            n, stamps = len(got), list(got)
+        assert num_reported >= 20 and n >= num_reported // 2, (n, num_reported)
+        assert stamps == sorted(stamps)
+    finally:
+        feed.close()
+
+
 def test_an_instance_the_feed_cannot_reach_leaves_the_other_lines_alone(instance):
     import time
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import ray
 
-from llumnix.cluster.history import HISTORY, MigrationHistory
+from llumnix.cluster.history import HISTORY, MigrationHistory, ReactionHistogram
 from llumnix.cluster.status_feed import CLIENT as FEED_CLIENT
 from llumnix.cluster.status_feed import StatusFeed
 from llumnix.core.batch import RequestOutput
@@ -26,6 +26,7 @@ from llumnix.core.wire import GenerateRequest
 from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, SchedulingConfig
 from llumnix.policy.lifecycle import InstanceState, Lifecycles
 from llumnix.policy.rounds import pairs_to_start, scaling_round, victims_to_stop
+from llumnix.policy.trigger import PassTimer, Reactions
 
 if TYPE_CHECKING:
     from llumnix.cluster.channel import ChannelServer
@@ -519,8 +520,19 @@ class LlumSchedActor:
         self._next_replace = 0.0
         self.replace_backoff_s = 5.0
         self.num_replaced = 0
+        gap = cfg.rescheduling.trigger_gap_s if cfg.rescheduling.enabled else None
+        self._timer = PassTimer(reschedule_interval_s, gap)
+        """When rescheduling passes run: triggered ones, and the periodic round (``policy/trigger.py``)."""
+        self._wake = threading.Event()
+        self.reactions = Reactions(cfg.rescheduling, cfg.freeness)
+        self.reaction = ReactionHistogram()
+        """From the step that made an instance a source to the first migration out of it."""
+        self.num_passes = 0
         token = (instance_spec or {}).get("token")
-        self.feed = None if not token else StatusFeed(token, self._on_fed_statuses, reschedule_interval_s / 2)
+        # Triggered: every status the instances report (each may be the one that makes a
+        # source); else two per round, all a periodic round reads.
+        self.feed = None if not token else StatusFeed(token, self._on_fed_statuses,
+                                                      0.0 if gap is not None else reschedule_interval_s / 2)
         """Lines to the instances' channels, where this actor reads their statuses
         (``status_feed``); None without the cluster's token (statuses come by push)."""
         self.num_resumed_from_cms = self._resume_from_cms()
@@ -626,6 +638,7 @@ class LlumSchedActor:
             if reason != SCALED_IN or not self.lifecycle.move(instance_id, InstanceState.RETIRED, now, reason):
                 self.lifecycle.move(instance_id, InstanceState.FAILED, now, reason)
             self.gs.remove_instance(instance_id)
+            self.reactions.remove(instance_id)
             self.pd.remove(instance_id)
             self.handles.pop(instance_id, None)
             self._in_flight.pop(instance_id, None)
@@ -803,10 +816,18 @@ class LlumSchedActor:
                     self.gs.set_schedulable(iid, ok)
 
     def _reschedule_loop(self) -> None:
+        """The periodic round (health, replacement, PD, rescheduling, scaling) every
+        ``reschedule_interval_s``, and between rounds the rescheduling passes that statuses
+        trigger (``_on_status``), at least ``trigger_gap_s`` apart."""
         last_health = 0.0
+        with self._lock:
+            self._timer.start(time.time())
         while True:
-            time.sleep(self._interval)
+            what = self._next_due()
             try:
+                if what == "pass":
+                    self._reschedule_round()
+                    continue
                 if time.time() - last_health > self.health_timeout_s:
                     last_health = time.time()
                     self._health_check()
@@ -820,14 +841,40 @@ class LlumSchedActor:
                 with self._lock:
                     self._note_members()
             except Exception:  # noqa: BLE001 - one bad round must not end rescheduling
-                log.exception("rescheduling round failed")
+                log.exception("rescheduling %s failed", what)
+
+    def _next_due(self) -> str:
+        """Sleep until a triggered pass or the periodic round is due; which one."""
+        timer = self._timer
+        while True:
+            with self._lock:
+                now = time.time()
+                what = timer.due(now)
+                if what is not None:
+                    timer.ran(what, now)  # a trigger during the pass asks for another
+                    return what
+                wait = timer.wait_s(now)
+            self._wake.wait(wait)  # a trigger lost between wait and clear is still in the timer
+            self._wake.clear()
 
     def _reschedule_round(self) -> None:
         with self._lock:
+            self.num_passes += 1
             self._reap_finished()
             pairs = [(o.src_instance_id, o.dst_instance_id) for o in self.gs.reschedule(time.time())]
             for src_id, dst_id in pairs_to_start(pairs, self._in_flight, self.handles):
                 self._in_flight[src_id] = self.handles[src_id].migrate_out.remote(dst_id, self.handles[dst_id])
+                reaction = self.reactions.on_order(src_id, dst_id, time.time())
+                if reaction is not None:
+                    self.reaction.observe(reaction)
+
+    def _on_status(self, instance_id: str) -> None:
+        """After a status of ``instance_id`` was taken (caller holds the lock): wake the
+        rescheduler if it makes a source, a blocked queue or a destination one waits for."""
+        status = self.gs.statuses.get(instance_id)
+        if status is not None and self.reactions.on_status(status):
+            self._timer.on_trigger()
+            self._wake.set()
 
     # -- auto-scaling ----------------------------------------------------------------
     def _autoscale(self) -> None:
@@ -973,6 +1020,7 @@ class LlumSchedActor:
                 if role is not None and self.pd.config.is_on:  # a role it was given before
                     self._learn_role(status.instance_id, role)
             self.gs.update_status(status)
+            self._on_status(status.instance_id)
             self.pd.on_status(status.instance_id)
             fix = self.pd.reconcile(status.instance_id, role, time.time())
             target = self.handles.get(status.instance_id) if fix is not None else None
@@ -989,6 +1037,7 @@ class LlumSchedActor:
                 return
             for status in statuses:
                 self.gs.update_status(status, refresh=False)  # views rebuilt when next read
+                self._on_status(instance_id)
             self.pd.on_status(instance_id)
 
     def _feed_from(self, instance_id: str, handle: Any) -> None:
@@ -1090,6 +1139,9 @@ class LlumSchedActor:
                     "capacity": {"target": self._capacity_target(), "num_replaced": self.num_replaced,
                                  "replacing": sorted(self._replacing)},
                     "pd": self.pd.info(),
+                    "rescheduling": {"num_passes": self.num_passes, "num_triggers": self.reactions.num_triggers,
+                                     "trigger_gap_s": self._timer.min_gap_s,
+                                     "reaction": self.reaction.summary()},
                     "status_feed": None if self.feed is None else {
                         "live": sorted(i for i in self.gs.statuses if self.feed.is_live(i)),
                         "num_frames": self.feed.num_frames},

@@ -51,3 +51,38 @@ class MigrationHistory:
                 "recent_downtimes_s": downtimes,
                 "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id", "dst_instance_id", "committed",
                                                   "abort_reason", "abort_code", "end_time")} for m in recent]}
+
+
+REACTION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ReactionHistogram:
+    """Rescheduling reaction times (``policy/trigger.Reactions``): cumulative Prometheus
+    buckets since LlumSched started, and the last ``HISTORY`` samples for percentiles."""
+
+    def __init__(self, buckets: tuple[float, ...] = REACTION_BUCKETS_S) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.count = 0
+        self.sum = 0.0
+        self.recent: deque[float] = deque(maxlen=HISTORY)
+
+    def observe(self, seconds: float) -> None:
+        for i, le in enumerate(self.buckets):
+            if seconds <= le:
+                self.counts[i] += 1
+        self.count += 1
+        self.sum += seconds
+        self.recent.append(seconds)
+
+    def summary(self) -> dict[str, Any]:
+        """``/admin/cluster``'s ``reaction``: cumulative ``buckets`` as ``[le, count]``
+        (``+Inf`` is ``count``), ``sum``, ``count``, and the recent samples' P50 and P99."""
+        recent = sorted(self.recent)
+
+        def pct(q: float) -> float | None:
+            return recent[min(len(recent) - 1, int(q * len(recent)))] if recent else None
+
+        return {"buckets": [[le, n] for le, n in zip(self.buckets, self.counts, strict=True)],
+                "sum": self.sum, "count": self.count, "p50_s": pct(0.5), "p99_s": pct(0.99),
+                "recent_s": list(self.recent)[-50:]}

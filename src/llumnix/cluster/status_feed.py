@@ -107,13 +107,13 @@ class StatusFeed:
                 what, iid, address = self._todo.get_nowait()
             except queue.Empty:
                 return
+            if what != "watch" or address is None:
+                self._live.pop(iid, None)  # before the line closes: whoever sees it closed sees it dead
             old = self._lines.pop(iid, None)
             if old is not None:
                 self._close(old)
             if what == "watch" and address is not None:
                 self._lines[iid] = _Line(iid, address)
-            else:
-                self._live.pop(iid, None)
 
     def _tend(self, now: float) -> None:
         """Open lines not open yet (after a backoff for those that failed); reopen silent ones."""

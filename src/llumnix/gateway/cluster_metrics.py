@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 _ENGINE = ["model_name", "engine"]
@@ -62,6 +62,7 @@ class ClusterCollector(Collector):
             return
         yield from self._instances(instances_of(info))
         yield from self._llumsched(info)
+        yield from _reaction(self.model_name, info.get("rescheduling"))
         yield from self._gateway(info.get("gateway"))
         yield from _pd(self.model_name, info.get("pd"), instances_of(info))
 
@@ -140,6 +141,20 @@ class ClusterCollector(Collector):
                 fam = CounterMetricFamily(metric, doc, labels=["model_name"])
                 fam.add_metric([name], float(gw[key]))
                 yield fam
+
+
+def _reaction(name: str, resched: Any) -> Iterator[Metric]:
+    """LlumSched's reaction histogram, as it keeps it (cumulative since it started)."""
+    hist = resched.get("reaction") if isinstance(resched, dict) else None
+    if not isinstance(hist, dict) or "buckets" not in hist:
+        return
+    fam = HistogramMetricFamily("llumnix:reschedule_reaction_seconds",
+                                "From the engine step whose status made an instance a migration source "
+                                "(or its destination one, if later) to LlumSched ordering the first "
+                                "migration out of it.", labels=["model_name"])
+    buckets = [(f"{float(le):g}", float(n)) for le, n in hist["buckets"]]
+    fam.add_metric([name], [*buckets, ("+Inf", float(hist["count"]))], sum_value=float(hist["sum"]))
+    yield fam
 
 
 def _aborts_by_reason(name: str, mig: dict[str, Any]) -> Iterator[Metric]:

@@ -156,7 +156,16 @@ class ReschedulingConfig:
     already waiting in it (counting only the older ones was measured on M-M 6.66 seed 0:
     P99 prefill 6.9 -> 12.5 s)."""
 
+    trigger_gap_s: float | None = 0.03
+    """Triggered rescheduling (``policy/trigger.py``): a status that makes an instance a
+    source, blocks its queue, or (while one waits) makes it a destination starts a pass at
+    once, passes at least this many seconds apart; the periodic round
+    (``deployment.reschedule_interval_s``) stays as the backstop. None (``null``): periodic
+    rounds only. The cluster reads it; the simulator reschedules on its own rounds."""
+
     def __post_init__(self) -> None:
+        if self.trigger_gap_s is not None and not self.trigger_gap_s >= 0:
+            raise bad_value("rescheduling.trigger_gap_s", "must be >= 0 (or null: periodic rounds only)")
         if self.in_threshold < self.out_threshold:
             raise bad_value("rescheduling.in_threshold", "must be >= out_threshold")
         for name in ("max_out", "max_in"):

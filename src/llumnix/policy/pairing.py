@@ -80,7 +80,8 @@ def destination_room(status: InstanceStatus, cfg: ReschedulingConfig) -> int:
     return room_for_migration(status, queued=cfg.dst_queue == "all")
 
 
-def _has_movable(status: InstanceStatus) -> bool:
+def has_movable(status: InstanceStatus) -> bool:
+    """The instance holds a request it could give up (one not migrating already)."""
     return any(not r.is_migrating for r in (*status.running, *status.waiting))
 
 
@@ -100,7 +101,7 @@ def _paper_pairs(live: list[InstanceStatus], cfg: ReschedulingConfig,
     f = {s.instance_id: freeness(s, fcfg) for s in live}
     fd = f if cfg.dst_queue == "head" else {s.instance_id: destination_freeness(s, cfg, fcfg) for s in live}
     srcs = sorted((s for s in live if is_source(s, f[s.instance_id], cfg)
-                   and s.num_migrating_out < cfg.max_out and _has_movable(s)),
+                   and s.num_migrating_out < cfg.max_out and has_movable(s)),
                   key=lambda s: (f[s.instance_id], s.instance_id))
     src_ids = {s.instance_id for s in srcs}
     dsts = sorted((s for s in live if s.instance_id not in src_ids and is_destination(s, fd[s.instance_id], cfg)
