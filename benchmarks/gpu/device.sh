@@ -35,7 +35,8 @@ fi
 echo "setup: $(( $(date +%s) - t0 )) s"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 pack() { tar czf "$OUT/gpu.tgz" -C "$res" . ; }
 limit() { case $1 in tests) echo 120;; engine) echo 170;; migration) echo 170;; serve) echo 80;; ab) echo 260;;
-  cluster) echo "${CLUSTER_LIMIT:-420}";; *) echo 120;; esac; }
+  cluster) echo "${CLUSTER_LIMIT:-420}";; gain-micro) echo "${MICRO_LIMIT:-270}";;
+  gain-paper) echo "${PAPER_LIMIT:-320}";; *) echo 120;; esac; }
 for step in ${*:-tests engine migration serve}; do
   s0=$(date +%s)
   if [ "$step" = ab ]; then cmd=(benchmarks/gpu/ab.sh "$res"); else cmd=(benchmarks/gpu/run.sh "$res" "$step"); fi
@@ -49,5 +50,5 @@ done
 grep -h -A14 "downtime" "$res"/migration-*.log 2>/dev/null | tail -40
 tail -6 "$res/serve.log" 2>/dev/null
 tail -8 "$res/ab.out" 2>/dev/null
-grep -h "capacity\|load \| seed \|wrote" "$res/cluster.log" 2>/dev/null | tail -60
+grep -h "capacity\|load \| seed \|wrote" "$res/cluster.log" "$res"/gain-*.log 2>/dev/null | tail -60
 echo "total: $(( $(date +%s) - t0 )) s"

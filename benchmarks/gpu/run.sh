@@ -5,7 +5,7 @@
 # run of `llumnix serve` on CUDA. Needs a CUDA build of torch and the project installed
 # with its serve and bench extras (or on PYTHONPATH).
 # Usage: benchmarks/gpu/run.sh [OUT_DIR] [STEP...]; STEP is any of tests engine migration
-# serve cluster (default: the first four). MODEL (default smollm2), TRANSPORTS (default tcp,gloo,ray),
+# serve cluster gain-micro gain-paper (default: the first four). MODEL (default smollm2), TRANSPORTS (default tcp,gloo,ray),
 # REPEATS (default 3) and LLUMNIX_BENCH_LENGTHS (e.g. 256,1024,4096) narrow the runs.
 set -uo pipefail
 out=${1:-benchmarks/results/gpu}
@@ -46,7 +46,22 @@ for step in $steps; do
         --systems infaas++,llumnix,round-robin --seeds 0,1,2,3 --run-seconds 4 --requests-per-run 64 \
         --burst-size 64 --probe-requests 192 --probe-concurrency 64} \
         --out "$out/cluster" 2>&1 | tee "$out/cluster.log" || rc=1 ;;
-    *) echo "unknown step $step (tests, engine, migration, serve, cluster)"; exit 2 ;;
+    gain-micro|gain-paper)  # issue 45's two sizings on 8 instances sharing GPU 0, llumnix against INFaaS++,
+              # paired seeds; GAIN_FLAGS adds flags to both (e.g. --reschedule-interval 0.1)
+      n=${INSTANCES:-8}
+      if [ "$step" = gain-micro ]; then  # the benchmark's trace and sizing, session 27's probed capacity
+        sizing="--capacity ${MICRO_CAPACITY:-18.88} --run-seconds 4 --requests-per-run 64"
+      else  # paper time scale: outputs of 119 tokens on average (~4 s at ~35 ms a token, 28x a 0.15 s
+            # reaction), KV for 8 typical requests (155 tokens at their end: 78 blocks) an instance
+        sizing="--length-scale 0.5 --prompt-cap 96 --output-cap 192 --num-blocks 80 --run-seconds 3 \
+          --requests-per-run 32 --probe-requests 258 --probe-concurrency 128"
+      fi
+      # shellcheck disable=SC2086 # flag lists
+      $py -m llumnix.cli bench cluster --model "$model" --device cuda --instances "$n" \
+        --gpus-per-instance "$($py -c "print(1 / $n)")" --no-cuda-graphs --dtype bfloat16 \
+        --systems infaas++,llumnix --seeds "${SEEDS:-0,1,2,3}" --loads 0.6,0.85 --burst-size 0 $sizing \
+        ${GAIN_FLAGS:-} --out "$out/$step" 2>&1 | tee "$out/$step.log" || rc=1 ;;
+    *) echo "unknown step $step (tests, engine, migration, serve, cluster, gain-micro, gain-paper)"; exit 2 ;;
   esac
 done
 exit $rc
