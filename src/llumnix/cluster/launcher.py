@@ -7,6 +7,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import ray
@@ -122,9 +123,19 @@ def init_ray(cfg: ClusterConfig, progress: Progress | None = None) -> None:
         # created under ~/.ray where none exists); join_ray finds it for other processes.
         ray.init(num_cpus=cfg.ray_num_cpus, include_dashboard=False, namespace=cfg.namespace,
                  log_to_driver=True, _system_config=local_ray_config())
+        keep_token_private()
     if progress is not None:
         verb = "joined" if cfg.ray_address else "started"
         progress(f"Ray {verb} in {time.monotonic() - t0:.1f} s at {ray_address()} (namespace {cfg.namespace})")
+
+
+def keep_token_private() -> None:
+    """Ray writes the cluster's token to ``~/.ray/auth_token`` readable by every user of the
+    machine (0644): anyone who reads it can run code in the cluster. Made 0600 here."""
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    with contextlib.suppress(OSError):  # none, or not ours to change
+        if path.is_file() and path.stat().st_mode & 0o077:
+            path.chmod(0o600)
 
 
 def local_ray_config() -> dict[str, Any]:

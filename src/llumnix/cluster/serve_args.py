@@ -87,6 +87,11 @@ def _add_http_args(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--max-request-bytes", type=bytes_or_auto, default="auto", metavar="N",
                    help="answer larger request bodies with a 413 before parsing them (default auto: 64 "
                         "bytes a token of --max-model-len, at least 512 KiB)")
+    p.add_argument("--http-read-timeout", type=float, default=30.0, metavar="S",
+                   help="close a connection whose request (headers and body) has not arrived S seconds "
+                        "after its first byte (default 30)")
+    p.add_argument("--private-metrics", action="store_true",
+                   help="/metrics, /docs, /redoc and /openapi.json need the API key too")
     p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
                    help="on SIGTERM/Ctrl-C, stop taking requests and let running ones finish for up "
                         "to S seconds (default 30)")
@@ -302,4 +307,5 @@ def read_chat_template(value: str) -> str:
 def gateway_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The ``GatewayConfig`` fields the gateway flags set."""
     return {"api_key": args.api_key, "admin_key": args.admin_key, "max_request_bytes": args.max_request_bytes,
-            "log_requests": not args.disable_log_requests}
+            "log_requests": not args.disable_log_requests, "http_read_timeout_s": args.http_read_timeout,
+            "private_docs_and_metrics": args.private_metrics}

@@ -82,6 +82,7 @@ def serve_http(app: Any, sock: socket.socket, log_level: str, grace_s: float,
     import uvicorn
 
     from llumnix.cluster.gc_watch import freeze_startup_objects
+    from llumnix.gateway.read_deadline import http_protocol
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -94,5 +95,6 @@ def serve_http(app: Any, sock: socket.socket, log_level: str, grace_s: float,
                 on_ready()
 
     # uvicorn's stubs say int; it waits any number of seconds (asyncio.wait_for)
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=cast(int, grace_s))
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=cast(int, grace_s),
+                            http=http_protocol(app))
     Server(config).run(sockets=[sock])

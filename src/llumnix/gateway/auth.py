@@ -6,10 +6,14 @@ request, which is most of the 5 ms the gateway may add.
   /admin/* with an admin key      that key (the API key does not open them)
   /admin/* without one            drain, undrain: off (404); /admin/cluster: the API key
                                   when set, refused (403) beyond loopback when neither is
-  /health, /live, /metrics        open, for probes
+  /health, /live, /metrics        open, for probes (/metrics and the API docs need the API
+                                  key with ``private_docs_and_metrics``)
+
+Keys are compared in constant time (``hmac.compare_digest``).
 """
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -19,6 +23,8 @@ from llumnix.gateway.errors import error_response
 
 KEYED = ("/tokenize", "/detokenize")
 """Paths outside /v1/ that still need the API key when one is set."""
+PRIVATE = ("/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+"""Paths that need the API key too with ``private_docs_and_metrics``."""
 
 
 def _bearer(key: str | None) -> bytes | None:
@@ -31,6 +37,7 @@ class AuthMiddleware:
         self.api_key = _bearer(config.api_key)
         self.admin_key = _bearer(config.admin_key)
         self.admin_requires_key = config.admin_requires_key
+        self.keyed = KEYED + PRIVATE if config.private_docs_and_metrics else KEYED
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -43,13 +50,13 @@ class AuthMiddleware:
     def refusal(self, path: str, method: str, headers: list[tuple[bytes, bytes]]) -> JSONResponse | None:
         """The answer a request gets instead of its route's, or None when it may pass."""
         admin = path.startswith("/admin/")
-        if not admin and (self.api_key is None or not (path.startswith("/v1/") or path in KEYED)):
+        if not admin and (self.api_key is None or not (path.startswith("/v1/") or path in self.keyed)):
             return None
         given = dict(headers).get(b"authorization", b"")
         if not admin:
-            return None if given == self.api_key else _unauthorized("API key")
+            return None if _same(given, self.api_key) else _unauthorized("API key")
         if self.admin_key is not None:
-            return None if given == self.admin_key else _unauthorized("admin key")
+            return None if _same(given, self.admin_key) else _unauthorized("admin key")
         if method != "GET":
             return error_response(404, f"no route {path}: the admin routes that change the cluster are off "
                                   "until the server has an admin key (--admin-key or LLUMNIX_ADMIN_KEY)",
@@ -59,7 +66,11 @@ class AuthMiddleware:
                 return error_response(403, "admin endpoints need --admin-key or --api-key when not on loopback",
                                       type_="permission_error")
             return None
-        return None if given == self.api_key else _unauthorized("API key")
+        return None if _same(given, self.api_key) else _unauthorized("API key")
+
+
+def _same(given: bytes, key: bytes | None) -> bool:
+    return key is not None and hmac.compare_digest(given, key)
 
 
 def _unauthorized(what: str) -> JSONResponse:

@@ -35,6 +35,12 @@ class GatewayConfig:
     """One INFO line per finished request (``--disable-log-requests`` turns it off)."""
     log_stats_interval_s: float = 10.0
     """Seconds between the throughput lines logged while there is traffic."""
+    http_read_timeout_s: float = 30.0
+    """A request's headers and body must arrive within this many seconds of its first byte
+    (of the connection's opening, for its first request), or the connection is closed
+    (``read_deadline.py``)."""
+    private_docs_and_metrics: bool = False
+    """/metrics, /docs, /redoc and /openapi.json need the API key too (when one is set)."""
     model_root: str | None = None
     """The model the served name stands for (/v1/models' ``root``); None: the served name."""
 

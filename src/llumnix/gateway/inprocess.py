@@ -27,6 +27,7 @@ class InProcessGateway:
         import uvicorn
 
         from llumnix.gateway.app import build_app
+        from llumnix.gateway.read_deadline import http_protocol
 
         app = build_app(self.backend, **self.app_kw)
         for hooks, name in ((app.router.on_startup, "start"), (app.router.on_shutdown, "stop")):
@@ -35,7 +36,8 @@ class InProcessGateway:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                                    http=http_protocol(app)))
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="gateway")
         self.thread.start()
         deadline = time.time() + self.startup_timeout_s

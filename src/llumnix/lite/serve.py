@@ -93,7 +93,9 @@ def build_lite_app(args: argparse.Namespace) -> tuple[Any, Any]:
                           max_model_len=getattr(args, "max_model_len", None) or 8192)
     app = lite_app(backend, api_key=getattr(args, "api_key", None), admin_key=getattr(args, "admin_key", None),
                    admin_requires_key=getattr(args, "host", "127.0.0.1") not in ("127.0.0.1", "localhost", "::1"),
-                   max_request_bytes=getattr(args, "max_request_bytes", "auto"))
+                   max_request_bytes=getattr(args, "max_request_bytes", "auto"),
+                   http_read_timeout_s=getattr(args, "http_read_timeout", 30.0),
+                   private_docs_and_metrics=getattr(args, "private_metrics", False))
     return app, backend
 
 
@@ -122,11 +124,13 @@ def build_mixed(args: argparse.Namespace, internal: Any) -> Any:
 def main_lite(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from llumnix.gateway.read_deadline import http_protocol
+
     app, backend = build_lite_app(args)
     host, port = getattr(args, "host", "127.0.0.1"), getattr(args, "port", 8000)
     eps = ", ".join(f"{e.endpoint_id} ({e.url})" for e in backend.endpoints.values())
     print(f"llumnix serve (lite): http://{host}:{port}/v1  (model '{backend.model_name}') over {eps}", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning",
+    uvicorn.run(app, host=host, port=port, log_level="warning", http=http_protocol(app),
                 timeout_graceful_shutdown=int(getattr(args, "shutdown_grace", 30)))
     return 0
 
