@@ -191,28 +191,32 @@ def serve_request(cluster: Cluster, rid: str) -> dict[str, Any]:
 
 
 def migrate_request(cluster: Cluster, rid: str) -> dict[str, Any]:
-    """A sender connected during the flood; a running request live-migrated through it."""
+    """A sender connected during the flood (as a drain's first migration to a destination
+    connects), then a running request live-migrated through it and stopped where it is."""
     from llumnix.core.sampling_params import SamplingParams
     from llumnix.migration import MigrationConfig
     from llumnix.migration.driver import migrate
     from llumnix.migration.tcp_transport import KVSender, TransportError
 
-    src = cluster.src
-    src.call(lambda: src.engine.add_request(rid, list(range(1, 60)), SamplingParams(max_tokens=200)))
-    time.sleep(0.1)
+    src, dst = cluster.src, cluster.dst
     t0 = time.monotonic()
     try:
         sender = KVSender(cluster.endpoint.address, TOKEN, cluster.options)
     except TransportError as e:
-        src.call(lambda: src.engine.abort_request(rid))
-        return {"committed": False, "error": repr(e)}
+        return {"committed": False, "error": repr(e), "connect_s": round(time.monotonic() - t0, 4)}
     connected = time.monotonic() - t0
+    src.call(lambda: src.engine.add_request(rid, list(range(1, 60)), SamplingParams(max_tokens=1000)))
+    time.sleep(0.1)
+    t1 = time.monotonic()
     try:
         rep = migrate(rid, src, cluster.endpoint, sender, MigrationConfig(max_stages=3))
     finally:
         sender.close()
+    migrated = time.monotonic() - t1
+    for srv in (src, dst):
+        srv.call(lambda srv=srv: srv.engine.abort_request(rid))
     return {"committed": rep.committed, "abort_reason": rep.abort_reason, "connect_s": round(connected, 4),
-            "total_s": round(time.monotonic() - t0, 4), "downtime_s": rep.downtime}
+            "migrate_s": round(migrated, 4), "downtime_s": rep.downtime}
 
 
 class Sampler:

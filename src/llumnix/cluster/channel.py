@@ -196,6 +196,7 @@ class ChannelServer:
 
     def _hello(self, conn: socket.socket, reply: bytes) -> tuple[str, int, float]:
         """Our proof out, the client's hello in (it sent it with its own proof)."""
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.settimeout(HELLO_TIMEOUT_S)
         conn.sendall(reply)
         client, ack, gap = _recv_frame(conn)

@@ -196,7 +196,6 @@ class Gate:
             self._evict(next(iter(self._pending.values())))
         try:
             sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if sock.send(p.challenge.greeting) != len(p.challenge.greeting):
                 raise OSError("the greeting did not fit the send buffer")
         except OSError:
