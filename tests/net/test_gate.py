@@ -157,3 +157,41 @@ def test_closing_the_gate_closes_the_port_and_the_waiting(server):
 def test_limits_must_be_positive(kw):
     with pytest.raises(ValueError):
         GateLimits(**kw)
+
+
+GATE_WITH_FEW_FDS = """
+import resource, socket, sys
+from llumnix.net.gate import Challenge, Gate, GateLimits
+listener = socket.create_server(("127.0.0.1", 0), backlog=socket.SOMAXCONN)
+def proven(sock, peer, reply):
+    sock.sendall(reply)
+    sock.close()
+gate = Gate("few fds", listener, lambda: Challenge(b"?", 12, lambda a: b"welcome" if a == b"open sesame!" else None),
+            proven, GateLimits(deadline_s=60.0, max_pending=10_000, max_per_peer=10_000))
+resource.setrlimit(resource.RLIMIT_NOFILE, (48, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+print(listener.getsockname()[1], flush=True)
+for _ in sys.stdin:
+    print(gate.num_pending, gate.num_evicted, flush=True)
+"""
+
+
+def test_out_of_file_descriptors_the_oldest_stranger_makes_room():
+    """A process at its limit on open files cannot accept: the gate closes its oldest
+    stranger and accepts again, so one of ours still gets in."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", GATE_WITH_FEW_FDS], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        address = ("127.0.0.1", int(proc.stdout.readline()))
+        with Strangers(address, 200):
+            assert knock(address, timeout=10.0) == b"welcome"
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            pending, evicted = map(int, proc.stdout.readline().split())
+        assert pending < 48 and evicted > 150
+    finally:
+        proc.kill()
+        proc.wait()
