@@ -368,3 +368,85 @@ def socket_free_port() -> int:
     with socketlib.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# -- strangers at the port (issue 43) ----------------------------------------------------
+
+@pytest.mark.parametrize("num, trickle_s", [(300, None), (300, 0.05),
+                                            pytest.param(10_000, 0.5, marks=pytest.mark.slow)])
+def test_strangers_idle_or_trickling_cost_no_thread_and_keep_no_gateway_out(instance, num, trickle_s):
+    """4,000 trickling connections once held 4,044 threads. Now they wait at the gate: the
+    instance's threads stay as they were, and a gateway's line opens and serves a request."""
+    import threading
+    import time
+
+    from llumnix.cluster.status_feed import CLIENT, StatusFeed
+    from tests.net.strangers import Strangers, raise_fd_limit
+
+    _, chan = instance
+    raise_fd_limit(num + 2000)
+    base = threading.active_count()
+    with Strangers(chan.address, num, trickle_s=trickle_s):
+        gate = chan.gate
+        deadline = time.monotonic() + 30.0
+        while gate.num_pending + gate.num_evicted + gate.num_refused < num and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gate.num_pending <= gate.limits.max_per_peer
+        assert threading.active_count() - base <= 1  # the trickler's own
+
+        async def main() -> Sink:
+            sink = Sink()
+            link = InstanceLink("i0", chan.address, TOKEN, "gw", sink)
+            await link.open()
+            runner = asyncio.create_task(link.run())
+            link.add(_req("among-strangers"))
+            await _until(lambda: "among-strangers" in sink.finished)
+            link.close()
+            await asyncio.gather(runner, return_exceptions=True)
+            return sink
+
+        t0 = time.monotonic()
+        sink = asyncio.run(main())
+        served_s = time.monotonic() - t0
+        assert len(sink.outputs["among-strangers"]) == 5 and served_s < 5.0
+        feed = StatusFeed(TOKEN, lambda iid, sts: None)
+        try:
+            feed.watch("i0", chan.address)
+            deadline = time.monotonic() + 10.0
+            while not feed.is_live("i0") and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert feed.is_live("i0") and chan.has_client(CLIENT)
+        finally:
+            feed.close()
+
+
+def test_a_trickling_handshake_is_closed_at_the_deadline_from_accept(instance):
+    """The deadline once restarted on every byte: a byte each 50 ms held a thread forever."""
+    import socket as socketlib
+    import threading
+    import time
+
+    from llumnix.net.gate import GateLimits
+    from tests.net.strangers import closed_by_peer
+
+    srv, _ = instance
+    chan = ChannelServer(srv, TOKEN, lambda req: Future(), limits=GateLimits(deadline_s=0.5))
+    sock = socketlib.create_connection(chan.address, timeout=5.0)
+    stop = threading.Event()
+
+    def drip() -> None:  # the 48-byte answer would take 2.4 s
+        while not stop.wait(0.05):
+            try:
+                sock.send(b"x")
+            except OSError:
+                return
+
+    t0 = time.monotonic()
+    threading.Thread(target=drip, daemon=True).start()
+    try:
+        assert closed_by_peer(sock, within=5.0)
+        assert 0.4 < time.monotonic() - t0 < 2.0 and chan.gate.num_expired == 1
+    finally:
+        stop.set()
+        sock.close()
+        chan.close()

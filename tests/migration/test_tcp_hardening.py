@@ -21,6 +21,7 @@ from llumnix.migration.tcp_transport import (
     migration_host,
 )
 from llumnix.migration.transport import KVLimits, TransportOptions
+from tests.net.strangers import Strangers, closed_by_peer
 
 TOKEN = b"cluster-secret"
 BPB = 16  # bytes per block of the fake cache
@@ -66,19 +67,6 @@ def num_conn_threads() -> int:
     return sum(t.name == "kv-conn" for t in threading.enumerate())
 
 
-def closed_by_peer(sock: socket.socket, within: float = 5.0) -> bool:
-    """Whether the peer closes ``sock`` within ``within`` seconds (what it sent first is skipped)."""
-    sock.settimeout(within)
-    try:
-        while sock.recv(4096):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-
-
 def migrates(address: tuple[str, int], sink: Sink, block: int = 3) -> bool:
     sender = TCPSender(address, TOKEN, TransportOptions(bulk_nice=0, bulk_idle=False, timeout_s=5.0))
     try:
@@ -96,34 +84,38 @@ def authenticated(address: tuple[str, int]) -> socket.socket:
 
 # -- connections ---------------------------------------------------------------------
 
-def test_connections_beyond_the_cap_get_no_thread_and_a_migration_goes_through_after():
+@pytest.mark.parametrize("trickle_s", [None, 0.05])
+def test_strangers_get_no_thread_and_a_migration_goes_through_among_them(trickle_s):
+    """Issue 43: 300 idle connections held every slot and every migration of a drain aborted.
+    Now they wait at the gate (no thread, capped there) and a sender's handshake is always read."""
     opts = TransportOptions(max_connections=8, handshake_timeout_s=30.0)
     sink = Sink()
     rx = KVReceiver(TOKEN, sink, options=opts)
-    base = num_conn_threads()
-    flood: list[socket.socket] = []
-    peak = 0
+    base_threads = threading.active_count()
     try:
-        for _ in range(300):
-            flood.append(socket.create_connection(rx.address, timeout=10.0))
-            peak = max(peak, num_conn_threads() - base)
-        deadline = time.monotonic() + 10.0
-        while rx.num_connections + rx.num_refused < len(flood) and time.monotonic() < deadline:
-            peak = max(peak, num_conn_threads() - base)
-            time.sleep(0.01)
-        peak = max(peak, num_conn_threads() - base)
-        assert rx.num_connections == 8 and rx.num_refused == len(flood) - 8
-        assert peak <= 8
-        with pytest.raises(TransportError):  # every slot taken: refused at once, no hang
-            TCPSender(rx.address, TOKEN, TransportOptions(timeout_s=5.0))
+        with Strangers(rx.address, 300, trickle_s=trickle_s):
+            deadline = time.monotonic() + 10.0
+            while rx.gate.num_pending + rx.gate.num_evicted + rx.gate.num_refused < 300 \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert num_conn_threads() == 0 and rx.num_connections == 0
+            assert rx.gate.num_pending <= opts.max_handshakes_per_peer
+            assert threading.active_count() - base_threads <= 1  # the trickler's own
+            for block in (1, 2, 3):
+                assert migrates(rx.address, sink, block)
     finally:
-        for s in flood:
-            s.close()
-    deadline = time.monotonic() + 10.0
-    while rx.num_connections and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert migrates(rx.address, sink)
-    rx.close()
+        rx.close()
+
+
+def test_authenticated_connections_beyond_the_cap_are_refused_at_once(receiver):
+    rx = receiver(Sink(), options=TransportOptions(max_connections=2))
+    first = TCPSender(rx.address, TOKEN, TransportOptions(timeout_s=5.0))  # both slots
+    try:
+        with pytest.raises(TransportError):  # refused on proving the token, no hang
+            TCPSender(rx.address, TOKEN, TransportOptions(timeout_s=5.0))
+        assert rx.num_refused == 1 and rx.num_connections == 2
+    finally:
+        first.close()
 
 
 def test_idle_and_trickling_handshakes_are_dropped_at_the_deadline(receiver):

@@ -19,6 +19,11 @@ unpickled from an unauthenticated peer::
 
 Outputs stay in the instance's outbox until acknowledged, so a client that
 reconnects (``ack`` in its hello) gets again whatever it may have missed.
+
+Until its proof checks out a connection costs no thread: it waits at the port's ``Gate``
+(``net/gate.py``: one selector thread, a deadline from accept, caps per address and in
+all that close the oldest stranger, never a newcomer). A client proven gets a reader
+and a writer thread.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from llumnix.core.errors import LlumnixError
 from llumnix.core.wire import GenerateRequest
+from llumnix.net.gate import Challenge, Gate, GateLimits
 
 if TYPE_CHECKING:
     from llumnix.cluster.instance import InstanceServer
@@ -49,6 +55,8 @@ HEADER = struct.Struct("!I")
 NONCE = 16
 MAX_FRAME = 64 << 20
 """The largest frame either end accepts (a batch of outputs is far below it)."""
+HELLO_TIMEOUT_S = 5.0
+"""A proven client's hello (sent with its proof) arrives within this long."""
 
 
 def mac(token: bytes, nonce: bytes) -> bytes:
@@ -143,21 +151,23 @@ class ClientEnd:
 
 
 class ChannelServer:
-    """The instance's end: one listening socket; per client connection a reader thread
-    (adds and acks) and a writer thread (outputs, statuses, add results)."""
+    """The instance's end: one listening socket behind a ``Gate`` (``limits``); per proven
+    client connection a reader thread (adds and acks) and a writer thread (outputs,
+    statuses, add results)."""
 
     def __init__(self, server: InstanceServer, token: bytes, add: Callable[[GenerateRequest], Future[Any]],
-                 host: str = "127.0.0.1", heartbeat_s: float = 1.0, status_gap_s: float | None = None) -> None:
+                 host: str = "127.0.0.1", heartbeat_s: float = 1.0, status_gap_s: float | None = None,
+                 limits: GateLimits | None = None) -> None:
         self._server, self._token, self._add = server, token, add
         self._heartbeat_s = heartbeat_s
         self._status_gap_s = server.status_interval_s if status_gap_s is None else status_gap_s
-        self._sock = socket.create_server((host, 0))
-        self.address: tuple[str, int] = (host, self._sock.getsockname()[1])
+        sock = socket.create_server((host, 0), backlog=socket.SOMAXCONN)
+        self.address: tuple[str, int] = (host, sock.getsockname()[1])
         self._closed = threading.Event()
         self._conns: set[socket.socket] = set()
         self._clients: dict[str, int] = {}
         self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True, name="channel-accept").start()
+        self.gate = Gate(f"request channel {host}:{self.address[1]}", sock, self._challenge, self._proven, limits)
 
     def has_client(self, client: str) -> bool:
         """A line of ``client``'s is open (past the handshake)."""
@@ -165,43 +175,41 @@ class ChannelServer:
 
     def close(self) -> None:
         self._closed.set()
-        with contextlib.suppress(OSError):
-            self._sock.close()
+        self.gate.close()
         with self._lock:
             for c in self._conns:
                 with contextlib.suppress(OSError):
                     c.shutdown(socket.SHUT_RDWR)
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True, name="channel-conn").start()
+    def _challenge(self) -> Challenge:
+        """Our nonce; the answer is the client's nonce and its proof over ours."""
+        token, nonce = self._token, os.urandom(NONCE)
 
-    def _handshake(self, conn: socket.socket) -> tuple[str, int, float] | None:
-        conn.settimeout(5.0)
-        nonce = os.urandom(NONCE)
-        conn.sendall(nonce)
-        peer_nonce, proof = _recv_exact(conn, NONCE), _recv_exact(conn, 32)
-        if not hmac.compare_digest(proof, mac(self._token, nonce)):
-            log.warning("request channel: a peer without the cluster's token was refused")
-            return None
-        conn.sendall(mac(self._token, peer_nonce))
+        def check(answer: bytes) -> bytes | None:
+            peer_nonce, proof = answer[:NONCE], answer[NONCE:]
+            return mac(token, peer_nonce) if hmac.compare_digest(proof, mac(token, nonce)) else None
+
+        return Challenge(nonce, NONCE + 32, check)
+
+    def _proven(self, conn: socket.socket, _peer: Any, reply: bytes) -> None:
+        threading.Thread(target=self._serve, args=(conn, reply), daemon=True, name="channel-conn").start()
+
+    def _hello(self, conn: socket.socket, reply: bytes) -> tuple[str, int, float]:
+        """Our proof out, the client's hello in (it sent it with its own proof)."""
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.settimeout(HELLO_TIMEOUT_S)
+        conn.sendall(reply)
         client, ack, gap = _recv_frame(conn)
         conn.settimeout(None)
         return str(client), int(ack), self._status_gap_s if gap is None else float(gap)
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, reply: bytes) -> None:
         with self._lock:
             self._conns.add(conn)
         try:
-            hello = self._handshake(conn)
-            if hello is None:
+            if self._closed.is_set():
                 return
-            client, ack, gap = hello
+            client, ack, gap = self._hello(conn, reply)
             writer = _Writer(self._server, conn, client, ack, self._heartbeat_s, gap)
             threading.Thread(target=writer.run, daemon=True, name="channel-writer").start()
             with self._lock:

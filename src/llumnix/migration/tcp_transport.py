@@ -21,10 +21,12 @@ Handshake, then frames::
     -> | header_len u32 | header JSON | payload (header["nbytes"] bytes) |
     <- | 1 byte: 1 = written, 0 = refused |
 
-A receiver bounds what a peer can make it hold: a capped number of connections, a
-deadline on the handshake, and (after it) headers and payloads no larger than the
-destination cache's geometry could take; a frame beyond them closes the connection
-unread. Cluster instances bind the node's address (``migration_host``), so sources
+A receiver bounds what a peer can make it hold. Before the handshake: nothing but a
+socket at the port's ``Gate`` (``net/gate.py``: one selector thread, a deadline from
+accept, caps per address and in all that close the oldest stranger, never a newcomer).
+After it: a capped number of connections (a thread each), and headers and payloads no
+larger than the destination cache's geometry could take; a frame beyond them closes the
+connection unread. Cluster instances bind the node's address (``migration_host``), so sources
 on other hosts can connect.
 """
 from __future__ import annotations
@@ -51,6 +53,7 @@ from llumnix.migration.transport import (
     TransportOptions,
     split,
 )
+from llumnix.net.gate import Challenge, Gate, GateLimits, ThrottledWarning
 
 __all__ = ["KVReceiver", "KVSender", "TCPSender", "TransportError", "migration_host"]
 
@@ -226,8 +229,10 @@ def parse_header(raw: bytes, limits: KVLimits | None) -> tuple[str, list[int], i
 class KVReceiver:
     """Listens on ``host:port`` (0 = any free port) and writes each frame through ``sink``.
 
-    At most ``options.max_connections`` connections are served, each on its own thread;
-    one that has not authenticated within ``options.handshake_timeout_s`` is dropped.
+    Until a connection authenticates it waits at a ``Gate`` (no thread; dropped
+    ``options.handshake_timeout_s`` after accept; at most ``options.max_pending_handshakes``
+    held, ``options.max_handshakes_per_peer`` from one address, the oldest closed past
+    them). At most ``options.max_connections`` authenticated ones are served, a thread each.
     Nothing sized by the peer is allocated before it authenticates, nor after it for a
     header or payload beyond ``sink.kv_limits`` (``KVLimits``, if the sink has one).
     Bound to a wildcard (``0.0.0.0``), it advertises this host's routed address."""
@@ -238,15 +243,18 @@ class KVReceiver:
         self._sink = sink
         self._options = options or TransportOptions()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.create_server((host, port), family=family)
-        bound, bound_port = self._sock.getsockname()[:2]
+        sock = socket.create_server((host, port), family=family, backlog=socket.SOMAXCONN)
+        bound, bound_port = sock.getsockname()[:2]
         self.address: tuple[str, int] = (_route_ip() if host in _WILDCARDS else bound, bound_port)
         self._closed = False
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.num_refused = 0
-        """Connections closed on accept because every slot was taken."""
-        threading.Thread(target=self._accept, daemon=True, name="kv-receiver").start()
+        """Authenticated connections closed because every slot was taken."""
+        self._warn_full = ThrottledWarning()
+        opts = self._options
+        limits = GateLimits(opts.handshake_timeout_s, opts.max_pending_handshakes, opts.max_handshakes_per_peer)
+        self.gate = Gate(f"KV receiver {bound}:{bound_port}", sock, self._challenge, self._proven, limits)
 
     @property
     def num_connections(self) -> int:
@@ -258,39 +266,36 @@ class KVReceiver:
         with self._lock:
             self._closed = True
             conns, self._conns = list(self._conns), set()
-        self._sock.close()
+        self.gate.close()
         for c in conns:
             with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)
             c.close()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, peer = self._sock.accept()
-            except OSError:
-                return
-            with self._lock:
-                admit = not self._closed and len(self._conns) < self._options.max_connections
-                if admit:
-                    self._conns.add(conn)
-                else:
-                    self.num_refused += 1
-            if not admit:
-                conn.close()
-                if self.num_refused == 1 or self.num_refused % 1000 == 0:
-                    log.warning("KV receiver %s: all %d connection slots taken; %d connections refused "
-                                "so far (the latest from %s)", self.address, self._options.max_connections,
-                                self.num_refused, peer)
-                continue
-            threading.Thread(target=self._serve, args=(conn, peer), daemon=True, name="kv-conn").start()
+    def _challenge(self) -> Challenge:
+        token, nonce = self._token, os.urandom(_NONCE)
+        return Challenge(nonce, 32, lambda answer: b"\x01" if hmac.compare_digest(answer, _mac(token, nonce)) else None)
 
-    def _serve(self, conn: socket.socket, peer: Any) -> None:
+    def _proven(self, conn: socket.socket, peer: Any, reply: bytes) -> None:
+        """A connection that proved the token: served on its own thread if a slot is free."""
+        with self._lock:
+            admit = not self._closed and len(self._conns) < self._options.max_connections
+            if admit:
+                self._conns.add(conn)
+            else:
+                self.num_refused += 1
+        if not admit:
+            conn.close()
+            self._warn_full("KV receiver %s: all %d connection slots taken by authenticated peers; %d refused "
+                            "so far (the latest from %s)", self.address, self._options.max_connections,
+                            self.num_refused, peer)
+            return
+        threading.Thread(target=self._serve, args=(conn, peer, reply), daemon=True, name="kv-conn").start()
+
+    def _serve(self, conn: socket.socket, peer: Any, reply: bytes) -> None:
         try:
             with conn:
-                kind = self._handshake(conn)
-                if kind is None:
-                    return  # not one of ours: drop without a word
+                kind = self._kind(conn, reply)
                 if kind == _BULK:
                     self._options.lower_bulk_thread()
                 while True:
@@ -304,18 +309,11 @@ class KVReceiver:
             with self._lock:
                 self._conns.discard(conn)
 
-    def _handshake(self, conn: socket.socket) -> bytes | None:
-        """The connection's kind (bulk or urgent) once it has proved it holds the token,
-        all within ``handshake_timeout_s`` (a slow trickle of bytes does not extend it);
-        None if it proved otherwise."""
-        deadline = time.monotonic() + self._options.handshake_timeout_s
-        nonce = os.urandom(_NONCE)
+    def _kind(self, conn: socket.socket, reply: bytes) -> bytes:
+        """The connection's kind (bulk or urgent), the last word of the handshake."""
         conn.settimeout(self._options.handshake_timeout_s)
-        conn.sendall(nonce)
-        if not hmac.compare_digest(_recv_by(conn, 32, deadline), _mac(self._token, nonce)):
-            return None
-        conn.sendall(b"\x01")
-        return _recv_by(conn, 1, deadline)
+        conn.sendall(reply)
+        return _recv_by(conn, 1, time.monotonic() + self._options.handshake_timeout_s)
 
     def _read_header(self, conn: socket.socket) -> tuple[str, list[int], int]:
         _kernel_timeout(conn, None)  # idle between migrations; a dead peer closes the socket

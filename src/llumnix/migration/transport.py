@@ -46,11 +46,16 @@ class TransportOptions:
     chunk_bytes: int = 1 << 20
     """Bulk copies go out in pieces of about this size (the pacing unit)."""
     max_connections: int = 256
-    """A TCP receiver serves at most this many connections at once (each source holds
-    two); further ones are closed on accept, with no thread started for them."""
+    """A TCP receiver serves at most this many authenticated connections at once (each
+    source holds two), a thread each; further ones are closed once they prove the token.
+    Connections not yet authenticated never take one of these slots (``net/gate.py``)."""
     handshake_timeout_s: float = 5.0
-    """A TCP connection that has not authenticated within this long is closed, so idle
-    or slow sockets cannot hold the receiver's connection slots."""
+    """A TCP connection that has not authenticated within this long of its accept is
+    closed, however slowly it trickles bytes."""
+    max_pending_handshakes: int = 1024
+    """Unauthenticated connections a TCP receiver holds at once; past it the oldest is closed."""
+    max_handshakes_per_peer: int = 64
+    """Unauthenticated connections from one address held at once; past it its oldest is closed."""
 
     def lower_bulk_thread(self) -> None:
         """Give the calling thread, one dedicated to bulk copies, the bulk priority."""
