@@ -42,8 +42,15 @@ def test_a_drained_instance_makes_health_degraded_until_undrained(server, cluste
     assert httpx.post(f"{url}/admin/instances/instance-0/drain", headers=ADMIN, timeout=10).status_code == 200
     code, h = _wait_health(url, "degraded")
     assert (code, h["status"], h["serving"], h["target"]) == (503, "degraded", ["instance-1"], 2)
-    r = httpx.post(f"{url}/admin/instances/instance-0/undrain", headers=ADMIN, timeout=10)
-    assert r.status_code == 200 and r.json()["draining"] is False
+    assert (h["draining"], h["dead"]) == (["instance-0"], [])
+    # every instance drained: still 503, but "drained" (they answer), not "unavailable"
+    assert httpx.post(f"{url}/admin/instances/instance-1/drain", headers=ADMIN, timeout=10).status_code == 200
+    code, h = _wait_health(url, "drained")
+    assert (code, h["status"], h["serving"], h["draining"], h["dead"]) == (
+        503, "drained", [], ["instance-0", "instance-1"], [])
+    for iid in ("instance-0", "instance-1"):
+        r = httpx.post(f"{url}/admin/instances/{iid}/undrain", headers=ADMIN, timeout=10)
+        assert r.status_code == 200 and r.json()["draining"] is False
     code, h = _wait_health(url, "ok")
     assert code == 200 and h["serving"] == ["instance-0", "instance-1"]
     assert not any(i["is_terminating"] for i in httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()["instances"])

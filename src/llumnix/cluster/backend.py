@@ -688,7 +688,10 @@ class ClusterBackend:
     async def health(self) -> dict[str, Any]:
         """Readiness: "ok" only while as many instances serve (alive, schedulable, not
         draining) as the cluster is configured to keep; "degraded" below that (a lost
-        instance not yet replaced, a drain), "unavailable" with none. Without LlumSched
+        instance not yet replaced, a drain), "drained" when none serves but some answer
+        (every one drained or starting: an operator's doing, not a failure),
+        "unavailable" when none answers. ``draining`` lists the instances that answer
+        but take no new requests, ``dead`` those that do not answer. Without LlumSched
         the gateway compares with the instances it started with."""
         async def alive(actor: Any) -> bool:
             try:
@@ -704,9 +707,12 @@ class ClusterBackend:
         except Exception:  # noqa: BLE001 - LlumSched down or restarting: judge from here
             target, listed, replacing = self.num_configured, set(self.lifecycle.ids(InstanceState.SERVING)), []
         serving = sorted(i for i in listed if states.get(i))
-        status = "unavailable" if not serving else "ok" if len(serving) >= target else "degraded"
+        draining = sorted(i for i, ok in states.items() if ok and i not in listed)
+        dead = sorted(i for i, ok in states.items() if not ok)
+        status = ("ok" if len(serving) >= target else "degraded") if serving else (
+            "drained" if draining else "unavailable")
         return {"status": status, "instances": states, "serving": serving, "target": target,
-                "replacing": replacing}
+                "replacing": replacing, "draining": draining, "dead": dead}
 
     async def cluster_info(self) -> dict[str, Any]:
         try:
