@@ -407,7 +407,8 @@ class InstanceActor:
         try:
             sender = self._sender(dst_instance_id, dst)
             remote = _RemoteDestination(dst_instance_id, dst)
-            reports = []
+            reports: list[dict[str, Any]] = []
+            picked: list[str] = []
             dst_status = ray.get(dst.status.remote(), timeout=30) if self.llumlet.reads_destination else None
             while True:
                 def pick(d: InstanceStatus | None = dst_status) -> list[str]:
@@ -434,7 +435,9 @@ class InstanceActor:
                 with contextlib.suppress(Exception):
                     old.close()
             self._senders.clear()
-            return [{"committed": False, "abort_reason": f"{type(e).__name__}: {e}"}]
+            return [*reports, {"committed": False, "abort_reason": f"{type(e).__name__}: {e}",
+                               "request_id": picked[0] if picked else None,
+                               "src_instance_id": self.llm.engine.instance_id, "dst_instance_id": dst_instance_id}]
         finally:
             self._migrating.release()
 
@@ -1001,7 +1004,7 @@ class LlumSchedActor:
             try:
                 reports = ray.get(self._in_flight.pop(k))
             except Exception as e:  # noqa: BLE001 - a dead source: recorded as a failed round
-                reports = [{"committed": False, "abort_reason": repr(e)}]
+                reports = [{"committed": False, "abort_reason": repr(e), "src_instance_id": k}]
             self.migrations.add(reports)
 
     def update_status(self, status: InstanceStatus, handle: Any = None, role: str | None = None) -> None:
