@@ -164,7 +164,9 @@ def _add_scheduling_args(p: argparse.ArgumentParser) -> None:
                    help="seconds between LlumSched's migration (and scaling) rounds (default 0.5)")
     p.add_argument("--transport", default=None,
                    help="KV transport for live migration: tcp (default), gloo or ray")
-    p.add_argument("--cms", default=None, help="cluster meta store: memory (default) or redis://HOST:PORT")
+    p.add_argument("--cms", default=os.environ.get("LLUMNIX_CMS") or None,
+                   help="cluster meta store: memory (default) or redis://[:PASSWORD@]HOST:PORT (default: "
+                        "$LLUMNIX_CMS, which keeps a password out of ps)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
 
 
