@@ -136,8 +136,10 @@ async def run_choice(ctx: GatewayContext, gen: GenerateRequest) -> AsyncIterator
     final: RequestMetrics | None = None
     want_lp = gen.params.logprobs is not None
     n_cached = 0
+    engine_done = False
     try:
         async for out in backend.generate(gen):
+            engine_done = out.is_finished
             progress.on_output(out)
             text = det.add(out.new_token_ids, final=out.is_finished)
             reason = out.finish_reason
@@ -161,6 +163,8 @@ async def run_choice(ctx: GatewayContext, gen: GenerateRequest) -> AsyncIterator
             metrics.labels(metrics.aborted).inc()
             await backend.abort(gen.request_id)
         else:
+            if not engine_done:  # the stop string was seen here first: the engine's copy still runs
+                await backend.abort(gen.request_id)
             progress.finished(step, final)
 
 
