@@ -6,13 +6,16 @@ to the endpoint (``client.py``) and turns the streamed chunks back into
 ``RequestOutput``s. The engine's text is what the client gets: each text delta is
 encoded with the gateway's tokenizer (byte-level BPE decodes its encoding back to the
 same text, so the gateway's incremental detokenizer, stop strings and formatting work
-unchanged) unless the engine sends its token ids, which are used as they are. Usage
-counts the engine's tokens (its final usage chunk, else one per streamed chunk).
+unchanged) unless the engine sends its token ids, which are used once checked against the
+vocabulary. Usage counts the engine's tokens (its final usage chunk where the figures are
+possible, else one per streamed chunk); output past ``max_tokens`` is cut there. What no
+sane engine sends counts against the endpoint (``engine_faults``; docs/lite.md).
 
 Failures: a request whose endpoint fails before any output was produced is sent to the
 next endpoint (the pool's dispatch, excluding those tried; then the fallback pool), up
-to ``max_attempts``; one that fails after outputs were produced ends with an error,
-which the gateway streams as an error event. Nothing is ever sent twice.
+to ``max_attempts``; one that fails after outputs were produced is resumed on another
+from its output so far, else ends with an ``UpstreamError``, which the gateway streams as
+an error event. Nothing is ever sent twice.
 """
 from __future__ import annotations
 

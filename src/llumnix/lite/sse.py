@@ -23,7 +23,8 @@ class SseLines:
     __slots__ = ("_partial", "max_line_bytes", "num_bytes")
 
     def __init__(self, max_line_bytes: int) -> None:
-        assert max_line_bytes >= MIN_LINE_BYTES
+        if max_line_bytes < MIN_LINE_BYTES:
+            raise ValueError(f"max_line_bytes must be >= {MIN_LINE_BYTES}")
         self.max_line_bytes = max_line_bytes
         self.num_bytes = 0
         """Bytes fed so far (the whole reply's budget is the caller's)."""
