@@ -38,11 +38,13 @@ def _ids(text: str) -> list[int]:
 
 class FakeEngine:
     """``mode``: ok | error500 | hang | garbage | break_after:K (K chunks, then the
-    connection drops) | hang_after:K | ids (each chunk carries its token ids too) |
+    connection drops) | hang_after:K | ids (each chunk carries its token ids too) | ids:K
+    (two tokens a chunk, and K chunks past max_tokens) |
     bad_id_after:K (K chunks with ids in the vocabulary, then ``BAD_ID``) | long_line:N (a
     data line of N bytes, no newline) | big_error:N (a 500 whose body is N bytes) |
     big_headers:N (a header of N bytes) | usage:JSON (that as usage's completion_tokens) |
     cached:JSON (that as its cached_tokens) | overrun:K (K chunks past max_tokens) |
+    big_text:K,N (chunk K carries N characters of text, far more than one token's) |
     endless (empty chunks until the gateway hangs up). ``delay_s`` between chunks.
     ``metrics``: a vLLM page or None (404)."""
 
@@ -115,6 +117,8 @@ class FakeEngine:
                       mode: str) -> None:
         name, _, arg = mode.partition(":")
         n = int(body.get("max_tokens", 16)) + (int(arg) if name == "overrun" else 0)
+        if name == "ids" and arg:
+            n = (n + 1) // 2 + int(arg)
         cut = int(arg) if name in ("break_after", "hang_after") else None
         if name == "endless":  # no token, no end: only the gateway's budget stops it
             with contextlib.suppress(ConnectionError):
@@ -134,8 +138,10 @@ class FakeEngine:
             last = i == n - 1
             choice: dict[str, Any] = {"index": 0, "text": f" {WORDS[i % len(WORDS)]}",
                                       "finish_reason": "length" if last else None}
+            if name == "big_text" and i == int(arg.split(",")[0]):  # one chunk of many tokens' text
+                choice["text"] = "many words " * (int(arg.split(",")[1]) // 11)
             if name in ("ids", "bad_id_after"):  # one token a chunk: a letter, and its id
-                choice["text"] = LETTERS[i % len(LETTERS)]
+                choice["text"] = LETTERS[i % len(LETTERS)] if name != "ids" or not arg else LETTERS[2 * i:2 * i + 2]
                 choice["token_ids"] = [BAD_ID] if name == "bad_id_after" and i >= int(arg) else \
                     _ids(choice["text"])
             await resp.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())

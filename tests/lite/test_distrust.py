@@ -206,6 +206,15 @@ def test_output_past_max_tokens_is_cut_there_with_finish_length(engines, stream)
     assert "past max_tokens" in info["instances"][0]["health"]["last_error"]
 
 
+def test_token_ids_past_max_tokens_are_cut_inside_a_chunk(engines):
+    with gateway(lite_backend([("p", [engines("ids:3")], {})])) as url:
+        r = _complete(url, max_tokens=5)  # chunks of two ids: 2, 4, then 6 cut to 5
+        info = _cluster(url)
+    choice = r.json()["choices"][0]
+    assert choice["text"] == LETTERS[:5] and choice["finish_reason"] == "length"
+    assert r.json()["usage"]["completion_tokens"] == 5 and info["gateway"]["engine_faults"]["max_tokens"] == 1
+
+
 def test_an_oversized_models_page_fails_the_probe(engines):
     bad = engines(models_bytes=2 << 20)
     backend = lite_backend([("p", [bad], {})])
@@ -214,3 +223,24 @@ def test_an_oversized_models_page_fails_the_probe(engines):
         info = _cluster(url)
     health = info["instances"][0]["health"]
     assert "/v1/models is over" in health["last_error"] and health["probe_failures_in_row"] >= 1
+
+
+def test_more_text_than_max_tokens_can_hold_is_cut_or_served_elsewhere(engines):
+    """One chunk of 4 MB of text (the gateway spent 5 CPU-seconds encoding it and sent it
+    all): after output it ends the reply at what came before; as the first chunk, the
+    request goes to another endpoint."""
+    mid, first, good = engines("big_text:2,4000000"), engines("big_text:0,4000000"), engines()
+    with gateway(lite_backend([("p", [mid], {})])) as url:
+        cpu0 = time.process_time()
+        r = _complete(url, max_tokens=16)
+        cpu = time.process_time() - cpu0
+        info = _cluster(url)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected_text(2)
+    assert r.json()["usage"]["completion_tokens"] == 2  # what the client got, not what the engine ran to
+    assert r.json()["choices"][0]["finish_reason"] == "length" and info["gateway"]["engine_faults"]["max_tokens"] == 1
+    assert cpu < 2.0, cpu
+    with gateway(lite_backend([("p", [first, good], {})], dispatch="round-robin")) as url:
+        r = _complete(url, max_tokens=16)
+        info = _cluster(url)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected_text(16) and first.bodies
+    assert info["gateway"]["engine_faults"]["max_tokens"] == 1 and info["gateway"]["num_retries"] == 1

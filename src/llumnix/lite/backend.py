@@ -44,6 +44,13 @@ from llumnix.lite.routing import route
 
 log = logging.getLogger(__name__)
 
+TEXT_PER_TOKEN = 64
+"""Characters of text per token of ``max_tokens`` an engine may stream (or the tokenizer's
+longest token where longer): a token averages about 4, and an engine with a tokenizer
+other than the gateway's (``kind: openai``) may have longer ones."""
+TEXT_SLACK = 256
+"""Characters beyond that, so a reply of one or two long tokens is never cut."""
+
 
 class LiteBackend:
     def __init__(self, config: LiteConfig, tokenizer: TokenizerLike, model_name: str, vocab_size: int,
@@ -74,6 +81,8 @@ class LiteBackend:
         """Answers no sane engine gives, by kind (garbage, oversized, token_id, usage,
         max_tokens): each counted against its endpoint's health too."""
         self._limits = ReplyLimits(config.first_byte_timeout_s, config.idle_timeout_s, config.max_line_bytes)
+        self._text_per_token = max(TEXT_PER_TOKEN, getattr(tokenizer, "max_token_bytes", None) or 0)
+        """Characters of text a streamed token may bring, at most (on average over a reply)."""
 
     @property
     def model_names(self) -> list[str]:
@@ -191,16 +200,23 @@ class LiteBackend:
             self.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False)
         body = request_body(ep.engine_model(request.model or self.model_name), ep.kind, prompt, request.params)
         n_out, ok, fault, final_ids = base, False, ("", ""), []
+        text_left = TEXT_SLACK + max_tokens * self._text_per_token
         try:
             async with contextlib.aclosing(stream_chunks(self._http, ep.url, body, ep.headers,
                                                          self._limits)) as chunks:
                 final: Chunk | None = None
                 async for chunk in chunks:  # the finish chunk comes last, with the usage
-                    ids = self._ids(chunk)
+                    # More text than max_tokens tokens can hold is past max_tokens too (and
+                    # is not encoded: a 4 MB delta cost the gateway 5 CPU-seconds).
+                    over = chunk.token_ids is None and (text_left := text_left - len(chunk.text)) < 0
+                    ids = [] if over else self._ids(chunk)
                     n_new = len(ids) if chunk.token_ids is not None else int(bool(chunk.text))
-                    if n_out + n_new > base + max_tokens:  # hanging up aborts it on the engine
+                    if over or n_out + n_new > base + max_tokens:  # hanging up aborts it on the engine
                         final_ids = ids[:base + max_tokens - n_out] if chunk.token_ids is not None else []
-                        final, n_out = Chunk(finish_reason="length"), base + max_tokens
+                        if n_out == base and not final_ids:  # nothing usable: another may do better
+                            raise EndpointError(f"streamed past max_tokens ({max_tokens}) before any output",
+                                                fault="max_tokens")
+                        final, n_out = Chunk(finish_reason="length"), n_out + len(final_ids)
                         fault = ("max_tokens", f"streamed past max_tokens ({max_tokens}); cut there")
                         break
                     if chunk.finish_reason is not None:
