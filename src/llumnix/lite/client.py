@@ -42,7 +42,7 @@ class EndpointError(LlumnixError):
         """The engine refused the request as invalid (4xx other than 408/429): no retry."""
         self.fault = fault
         """What the engine did wrong, where it answered something no sane engine does
-        (a key of ``LiteBackend.engine_faults``: garbage, oversized, token_id)."""
+        (a key of ``LiteBackend.engine_faults``; "" for plain failures)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,9 @@ READ_BYTES = 1 << 16
 """The most bytes one read returns."""
 MAX_HEAD_BYTES = 64 << 10
 """A reply whose status line and headers are longer is not one we read."""
+MAX_DRAIN_BYTES = 64 << 10
+"""What ``release_after_end`` reads past the caller's end (an SSE ``[DONE]``) before it
+closes the connection instead of keeping it."""
 
 _Key = tuple[str, int, bool]
 _Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -205,9 +208,10 @@ class Reply:
             task.add_done_callback(self._pool.draining.discard)
 
     async def _drain(self) -> None:
-        try:
-            while await self.body() is not None:
-                pass
+        num_bytes = 0
+        try:  # a body that goes on past its end marker is not worth its connection
+            while num_bytes <= MAX_DRAIN_BYTES and (data := await self.body()) is not None:
+                num_bytes += len(data)
         except (HttpError, OSError):
             pass
         finally:
