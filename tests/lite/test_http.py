@@ -156,3 +156,73 @@ def test_a_read_waits_at_most_its_deadline_and_time_between_reads_does_not_count
     got, first_byte_wait, idle_wait = asyncio.run(run())
     assert got == [b"one", b"two", None]
     assert 0.15 < first_byte_wait < 1.5 and 0.15 < idle_wait < 1.5
+
+
+def test_endless_headers_and_a_huge_body_are_read_no_further_than_their_caps():
+    sent = {"head": 0, "body": 0}
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, part: str) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 500 Oops\r\n" + (b"" if part == "head" else b"Content-Length: 1000000000\r\n\r\n"))
+        line = b"X-Pad: " + b"a" * 1000 + b"\r\n" if part == "head" else b"b" * 1024
+        try:
+            for _ in range(200_000):  # 200 MB, unless the client hangs up
+                writer.write(line)
+                sent[part] += len(line)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        writer.close()
+
+    async def run() -> tuple[HttpError, bytes]:
+        pool = HttpPool(1.0)
+        server, url = await _serve(lambda r, w: endless(r, w, "head"))
+        with pytest.raises(HttpError) as head:
+            await pool.open(url, b"{}", {}, timeout_s=30.0)
+        server.close()
+        server, url = await _serve(lambda r, w: endless(r, w, "body"))
+        reply = await pool.open(url, b"{}", {}, timeout_s=30.0)
+        body = await reply.read(100_000)
+        reply.release()
+        server.close()
+        return head.value, body
+
+    head, body = asyncio.run(run())
+    assert "headers are over" in str(head) and head.fault == "oversized"
+    assert 100_000 <= len(body) < 100_000 + (64 << 10) and sent["body"] < 50 << 20 and sent["head"] < 50 << 20
+
+
+def test_a_body_that_goes_on_past_its_end_marker_is_drained_no_further_than_the_cap():
+    sent = [0]
+
+    async def chatty(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"data: [DONE]\n\n"
+        writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        await writer.drain()
+        await asyncio.sleep(0.05)  # [DONE] reaches the caller alone; then garbage without end
+        junk = b": more\n" * 1000
+        try:
+            for _ in range(20_000):  # 140 MB unless the client hangs up
+                writer.write(b"%x\r\n%s\r\n" % (len(junk), junk))
+                sent[0] += len(junk)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        writer.close()
+
+    async def run() -> float:
+        pool = HttpPool(1.0)
+        server, url = await _serve(chatty)
+        reply = await pool.open(url, b"{}", {}, timeout_s=5.0, idle_timeout_s=5.0)
+        assert await reply.body() == b"data: [DONE]\n\n"
+        t0 = asyncio.get_running_loop().time()
+        reply.release_after_end()
+        await asyncio.gather(*pool.draining)
+        waited = asyncio.get_running_loop().time() - t0
+        server.close()
+        return waited
+
+    waited = asyncio.run(run())
+    assert waited < 2.0 and sent[0] < 50 << 20

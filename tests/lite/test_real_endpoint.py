@@ -68,6 +68,8 @@ def test_greedy_completions_through_lite_mode_equal_the_engines_own(urls):
     (inst,) = info["instances"]
     assert inst["kind"] == "llumnix"  # detected from its metrics: prompts go as token ids
     assert inst["health"]["state"] == "healthy" and inst["lrs"]["num_finished"] == 2
+    # An honest engine's answers pass every check (ids, lines, usage, max_tokens) uncharged.
+    assert info["gateway"]["engine_faults"] == {} and inst["health"]["failures_in_row"] == 0
 
 
 def test_streamed_chat_through_lite_mode_equals_the_engines_own(urls):
@@ -88,3 +90,4 @@ def test_streamed_chat_through_lite_mode_equals_the_engines_own(urls):
         return "".join(out)
 
     assert text(lite) == text(engine)
+    assert httpx.get(f"{lite}/admin/cluster").json()["gateway"]["engine_faults"] == {}

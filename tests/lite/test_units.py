@@ -84,6 +84,25 @@ def test_health_ejects_after_failures_in_a_row_and_backs_off_doubling():
     assert h.num_ejections == 2
 
 
+def test_answering_probes_do_not_clear_requests_that_keep_failing():
+    """An engine whose /v1/models answers but whose completions are garbage: each probe
+    between two failed requests answers, and the requests still eject it."""
+    h = EndpointHealth(HealthOptions(eject_after=2, backoff_s=1.0))
+    assert not h.on_failure(0.0, "token id outside the vocabulary")
+    h.on_probe(True, 0.5)
+    assert h.num_failures_in_row == 1 and h.on_failure(1.0, "token id outside the vocabulary")
+    assert not h.can_serve() and h.num_ejections == 1
+    assert h.on_probe(True, 2.1) and h.num_failures_in_row == 0  # re-admitted: a fresh start
+    g = EndpointHealth(HealthOptions(eject_after=2))
+    assert not g.on_probe(False, 0.0, "down") and g.num_probe_failures_in_row == 1
+    g.on_success(0.1)  # a request that succeeds does not clear failing probes either
+    assert not g.on_probe(False, 0.2, "down") and not g.can_serve()
+    g2 = EndpointHealth(HealthOptions(eject_after=2))
+    g2.on_probe(False, 0.0, "down")
+    g2.on_probe(True, 0.1)
+    assert not g2.on_failure(0.2, "500") and g2.can_serve()  # one of each is not two in a row
+
+
 class _P:
     def __init__(self, name, models=(), weight=1.0, fallback=None, healthy=True):
         from llumnix.lite.config import EndpointConfig, PoolConfig
@@ -115,6 +134,9 @@ def test_config_errors_name_their_path():
                   {"name": "b", "endpoints": ["http://h:2"], "fallback": "zz"}])
     with pytest.raises(SystemConfigError, match=r"lite\.max_attempt: unknown key"):
         from_doc([{"name": "a", "endpoints": ["http://h:1"]}], {"max_attempt": 2})
+    with pytest.raises(SystemConfigError, match=r"max_line_bytes: must be >= 65536"):
+        from_doc([{"name": "a", "endpoints": ["http://h:1"]}], {"max_line_bytes": 1000})
+    assert from_doc([{"name": "a", "endpoints": ["http://h:1"]}], {"max_line_bytes": 1 << 20}).max_line_bytes == 1 << 20
     cfg = from_doc([{"name": "a", "models": "m*", "endpoints": [{"url": "http://h:1/v1/", "capacity_tokens": 4096}]}])
     assert cfg.pools[0].endpoints[0].url == "http://h:1" and cfg.pools[0].serves("m-7b")
 

@@ -33,3 +33,9 @@ class ModelLoadError(LlumnixError):
 class RequestFailedError(LlumnixError):
     """The engine failed while serving this request (a step raised on it, or every
     instance it was resumed on died): the request ended with an error, nothing else did."""
+
+
+class UpstreamError(LlumnixError):
+    """An engine we do not own (lite mode) failed or misbehaved on this request and no
+    other could take it over: the gateway's fault to report, not the request's, and not a
+    bug of ours (unlike ``RequestFailedError``, never answered as a 500)."""

@@ -6,13 +6,16 @@ to the endpoint (``client.py``) and turns the streamed chunks back into
 ``RequestOutput``s. The engine's text is what the client gets: each text delta is
 encoded with the gateway's tokenizer (byte-level BPE decodes its encoding back to the
 same text, so the gateway's incremental detokenizer, stop strings and formatting work
-unchanged) unless the engine sends its token ids, which are used as they are. Usage
-counts the engine's tokens (its final usage chunk, else one per streamed chunk).
+unchanged) unless the engine sends its token ids, which are used once checked against the
+vocabulary. Usage counts the engine's tokens (its final usage chunk where the figures are
+possible, else one per streamed chunk); output past ``max_tokens`` is cut there. What no
+sane engine sends counts against the endpoint (``engine_faults``; docs/lite.md).
 
 Failures: a request whose endpoint fails before any output was produced is sent to the
 next endpoint (the pool's dispatch, excluding those tried; then the fallback pool), up
-to ``max_attempts``; one that fails after outputs were produced ends with an error,
-which the gateway streams as an error event. Nothing is ever sent twice.
+to ``max_attempts``; one that fails after outputs were produced is resumed on another
+from its output so far, else ends with an ``UpstreamError``, which the gateway streams as
+an error event. Nothing is ever sent twice.
 """
 from __future__ import annotations
 
@@ -21,24 +24,32 @@ import contextlib
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
 
 from llumnix.core.batch import RequestOutput
-from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError, RequestTooLongError
+from llumnix.core.errors import InvalidRequestError, RequestTooLongError, UpstreamError
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.wire import GenerateRequest, TokenizerLike
-from llumnix.lite.client import TOKEN_PROMPTS, Chunk, EndpointError, request_body, stream_chunks
+from llumnix.lite.client import TOKEN_PROMPTS, Chunk, EndpointError, ReplyLimits, request_body, stream_chunks
 from llumnix.lite.config import LiteConfig
 from llumnix.lite.endpoint import Endpoint
 from llumnix.lite.http import HttpPool
-from llumnix.lite.outputs import continuation, finished_metrics
+from llumnix.lite.outputs import checked_usage, continuation, finished_metrics
 from llumnix.lite.pool import Pool
 from llumnix.lite.routing import route
 
 log = logging.getLogger(__name__)
+
+TEXT_PER_TOKEN = 64
+"""Characters of text per token of ``max_tokens`` an engine may stream (or the tokenizer's
+longest token where longer): a token averages about 4, and an engine with a tokenizer
+other than the gateway's (``kind: openai``) may have longer ones."""
+TEXT_SLACK = 256
+"""Characters beyond that, so a reply of one or two long tokens is never cut."""
 
 
 class LiteBackend:
@@ -66,6 +77,12 @@ class LiteBackend:
         self.num_failed_mid_stream = 0
         self.num_resumed = 0
         """Requests resumed on another endpoint after theirs failed mid-stream."""
+        self.engine_faults: Counter[str] = Counter()
+        """Answers no sane engine gives, by kind (garbage, oversized, token_id, usage,
+        max_tokens): each counted against its endpoint's health too."""
+        self._limits = ReplyLimits(config.first_byte_timeout_s, config.idle_timeout_s, config.max_line_bytes)
+        self._text_per_token = max(TEXT_PER_TOKEN, getattr(tokenizer, "max_token_bytes", None) or 0)
+        """Characters of text a streamed token may bring, at most (on average over a reply)."""
 
     @property
     def model_names(self) -> list[str]:
@@ -142,12 +159,14 @@ class LiteBackend:
             except EndpointError as e:
                 if e.endpoint_fault:
                     ep.on_request_failed(str(e), e.refused)
+                if e.fault:
+                    self.engine_faults[e.fault] += 1
                 if e.client_error:
                     raise InvalidRequestError(f"the engine refused the request: {e}") from None
                 errors.append(f"{ep.endpoint_id}: {e}")
                 if sent and not self.config.resume:
                     self.num_failed_mid_stream += 1
-                    raise RequestFailedError(f"endpoint {ep.endpoint_id} failed mid-stream ({e}); "
+                    raise UpstreamError(f"endpoint {ep.endpoint_id} failed mid-stream ({e}); "
                                              "the output so far is all there is") from None
                 if sent:
                     current = continuation(request, sent, n_sent)
@@ -156,10 +175,10 @@ class LiteBackend:
                             request.request_id, ep.endpoint_id, n_sent, e, "resuming" if sent else "trying")
         if sent:
             self.num_failed_mid_stream += 1
-            raise RequestFailedError(f"the request's endpoint failed mid-stream and no other could resume it "
+            raise UpstreamError(f"the request's endpoint failed mid-stream and no other could resume it "
                                      f"({'; '.join(errors)}); the output so far is all there is")
         tried_on = "; ".join(errors) if errors else "none is healthy"
-        raise LlumnixError(f"no endpoint could serve the request ({tried_on})")
+        raise UpstreamError(f"no endpoint could serve the request ({tried_on})")
 
     def _dispatch(self, request: GenerateRequest, pools: list[Pool], tried: set[str]) -> tuple[Pool, Endpoint] | None:
         for pool in pools:
@@ -172,21 +191,34 @@ class LiteBackend:
     async def _run(self, ep: Endpoint, request: GenerateRequest,
                    base: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """One attempt on ``ep``: its outputs, the last one finished; EndpointError on
-        failure. ``base``: output tokens released before (a resumed request counts on)."""
+        failure. ``base``: output tokens released before (a resumed request counts on).
+        An engine that streams past ``max_tokens`` is cut there (finish ``length``), and
+        impossible usage is replaced by what was streamed: both count against it."""
         assert self._http is not None, "LiteBackend.start() was not awaited"
-        rid, lrs = request.request_id, ep.lrs
+        rid, lrs, max_tokens = request.request_id, ep.lrs, request.params.max_tokens
         prompt: list[int] | str = request.prompt_token_ids if ep.kind in TOKEN_PROMPTS else \
             self.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=False)
         body = request_body(ep.engine_model(request.model or self.model_name), ep.kind, prompt, request.params)
-        n_out, ok, final_ids = base, False, []
+        n_out, ok, fault, final_ids = base, False, ("", ""), []
+        text_left = TEXT_SLACK + max_tokens * self._text_per_token
         try:
-            async with contextlib.aclosing(stream_chunks(
-                    self._http, ep.url, body, ep.headers, self.config.first_byte_timeout_s,
-                    self.config.idle_timeout_s)) as chunks:
+            async with contextlib.aclosing(stream_chunks(self._http, ep.url, body, ep.headers,
+                                                         self._limits)) as chunks:
                 final: Chunk | None = None
                 async for chunk in chunks:  # the finish chunk comes last, with the usage
-                    ids = self._ids(chunk)
-                    n_new = len(chunk.token_ids) if chunk.token_ids is not None else int(bool(chunk.text))
+                    # More text than max_tokens tokens can hold is past max_tokens too (and
+                    # is not encoded: a 4 MB delta cost the gateway 5 CPU-seconds).
+                    over = chunk.token_ids is None and (text_left := text_left - len(chunk.text)) < 0
+                    ids = [] if over else self._ids(chunk)
+                    n_new = len(ids) if chunk.token_ids is not None else int(bool(chunk.text))
+                    if over or n_out + n_new > base + max_tokens:  # hanging up aborts it on the engine
+                        final_ids = ids[:base + max_tokens - n_out] if chunk.token_ids is not None else []
+                        if n_out == base and not final_ids:  # nothing usable: another may do better
+                            raise EndpointError(f"streamed past max_tokens ({max_tokens}) before any output",
+                                                fault="max_tokens")
+                        final, n_out = Chunk(finish_reason="length"), n_out + len(final_ids)
+                        fault = ("max_tokens", f"streamed past max_tokens ({max_tokens}); cut there")
+                        break
                     if chunk.finish_reason is not None:
                         final, final_ids, n_out = chunk, ids, n_out + n_new
                         break
@@ -200,17 +232,32 @@ class LiteBackend:
                 if final.finish_reason not in ("stop", "length"):
                     raise EndpointError(f"the engine ended the request ({final.finish_reason})")
             ok = True
-            n_out = max(n_out, base + (final.num_completion_tokens or 0))
+            n_usage, n_cached, problem = checked_usage(final, n_out - base, max_tokens, len(request.prompt_token_ids))
+            fault = fault if fault[0] or not problem else ("usage", problem)
+            n_out = base + n_usage
             yield RequestOutput(rid, final_ids, n_out, final.finish_reason, stop_reason=final.stop_reason,
-                                metrics=finished_metrics(request, n_out, final.num_cached_tokens or 0))
+                                metrics=finished_metrics(request, n_out, n_cached))
         finally:
-            if ok:
+            if ok and fault[0]:
+                self._on_fault(ep, *fault)
+            elif ok:
                 ep.health.on_success(time.time())
             lrs.on_finish(rid, failed=not ok)
 
+    def _on_fault(self, ep: Endpoint, fault: str, message: str) -> None:
+        """The engine misbehaved on a request it still answered: it counts against its health."""
+        self.engine_faults[fault] += 1
+        ep.on_request_failed(message, refused=False)
+        log.warning("lite: endpoint %s misbehaved: %s", ep.endpoint_id, message)
+
     def _ids(self, chunk: Chunk) -> list[int]:
-        if chunk.token_ids is not None:
-            return chunk.token_ids
+        streamed = chunk.token_ids
+        if streamed is not None:
+            if streamed and (min(streamed) < 0 or max(streamed) >= self.vocab_size):
+                bad = next(t for t in streamed if not 0 <= t < self.vocab_size)
+                raise EndpointError(f"the endpoint streamed token id {bad}, outside the gateway's vocabulary "
+                                    f"(0 to {self.vocab_size - 1})", fault="token_id")
+            return streamed
         text = chunk.text
         if not text:
             return []
@@ -246,6 +293,7 @@ class LiteBackend:
                             "num_resumed": self.num_resumed,
                             "num_retries": self.num_retries, "num_fallbacks": self.num_fallbacks,
                             "num_failed_mid_stream": self.num_failed_mid_stream,
+                            "engine_faults": dict(self.engine_faults),
                             "instances": sorted(self.endpoints)}}
 
     async def drain_instance(self, instance_id: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import orjson
 from llumnix.core.errors import LlumnixError
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.lite.http import HttpError, HttpPool
+from llumnix.lite.sse import LineTooLong, SseLines
 
 TOKEN_PROMPTS = ("vllm", "sglang", "llumnix")
 """Engine kinds whose /v1/completions takes a prompt of token ids."""
@@ -31,7 +32,7 @@ TOKEN_PROMPTS = ("vllm", "sglang", "llumnix")
 
 class EndpointError(LlumnixError):
     def __init__(self, message: str, *, endpoint_fault: bool = True, refused: bool = False,
-                 client_error: bool = False) -> None:
+                 client_error: bool = False, fault: str = "") -> None:
         super().__init__(message)
         self.endpoint_fault = endpoint_fault
         """Counts against the endpoint's health (not a 4xx the request itself caused)."""
@@ -39,6 +40,31 @@ class EndpointError(LlumnixError):
         """The connection was refused: the engine is not there (ejects at once)."""
         self.client_error = client_error
         """The engine refused the request as invalid (4xx other than 408/429): no retry."""
+        self.fault = fault
+        """What the engine did wrong, where it answered something no sane engine does
+        (a key of ``LiteBackend.engine_faults``; "" for plain failures)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyLimits:
+    """How long and how much of an engine's reply the gateway reads."""
+
+    first_byte_timeout_s: float
+    idle_timeout_s: float
+    max_line_bytes: int
+    """The longest SSE line (``lite.max_line_bytes``)."""
+
+    def max_reply_bytes(self, max_tokens: int) -> int:
+        """A whole reply's budget: two lines at the cap (vLLM's first chunk echoes the
+        prompt's ids) and ``REPLY_BYTES_PER_TOKEN`` per token asked for."""
+        return 2 * self.max_line_bytes + REPLY_BYTES_PER_TOKEN * max_tokens
+
+
+REPLY_BYTES_PER_TOKEN = 4096
+"""A streamed token's share of a reply's budget (vLLM's chunk for one token is about 300
+bytes; the rest covers long tokens escaped as JSON, and keep-alive comments)."""
+ERROR_BODY_BYTES = 64 << 10
+"""How much of an error reply is read (its message is cut to 200 characters anyway)."""
 
 
 @dataclass(slots=True)
@@ -50,8 +76,10 @@ class Chunk:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_completion_tokens: int | None = None
-    """From the usage chunk."""
+    """From the usage chunk (an integer, not yet checked against what was streamed)."""
     num_cached_tokens: int | None = None
+    usage_error: str = ""
+    """Why the usage the engine sent is not usable ("" where it is, or none came)."""
 
 
 def request_body(model: str, kind: str, prompt: list[int] | str, params: SamplingParams) -> dict[str, Any]:
@@ -89,35 +117,41 @@ USAGE_GRACE_S = 2.0
 
 
 async def stream_chunks(client: HttpPool, url: str, body: dict[str, Any], headers: dict[str, str],
-                        first_byte_timeout_s: float, idle_timeout_s: float) -> AsyncGenerator[Chunk, None]:
+                        limits: ReplyLimits) -> AsyncGenerator[Chunk, None]:
     """The reply's chunks, the finish chunk last, carrying the usage that follows it
     where the engine sends one (within ``USAGE_GRACE_S``: the answer is complete by then,
-    so a failure or a delay past it only loses the usage). The connection goes back to
-    the pool at ``[DONE]``, its body's end read off the caller's path."""
+    so a failure, a delay or an oversized line past it only loses the usage). Lines and
+    the whole reply are bounded (``limits``). The connection goes back to the pool at
+    ``[DONE]``, its body's end read off the caller's path."""
     try:
-        reply = await client.open(url + "/v1/completions", json_bytes(body), headers, first_byte_timeout_s,
-                                  idle_timeout_s)
+        reply = await client.open(url + "/v1/completions", json_bytes(body), headers, limits.first_byte_timeout_s,
+                                  limits.idle_timeout_s)
     except HttpError as e:
-        raise EndpointError(str(e), refused=e.refused) from None
+        raise EndpointError(str(e), refused=e.refused, fault=e.fault) from None
     except OSError as e:
         raise EndpointError(f"{type(e).__name__}: {e}") from None
     handed_off = False
     try:
         if reply.status != 200:
-            raise _status_error(reply.status, (await reply.read())[:300].decode(errors="replace"))
-        rest = b""
+            raise _status_error(reply.status, (await reply.read(ERROR_BODY_BYTES))[:300].decode(errors="replace"))
+        lines = SseLines(limits.max_line_bytes)
+        budget = limits.max_reply_bytes(int(body["max_tokens"]))
         final: Chunk | None = None
         while True:
             try:
                 data = await reply.body()
-            except (HttpError, OSError):
+                batch = _feed(lines, data, budget) if data is not None else None
+            except (HttpError, OSError, EndpointError) as e:
                 if final is None:
                     raise
-                data = None  # after the finish chunk: the usage is lost, not the answer
-            if data is None:
+                # After the finish chunk it is only the usage that is lost, not the answer;
+                # a late or cut one is no fault, an oversized one is.
+                if isinstance(e, EndpointError):
+                    final.usage_error = str(e)
+                batch = None
+            if batch is None:
                 break
-            *lines, rest = (rest + data).split(b"\n") if rest else data.split(b"\n")
-            for line in lines:
+            for line in batch:
                 if not line.startswith(b"data:"):
                     continue  # blank separators and ': keep-alive' comments
                 payload = line[5:].strip()
@@ -128,8 +162,7 @@ async def stream_chunks(client: HttpPool, url: str, body: dict[str, Any], header
                         yield final
                     return
                 if final is not None:
-                    with contextlib.suppress(EndpointError):
-                        _take_usage(final, parse_chunk(payload))
+                    _take_usage(final, payload)
                     continue
                 chunk = parse_chunk(payload)
                 if chunk.finish_reason is not None:
@@ -141,7 +174,7 @@ async def stream_chunks(client: HttpPool, url: str, body: dict[str, Any], header
         if final is not None:
             yield final
     except HttpError as e:
-        raise EndpointError(str(e), refused=e.refused) from None
+        raise EndpointError(str(e), refused=e.refused, fault=e.fault) from None
     except OSError as e:
         raise EndpointError(f"{type(e).__name__}: {e}") from None
     finally:
@@ -149,8 +182,27 @@ async def stream_chunks(client: HttpPool, url: str, body: dict[str, Any], header
             reply.release()
 
 
-def _take_usage(final: Chunk, chunk: Chunk) -> None:
-    if chunk.num_completion_tokens is not None:
+def _feed(lines: SseLines, data: bytes, budget: int) -> list[bytes]:
+    try:
+        batch = lines.feed(data)
+    except LineTooLong as e:
+        raise EndpointError(str(e), fault="oversized") from None
+    if lines.num_bytes > budget:
+        raise EndpointError(f"the endpoint's reply passed {budget} bytes (the budget for its max_tokens)",
+                            fault="oversized")
+    return batch
+
+
+def _take_usage(final: Chunk, payload: bytes) -> None:
+    """The usage chunk after the finish chunk: its figures (or why they are unusable) onto the finish chunk."""
+    try:
+        chunk = parse_chunk(payload)
+    except EndpointError as e:
+        final.usage_error = str(e)
+        return
+    if chunk.usage_error:
+        final.usage_error = chunk.usage_error
+    elif chunk.num_completion_tokens is not None:
         final.num_completion_tokens = chunk.num_completion_tokens
         final.num_cached_tokens = chunk.num_cached_tokens
 
@@ -166,7 +218,9 @@ def _status_error(status: int, text: str) -> EndpointError:
 
 
 def parse_chunk(data: str | bytes) -> Chunk:
-    """One ``data:`` payload; anything that is not a completion chunk is an EndpointError."""
+    """One ``data:`` payload; anything that is not a completion chunk is an EndpointError.
+    Types are checked, not coerced: token ids are integers (their range is the caller's
+    to check), and usage that is not integers is marked, not read."""
     try:
         obj = orjson.loads(data)
         if "error" in obj:
@@ -177,23 +231,38 @@ def parse_chunk(data: str | bytes) -> Chunk:
         if choices:
             c = choices[0]
             out.text = c.get("text") or ""
-            if not isinstance(out.text, str):
-                raise TypeError("text is not a string")
             out.finish_reason = c.get("finish_reason")
             out.stop_reason = c.get("stop_reason")
             ids = c.get("token_ids")
-            out.token_ids = [int(t) for t in ids] if isinstance(ids, list) else None
+            if not isinstance(out.text, str) or not isinstance(out.finish_reason, str | None) or \
+                    not isinstance(out.stop_reason, str | int | None) or isinstance(out.stop_reason, bool):
+                raise TypeError("text, finish_reason or stop_reason is not a string")
+            if ids is not None:
+                if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+                    raise TypeError("token_ids is not a list of integers")
+                out.token_ids = ids
         usage = obj.get("usage")
         if usage:
-            out.num_completion_tokens = int(usage.get("completion_tokens") or 0)
-            details = usage.get("prompt_tokens_details") or {}
-            out.num_cached_tokens = int(details.get("cached_tokens") or 0)
+            _read_usage(out, usage)
         return out
     except EndpointError:
         raise
     except (ValueError, TypeError, AttributeError, KeyError) as e:
         raise EndpointError(f"the endpoint streamed something that is not a completion chunk "
-                            f"({type(e).__name__}: {data[:80]!r})") from None
+                            f"({type(e).__name__}: {e}; {data[:80]!r})", fault="garbage") from None
+
+
+def _read_usage(out: Chunk, usage: Any) -> None:
+    if not isinstance(usage, dict):
+        out.usage_error = f"usage is not an object ({usage!r:.40})"
+        return
+    n = usage.get("completion_tokens")
+    details = usage.get("prompt_tokens_details") or {}
+    cached = (details.get("cached_tokens") or 0) if isinstance(details, dict) else details
+    if type(n) is not int or type(cached) is not int:
+        out.usage_error = f"usage is not integers (completion_tokens {n!r:.40}, cached_tokens {cached!r:.40})"
+    else:
+        out.num_completion_tokens, out.num_cached_tokens = n, cached
 
 
 def json_bytes(body: dict[str, Any]) -> bytes:

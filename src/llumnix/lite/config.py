@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llumnix.config.fields import SystemConfigError, build, join
+from llumnix.lite.sse import MIN_LINE_BYTES
 
 KINDS = ("auto", "vllm", "sglang", "llamacpp", "llumnix", "openai")
 
@@ -82,6 +83,9 @@ class LiteConfig:
     """An endpoint that sends nothing for this long after a request counts as failed."""
     idle_timeout_s: float = 30.0
     """Most seconds between two chunks of a stream."""
+    max_line_bytes: int = 8 << 20
+    """The longest SSE line an engine may stream (at least 64 KiB); a longer one is the
+    engine's failure. A reply may be two such lines and 4 KiB per token asked for."""
     probe_interval_s: float = 1.0
     scrape_interval_s: float = 0.5
     eject_after: int = 2
@@ -107,6 +111,8 @@ class LiteConfig:
                 raise SystemConfigError(f"pools[{i}].fallback", f"must name another pool, not {p.fallback!r}")
         if self.max_attempts < 1:
             raise SystemConfigError("max_attempts", "must be >= 1")
+        if self.max_line_bytes < MIN_LINE_BYTES:
+            raise SystemConfigError("max_line_bytes", f"must be >= {MIN_LINE_BYTES}")
         from llumnix.policy import PolicyConfigError, make_pipeline
 
         try:
@@ -186,6 +192,7 @@ class _LiteFields:
     connect_timeout_s: float | None = None
     first_byte_timeout_s: float | None = None
     idle_timeout_s: float | None = None
+    max_line_bytes: int | None = None
     probe_interval_s: float | None = None
     scrape_interval_s: float | None = None
     eject_after: int | None = None

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import httpx
+import orjson
 
 from llumnix.lite.config import EndpointConfig, LiteConfig
 from llumnix.lite.health import EndpointHealth, HealthOptions
@@ -18,6 +19,11 @@ from llumnix.lite.lrs import LocalState
 from llumnix.lite.scrape import detect_kind, parse_metrics
 
 log = logging.getLogger(__name__)
+
+MAX_MODELS_BYTES = 1 << 20
+"""The longest ``/v1/models`` answer read (a longer one fails the probe)."""
+MAX_METRICS_BYTES = 8 << 20
+"""The longest metrics page read (a longer one is skipped)."""
 
 
 class Endpoint:
@@ -87,12 +93,11 @@ class Endpoint:
         one fails the requests themselves (``first_byte_timeout_s``, retried elsewhere,
         then ejected). Refused or timed-out connections and error answers count."""
         try:
-            resp = await client.get(self.url + "/v1/models", headers=self.headers,
-                                    timeout=self._lite.connect_timeout_s + 2.0)
-            ok = resp.status_code == 200
-            error = "" if ok else f"probe: HTTP {resp.status_code}"
+            status, page = await self._get(client, "/v1/models", self._lite.connect_timeout_s + 2.0, MAX_MODELS_BYTES)
+            ok = status == 200
+            error = "" if ok else f"probe: HTTP {status}"
             if ok:
-                self._learn(resp.json())
+                self._learn(orjson.loads(page))
         except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
             return False
         except (httpx.HTTPError, ValueError) as e:
@@ -107,30 +112,41 @@ class Endpoint:
         self.models = tuple(str(m.get("id", "")) for m in data if isinstance(m, dict) and m.get("id"))
         if not self.model:
             self.model = str(data[0].get("id", ""))
-        mine = next((m for m in data if m.get("id") == self.model), data[0])
+        mine = next((m for m in data if isinstance(m, dict) and m.get("id") == self.model), data[0])
         n = mine.get("max_model_len")
-        if isinstance(n, int) and n > 0:
+        if type(n) is int and n > 0:
             self.max_model_len = n
 
     async def scrape(self, client: httpx.AsyncClient) -> None:
         if not self._scrapes:
             return
         try:
-            resp = await client.get(self.url + "/metrics", headers=self.headers, timeout=2.0)
-        except httpx.HTTPError:
+            status, page = await self._get(client, "/metrics", 2.0, MAX_METRICS_BYTES)
+        except (httpx.HTTPError, ValueError):
             return  # the probe judges health; a scrape only informs
-        if resp.status_code == 404:
+        if status == 404:
             self._scrapes = False  # an engine without metrics: the books alone
             self.kind = "openai" if self.kind == "auto" else self.kind
             return
-        if resp.status_code != 200:
+        if status != 200:
             return
-        text = resp.text
+        text = page.decode(errors="replace")
         if self.kind == "auto":
             self.kind = detect_kind(text)
             log.info("lite: endpoint %s is %s", self.endpoint_id, self.kind)
         with contextlib.suppress(ValueError):  # a page that does not parse is skipped
             self.lrs.on_scrape(parse_metrics(self.kind, text, time.time()))
+
+    async def _get(self, client: httpx.AsyncClient, path: str, timeout_s: float, max_bytes: int) -> tuple[int, bytes]:
+        """GET ``path``: its status and body, read no further than ``max_bytes`` (a longer
+        body is a ValueError)."""
+        async with client.stream("GET", self.url + path, headers=self.headers, timeout=timeout_s) as resp:
+            body = bytearray()
+            async for piece in resp.aiter_bytes():
+                body += piece
+                if len(body) > max_bytes:
+                    raise ValueError(f"{path} is over {max_bytes} bytes")
+            return resp.status_code, bytes(body)
 
     async def watch(self, client: httpx.AsyncClient) -> None:
         """Probe and scrape until cancelled."""

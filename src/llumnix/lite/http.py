@@ -24,6 +24,14 @@ from urllib.parse import urlsplit
 
 import httptools
 
+READ_BYTES = 1 << 16
+"""The most bytes one read returns."""
+MAX_HEAD_BYTES = 64 << 10
+"""A reply whose status line and headers are longer is not one we read."""
+MAX_DRAIN_BYTES = 64 << 10
+"""What ``release_after_end`` reads past the caller's end (an SSE ``[DONE]``) before it
+closes the connection instead of keeping it."""
+
 _Key = tuple[str, int, bool]
 _Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -31,10 +39,13 @@ _Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 class HttpError(Exception):
     """The connection failed, or the reply is not HTTP."""
 
-    def __init__(self, message: str, refused: bool = False) -> None:
+    def __init__(self, message: str, refused: bool = False, fault: str = "") -> None:
         super().__init__(message)
         self.refused = refused
         """The connection was refused: nothing listens there."""
+        self.fault = fault
+        """What the server did wrong where it answered what no sane one does (garbage,
+        oversized)."""
 
 
 class ReadTimeout(HttpError):
@@ -95,7 +106,7 @@ class Reply:
             self._timer = self._loop.call_at(self.deadline, self._check)
         self._reading = True
         try:
-            return await self._reader.read(1 << 16)
+            return await self._reader.read(READ_BYTES)
         finally:
             self._reading = False
 
@@ -112,7 +123,7 @@ class Reply:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as e:
-            raise HttpError(f"not an HTTP reply ({e})") from None
+            raise HttpError(f"not an HTTP reply ({e})", fault="garbage") from None
 
     async def _more(self) -> None:
         data = await self._read()
@@ -122,8 +133,15 @@ class Reply:
 
     async def start(self, first: bytes) -> Reply:
         self._feed(first)
+        num_bytes = len(first)
         while not self._parsed.has_headers:
-            await self._more()
+            if num_bytes > MAX_HEAD_BYTES:
+                raise HttpError(f"the endpoint's reply headers are over {MAX_HEAD_BYTES} bytes", fault="oversized")
+            data = await self._read()
+            if not data:
+                raise HttpError("the endpoint closed the connection mid-reply")
+            self._feed(data)
+            num_bytes += len(data)
         self.status = self._parser.get_status_code()
         return self
 
@@ -156,8 +174,14 @@ class Reply:
         while (data := await self.body()) is not None:
             yield data
 
-    async def read(self) -> bytes:
-        return b"".join([c async for c in self.chunks()])
+    async def read(self, limit: int | None = None) -> bytes:
+        """The body (its first ``limit`` bytes and a little more: the rest is not read)."""
+        got: list[bytes] = []
+        num_bytes = 0
+        while (limit is None or num_bytes < limit) and (data := await self.body()) is not None:
+            got.append(data)
+            num_bytes += len(data)
+        return b"".join(got)
 
     def release(self) -> None:
         """The connection back to the pool when the reply was read to its end and the
@@ -184,9 +208,10 @@ class Reply:
             task.add_done_callback(self._pool.draining.discard)
 
     async def _drain(self) -> None:
-        try:
-            while await self.body() is not None:
-                pass
+        num_bytes = 0
+        try:  # a body that goes on past its end marker is not worth its connection
+            while num_bytes <= MAX_DRAIN_BYTES and (data := await self.body()) is not None:
+                num_bytes += len(data)
         except (HttpError, OSError):
             pass
         finally:

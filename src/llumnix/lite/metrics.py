@@ -13,6 +13,8 @@ from prometheus_client.registry import Collector
 from llumnix.lite.backend import LiteBackend
 
 _LABELS = ["model_name", "endpoint", "pool"]
+FAULTS = ("garbage", "oversized", "token_id", "usage", "max_tokens")
+"""The kinds of ``LiteBackend.engine_faults``, each a series from the start."""
 
 
 class LiteCollector(Collector):
@@ -54,6 +56,13 @@ class LiteCollector(Collector):
             fam = CounterMetricFamily(metric, doc, labels=["model_name"])
             fam.add_metric([name], float(value))
             yield fam
+        faults = CounterMetricFamily("llumnix:lite_engine_faults", "Answers no sane engine gives, by kind: garbage, "
+                                     "oversized (a line, reply or headers past their cap), token_id (outside the "
+                                     "vocabulary), usage (impossible figures), max_tokens (output past it, cut).",
+                                     labels=["model_name", "fault"])
+        for fault in FAULTS:
+            faults.add_metric([name, fault], float(sum(b.engine_faults[fault] for b in bs)))
+        yield faults
 
 
 def install(app: Any, backend: Any) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llumnix.core.batch import RequestOutput
-from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError
+from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError, UpstreamError
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.wire import GenerateRequest, TokenizerLike
 from llumnix.gateway.backend import Backend
@@ -132,6 +132,7 @@ class MixedBackend:
         errors: list[str] = []
         sent: list[int] = []  # output token ids released so far
         n_sent = 0  # the pools' count of them
+        upstream = False  # the last failure was an external pool's
         current = request
         for m in order:
             try:
@@ -150,6 +151,7 @@ class MixedBackend:
             except InvalidRequestError:
                 raise
             except LlumnixError as e:
+                upstream = isinstance(e, UpstreamError)
                 errors.append(f"{m.name}: {e}")
                 if not sent:
                     m.healthy = False  # until the next health read
@@ -160,9 +162,10 @@ class MixedBackend:
                             m.name, n_sent, e, "resuming elsewhere" if sent else "trying another pool")
         if refused is not None and not errors:
             raise refused
-        if sent:
-            raise RequestFailedError(f"the request failed mid-stream and no pool could resume it "
-                                     f"({'; '.join(errors)}); the output so far is all there is")
+        if sent:  # an engine we do not own that failed it is not our bug (no 500)
+            raise (UpstreamError if upstream else RequestFailedError)(
+                f"the request failed mid-stream and no pool could resume it ({'; '.join(errors)}); "
+                "the output so far is all there is")
         raise LlumnixError(f"no pool could serve the request ({'; '.join(errors) or 'none is healthy'})")
 
     async def _run(self, m: Member, request: GenerateRequest, model: str, base: int) -> AsyncIterator[RequestOutput]:
