@@ -80,7 +80,7 @@ def test_with_every_endpoint_misbehaving_the_client_gets_a_clear_error_not_a_500
     with gateway(backend) as url:
         r = _complete(url)
         s = _complete(url, stream=True)
-    assert r.status_code == 503, r.text
+    assert r.status_code == 502, r.text
     message = r.json()["error"]["message"]
     assert "no endpoint could serve the request" in message and MISBEHAVIOURS[mode][1] in message
     assert s.status_code != 500
@@ -119,7 +119,7 @@ def test_an_id_outside_the_vocabulary_mid_stream_with_nowhere_to_resume_is_not_a
     with gateway(lite_backend([("p", [engines("bad_id_after:3")], {})])) as url:
         r = _complete(url, max_tokens=8)
         events = _events(_complete(url, max_tokens=8, stream=True))
-    assert r.status_code == 503 and "mid-stream" in r.json()["error"]["message"]
+    assert r.status_code == 502 and "mid-stream" in r.json()["error"]["message"]
     assert "outside the gateway's vocabulary" in r.json()["error"]["message"]
     errors = [e for e in events if isinstance(e, dict) and "error" in e]
     assert _text(events) == LETTERS[:3] and len(errors) == 1 and events[-1] == "[DONE]"
@@ -130,7 +130,7 @@ def test_in_a_mixed_gateway_an_external_engine_failing_mid_stream_is_not_a_500(e
     backend, _ = _mixed(engines("bad_id_after:2", model="ext-model"), ext_fallback=None)
     with gateway(backend) as url:
         r = _complete(url, max_tokens=6, model="ext-model")
-    assert r.status_code == 503 and "mid-stream" in r.json()["error"]["message"]
+    assert r.status_code == 502 and "mid-stream" in r.json()["error"]["message"]
 
 
 def test_an_engine_that_keeps_failing_is_ejected_even_while_its_probes_answer(engines):

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
-from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError
+from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError, UpstreamError
 from llumnix.gateway.context import context
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,9 @@ def public_error(exc: Exception) -> tuple[int, str, str | None]:
             return 400, _first_line(inner), inner.param
         log.warning("request failed: %s: %s", type(inner).__name__, _first_line(inner))
         # The engine failed on this very request: retrying it elsewhere would fail again.
-        return (500 if isinstance(inner, RequestFailedError) else 503), _first_line(inner), None
+        # An engine we do not own answered badly (lite mode): a bad gateway, 502.
+        status = 500 if isinstance(inner, RequestFailedError) else 502 if isinstance(inner, UpstreamError) else 503
+        return status, _first_line(inner), None
     if isinstance(inner, TimeoutError):
         status, message = 503, "the cluster did not answer in time"
     elif _from_ray(inner):
