@@ -28,6 +28,9 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "llumnix pairing=stable": {"dispatch": "llumnix", "migration": True, "rescheduling": {"pairing": "stable"}},
     "llumnix in_threshold=6": {"dispatch": "llumnix", "migration": True, "rescheduling": {"in_threshold": 6.0}},
     "llumnix no migration": {"dispatch": "llumnix"},
+    "llumnix min_tokens_left=2": {"dispatch": "llumnix", "migration": True, "rescheduling": {"min_tokens_left": 2}},
+    "llumnix min_tokens_left=4": {"dispatch": "llumnix", "migration": True, "rescheduling": {"min_tokens_left": 4}},
+    "llumnix min_tokens_left=8": {"dispatch": "llumnix", "migration": True, "rescheduling": {"min_tokens_left": 8}},
 }
 
 
@@ -59,7 +62,9 @@ def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, bl
     sim = Simulator(cluster, get_latency_model("a10-llama7b-serving"), make_policy(spec, cluster, seed=seed),
                     trace_for(pairs, n, rate, seed))
     out = sim.run()
-    return {"preemptions": out["num_preemptions"], "migrations": out["migrations"]["num_committed"]}
+    m = out["migrations"]
+    return {"preemptions": out["num_preemptions"], "migrations": m["num_committed"], "aborted": m["num_aborted"],
+            "ttft_p99": out["ttft"]["p99"]}
 
 
 def main() -> None:
@@ -86,11 +91,11 @@ def main() -> None:
     rows = []
     for rate in (float(x) for x in a.rates.split(",")):
         per: dict[str, np.ndarray] = {}
+        runs: dict[str, list[dict[str, Any]]] = {}
         for name in systems:
-            per[name] = np.array([run(name, pairs, a.requests, rate, s, a.blocks, a.block_size,
-                                      a.watermark, a.instances, a.status_interval,
-                                      a.reschedule_every)["preemptions"]
-                                  for s in range(a.seeds)])
+            runs[name] = [run(name, pairs, a.requests, rate, s, a.blocks, a.block_size, a.watermark, a.instances,
+                              a.status_interval, a.reschedule_every) for s in range(a.seeds)]
+            per[name] = np.array([r["preemptions"] for r in runs[name]])
         base = per["infaas++"]
         for name in systems:
             p = per[name]
@@ -103,12 +108,16 @@ def main() -> None:
                          "diff_vs_infaas_mean": float(diff.mean()),
                          "diff_ci95": [float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))],
                          "p_meet_at_most_with_3_seeds": float(np.mean(blocks3)),
-                         "ratio_vs_infaas": float(p.sum() / base.sum()) if base.sum() else None})
+                         "ratio_vs_infaas": float(p.sum() / base.sum()) if base.sum() else None,
+                         "migrations": sum(r["migrations"] for r in runs[name]),
+                         "aborted": sum(r["aborted"] for r in runs[name]),
+                         "ttft_p99_median": float(np.median([r["ttft_p99"] for r in runs[name]]))})
             r = rows[-1]
             print(f"rate {rate:5.1f} {name:>24}: {r['preemptions']:5d} preempt ({r['per_request']:.2f}/req, "
                   f"run mean {r['per_run_mean']:.2f} sd {r['per_run_sd']:.2f}); vs infaas++ "
                   f"{r['diff_vs_infaas_mean']:+.2f} [{r['diff_ci95'][0]:+.2f}, {r['diff_ci95'][1]:+.2f}] per run, "
-                  f"ratio {r['ratio_vs_infaas'] or 0:.2f}, P(3 seeds <=) {r['p_meet_at_most_with_3_seeds']:.2f}",
+                  f"ratio {r['ratio_vs_infaas'] or 0:.2f}, P(3 seeds <=) {r['p_meet_at_most_with_3_seeds']:.2f}; "
+                  f"migrations {r['migrations']} + {r['aborted']} aborted; TTFT P99 median {r['ttft_p99_median']:.2f} s",
                   flush=True)
     if a.out:
         a.out.write_text(json.dumps({"args": vars(a) | {"out": str(a.out)}, "rows": rows}, indent=1) + "\n")

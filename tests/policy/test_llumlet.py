@@ -166,3 +166,24 @@ def test_a_chain_never_picks_a_running_request_the_destination_cannot_reserve(ds
     # issue 32: a fifth of the migrations started on an H200 were refused at reservation
     src = inst("engine-id", running=[run("short", 3, 40), run("long", 60, 900)])
     assert llumlet(src).select_requests_to_migrate(0.0, 1, dst) == expected
+
+
+def test_a_request_about_to_end_is_not_migrated():
+    # issue 45: a migration lasts at least its stages' decode steps; a request with fewer
+    # tokens left than min_tokens_left would end first (aborted source_finished)
+    eng = make_engine(num_blocks=32, block_size=4)
+    for rid, max_tokens in (("ending", 3), ("short-prompt-ending", 2), ("long", 40)):
+        eng.add_request(rid, list(range(1, 5 if rid != "long" else 9)), SamplingParams(max_tokens=max_tokens))
+    eng.step()  # every prefill done, one token each
+    paper = Llumlet("i0", eng, ReschedulingConfig(), FreenessConfig())
+    assert paper.select_requests_to_migrate(1.0, 5) == ["ending", "short-prompt-ending", "long"]
+    wary = Llumlet("i0", eng, ReschedulingConfig(min_tokens_left=2), FreenessConfig())
+    assert wary.select_requests_to_migrate(1.0, 5) == ["ending", "long"]  # 2 - 1 = 1 left < 2
+    assert Llumlet("i0", eng, ReschedulingConfig(min_tokens_left=3), FreenessConfig()).select_requests_to_migrate(
+        1.0, 5) == ["long"]
+    assert eng.running_near_end(3) == {"ending", "short-prompt-ending"}
+
+
+def test_min_tokens_left_is_checked():
+    with pytest.raises(Exception, match="min_tokens_left"):
+        ReschedulingConfig(min_tokens_left=-1)

@@ -287,6 +287,12 @@ class EngineCore(MigrationOpsMixin):
         """Per request, the blocks of its table other requests hold too (prefix caching)."""
         return {rid: self.kv.num_shared_blocks_of(rid) for rid in request_ids}
 
+    def running_near_end(self, num_tokens: int) -> set[str]:
+        """Running requests with fewer than ``num_tokens`` output tokens left (a
+        migration's selection skips them: they would end before it commits)."""
+        return {r.request_id for r in self.scheduler.running
+                if r.sampling_params.max_tokens - len(r.output_token_ids) < num_tokens}
+
     def snapshot_request(self, request_id: str) -> Request:
         """A detached copy of the request: the wire form migration sends. A pickle round
         trip, not ``copy.deepcopy``: the same copy, about 5x faster on long token lists

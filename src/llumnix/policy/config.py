@@ -156,6 +156,12 @@ class ReschedulingConfig:
     already waiting in it (counting only the older ones was measured on M-M 6.66 seed 0:
     P99 prefill 6.9 -> 12.5 s)."""
 
+    min_tokens_left: int = 0
+    """A running request with fewer output tokens left than this (its ``max_tokens`` less
+    those made) is not migrated: a migration lasts at least as many decode steps as it has
+    stages, and one its request outlives is work wasted (aborted ``source_finished``). 0
+    (the paper's rule) migrates any request."""
+
     trigger_gap_s: float | None = 0.03
     """Triggered rescheduling (``policy/trigger.py``): a status that makes an instance a
     source, blocks its queue, or (while one waits) makes it a destination starts a pass at
@@ -164,6 +170,8 @@ class ReschedulingConfig:
     rounds only. The cluster reads it; the simulator reschedules on its own rounds."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.min_tokens_left, int) or self.min_tokens_left < 0:
+            raise bad_value("rescheduling.min_tokens_left", "must be an integer >= 0")
         if self.trigger_gap_s is not None and not self.trigger_gap_s >= 0:
             raise bad_value("rescheduling.trigger_gap_s", "must be >= 0 (or null: periodic rounds only)")
         if self.in_threshold < self.out_threshold:

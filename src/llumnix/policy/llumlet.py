@@ -45,6 +45,11 @@ class EngineLike(Protocol):
         """Prefix-cache keys evicted since the last call."""
         ...
 
+    def running_near_end(self, num_tokens: int) -> set[str]:
+        """Running requests with fewer than ``num_tokens`` output tokens left to make
+        (``rescheduling.min_tokens_left``)."""
+        ...
+
 
 class Llumlet:
     def __init__(self, instance_id: str, engine: EngineLike, rescheduling: ReschedulingConfig,
@@ -90,7 +95,10 @@ class Llumlet:
         shared = None
         if self.rescheduling.selection == "freed":
             shared = self.engine.shared_blocks([r.request_id for r in status.running])
-        picks = select_requests(status, self.rescheduling.selection, max_n, exclude=self.migrating_out,
+        exclude: Collection[str] = self.migrating_out
+        if self.rescheduling.min_tokens_left:
+            exclude = self.migrating_out | self.engine.running_near_end(self.rescheduling.min_tokens_left)
+        picks = select_requests(status, self.rescheduling.selection, max_n, exclude=exclude,
                                 hol_first=self.rescheduling.defrag == "hol", dst_room=room, shared=shared,
                                 dst_free=None if dst is None else room_for_migration(dst))
         # with pairing: stable the next move, like the first (pairing.py), must not make the
