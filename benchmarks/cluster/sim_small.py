@@ -35,13 +35,9 @@ SYSTEMS: dict[str, dict[str, Any]] = {
 
 
 def trace_for(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: int) -> Any:
-    from llumnix.sim.workloads import Trace
+    from llumnix.bench.sim_vs_real import sim_trace
 
-    ins, outs = pairs
-    idx = np.random.default_rng([seed, 1]).integers(0, len(ins), n)
-    gaps = np.random.default_rng([seed, 2]).exponential(1.0, n)
-    gaps[0] = 0.0
-    return Trace("bench-cluster", rate, seed, np.cumsum(gaps) / rate, ins[idx], outs[idx], np.zeros(n, np.int64))
+    return sim_trace(pairs, n, rate, seed)
 
 
 def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, block_size: int,

@@ -273,6 +273,9 @@ def add_cluster_bench_args(p: Any) -> None:
     g.add_argument("--pairing", default=None, help="llumnix's rescheduling.pairing (paper, fit, stable)")
     g.add_argument("--in-threshold", type=float, default=None, help="llumnix's rescheduling.in_threshold")
     g.add_argument("--dst-queue", default=None, help="llumnix's rescheduling.dst_queue (head, all)")
+    g.add_argument("--with-sim", default=None, metavar="PROFILE",
+                   help="then predict the same runs in the simulator with this latency profile (llumnix "
+                        "profile's JSON) and print predicted against measured (sim_vs_real.json)")
     g.add_argument("--reschedule-interval", type=float, default=None, metavar="S",
                    help="LlumSched's rescheduling round, s, for every system (default: serve's, 0.5)")
 
@@ -375,4 +378,8 @@ def main_cluster_bench(args: Any) -> int:
     rep.print_table(data["aggregate"])
     rep.plot(data, out / "cluster.png")
     print(f"wrote {out / 'cluster.json'} and {out / 'cluster.png'} ({data['wall_s']:.0f} s)")
+    if getattr(args, "with_sim", None):
+        from llumnix.bench import sim_vs_real
+
+        return sim_vs_real.main([str(out / "cluster.json"), "--profile", args.with_sim])
     return 0

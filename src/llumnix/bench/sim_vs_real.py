@@ -1,0 +1,198 @@
+"""The simulator's prediction of a `bench cluster` run, against what the cluster measured
+(issue 45): the same systems (serve's own config documents, through serve's defaults),
+the same trace (``cluster_bench.make_requests``' streams: lengths and arrival gaps of each
+seed), the same sizing, and step times from a latency profile of the cluster's engine
+(``llumnix profile``). Per load, the llumnix / INFaaS++ ratio of each metric, predicted
+from the simulator's runs and measured from the cluster's, with the real runs' paired 95%
+bootstrap interval (seeds resampled with replacement; the ratio of sums over seeds).
+
+    llumnix bench cluster ... --with-sim PROFILE.json          # after the real runs
+    python -m llumnix.bench.sim_vs_real cluster.json --profile PROFILE.json [--sim-seeds 40]
+
+The information path is modeled by the simulator's own settings, which come from the
+cluster's (``InfoPath``): statuses every ``status_interval_s`` and at every load change,
+rescheduling every ``reschedule_every`` status rounds. A triggered cluster
+(``rescheduling.trigger_gap_s``) reacts within a step: it is modeled by rounds at every
+status report; a periodic one by its ``deployment.reschedule_interval_s``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llumnix.bench.cluster_bench import ClusterBenchSettings, scaled_pairs
+
+METRICS = ("num_preemptions", "ttft_p99_s", "itl_p99_s")
+"""What is compared: preemptions, and the runs' TTFT and inter-token P99."""
+BUSY_REPORT_S = 0.05
+"""An instance's status report interval while busy (``cluster/instance.py``)."""
+
+
+@dataclass(frozen=True)
+class InfoPath:
+    """How statuses reach the scheduler, in the simulator's terms."""
+
+    status_interval_s: float = BUSY_REPORT_S
+    reschedule_every: int = 1
+
+    @classmethod
+    def of(cls, system_doc: dict[str, Any]) -> InfoPath:
+        """The cluster's: triggered rescheduling reacts at the next report; periodic rounds
+        come every ``reschedule_interval_s``."""
+        from llumnix.config.system import SystemConfig
+
+        sys_cfg = SystemConfig.from_dict(system_doc)
+        if sys_cfg.scheduling.rescheduling.trigger_gap_s is not None:
+            return cls(BUSY_REPORT_S, 1)
+        every = max(1, round(sys_cfg.deployment.reschedule_interval_s / BUSY_REPORT_S))
+        return cls(BUSY_REPORT_S, every)
+
+
+def sim_trace(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: int) -> Any:
+    """``make_requests``' trace for the simulator: the same lengths and arrivals."""
+    from llumnix.sim.workloads import Trace
+
+    ins, outs = pairs
+    idx = np.random.default_rng([seed, 1]).integers(0, len(ins), n)
+    gaps = np.random.default_rng([seed, 2]).exponential(1.0, n)
+    gaps[0] = 0.0
+    return Trace("bench-cluster", rate, seed, np.cumsum(gaps) / rate, ins[idx], outs[idx], np.zeros(n, np.int64))
+
+
+def simulate(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float,
+             seed: int, latency: Any, info: InfoPath | None = None) -> dict[str, float]:
+    """One run of ``name`` in the simulator at ``rate`` req/s, as ``bench cluster`` would serve it."""
+    from llumnix.core.config import CacheConfig
+    from llumnix.sim.cluster import ClusterConfig
+    from llumnix.sim.config import parse_system
+    from llumnix.sim.policy_bridge import make_policy
+    from llumnix.sim.simulator import Simulator
+
+    doc = s.system_doc(name)
+    spec = parse_system(name, {k: v for k, v in doc.items() if k != "deployment"})  # the simulator deploys
+    info = info or InfoPath.of(doc)
+    sys_cfg = spec.system
+    assert sys_cfg is not None
+    eng = sys_cfg.engine
+    cluster = ClusterConfig(num_instances=s.instances, num_blocks=s.num_blocks, block_size=s.block_size,
+                            max_num_seqs=s.max_num_seqs, chunked_prefill=eng.chunked_prefill,
+                            max_num_batched_tokens=eng.num_batched_tokens, max_model_len=s.num_blocks * s.block_size,
+                            watermark=CacheConfig.watermark, status_interval_s=info.status_interval_s,
+                            reschedule_every=info.reschedule_every)
+    out = Simulator(cluster, latency, make_policy(spec, cluster, seed=seed), sim_trace(pairs, n, rate, seed)).run()
+    return {"num_preemptions": float(out["num_preemptions"]), "ttft_p99_s": float(out["ttft"]["p99"]),
+            "itl_p99_s": float(out["itl"]["p99"]), "migrations": float(out["migrations"]["num_committed"]),
+            "migrations_aborted": float(out["migrations"]["num_aborted"])}
+
+
+def real_metrics(run: dict[str, Any]) -> dict[str, float]:
+    """A real run's record (``cluster_bench.run_once``) in ``METRICS``' terms."""
+    return {"num_preemptions": float(run["num_preemptions"]), "ttft_p99_s": float(run["ttft_s"]["p99"]),
+            "itl_p99_s": float(run["itl_s"]["p99"])}
+
+
+def ratio_of_sums(num: Sequence[float], den: Sequence[float]) -> float | None:
+    d = float(np.sum(den))
+    return None if d == 0 else float(np.sum(num)) / d
+
+
+def paired_interval(num: Sequence[float], den: Sequence[float], draws: int = 4000,
+                    seed: int = 0) -> tuple[float, float] | None:
+    """95% bootstrap interval of ``ratio_of_sums`` over paired seeds (resampled together)."""
+    a, b = np.asarray(num, float), np.asarray(den, float)
+    idx = np.random.default_rng(seed).integers(0, len(a), (draws, len(a)))
+    sums_b = b[idx].sum(1)
+    ok = sums_b > 0
+    if not ok.any():
+        return None
+    ratios = a[idx].sum(1)[ok] / sums_b[ok]
+    return float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
+
+
+def compare(record: dict[str, Any], latency: Any, sim_seeds: int = 40, sizing: str = "",
+            base: str = "infaas++", other: str = "llumnix") -> list[dict[str, Any]]:
+    """Per load and metric: predicted (``sim_seeds`` simulated seeds), measured (the
+    record's seeds, paired), the measured ratio's interval, and whether the prediction
+    falls inside it."""
+    from llumnix.sim.sharegpt import sharegpt_lengths
+
+    settings = settings_of(record)
+    pairs = scaled_pairs(settings, *sharegpt_lengths(settings.model))
+    capacity = float(record["capacity"]["capacity_req_s"])
+    runs: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for sys_rec in record["systems"]:
+        for r in sys_rec["runs"]:
+            runs.setdefault((sys_rec["system"], str(r["load"])), {})[r["seed"]] = r
+    rows = []
+    for load in settings.loads:
+        b, o = runs.get((base, str(load)), {}), runs.get((other, str(load)), {})
+        seeds = sorted(set(b) & set(o))
+        if not seeds:
+            continue
+        n = int(b[seeds[0]]["num_requests"])
+        pred = {name: [simulate(settings, name, pairs, n, load * capacity, seed, latency)
+                       for seed in range(sim_seeds)] for name in (base, other)}
+        for metric in METRICS:
+            mb = [real_metrics(b[sd])[metric] for sd in seeds]
+            mo = [real_metrics(o[sd])[metric] for sd in seeds]
+            predicted = ratio_of_sums([r[metric] for r in pred[other]], [r[metric] for r in pred[base]])
+            measured, interval = ratio_of_sums(mo, mb), paired_interval(mo, mb)
+            inside = None if predicted is None or interval is None else interval[0] <= predicted <= interval[1]
+            rows.append({"sizing": sizing, "load": load, "metric": metric, "seeds": seeds, "sim_seeds": sim_seeds,
+                         "predicted": _round(predicted), "measured": _round(measured),
+                         "low": _round(interval[0]) if interval else None,
+                         "high": _round(interval[1]) if interval else None, "inside_interval": inside,
+                         "predicted_base_mean": _round(float(np.mean([r[metric] for r in pred[base]]))),
+                         "measured_base_mean": _round(float(np.mean(mb)))})
+    return rows
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None or math.isnan(x) else round(x, 4)
+
+
+def settings_of(record: dict[str, Any]) -> ClusterBenchSettings:
+    """The settings a record was made with."""
+    known = ClusterBenchSettings.__dataclass_fields__
+    d = {k: v for k, v in record["settings"].items() if k in known}
+    for key in ("seeds", "loads", "systems"):
+        d[key] = tuple(d[key])
+    return ClusterBenchSettings(**d)
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    print(f"{'load':>6} {'metric':>16} {'predicted':>10} {'measured':>9} {'95% interval':>18} inside")
+    for r in rows:
+        iv = "-" if r["low"] is None else f"[{r['low']:.2f}, {r['high']:.2f}]"
+        pred = "-" if r["predicted"] is None else f"{r['predicted']:.2f}"
+        meas = "-" if r["measured"] is None else f"{r['measured']:.2f}"
+        print(f"{r['load']:>6} {r['metric']:>16} {pred:>10} {meas:>9} {iv:>18} {r['inside_interval']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m llumnix.bench.sim_vs_real", description=__doc__.split("\n\n")[0])
+    ap.add_argument("record", type=Path, help="a bench cluster cluster.json")
+    ap.add_argument("--profile", required=True, help="latency profile JSON (llumnix profile) or a preset name")
+    ap.add_argument("--sim-seeds", type=int, default=40)
+    ap.add_argument("--sizing", default="", help="a label for the rows (e.g. micro, paper)")
+    ap.add_argument("--out", type=Path, help="JSON (default: sim_vs_real.json beside the record)")
+    a = ap.parse_args(argv)
+    from llumnix.sim.latency import get_latency_model
+
+    rows = compare(json.loads(a.record.read_text()), get_latency_model(a.profile), a.sim_seeds, a.sizing)
+    print_rows(rows)
+    out = a.out or a.record.with_name("sim_vs_real.json")
+    out.write_text(json.dumps({"record": str(a.record), "profile": a.profile, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""bench cluster's prediction in the simulator (issue 45): the simulator gets the very trace
+the cluster is sent, and the comparison's statistics are the paired ones."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llumnix.bench.cluster_bench import ClusterBenchSettings, make_requests
+from llumnix.bench.sim_vs_real import InfoPath, compare, paired_interval, ratio_of_sums, sim_trace
+
+
+def _pairs():
+    rng = np.random.default_rng(7)
+    return rng.integers(4, 32, 500), rng.integers(4, 64, 500)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_simulator_gets_the_trace_the_cluster_is_sent(seed):
+    pairs = _pairs()
+    real = make_requests(ClusterBenchSettings(), pairs, 24, 2.5, seed, vocab=1000)
+    sim = sim_trace(pairs, 24, 2.5, seed)
+    assert [r.num_input_words for r in real] == list(sim.prompt_lens)
+    assert [r.max_tokens for r in real] == list(sim.output_lens)
+    assert np.allclose([r.arrival_s for r in real], sim.arrival_times)
+
+
+def test_paired_ratio_and_its_interval():
+    num, den = [1, 2, 0, 3], [2, 2, 4, 2]
+    assert ratio_of_sums(num, den) == 0.6
+    low, high = paired_interval(num, den)
+    assert low < 0.6 < high and low >= 0
+    assert paired_interval([1, 1], [1, 1]) == (1.0, 1.0)
+    assert ratio_of_sums([1], [0]) is None
+
+
+def test_the_information_path_follows_the_cluster_config():
+    s = ClusterBenchSettings()
+    assert InfoPath.of(s.system_doc("llumnix")) == InfoPath(0.05, 1)  # triggered: a round at every report
+    periodic = s.system_doc("llumnix")
+    periodic["scheduling"]["rescheduling"]["trigger_gap_s"] = None
+    periodic["deployment"]["reschedule_interval_s"] = 0.5
+    assert InfoPath.of(periodic) == InfoPath(0.05, 10)
+
+
+def test_compare_predicts_each_load_and_metric(monkeypatch):
+    import llumnix.sim.sharegpt as sharegpt
+
+    monkeypatch.setattr(sharegpt, "sharegpt_lengths", lambda model: _pairs())
+    s = ClusterBenchSettings(seeds=(0, 1), loads=(0.8,), systems=("infaas++", "llumnix"))
+
+    def run(seed, preempt, ttft):
+        return {"load": 0.8, "seed": seed, "num_requests": 16, "num_preemptions": preempt,
+                "ttft_s": {"p99": ttft}, "itl_s": {"p99": 0.1}}
+
+    import dataclasses
+    record = {"settings": {**dataclasses.asdict(s), "trace": "x"}, "capacity": {"capacity_req_s": 2.0},
+              "systems": [{"system": "infaas++", "runs": [run(0, 2, 1.0), run(1, 4, 2.0)]},
+                          {"system": "llumnix", "runs": [run(0, 1, 0.5), run(1, 2, 1.0)]}]}
+    from llumnix.sim.latency import get_latency_model
+
+    rows = compare(record, get_latency_model("a10-llama7b-serving"), sim_seeds=2, sizing="test")
+    assert [(r["load"], r["metric"]) for r in rows] == [(0.8, "num_preemptions"), (0.8, "ttft_p99_s"),
+                                                         (0.8, "itl_p99_s")]
+    pre = rows[0]
+    assert pre["measured"] == 0.5 and pre["seeds"] == [0, 1] and pre["sizing"] == "test"
+    assert rows[1]["measured"] == 0.5 and rows[1]["predicted"] is not None and rows[1]["predicted"] > 0
+    assert all(r["inside_interval"] in (True, False, None) for r in rows)
