@@ -62,6 +62,9 @@ async def send_all(url: str, bodies: list[tuple[str, dict[str, Any]]], concurren
             took = time.perf_counter() - t0
             slowest = max(slowest, took)
             counts[f"{route} {status}"] += 1
+            done = sum(counts.values())
+            if done % 1000 == 0:
+                print(f"  {done} answered, {len(failures)} failures so far", flush=True)
             if status >= 500 or status == 0:
                 failures.append({"route": route, "status": status, "answer": text[:300],
                                  "body": json.dumps(body)[:2000], "seconds": took})
