@@ -169,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each subcommand's parser, by name."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
 def check_writable(path: str, *, is_dir: bool) -> None:
     """Refuse an output that cannot be written before the work, not after it (a profile
     takes minutes, a simulation hours). Missing parent directories are created."""
@@ -182,7 +188,14 @@ def check_writable(path: str, *, is_dir: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # one line naming the flag and the nearest one the command has, not the top-level usage
+        from llumnix.cluster.vllm_flags import unknown_flag
+
+        command = _subcommands(parser)[args.command]
+        print(f"llumnix {args.command}: error: {unknown_flag(command, extras)}", file=sys.stderr)
+        return 2
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         if getattr(args, "out", None):
