@@ -67,10 +67,11 @@ def wait_for(log: Path, pattern: re.Pattern[str] | str, count: int = 1, timeout_
         time.sleep(0.2)
 
 
-def complete(url: str, max_tokens: int) -> str:
-    body = {"model": httpx.get(f"{url}/v1/models").json()["data"][0]["id"], "prompt": "tell me a story",
-            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
-    r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+def complete(url: str, max_tokens: int, headers: dict[str, str] | None = None) -> str:
+    model = httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "tell me a story", "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0}
+    r = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=120)
     assert r.status_code == 200, r.text
     return str(r.json()["id"])
 
@@ -109,11 +110,17 @@ def test_request_throughput_drain_and_migration_lines_reach_the_terminal(tiny_mo
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]  # a clean stop, not 130
 
 
-def test_disable_log_requests_silences_the_request_lines_only(tiny_model_dir, tmp_path):
+def test_disable_log_requests_silences_the_request_lines_only(tiny_model_dir, tmp_path, monkeypatch):
+    """Also: with an API key, the printed `try:` command works as printed (it was a 401)."""
+    monkeypatch.delenv("LLUMNIX_API_KEY", raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
     log = tmp_path / "serve.log"
-    with serve(tiny_model_dir, log, "--instances", "2", "--disable-log-requests") as (url, _):
+    with serve(tiny_model_dir, log, "--instances", "2", "--disable-log-requests", "--api-key", "s3cret") as (url, _):
+        try_line = wait_for(log, r"^  try: curl .*$")[0].removeprefix("  try: ")
+        answer = subprocess.run(["bash", "-c", try_line], capture_output=True, text=True, timeout=60)
+        assert '"choices"' in answer.stdout, (try_line, answer.stdout, answer.stderr)
         for _ in range(3):
-            complete(url, 8)
+            complete(url, 8, {"Authorization": "Bearer s3cret"})
         wait_for(log, THROUGHPUT)  # the logging works: the throughput line comes
         time.sleep(1.0)  # and a request line, had there been one, was written before it
         assert "Finished request" not in log.read_text()

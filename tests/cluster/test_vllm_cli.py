@@ -44,7 +44,8 @@ def test_a_vllm_command_line_is_parsed_into_the_config_unchanged(tmp_path, monke
         "max_model_len": 1024, "dtype": "bfloat16", "seed": 7, "cuda_graphs": False,
         "gpu_memory_utilization": 0.8, "max_num_batched_tokens": 512}
     assert gateway_fields(args) == {"api_key": "sk-test", "admin_key": args.admin_key,
-                                    "max_request_bytes": 8 << 20, "log_requests": False}
+                                    "max_request_bytes": 8 << 20, "log_requests": False,
+                                    "log_stats": True, "log_stats_interval_s": 10.0}
     assert (args.host, args.port, args.uvicorn_log_level) == ("0.0.0.0", 8123, "info")
 
 

@@ -31,6 +31,8 @@ class FakeEngine:
         """What /v1/models lists; a completion naming another model gets vLLM's 404."""
         self.prompts: list[Any] = []
         self.bodies: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []
+        """Each completion request's Authorization header (None: none sent)."""
         self.num_in_flight = 0
         self.max_in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -55,6 +57,7 @@ class FakeEngine:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        self.authorizations.append(request.headers.get("Authorization"))
         self.prompts.append(body["prompt"])
         mode = self.mode
         if mode == "error500":

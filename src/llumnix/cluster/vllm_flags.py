@@ -100,6 +100,6 @@ def unknown_flag(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     if not flag.startswith("-"):
         return f"unexpected argument {flag!r}"
     known = [o for a in parser._actions if a.help is not argparse.SUPPRESS for o in a.option_strings]
-    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.5)
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.7)
     return f"{flag} is not a flag of this command" + (f"; nearest: {close[0]}" if close else "") + \
         " (--help lists every flag)"
