@@ -10,7 +10,7 @@ import pytest
 
 from llumnix.cli import _subcommands, build_parser, main
 from llumnix.cluster.serve import build_system, try_command
-from llumnix.cluster.vllm_flags import IGNORED, REFUSED, _SWITCHES, check_vllm_flags
+from llumnix.cluster.vllm_flags import _SWITCHES, IGNORED, REFUSED, check_vllm_flags
 from llumnix.logging_setup import configure_logging, migration_line
 
 
