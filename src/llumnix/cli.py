@@ -7,6 +7,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from llumnix.bench.machine import RESULTS_DIR
 from llumnix.core.errors import LlumnixError
@@ -90,6 +91,37 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+def _add_bench_parser(sub: Any) -> None:
+    b = sub.add_parser("bench", help="run a committed benchmark",
+                       description="engine: one engine's prefill and decode speed; migration: live migration "
+                       "against blocking copy and recompute by sequence length; serve: a load generator for any "
+                       "OpenAI endpoint; cluster: the real cluster, system against system (about 15 minutes; "
+                       f"see its group below). Each writes JSON (and a plot) to --out, default ./{RESULTS_DIR}/.")
+    b.add_argument("what", choices=["engine", "migration", "serve", "cluster"])
+    _add_model_args(b)
+    b.add_argument("--out", default=RESULTS_DIR,
+                   help=f"directory for the JSON result and plot (default: ./{RESULTS_DIR}, never the checkout's "
+                        "committed results unless named)")
+    b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
+    b.add_argument("--no-reference", action="store_true",
+                   help="skip the Hugging Face transformers reference")
+    mb = b.add_argument_group("bench migration")
+    mb.add_argument("--transport", default=None,
+                    help="comma-separated KV transports to measure: tcp,gloo,ray (default: all)")
+    mb.add_argument("--repeats", type=int, default=None, help="live migrations per transport and length")
+    mb.add_argument("--bulk-rate", type=float, default=None, metavar="MB_PER_S",
+                    help="pace pre-copy stages to this many MB/s (the last stage is never paced)")
+    mb.add_argument("--bulk-idle", action=argparse.BooleanOptionalAction, default=True,
+                    help="run pre-copy threads in SCHED_IDLE, only on otherwise idle cores (default: on)")
+    from llumnix.bench.serve_bench import add_serve_bench_args
+
+    add_serve_bench_args(b)
+    from llumnix.bench.cluster_bench import add_cluster_bench_args
+
+    add_cluster_bench_args(b)
+    b.set_defaults(func=_cmd_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llumnix", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -142,30 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--quick", action="store_true", help="a tiny grid (smoke test)")
     pr.set_defaults(func=_cmd_profile)
 
-    b = sub.add_parser("bench", help="run a committed benchmark")
-    b.add_argument("what", choices=["engine", "migration", "serve", "cluster"])
-    _add_model_args(b)
-    b.add_argument("--out", default=RESULTS_DIR,
-                   help=f"directory for the JSON result and plot (default: ./{RESULTS_DIR}, never the checkout's "
-                        "committed results unless named)")
-    b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
-    b.add_argument("--no-reference", action="store_true",
-                   help="skip the Hugging Face transformers reference")
-    mb = b.add_argument_group("bench migration")
-    mb.add_argument("--transport", default=None,
-                    help="comma-separated KV transports to measure: tcp,gloo,ray (default: all)")
-    mb.add_argument("--repeats", type=int, default=None, help="live migrations per transport and length")
-    mb.add_argument("--bulk-rate", type=float, default=None, metavar="MB_PER_S",
-                    help="pace pre-copy stages to this many MB/s (the last stage is never paced)")
-    mb.add_argument("--bulk-idle", action=argparse.BooleanOptionalAction, default=True,
-                    help="run pre-copy threads in SCHED_IDLE, only on otherwise idle cores (default: on)")
-    from llumnix.bench.serve_bench import add_serve_bench_args
-
-    add_serve_bench_args(b)
-    from llumnix.bench.cluster_bench import add_cluster_bench_args
-
-    add_cluster_bench_args(b)
-    b.set_defaults(func=_cmd_bench)
+    _add_bench_parser(sub)
     return parser
 
 
