@@ -78,6 +78,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     raise LlumnixError(f"unknown benchmark {args.what!r}")
 
 
+def _cmd_top(args: argparse.Namespace) -> int:
+    from llumnix.top import main_top
+
+    return main_top(args)
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
     from llumnix.bench.profile import main_profile
 
@@ -153,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_gateway_args(gw)
     gw.set_defaults(func=_cmd_gateway)
+
+    top = sub.add_parser("top", help="the cluster in a terminal: per instance KV, freeness, requests; migrations",
+                         description="A terminal view of a gateway's /admin/cluster, redrawn every --interval "
+                         "seconds: per instance its state, role, KV in use, freeness, running and waiting requests "
+                         "and preemptions; the newest migrations with their stall.")
+    from llumnix.top import add_top_args
+
+    add_top_args(top)
+    top.set_defaults(func=_cmd_top)
 
     sim = sub.add_parser("simulate", help="run a discrete-event cluster simulation from a YAML config")
     sim.add_argument("config", help="experiment YAML, e.g. benchmarks/sim/figure11.yaml")

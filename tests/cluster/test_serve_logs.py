@@ -1,8 +1,8 @@
 """`llumnix serve` as a real process: the log lines docs/serving.md promises reach its
 terminal (stdout and stderr, as an operator sees them): a timestamped `Finished request`
 line per request, the throughput line while traffic flows, and the lines LlumSched logs in
-its Ray actor (a drain, the migration it causes, with its downtime); `--disable-log-requests`
-silences the request lines only; SIGTERM exits 0."""
+its Ray actor (a drain, the migration it causes, with its downtime); `llumnix top --once`
+shows that cluster; `--disable-log-requests` silences the request lines only; SIGTERM exits 0."""
 from __future__ import annotations
 
 import contextlib
@@ -105,6 +105,15 @@ def test_request_throughput_drain_and_migration_lines_reach_the_terminal(tiny_mo
                               rf"\S+ {busy[0]} -> instance-\d committed: \d+ blocks \(\d+ adopted\) in \d+ stages "
                               r"in [\d.]+ s, downtime [\d.]+ ms$")
         assert wait_for(log, FINISHED, 4)[-1].endswith("migrations=1"), moved
+
+        # `llumnix top --once` shows the same cluster: the drained instance and the migration
+        top = subprocess.run([sys.executable, "-m", "llumnix.cli", "top", "--url", url, "--key", "k", "--once"],
+                             capture_output=True, text=True, timeout=60)
+        assert top.returncode == 0, top.stderr
+        rows = {line.split()[0]: line.split() for line in top.stdout.splitlines() if line.startswith("instance-")}
+        assert rows[busy[0]][1] == "draining" and len(rows) == 2, top.stdout
+        assert re.search(rf"^ +[\d.]+s ago  \S+  {busy[0]} -> instance-\d  committed, stall [\d.]+ ms$", top.stdout,
+                         re.M), top.stdout
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]  # a clean stop, not 130

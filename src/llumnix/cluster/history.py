@@ -55,4 +55,5 @@ class MigrationHistory:
                 "downtime_s": downtimes[-20:],
                 "recent_downtimes_s": downtimes,
                 "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id", "dst_instance_id", "committed",
-                                                  "abort_reason", "abort_code", "end_time")} for m in recent]}
+                                                  "abort_reason", "abort_code", "end_time", "downtime",
+                                                  "was_queued")} for m in recent]}
