@@ -76,43 +76,59 @@ def complete(url: str, max_tokens: int, headers: dict[str, str] | None = None) -
     return str(r.json()["id"])
 
 
+def drain_a_busy_instance(url: str, admin: dict[str, str]) -> str:
+    """Three long requests in flight, and a drain of an instance that runs one of them
+    (once the requests have ended): the drained instance."""
+    threads = [threading.Thread(target=complete, args=(url, 480)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    busy: list[str] = []
+    while not busy and time.monotonic() < deadline:
+        insts = httpx.get(f"{url}/admin/cluster", headers=admin).json()["instances"]
+        busy = [i["instance_id"] for i in insts if i.get("num_running")]
+        time.sleep(0.02)
+    assert busy, "no request seen running"
+    assert httpx.post(f"{url}/admin/instances/{busy[0]}/drain", headers=admin).status_code == 200
+    for t in threads:
+        t.join(120)
+    return busy[0]
+
+
 def test_request_throughput_drain_and_migration_lines_reach_the_terminal(tiny_model_dir, tmp_path):
     log = tmp_path / "serve.log"
     admin = {"Authorization": "Bearer k"}
-    with serve(tiny_model_dir, log, "--instances", "2", "--admin-key", "k") as (url, proc):
+    with serve(tiny_model_dir, log, "--instances", "2", "--admin-key", "k", "--reschedule-interval", "0.05") as (
+            url, proc):
         ids = [complete(url, 8) for _ in range(3)]
         finished = wait_for(log, FINISHED, 3)
         assert all(any(i in line for line in finished) for i in ids)  # every request, by its id
         wait_for(log, THROUGHPUT)
 
-        # A long request, and a drain of the instance that runs it: LlumSched (a Ray actor)
-        # logs the drain and the migration, and Ray forwards its lines to this terminal.
-        long = threading.Thread(target=complete, args=(url, 480))
-        long.start()
-        deadline = time.monotonic() + 30
-        while True:
-            insts = httpx.get(f"{url}/admin/cluster", headers=admin).json()["instances"]
-            busy = [i["instance_id"] for i in insts if i.get("num_running")]
-            if busy or time.monotonic() > deadline:
+        # Long requests, and a drain of an instance that runs one: LlumSched (a Ray actor)
+        # logs the drain and the migration, and Ray forwards its lines to this terminal. A
+        # request can finish before its migration starts (480 tokens take 0.4-1 s here):
+        # then the instance is undrained and the drain tried again.
+        migration = (rf"{LLUMSCHED} {STAMP} INFO llumnix\.cluster\.history: migration of \S+ (instance-\d) -> "
+                     r"instance-\d committed: \d+ blocks \(\d+ adopted\) in \d+ stages in [\d.]+ s, downtime [\d.]+ ms$")
+        for _ in range(5):
+            busy = drain_a_busy_instance(url, admin)
+            wait_for(log, rf"{LLUMSCHED} {STAMP} INFO llumnix\.cluster\.actors: instance {busy} draining \(admin\)")
+            time.sleep(1.0)  # LlumSched's report of a migration comes after the request's end
+            moved = [m for m in re.findall(migration, log.read_text(), re.M) if m == busy]
+            if moved:
                 break
-            time.sleep(0.05)
-        assert busy, insts
-        assert httpx.post(f"{url}/admin/instances/{busy[0]}/drain", headers=admin).status_code == 200
-        long.join(120)
-        wait_for(log, rf"{LLUMSCHED} {STAMP} INFO llumnix\.cluster\.actors: instance {busy[0]} "
-                      r"draining \(admin\)")
-        moved = wait_for(log, rf"{LLUMSCHED} {STAMP} INFO llumnix\.cluster\.history: migration of "
-                              rf"\S+ {busy[0]} -> instance-\d committed: \d+ blocks \(\d+ adopted\) in \d+ stages "
-                              r"in [\d.]+ s, downtime [\d.]+ ms$")
-        assert wait_for(log, FINISHED, 4)[-1].endswith("migrations=1"), moved
+            assert httpx.post(f"{url}/admin/instances/{busy}/undrain", headers=admin).status_code == 200
+        assert moved, log.read_text()[-4000:]
+        assert any(line.endswith("migrations=1") for line in wait_for(log, FINISHED, 4)), log.read_text()[-4000:]
 
         # `llumnix top --once` shows the same cluster: the drained instance and the migration
         top = subprocess.run([sys.executable, "-m", "llumnix.cli", "top", "--url", url, "--key", "k", "--once"],
                              capture_output=True, text=True, timeout=60)
         assert top.returncode == 0, top.stderr
         rows = {line.split()[0]: line.split() for line in top.stdout.splitlines() if line.startswith("instance-")}
-        assert rows[busy[0]][1] == "draining" and len(rows) == 2, top.stdout
-        assert re.search(rf"^ +[\d.]+s ago  \S+  {busy[0]} -> instance-\d  committed, stall [\d.]+ ms$", top.stdout,
+        assert rows[busy][1] == "draining" and len(rows) == 2, top.stdout
+        assert re.search(rf"^ +[\d.]+s ago  \S+  {busy} -> instance-\d  committed, stall [\d.]+ ms$", top.stdout,
                          re.M), top.stdout
 
         proc.send_signal(signal.SIGTERM)
