@@ -149,3 +149,13 @@ def test_disable_log_requests_silences_the_request_lines_only(tiny_model_dir, tm
         wait_for(log, THROUGHPUT)  # the logging works: the throughput line comes
         time.sleep(1.0)  # and a request line, had there been one, was written before it
         assert "Finished request" not in log.read_text()
+
+
+def test_an_instance_actors_lines_reach_the_terminal_too(tiny_model_dir, tmp_path):
+    """PD: each prefill instance logs its hand-offs, forwarded by Ray with its prefix."""
+    log = tmp_path / "serve.log"
+    with serve(tiny_model_dir, log, "--instances", "2", "--prefill-instances", "1") as (url, _):
+        for _ in range(3):
+            complete(url, 64)
+        wait_for(log, rf"^(?:\x1b\[\d+m)?\(InstanceActor pid=\d+\)(?:\x1b\[0m)? {STAMP} INFO llumnix\.cluster\.handoff: "
+                      r"PD hand-off of \S+ instance-0 -> instance-1 committed: .*, downtime [\d.]+ ms$")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 import pytest
 
@@ -102,6 +103,7 @@ def test_configure_logging_installs_one_handler_and_levels(monkeypatch):
     try:
         assert configure_logging() == "info"
         assert configure_logging("debug") == "debug"  # a second call changes the level only
+        assert os.environ["LLUMNIX_LOG_LEVEL"] == "debug"  # what the Ray processes started from here inherit
         added = [h for h in root.handlers if h not in before]
         assert len(added) <= 1 and len([h for h in root.handlers if getattr(h, "_llumnix_handler", False)]) == 1
         assert logging.getLogger("llumnix.x").getEffectiveLevel() == logging.DEBUG
