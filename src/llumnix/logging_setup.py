@@ -31,6 +31,8 @@ def configure_logging(level: str | None = None) -> str:
     if name not in LOG_LEVELS:
         name = "info"
     os.environ[LEVEL_ENV] = name  # what the actors started from here read
+    if not sys.stderr.isatty():  # a log file or journal: Ray's prefix on the actors' lines without colour codes
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     root = logging.getLogger()
     if not any(getattr(h, _MARK, False) for h in root.handlers):
         handler = logging.StreamHandler(sys.stderr)
