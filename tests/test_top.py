@@ -46,3 +46,24 @@ def test_no_gateway_is_one_line(capsys):
     url = f"http://127.0.0.1:{free_port()}"
     assert main(["top", "--url", url, "--once"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"llumnix top: error: cannot reach {url}: ConnectError"]
+
+
+def test_the_live_view_redraws_until_ctrl_c():
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from llumnix.gateway.inprocess import InProcessGateway
+    from tests.gateway.test_metrics import StatusBackend
+
+    with InProcessGateway(StatusBackend()) as url:
+        proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "top", "--url", url, "--interval", "0.2"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    screens = out.split("\x1b[H\x1b[2J")[1:]
+    assert len(screens) >= 3, out
+    assert all(screen.startswith(f"llumnix top  {url}  ") and "\ni0 " in screen for screen in screens[:-1]), screens[0]

@@ -103,9 +103,13 @@ def main_top(args: argparse.Namespace) -> int:
     if args.once:
         print(render(fetch(args.url, args.key), args.url, time.time()))
         return 0
+    fetch(args.url, args.key)  # a wrong URL or key is one line, before the screen is taken
     try:
         while True:
-            view = render(fetch(args.url, args.key), args.url, time.time())
+            try:
+                view = render(fetch(args.url, args.key), args.url, time.time())
+            except LlumnixError as e:  # a gateway restarting: say so, and keep trying
+                view = f"llumnix top  {args.url}  {time.strftime('%H:%M:%S')}\n\n  {e}; trying again"
             sys.stdout.write("\x1b[H\x1b[2J" + view + "\n")  # home, clear: one screen redrawn
             sys.stdout.flush()
             time.sleep(args.interval)
