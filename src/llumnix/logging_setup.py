@@ -23,6 +23,19 @@ DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 _MARK = "_llumnix_handler"
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``sys.stderr`` as it is at each line, not as it was when installed (a
+    process, or a test harness, may replace it)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def configure_logging(level: str | None = None) -> str:
     """Install the handler (once per process; a second call only changes the level) and
     return the level in force: ``level``, else ``$LLUMNIX_LOG_LEVEL``, else info. A level
@@ -35,7 +48,7 @@ def configure_logging(level: str | None = None) -> str:
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     root = logging.getLogger()
     if not any(getattr(h, _MARK, False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(FORMAT, DATE_FORMAT))
         setattr(handler, _MARK, True)
         root.addHandler(handler)
