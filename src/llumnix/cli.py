@@ -7,6 +7,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from llumnix.bench.machine import RESULTS_DIR
 from llumnix.core.errors import LlumnixError
@@ -77,6 +78,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     raise LlumnixError(f"unknown benchmark {args.what!r}")
 
 
+def _cmd_top(args: argparse.Namespace) -> int:
+    from llumnix.top import main_top
+
+    return main_top(args)
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
     from llumnix.bench.profile import main_profile
 
@@ -88,6 +95,37 @@ def _set_threads(n: int | None) -> None:
         import torch
 
         torch.set_num_threads(n)
+
+
+def _add_bench_parser(sub: Any) -> None:
+    b = sub.add_parser("bench", help="run a committed benchmark",
+                       description="engine: one engine's prefill and decode speed; migration: live migration "
+                       "against blocking copy and recompute by sequence length; serve: a load generator for any "
+                       "OpenAI endpoint; cluster: the real cluster, system against system (about 15 minutes; "
+                       f"see its group below). Each writes JSON (and a plot) to --out, default ./{RESULTS_DIR}/.")
+    b.add_argument("what", choices=["engine", "migration", "serve", "cluster"])
+    _add_model_args(b)
+    b.add_argument("--out", default=RESULTS_DIR,
+                   help=f"directory for the JSON result and plot (default: ./{RESULTS_DIR}, never the checkout's "
+                        "committed results unless named)")
+    b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
+    b.add_argument("--no-reference", action="store_true",
+                   help="skip the Hugging Face transformers reference")
+    mb = b.add_argument_group("bench migration")
+    mb.add_argument("--transport", default=None,
+                    help="comma-separated KV transports to measure: tcp,gloo,ray (default: all)")
+    mb.add_argument("--repeats", type=int, default=None, help="live migrations per transport and length")
+    mb.add_argument("--bulk-rate", type=float, default=None, metavar="MB_PER_S",
+                    help="pace pre-copy stages to this many MB/s (the last stage is never paced)")
+    mb.add_argument("--bulk-idle", action=argparse.BooleanOptionalAction, default=True,
+                    help="run pre-copy threads in SCHED_IDLE, only on otherwise idle cores (default: on)")
+    from llumnix.bench.serve_bench import add_serve_bench_args
+
+    add_serve_bench_args(b)
+    from llumnix.bench.cluster_bench import add_cluster_bench_args
+
+    add_cluster_bench_args(b)
+    b.set_defaults(func=_cmd_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_gateway_args(gw)
     gw.set_defaults(func=_cmd_gateway)
 
+    top = sub.add_parser("top", help="the cluster in a terminal: per instance KV, freeness, requests; migrations",
+                         description="A terminal view of a gateway's /admin/cluster, redrawn every --interval "
+                         "seconds: per instance its state, role, KV in use, freeness, running and waiting requests "
+                         "and preemptions; the newest migrations with their stall.")
+    from llumnix.top import add_top_args
+
+    add_top_args(top)
+    top.set_defaults(func=_cmd_top)
+
     sim = sub.add_parser("simulate", help="run a discrete-event cluster simulation from a YAML config")
     sim.add_argument("config", help="experiment YAML, e.g. benchmarks/sim/figure11.yaml")
     sim.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field")
@@ -142,31 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--quick", action="store_true", help="a tiny grid (smoke test)")
     pr.set_defaults(func=_cmd_profile)
 
-    b = sub.add_parser("bench", help="run a committed benchmark")
-    b.add_argument("what", choices=["engine", "migration", "serve", "cluster"])
-    _add_model_args(b)
-    b.add_argument("--out", default=RESULTS_DIR,
-                   help=f"directory for the JSON result and plot (default: ./{RESULTS_DIR}, never the checkout's "
-                        "committed results unless named)")
-    b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
-    b.add_argument("--no-reference", action="store_true",
-                   help="skip the Hugging Face transformers reference")
-    mb = b.add_argument_group("bench migration")
-    mb.add_argument("--transport", default=None,
-                    help="comma-separated KV transports to measure: tcp,gloo,ray (default: all)")
-    mb.add_argument("--repeats", type=int, default=None, help="live migrations per transport and length")
-    mb.add_argument("--bulk-rate", type=float, default=None, metavar="MB_PER_S",
-                    help="pace pre-copy stages to this many MB/s (the last stage is never paced)")
-    mb.add_argument("--bulk-idle", action=argparse.BooleanOptionalAction, default=True,
-                    help="run pre-copy threads in SCHED_IDLE, only on otherwise idle cores (default: on)")
-    from llumnix.bench.serve_bench import add_serve_bench_args
-
-    add_serve_bench_args(b)
-    from llumnix.bench.cluster_bench import add_cluster_bench_args
-
-    add_cluster_bench_args(b)
-    b.set_defaults(func=_cmd_bench)
+    _add_bench_parser(sub)
     return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each subcommand's parser, by name."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
 
 
 def check_writable(path: str, *, is_dir: bool) -> None:
@@ -182,7 +212,14 @@ def check_writable(path: str, *, is_dir: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # one line naming the flag and the nearest one the command has, not the top-level usage
+        from llumnix.cluster.vllm_flags import unknown_flag
+
+        command = _subcommands(parser)[args.command]
+        print(f"llumnix {args.command}: error: {unknown_flag(command, extras)}", file=sys.stderr)
+        return 2
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         if getattr(args, "out", None):

@@ -2,6 +2,8 @@
 finding 9), while its counts stay exact."""
 from __future__ import annotations
 
+import logging
+
 from llumnix.cluster.history import MigrationHistory
 
 
@@ -37,3 +39,16 @@ def test_every_abort_is_counted_by_reason_past_the_history_kept():
     assert sum(by.values()) == s["aborted"] == 200
     assert set(by) >= {"source_finished", "transport_error", "timeout", "other"}  # every code, 0 or more
     assert s["recent"][-1]["abort_code"] == "destination_gone"  # the text's code, shown with it
+
+
+def test_each_migration_is_one_log_line_with_its_downtime(caplog):
+    caplog.set_level(logging.INFO, logger="llumnix.cluster.history")
+    h = MigrationHistory()
+    h.add([{"request_id": "r1", "src_instance_id": "instance-0", "dst_instance_id": "instance-1", "committed": True,
+            "num_blocks": 4, "num_stages": 2, "duration": 0.05, "downtime": 0.0071},
+           {"request_id": "r2", "src_instance_id": "instance-0", "dst_instance_id": "instance-1", "committed": False,
+            "abort_reason": "destination has no room"}])
+    assert [r.getMessage() for r in caplog.records] == [
+        "migration of r1 instance-0 -> instance-1 committed: 4 blocks (0 adopted) in 2 stages in 0.050 s, "
+        "downtime 7.1 ms",
+        f"migration of r2 instance-0 -> instance-1 aborted ({h.reports[-1]['abort_code']})"]

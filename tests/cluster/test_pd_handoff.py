@@ -5,6 +5,8 @@ block accounting exact on both sides, committed or aborted."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 import time
 
 import pytest
@@ -54,7 +56,8 @@ def _where(pair: Pair, rid: str) -> list[str]:
 
 
 @pytest.mark.slow  # seconds of decoding, so hand-offs one at a time overlap the requests
-def test_requests_move_to_the_decode_instance_after_their_first_token_tokens_once():
+def test_requests_move_to_the_decode_instance_after_their_first_token_tokens_once(caplog):
+    caplog.set_level(logging.INFO, logger="llumnix.cluster.handoff")
     params = SamplingParams(max_tokens=150)  # 1.5 s each: hand-offs one at a time finish first under load
     reports: list[dict] = []
     with Pair(num_blocks=256, dst_blocks=256) as pair:
@@ -69,6 +72,10 @@ def test_requests_move_to_the_decode_instance_after_their_first_token_tokens_onc
         # a request may finish before its turn (tests/cluster/test_pd_cluster.py requires all)
         assert any(r["committed"] for r in reports), reports
         assert all(r["committed"] or r["abort_code"] == "source_finished" for r in reports), reports
+        lines = [r.getMessage() for r in caplog.records if r.name == "llumnix.cluster.handoff"]
+        assert len(lines) == sum(r["committed"] for r in reports)  # one line each; none for a request that ended first
+        assert all(re.fullmatch(r"PD hand-off of x\d \S+ -> dst committed: \d+ blocks .*, downtime [\d.]+ ms", line)
+                   for line in lines), lines
         for i in range(3):
             rid = f"x{i}"
             assert sorted(k for k, _ in pair.tokens[rid]) == list(range(1, 151))  # each token once

@@ -57,6 +57,8 @@ class FakeEngine:
         """What /v1/models lists; a completion naming another model gets vLLM's 404."""
         self.prompts: list[Any] = []
         self.bodies: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []
+        """Each completion request's Authorization header (None: none sent)."""
         self.num_in_flight = 0
         self.num_huge_bytes_sent = 0
         """Bytes of a huge body, line or header written before the gateway hung up."""
@@ -86,6 +88,7 @@ class FakeEngine:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        self.authorizations.append(request.headers.get("Authorization"))
         self.prompts.append(body["prompt"])
         mode = self.mode
         name, _, arg = mode.partition(":")

@@ -23,6 +23,7 @@ from llumnix.core.batch import RequestOutput
 from llumnix.core.errors import LlumnixError
 from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest
+from llumnix.logging_setup import configure_logging
 from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, SchedulingConfig
 from llumnix.policy.lifecycle import InstanceState, Lifecycles
 from llumnix.policy.rounds import pairs_to_start, scaling_round, victims_to_stop
@@ -77,6 +78,7 @@ class InstanceActor:
         from llumnix.migration.transport import TransportOptions
         from llumnix.migration.transports import check_transport
 
+        configure_logging()  # $LLUMNIX_LOG_LEVEL, from the serve process
         torch.set_num_threads(threads)
         set_switch_interval()
         cfg = SchedulingConfig.from_dict(scheduling)
@@ -480,6 +482,7 @@ class LlumSchedActor:
         from llumnix.cluster.meta_store import RedisMetaStore, StoreWriter, make_meta_store
         from llumnix.cluster.pd import PDBook
 
+        configure_logging()  # $LLUMNIX_LOG_LEVEL, from the serve process
         cfg = SchedulingConfig.from_dict(scheduling)
         self.gs = GlobalScheduler(cfg, seed=seed)
         self.pd = PDBook(cfg.pd, cfg.freeness)
@@ -716,6 +719,7 @@ class LlumSchedActor:
         with self._lock:
             self.lifecycle.move(instance_id, InstanceState.TERMINATING, time.time(), "drain")
             self.gs.mark_terminating(instance_id)
+        log.info("instance %s draining (admin): no new requests, its requests migrate out", instance_id)
         return {"instance_id": instance_id, "draining": True}
 
     def _handle_for_admin(self, instance_id: str) -> Any:
@@ -735,6 +739,7 @@ class LlumSchedActor:
         with self._lock:
             self.lifecycle.move(instance_id, InstanceState.SERVING, time.time())
             self.gs.unmark_terminating(instance_id)
+        log.info("instance %s undrained (admin): takes requests again", instance_id)
         return {"instance_id": instance_id, "draining": False}
 
     def capacity(self) -> dict[str, Any]:

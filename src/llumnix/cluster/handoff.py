@@ -10,6 +10,7 @@ from typing import Any
 
 from llumnix.core.batch import RequestOutput
 from llumnix.core.request import RequestStatus
+from llumnix.logging_setup import migration_line
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,8 @@ class HandoffWorker:
             report = {"committed": False, "abort_reason": f"{type(e).__name__}: {e}"}
         report.setdefault("request_id", request_id)
         report.setdefault("dst_instance_id", dst[0])
+        if report.get("abort_code") != "source_finished":  # a request that ended first needs no hand-off
+            log.info("%s", migration_line(report, "PD hand-off"))
         try:
             self._done(report)
         finally:

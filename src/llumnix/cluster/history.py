@@ -2,11 +2,15 @@
 reports (a long-running cluster's memory and ``/admin/cluster`` stay bounded)."""
 from __future__ import annotations
 
+import logging
 from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Any
 
+from llumnix.logging_setup import migration_line
 from llumnix.migration import reasons
+
+log = logging.getLogger(__name__)
 
 HISTORY = 1000
 """Migration reports (and scaling events) kept; the counts are kept in full."""
@@ -32,6 +36,7 @@ class MigrationHistory:
                 m = {**m, "abort_code": reasons.of_report(m)}  # a failed round's text, classified once
                 self.aborted_by_reason[m["abort_code"]] += 1
             self.reports.append(m)
+            log.info("%s", migration_line(m))  # LlumSched's log: one line per migration
 
     def summary(self, in_flight: Iterable[str]) -> dict[str, Any]:
         """``/admin/cluster``'s migrations. A queued request moves as metadata and never
@@ -50,7 +55,8 @@ class MigrationHistory:
                 "downtime_s": downtimes[-20:],
                 "recent_downtimes_s": downtimes,
                 "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id", "dst_instance_id", "committed",
-                                                  "abort_reason", "abort_code", "end_time")} for m in recent]}
+                                                  "abort_reason", "abort_code", "end_time", "downtime",
+                                                  "was_queued")} for m in recent]}
 
 
 REACTION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

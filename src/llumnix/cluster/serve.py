@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import ipaddress
+import os
 import shlex
 import signal
 from concurrent.futures import ThreadPoolExecutor
@@ -11,11 +12,13 @@ from typing import Any
 
 import yaml
 
+from llumnix.cluster.serve_args import API_KEY_ENVS, flag_values, gateway_fields
 from llumnix.cluster.serve_args import add_gateway_args as add_gateway_args  # tests import these from here
 from llumnix.cluster.serve_args import add_serve_args as add_serve_args
-from llumnix.cluster.serve_args import flag_values, gateway_fields
 from llumnix.cluster.startup import Progress, bind_port, serve_http
+from llumnix.cluster.vllm_flags import check_vllm_flags
 from llumnix.core.errors import LlumnixError
+from llumnix.logging_setup import configure_logging
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -132,11 +135,14 @@ def main_serve(args: argparse.Namespace) -> int:
     from llumnix.cluster.launcher import start_cluster
     from llumnix.lite.serve import main_lite, wants_lite, wants_mixed
 
+    configure_logging(args.log_level)  # before Ray starts: its actors inherit the level
     if wants_lite(args) and not wants_mixed(args):  # --engine-url, or pools: in --config: engines we do not own
         return main_lite(args)
 
     progress = Progress("llumnix serve")
     system, cfg = build_system(args)  # no torch, no Ray: a bad flag or model path in a second
+    for note in check_vllm_flags(args):
+        progress(note)
     sock = bind_port(args.host, args.port)  # then the port: one in use fails now, not after the load
     engine = system.engine
     if engine.gpu_memory_utilization is not None and not engine.is_cuda:
@@ -181,6 +187,7 @@ def main_gateway(args: argparse.Namespace) -> int:
     from llumnix.cluster.launcher import attach_cluster
     from llumnix.cluster.serve_args import read_chat_template, served_model_name
 
+    configure_logging(args.log_level)
     progress = Progress("llumnix gateway")
     sock = bind_port(args.host, args.port)
     template = None if args.chat_template is None else read_chat_template(args.chat_template)
@@ -224,14 +231,35 @@ def _run_gateway(progress: Progress, cluster: Any, tokenizer: Any, args: argpars
 
     def ready() -> None:
         progress(f"ready in {progress.elapsed_s:.1f} s: {url}/v1  (model '{backend.model_name}')\n"
-                 f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
-                 f"-d '{{\"model\": \"{backend.model_name}\", \"messages\": [{{\"role\": \"user\", "
-                 f"\"content\": \"What is the capital of France?\"}}], \"max_tokens\": 30}}'")
+                 f"  try: {try_command(url, backend.model_name, args.api_key)}")
 
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    def on_sigterm(*_: Any) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack
     try:
-        serve_http(app, sock, args.uvicorn_log_level, args.shutdown_grace, ready)
-    finally:
-        cluster.shutdown()
-    return 0
+        try:
+            serve_http(app, sock, args.uvicorn_log_level, args.shutdown_grace, ready)
+        finally:
+            cluster.shutdown()
+    except Terminated:  # uvicorn re-raises the SIGTERM it stopped on, after its graceful shutdown
+        pass
+    return 0  # SIGTERM is how a supervisor (make, systemd, Kubernetes) asks for a clean stop
+
+
+class Terminated(Exception):
+    """SIGTERM: a clean stop, exit 0 (Ctrl-C stays a KeyboardInterrupt, exit 130)."""
+
+
+def try_command(url: str, model: str, api_key: str | None) -> str:
+    """The curl line printed at ready: with the key's header when the API needs one
+    (the key itself only where it was on the command line; from the environment it stays
+    in ``$LLUMNIX_API_KEY``)."""
+    auth = ""
+    if api_key:
+        env = next((e for e in API_KEY_ENVS if os.environ.get(e) == api_key), None)
+        auth = f' -H "Authorization: Bearer ${env}"' if env else " -H " + shlex.quote(f"Authorization: Bearer {api_key}")
+    return (f"curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
+            f"-d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", "
+            f"\"content\": \"What is the capital of France?\"}}], \"max_tokens\": 30}}'")

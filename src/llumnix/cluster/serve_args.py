@@ -12,7 +12,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from llumnix.cluster.vllm_flags import add_vllm_compat_args, check_vllm_flags
 from llumnix.core.errors import LlumnixError
+from llumnix.logging_setup import LEVEL_ENV, LOG_LEVELS
 
 API_KEY_ENVS = ("LLUMNIX_API_KEY", "VLLM_API_KEY")
 """Where the API key is read from when --api-key is not given (so it need not show in `ps`)."""
@@ -63,6 +65,17 @@ def human_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value:g}")
+    return value
+
+
 def fraction(text: str) -> float:
     """An argparse type: a number in (0, 1]."""
     try:
@@ -95,8 +108,15 @@ def _add_http_args(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
                    help="on SIGTERM/Ctrl-C, stop taking requests and let running ones finish for up "
                         "to S seconds (default 30)")
+    p.add_argument("--log-level", default=os.environ.get(LEVEL_ENV, "info"), choices=LOG_LEVELS,
+                   help="Llumnix's log level in this process, LlumSched and the instances (default info; "
+                        "other libraries log at warning)")
     p.add_argument("--disable-log-requests", action="store_true",
                    help="no log line per finished request")
+    p.add_argument("--disable-log-stats", action="store_true",
+                   help="no throughput line while requests are served")
+    p.add_argument("--log-stats-interval", type=positive_float, default=10.0, metavar="S",
+                   help="seconds between the throughput lines while requests are served (default 10)")
     p.add_argument("--uvicorn-log-level", default="warning", choices=UVICORN_LOG_LEVELS,
                    help="uvicorn's log level (default warning; info logs every HTTP request)")
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
@@ -119,6 +139,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     _add_http_args(p, 8000)
     _add_scheduling_args(p)
     _add_engine_args(p)
+    add_vllm_compat_args(p)
 
 
 def _add_scheduling_args(p: argparse.ArgumentParser) -> None:
@@ -177,6 +198,11 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "sized from what the weights, graphs and activations leave (instead of --kv-cache-mib); "
                    "no effect on cpu")
     p.add_argument("--max-num-seqs", type=positive_int, default=None, help="batch size limit per instance")
+    p.add_argument("--block-size", type=positive_int, default=None, metavar="N",
+                   help="tokens per KV block (default 16)")
+    p.add_argument("--num-gpu-blocks-override", type=positive_int, default=None, metavar="N",
+                   help="KV blocks per instance, instead of sizing the cache from --kv-cache-mib (vLLM's name; "
+                   "cpu too)")
     p.add_argument("--max-model-len", type=human_int, default=None, metavar="N",
                    help="longest sequence, prompt and output (default: the model's context; 4k = 4000, "
                    "4K = 4096)")
@@ -231,6 +257,7 @@ FLAG_PATHS = {
     "prefill_instances": "scheduling.pd.prefill_instances", "reschedule_interval": "deployment.reschedule_interval_s",
     "transport": "migration.transport", "cms": "deployment.cms", "ray_address": "deployment.ray_address",
     "kv_cache_mib": "engine.kv_cache_bytes", "max_num_seqs": "engine.max_num_seqs",
+    "block_size": "engine.block_size", "num_gpu_blocks_override": "engine.num_blocks",
     "chunked_prefill": "engine.chunked_prefill", "max_num_batched_tokens": "engine.max_num_batched_tokens",
     "prefix_caching": "engine.enable_prefix_caching", "device": "engine.device",
     "cuda_graphs": "engine.cuda_graphs", "gpus_per_instance": "deployment.gpus_per_instance",
@@ -266,7 +293,9 @@ def flag_values(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
 
 
 def check_supported(args: argparse.Namespace) -> None:
-    """vLLM's flags that have no meaning here are one line, not a start that ignores them."""
+    """vLLM's flags that have no meaning here are one line, not a start that ignores them
+    (``vllm_flags``)."""
+    check_vllm_flags(args)
     for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size),
                         ("--pipeline-parallel-size", args.pipeline_parallel_size)):
         if value > 1:
@@ -309,5 +338,6 @@ def read_chat_template(value: str) -> str:
 def gateway_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The ``GatewayConfig`` fields the gateway flags set."""
     return {"api_key": args.api_key, "admin_key": args.admin_key, "max_request_bytes": args.max_request_bytes,
-            "log_requests": not args.disable_log_requests, "http_read_timeout_s": args.http_read_timeout,
+            "log_requests": not args.disable_log_requests, "log_stats": not args.disable_log_stats,
+            "log_stats_interval_s": args.log_stats_interval, "http_read_timeout_s": args.http_read_timeout,
             "private_docs_and_metrics": args.private_metrics}

@@ -33,6 +33,9 @@ class GatewayConfig:
     tokenized (detokenized) in a worker thread, so the event loop keeps serving."""
     log_requests: bool = True
     """One INFO line per finished request (``--disable-log-requests`` turns it off)."""
+    log_stats: bool = True
+    """A throughput line every ``log_stats_interval_s`` while there is traffic
+    (``--disable-log-stats`` turns it off)."""
     log_stats_interval_s: float = 10.0
     """Seconds between the throughput lines logged while there is traffic."""
     http_read_timeout_s: float = 30.0
@@ -53,7 +56,8 @@ class GatewayContext:
     request_log: RequestLog = field(init=False)
 
     def __post_init__(self) -> None:
-        self.request_log = RequestLog(self.config.log_requests, self.config.log_stats_interval_s)
+        self.request_log = RequestLog(self.config.log_requests, self.config.log_stats_interval_s,
+                                      log_stats=self.config.log_stats)
 
     @property
     def model_name(self) -> str:

@@ -62,11 +62,13 @@ def _totals_of(info: dict[str, Any]) -> _Totals:
 
 
 class RequestLog:
-    """Per-request lines (unless ``log_requests`` is off) and the throughput loop."""
+    """Per-request lines (unless ``log_requests`` is off) and the throughput loop (unless
+    ``log_stats`` is off)."""
 
     def __init__(self, log_requests: bool = True, interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, log_stats: bool = True) -> None:
         self.log_requests = log_requests
+        self.log_stats = log_stats
         self.interval_s = interval_s
         self.clock = clock
         self.num_prompt_tokens = 0
@@ -84,7 +86,7 @@ class RequestLog:
 
     def ensure_running(self, cluster_info: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         """Start the throughput loop in this event loop, unless it runs already."""
-        if self._task is None or self._task.done():
+        if self.log_stats and (self._task is None or self._task.done()):
             self._last_time = self.clock()
             self._was_busy = True
             self._task = asyncio.get_running_loop().create_task(self._run(cluster_info))

@@ -133,19 +133,20 @@ class LiteConfig:
         return next(p for p in self.pools if p.name == name)
 
 
-def from_urls(urls: list[str], model: str, **fields: Any) -> LiteConfig:
-    """One pool of ``--engine-url`` endpoints serving ``model``."""
+def from_urls(urls: list[str], model: str, api_key: str | None = None, **fields: Any) -> LiteConfig:
+    """One pool of ``--engine-url`` endpoints serving ``model`` (each sent ``api_key``)."""
     eps = []
     for u in urls:
         try:
-            eps.append(build(EndpointConfig, {"url": u}, ""))
+            eps.append(build(EndpointConfig, {"url": u, "api_key": api_key}, ""))
         except SystemConfigError as e:
             raise SystemConfigError("--engine-url", e.problem) from None
     return LiteConfig(pools=(PoolConfig("default", tuple(eps), models=(model,)),), **fields)
 
 
-def from_doc(pools: Any, lite: Any = None) -> LiteConfig:
-    """A config file's ``pools:`` list (and optional ``lite:`` settings)."""
+def from_doc(pools: Any, lite: Any = None, api_key: str | None = None) -> LiteConfig:
+    """A config file's ``pools:`` list (and optional ``lite:`` settings); ``api_key`` is
+    sent to every endpoint whose entry names none (``--engine-api-key``)."""
     if not isinstance(pools, list):
         raise SystemConfigError("pools", "must be a list of pools")
     built = []
@@ -160,7 +161,7 @@ def from_doc(pools: Any, lite: Any = None) -> LiteConfig:
                                     "are the deployment's)")
         if not pool.internal and (not isinstance(eps, list) or not eps):
             raise SystemConfigError(join(where, "endpoints"), "must be a non-empty list")
-        endpoints = tuple(_build(EndpointConfig, {"url": e} if isinstance(e, str) else e,
+        endpoints = tuple(_build(EndpointConfig, _with_key({"url": e} if isinstance(e, str) else e, api_key),
                                  f"{where}.endpoints[{j}]") for j, e in enumerate(eps or ()))
         models = [pool.models] if isinstance(pool.models, str) else pool.models
         if not isinstance(models, list | tuple) or not all(isinstance(m, str) and m for m in models):
@@ -168,6 +169,12 @@ def from_doc(pools: Any, lite: Any = None) -> LiteConfig:
         built.append(PoolConfig(pool.name, endpoints, tuple(models), pool.weight, pool.fallback, pool.internal))
     settings = _build(_LiteFields, lite or {}, "lite")
     return LiteConfig(pools=tuple(built), **{k: v for k, v in vars(settings).items() if v is not None})
+
+
+def _with_key(entry: Any, api_key: str | None) -> Any:
+    if api_key is None or not isinstance(entry, dict) or entry.get("api_key") is not None:
+        return entry
+    return {**entry, "api_key": api_key}
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,20 @@ import yaml
 from llumnix.config.fields import SystemConfigError
 from llumnix.core.errors import LlumnixError
 from llumnix.lite.config import LiteConfig, from_doc, from_urls
+from llumnix.logging_setup import configure_logging
+
+ENGINE_API_KEY_ENV = "LLUMNIX_ENGINE_API_KEY"
+"""Where ``--engine-api-key`` is read from when not given (so it need not show in `ps`)."""
 
 
 def add_lite_args(p: argparse.ArgumentParser) -> None:
-    """The one flag `llumnix serve` adds for lite mode."""
+    """The flags `llumnix serve` adds for lite mode."""
     p.add_argument("--engine-url", action="append", default=None, metavar="URL",
                    help="lite mode: serve from this OpenAI-compatible engine (vLLM, SGLang, llama.cpp's "
                         "server, another llumnix serve), repeatable; no local instances are started")
+    p.add_argument("--engine-api-key", default=os.environ.get(ENGINE_API_KEY_ENV) or None, metavar="KEY",
+                   help="lite mode: sent as 'Authorization: Bearer KEY' to every --engine-url (and to each "
+                        f"endpoint of --config that names no api_key; default: ${ENGINE_API_KEY_ENV})")
 
 
 def wants_lite(args: argparse.Namespace) -> bool:
@@ -64,14 +72,15 @@ def lite_config(args: argparse.Namespace) -> tuple[LiteConfig, str, str]:
     names = getattr(args, "served_model_name", None)
     name = (names[0] if isinstance(names, list) else names) or served_name(str(model))
     dispatch = getattr(args, "dispatch", None) or ((doc.get("scheduling") or {}).get("dispatch") or {}).get("policy")
+    key = getattr(args, "engine_api_key", None)
     try:
         if getattr(args, "engine_url", None):
-            cfg = from_urls(args.engine_url, name, **({"dispatch": dispatch} if dispatch else {}))
+            cfg = from_urls(args.engine_url, name, key, **({"dispatch": dispatch} if dispatch else {}))
         else:
             lite = dict(doc.get("lite") or {})
             if dispatch:
                 lite.setdefault("dispatch", dispatch)
-            cfg = from_doc(doc.get("pools"), lite)
+            cfg = from_doc(doc.get("pools"), lite, key)
     except SystemConfigError as e:
         raise LlumnixError(str(e)) from None
     except LlumnixError as e:  # an unknown dispatch policy or its params
@@ -95,7 +104,10 @@ def build_lite_app(args: argparse.Namespace) -> tuple[Any, Any]:
                    admin_requires_key=getattr(args, "host", "127.0.0.1") not in ("127.0.0.1", "localhost", "::1"),
                    max_request_bytes=getattr(args, "max_request_bytes", "auto"),
                    http_read_timeout_s=getattr(args, "http_read_timeout", 30.0),
-                   private_docs_and_metrics=getattr(args, "private_metrics", False))
+                   private_docs_and_metrics=getattr(args, "private_metrics", False),
+                   log_requests=not getattr(args, "disable_log_requests", False),
+                   log_stats=not getattr(args, "disable_log_stats", False),
+                   log_stats_interval_s=getattr(args, "log_stats_interval", 10.0))
     return app, backend
 
 
@@ -130,6 +142,8 @@ def main_lite(args: argparse.Namespace) -> int:
     host, port = getattr(args, "host", "127.0.0.1"), getattr(args, "port", 8000)
     eps = ", ".join(f"{e.endpoint_id} ({e.url})" for e in backend.endpoints.values())
     print(f"llumnix serve (lite): http://{host}:{port}/v1  (model '{backend.model_name}') over {eps}", flush=True)
+    # uvicorn re-raises the SIGTERM it stopped on once it has shut down: a clean stop, exit 0
+    signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(app, host=host, port=port, log_level="warning", http=http_protocol(app),
                 timeout_graceful_shutdown=int(getattr(args, "shutdown_grace", 30)))
     return 0
@@ -149,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", default=None)
     p.add_argument("--admin-key", default=os.environ.get("LLUMNIX_ADMIN_KEY"))
     args = p.parse_args(argv)
+    configure_logging()
     if not wants_lite(args):
         p.error("give --engine-url or a --config with a pools: section")
     try:

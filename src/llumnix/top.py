@@ -1,0 +1,117 @@
+"""`llumnix top`: the cluster in a terminal, from a gateway's ``/admin/cluster``: per
+instance its state, PD role, KV in use, freeness, running and waiting requests and
+preemptions; the migrations (counts, and the newest with their stall). Redrawn every
+``--interval`` seconds; ``--once`` prints one view and exits (scripts, tests)."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from llumnix.core.errors import LlumnixError
+
+BAR = 10
+"""Characters of the KV usage bar."""
+NUM_RECENT = 8
+"""Migrations listed under the table, newest first."""
+
+
+def add_top_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (default http://127.0.0.1:8000)")
+    p.add_argument("--key", default=os.environ.get("LLUMNIX_ADMIN_KEY") or os.environ.get("LLUMNIX_API_KEY"),
+                   help="sent as 'Authorization: Bearer KEY' (default: $LLUMNIX_ADMIN_KEY, else $LLUMNIX_API_KEY)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between redraws (default 1)")
+    p.add_argument("--once", action="store_true", help="print one view and exit")
+
+
+def fetch(url: str, key: str | None) -> dict[str, Any]:
+    """``/admin/cluster``, or LlumnixError in one line (unreachable, refused, not a gateway)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        r = httpx.get(f"{url.rstrip('/')}/admin/cluster", headers=headers, timeout=5)
+    except httpx.HTTPError as e:
+        raise LlumnixError(f"cannot reach {url}: {type(e).__name__}") from None
+    if r.status_code in (401, 403):
+        raise LlumnixError(f"{url} refused /admin/cluster ({r.status_code}): pass its admin or API key with --key")
+    if r.status_code != 200:
+        raise LlumnixError(f"{url}/admin/cluster answered {r.status_code}: {r.text[:200]}")
+    info: dict[str, Any] = r.json()
+    return info
+
+
+def state_of(inst: dict[str, Any]) -> str:
+    if inst.get("is_terminating"):
+        return "draining"
+    return "serving" if inst.get("is_schedulable", True) else "unschedulable"
+
+
+def _bar(used: int, total: int) -> str:
+    share = used / total if total > 0 else 0.0
+    filled = min(BAR, round(share * BAR))
+    return f"[{'#' * filled}{'.' * (BAR - filled)}] {100 * share:3.0f}%"
+
+
+def _freeness(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.1f}"
+
+
+def _migration(m: dict[str, Any], now: float) -> str:
+    ago = f"{now - float(m['end_time']):5.1f}s ago" if m.get("end_time") else "          "
+    head = f"  {ago}  {m.get('request_id') or '-'}  {m.get('src_instance_id') or '-'} -> {m.get('dst_instance_id') or '-'}"
+    if not m.get("committed"):
+        return f"{head}  aborted ({m.get('abort_code') or m.get('abort_reason') or '?'})"
+    if m.get("was_queued"):
+        return f"{head}  committed (queued: no stall)"
+    stall = m.get("downtime")
+    return f"{head}  committed, stall {'-' if stall is None else f'{1000 * float(stall):.1f} ms'}"
+
+
+def render(info: dict[str, Any], url: str, now: float) -> str:
+    """The view of one ``/admin/cluster`` answer, as text."""
+    mig = info.get("migrations") or {}
+    insts = sorted((i for i in info.get("instances", ()) if isinstance(i, dict)), key=lambda i: str(i["instance_id"]))
+    lines = [f"llumnix top  {url}  {time.strftime('%H:%M:%S', time.localtime(now))}  dispatch "
+             f"{info.get('dispatch_policy', '-')}  dispatched {info.get('num_dispatched', 0)}  instances {len(insts)}",
+             f"migrations: {mig.get('committed', 0)} committed, {mig.get('aborted', 0)} aborted, "
+             f"{len(mig.get('in_flight') or ())} in flight",
+             "",
+             f"{'INSTANCE':<14}{'STATE':<15}{'ROLE':<9}{'KV USED':<19}{'FREENESS':>9}{'RUNNING':>9}{'WAITING':>9}"
+             f"{'PREEMPT':>9}"]
+    for i in insts:
+        lines.append(f"{str(i['instance_id']):<14}{state_of(i):<15}{str(i.get('role') or '-'):<9}"
+                     f"{_bar(int(i.get('num_used_blocks', 0)), int(i.get('num_total_blocks', 0))):<19}"
+                     f"{_freeness(i.get('freeness')):>9}{i.get('num_running', 0):>9}{i.get('num_waiting', 0):>9}"
+                     f"{i.get('num_preemptions', 0):>9}")
+    if not insts:
+        lines.append("  (no instance reports yet)")
+    recent = list(mig.get("recent") or ())[-NUM_RECENT:][::-1]
+    lines += ["", "recent migrations (newest first):" if recent else "recent migrations: none yet"]
+    lines += [_migration(m, now) for m in recent]
+    return "\n".join(lines)
+
+
+def main_top(args: argparse.Namespace) -> int:
+    if not args.interval > 0:
+        raise LlumnixError(f"--interval must be > 0, got {args.interval:g}")
+    if args.once:
+        print(render(fetch(args.url, args.key), args.url, time.time()))
+        return 0
+    fetch(args.url, args.key)  # a wrong URL or key is one line, before the screen is taken
+    try:
+        while True:
+            try:
+                view = render(fetch(args.url, args.key), args.url, time.time())
+            except LlumnixError as e:  # a gateway restarting: say so, and keep trying
+                view = f"llumnix top  {args.url}  {time.strftime('%H:%M:%S')}\n\n  {e}; trying again"
+            sys.stdout.write("\x1b[H\x1b[2J" + view + "\n")  # home, clear: one screen redrawn
+            sys.stdout.flush()
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
