@@ -49,8 +49,9 @@ class StatusFeed:
     CONNECT_TIMEOUT_S = 2.0
 
     def __init__(self, token: bytes, on_statuses: Callable[[str, list[InstanceStatus]], None],
-                 status_gap_s: float | None = None) -> None:
+                 status_gap_s: float | None = None, urgent_marks: bool = False) -> None:
         self._token, self._on_statuses, self._gap = token, on_statuses, status_gap_s
+        self._urgent_marks = urgent_marks
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -128,7 +129,7 @@ class StatusFeed:
         """Connect and prove the token, blocking (at most ``CONNECT_TIMEOUT_S``): the lines
         already open keep their bytes in the kernel meanwhile."""
         end = ClientEnd(self._token, CLIENT, 0, lambda *frame: self._on_frame(line, *frame),
-                        f"instance {line.instance_id}", self._gap)
+                        f"instance {line.instance_id}", self._gap, self._urgent_marks)
         sock = None
         try:
             sock = socket.create_connection(line.address, timeout=self.CONNECT_TIMEOUT_S)
