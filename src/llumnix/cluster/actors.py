@@ -25,6 +25,7 @@ from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest
 from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, SchedulingConfig
 from llumnix.policy.lifecycle import InstanceState, Lifecycles
+from llumnix.policy.pd import DECODES
 from llumnix.policy.rounds import pairs_to_start, scaling_round, victims_to_stop
 from llumnix.policy.trigger import PassTimer, Reactions
 
@@ -871,6 +872,9 @@ class LlumSchedActor:
     def _on_status(self, instance_id: str) -> None:
         """After a status of ``instance_id`` was taken (caller holds the lock): wake the
         rescheduler if it makes a source, a blocked queue or a destination one waits for."""
+        if self.gs.roles.get(instance_id, "mixed") not in DECODES:
+            self.reactions.remove(instance_id)  # PD: rescheduling pairs only within the decode pool
+            return
         status = self.gs.statuses.get(instance_id)
         if status is not None and self.reactions.on_status(status):
             self._timer.on_trigger()
