@@ -343,6 +343,43 @@ def test_a_feed_without_a_gap_gets_every_status_the_instance_reports(instance):
         feed.close()
 
 
+@pytest.mark.parametrize("urgent", [True, False])
+def test_a_status_whose_marks_changed_comes_at_once_to_a_line_that_asks(instance, urgent):
+    """LlumSched's line (``urgent_marks``): statuses one a gap (5 s here), but the one that
+    makes the instance a migration source at once; without it, not."""
+    import threading
+    import time
+
+    from llumnix.cluster.status_feed import StatusFeed
+
+    srv, chan = instance
+    got: list = []
+    lock = threading.Lock()
+
+    def on_statuses(iid, statuses):
+        with lock:
+            got.extend(statuses)
+
+    feed = StatusFeed(TOKEN, on_statuses, status_gap_s=5.0, urgent_marks=urgent)
+    try:
+        feed.watch("i0", chan.address)
+        deadline = time.time() + 10
+        while not got and time.time() < deadline:
+            time.sleep(0.02)
+        assert got and not got[-1].running  # idle: a destination
+        time.sleep(0.1)
+        # 62 of 64 blocks: F = 2, below the out threshold (3)
+        srv.call(lambda: srv.engine.add_request("big", list(range(1, 249)), SamplingParams(max_tokens=8)))
+        deadline = time.time() + 1.0
+        while time.time() < deadline and len(got) < 2:
+            time.sleep(0.01)
+        # (the request may be over by the time the line sends: the newest status goes)
+        with lock:
+            assert (len(got) >= 2) is urgent, [(s.timestamp, s.num_running) for s in got]
+    finally:
+        feed.close()
+
+
 def test_an_instance_the_feed_cannot_reach_leaves_the_other_lines_alone(instance):
     import time
 

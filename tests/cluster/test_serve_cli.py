@@ -106,6 +106,15 @@ def test_a_config_file_is_the_system_tree_and_flags_override_it(tmp_path):
         "in_threshold"] == 9
 
 
+def test_the_trigger_gap_flag_sets_the_scheduling_field_or_turns_triggers_off(capsys):
+    assert _build().scheduling["rescheduling"]["trigger_gap_s"] == 0.03  # the default
+    assert _build("--reschedule-trigger-gap", "0.05").scheduling["rescheduling"]["trigger_gap_s"] == 0.05
+    assert _build("--reschedule-trigger-gap", "off").scheduling["rescheduling"]["trigger_gap_s"] is None
+    with pytest.raises(SystemExit):
+        _build("--reschedule-trigger-gap", "soon")
+    assert "'soon' is neither seconds nor 'off'" in capsys.readouterr().err
+
+
 def test_old_config_files_with_flat_cluster_fields_still_work(tmp_path):
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text("instances: 3\ncms: memory\nthreads_per_instance: 2\nreschedule_interval_s: 1.5\n"

@@ -26,6 +26,7 @@ from llumnix.core.wire import GenerateRequest
 from llumnix.logging_setup import configure_logging
 from llumnix.policy import DispatchRequest, GlobalScheduler, Llumlet, SchedulingConfig
 from llumnix.policy.lifecycle import InstanceState, Lifecycles
+from llumnix.policy.pd import DECODES
 from llumnix.policy.rounds import pairs_to_start, scaling_round, victims_to_stop
 from llumnix.policy.trigger import PassTimer, Reactions
 
@@ -535,10 +536,10 @@ class LlumSchedActor:
         """From the step that made an instance a source to the first migration out of it."""
         self.num_passes = 0
         token = (instance_spec or {}).get("token")
-        # Triggered: every status the instances report (each may be the one that makes a
-        # source); else two per round, all a periodic round reads.
-        self.feed = None if not token else StatusFeed(token, self._on_fed_statuses,
-                                                      0.0 if gap is not None else reschedule_interval_s / 2)
+        # Two statuses a round and, triggered, at once each status whose marks changed
+        # (the one that makes a source): every status would cost per request.
+        self.feed = None if not token else StatusFeed(token, self._on_fed_statuses, reschedule_interval_s / 2,
+                                                      urgent_marks=gap is not None)
         """Lines to the instances' channels, where this actor reads their statuses
         (``status_feed``); None without the cluster's token (statuses come by push)."""
         self.num_resumed_from_cms = self._resume_from_cms()
@@ -879,6 +880,9 @@ class LlumSchedActor:
     def _on_status(self, instance_id: str) -> None:
         """After a status of ``instance_id`` was taken (caller holds the lock): wake the
         rescheduler if it makes a source, a blocked queue or a destination one waits for."""
+        if self.gs.roles.get(instance_id, "mixed") not in DECODES:
+            self.reactions.remove(instance_id)  # PD: rescheduling pairs only within the decode pool
+            return
         status = self.gs.statuses.get(instance_id)
         if status is not None and self.reactions.on_status(status):
             self._timer.on_trigger()
@@ -1135,7 +1139,7 @@ class LlumSchedActor:
             fcfg, now = self.gs.config.freeness, time.time()
             index = self.gs.prefix_index
             return {"dispatch_policy": self.gs.config.dispatch.policy,
-                    "started_at": self._started_at,
+                    "started_at": self._started_at, "pid": os.getpid(),
                     "num_resumed_from_cms": self.num_resumed_from_cms,
                     "prefix_affinity": index is not None,
                     "num_dispatched": self.num_dispatched,

@@ -12,7 +12,7 @@ Frames are a 4-byte length and a pickle, exchanged only after both ends proved
 they hold the cluster's token (HMAC over the other's nonce), so nothing is
 unpickled from an unauthenticated peer::
 
-    server -> nonce_s    client -> nonce_c, HMAC(token, nonce_s), (client, ack, status_gap_s)
+    server -> nonce_s    client -> nonce_c, HMAC(token, nonce_s), (client, ack, status_gap_s[, urgent_marks])
     server -> HMAC(token, nonce_c)
     client -> ("add", GenerateRequest) | ("ack", seq)
     server -> ("out", last_seq, [RequestOutput], [InstanceStatus], [(request_id, error)])
@@ -93,10 +93,13 @@ class ClientEnd:
     both speak through it. Raises ConnectionError on a bad proof or an oversized frame."""
 
     def __init__(self, token: bytes, client: str, ack: int, on_frame: Callable[..., None], peer: str,
-                 status_gap_s: float | None = None) -> None:
+                 status_gap_s: float | None = None, urgent_marks: bool = False) -> None:
         self._token, self._client, self._ack, self._on_frame, self._peer = token, client, ack, on_frame, peer
         self._gap = status_gap_s
         """How often a status alone may come (None: the instance's busy report interval)."""
+        self._urgent_marks = urgent_marks
+        """A status whose rescheduling marks changed comes at once, gap or not (LlumSched's
+        triggered rescheduling, ``policy/trigger.py``)."""
         self._buf = bytearray()
         self._nonce = os.urandom(NONCE)
         self._hello_sent = False
@@ -123,7 +126,8 @@ class ClientEnd:
                 return reply
             server_nonce = bytes(buf[:NONCE])
             del buf[:NONCE]
-            reply = self._nonce + mac(self._token, server_nonce) + pack((self._client, self._ack, self._gap))
+            hello = (self._client, self._ack, self._gap) + ((True,) if self._urgent_marks else ())
+            reply = self._nonce + mac(self._token, server_nonce) + pack(hello)
             self._hello_sent = True
         if len(buf) < 32:
             return reply
@@ -194,14 +198,17 @@ class ChannelServer:
     def _proven(self, conn: socket.socket, _peer: Any, reply: bytes) -> None:
         threading.Thread(target=self._serve, args=(conn, reply), daemon=True, name="channel-conn").start()
 
-    def _hello(self, conn: socket.socket, reply: bytes) -> tuple[str, int, float]:
+    def _hello(self, conn: socket.socket, reply: bytes) -> tuple[str, int, float, bool]:
         """Our proof out, the client's hello in (it sent it with its own proof)."""
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn.settimeout(HELLO_TIMEOUT_S)
         conn.sendall(reply)
-        client, ack, gap = _recv_frame(conn)
+        client, ack, gap, *rest = _recv_frame(conn)
         conn.settimeout(None)
-        return str(client), int(ack), self._status_gap_s if gap is None else float(gap)
+        urgent = bool(rest and rest[0])
+        if urgent:
+            self._server.track_marks()
+        return str(client), int(ack), self._status_gap_s if gap is None else float(gap), urgent
 
     def _serve(self, conn: socket.socket, reply: bytes) -> None:
         with self._lock:
@@ -209,8 +216,8 @@ class ChannelServer:
         try:
             if self._closed.is_set():
                 return
-            client, ack, gap = self._hello(conn, reply)
-            writer = _Writer(self._server, conn, client, ack, self._heartbeat_s, gap)
+            client, ack, gap, urgent = self._hello(conn, reply)
+            writer = _Writer(self._server, conn, client, ack, self._heartbeat_s, gap, urgent)
             threading.Thread(target=writer.run, daemon=True, name="channel-writer").start()
             with self._lock:
                 self._clients[client] = self._clients.get(client, 0) + 1
@@ -247,14 +254,16 @@ class _Writer:
     A status alone goes at most every ``status_gap_s`` (the engine's busy report
     interval): an engine also reports after every add and every finished request, and a
     gateway that forwarded each would wake for every request of every other client in the
-    cluster. Outputs and refused adds go at once, with the newest status if there is one."""
+    cluster. Outputs and refused adds go at once, with the newest status if there is one;
+    with ``urgent_marks`` so does a status whose rescheduling marks changed."""
 
     def __init__(self, server: InstanceServer, conn: socket.socket, client: str, ack: int,
-                 heartbeat_s: float, status_gap_s: float) -> None:
+                 heartbeat_s: float, status_gap_s: float, urgent_marks: bool = False) -> None:
         self._server, self._conn, self._client = server, conn, client
         self._sent, self._status_sent = ack, -1
         self._status_at = -1e9
         self._heartbeat_s, self._status_gap_s = heartbeat_s, status_gap_s
+        self._urgent_marks = urgent_marks
         self._results: list[tuple[str, BaseException | None]] = []
         self._urgent = False
         """A refused add waits in ``_results``: send now."""
@@ -283,11 +292,13 @@ class _Writer:
         try:
             while not self._stopped:
                 hold = self._status_at + self._status_gap_s - time.monotonic()
+                marks_after = self._status_sent if hold > 0 and self._urgent_marks else None
                 last, outs, _ = server.wait_outputs(
                     self._client, self._sent, hold if hold > 0 else self._heartbeat_s,
                     status_after=None if hold > 0 else self._status_sent,
-                    wake=lambda: self._urgent or self._stopped)
-                if hold > 0 and not (outs or self._urgent or self._stopped):
+                    wake=lambda: self._urgent or self._stopped, marks_after=marks_after)
+                if hold > 0 and not (outs or self._urgent or self._stopped
+                                     or (marks_after is not None and server.marks_seq > marks_after)):
                     continue  # the gap is over: a status may go now
                 results = server.notify_readers(self._take_results, wake=False)
                 seq, status = server.newest_status(self._status_sent)

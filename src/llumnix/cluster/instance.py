@@ -48,6 +48,11 @@ class InstanceServer:
         """The latest pushed statuses, numbered: what the request channels forward (with
         the evicted prefix keys of every push since the one a channel sent last)."""
         self._status_seq = 0
+        self._marks_of: Callable[[InstanceStatus], int] | None = None
+        self._last_marks = -1
+        self.marks_seq = 0
+        """The number of the newest status whose rescheduling marks (``policy/trigger.py``)
+        differ from the one before it: what LlumSched's line wants at once (``track_marks``)."""
         self._commands: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._standing: list[tuple[Callable[[], Any], Future[Any]]] = []
         """``call_until``'s calls, run at every step boundary until each has its answer (step thread only)."""
@@ -148,12 +153,22 @@ class InstanceServer:
         with self._outbox_cv:
             self._box(client).ack(upto)
 
+    def track_marks(self) -> None:
+        """Mark each status whose rescheduling marks changed (``marks_seq``): a reader asked
+        for those at once. One freeness per status on the step thread, from then on."""
+        from llumnix.policy.trigger import marks_of
+
+        llumlet = self.llumlet
+        self._marks_of = lambda st: marks_of(st, llumlet.rescheduling, llumlet.freeness_cfg)
+
     def wait_outputs(self, client: str, after: int | None, timeout: float, status_after: int | None = None,
-                     wake: Callable[[], bool] | None = None) -> tuple[int, list[RequestOutput], int]:
+                     wake: Callable[[], bool] | None = None,
+                     marks_after: int | None = None) -> tuple[int, list[RequestOutput], int]:
         """``client``'s outputs numbered after ``after`` (None: every unacknowledged one),
         the number of the last, and the number of the newest pushed status; waits up to
         ``timeout`` for an output, a status newer than ``status_after`` (None: statuses do
-        not end the wait; there always is one, so a poll woken by it would spin) or
+        not end the wait; there always is one, so a poll woken by it would spin), a status
+        with new marks numbered after ``marks_after`` (``track_marks``; None: not waited for) or
         ``wake()`` (checked under the outbox lock, which whoever makes it true must notify)."""
         now = time.monotonic()
         deadline = now + timeout
@@ -162,6 +177,7 @@ class InstanceServer:
             box = self._box(client)
             while self.is_alive:
                 if box.has_after(after) or (status_after is not None and self._status_seq > status_after) \
+                        or (marks_after is not None and self.marks_seq > marks_after) \
                         or (wake is not None and wake()):
                     break
                 left = deadline - time.monotonic()
@@ -309,6 +325,7 @@ class InstanceServer:
         if force_report or self._report_due or now - self._last_report >= self._report_interval():
             self._last_report, self._report_due = now, False
             status = self.llumlet.push(time.time())
+        marks = -1 if status is None or self._marks_of is None else int(self._marks_of(status))
         if not outputs and status is None:
             return
         held, final_only = self._held, self._final_only
@@ -328,6 +345,8 @@ class InstanceServer:
             if status is not None:
                 self._status_seq += 1
                 self.statuses.append((self._status_seq, status))
+                if marks != self._last_marks:
+                    self._last_marks, self.marks_seq = marks, self._status_seq
             if published:  # a step whose outputs were all held wakes no channel writer
                 self._outbox_cv.notify_all()
         if status is not None and self._on_status is not None:

@@ -182,13 +182,28 @@ def _add_scheduling_args(p: argparse.ArgumentParser) -> None:
                    help="PD: instances started as prefill instances, the rest decode (default 1); alone it "
                    "means --pd static")
     p.add_argument("--reschedule-interval", type=float, default=None, metavar="S",
-                   help="seconds between LlumSched's migration (and scaling) rounds (default 0.5)")
+                   help="seconds between LlumSched's periodic migration (and scaling) rounds (default 0.5)")
+    p.add_argument("--reschedule-trigger-gap", type=_trigger_gap, default=None, metavar="S|off",
+                   help="a status that makes an instance a migration source starts a rescheduling pass at "
+                   "once, passes at least S seconds apart (default 0.03); off: the periodic rounds only")
     p.add_argument("--transport", default=None,
                    help="KV transport for live migration: tcp (default), gloo or ray")
     p.add_argument("--cms", default=os.environ.get("LLUMNIX_CMS") or None,
                    help="cluster meta store: memory (default) or redis://[:PASSWORD@]HOST:PORT (default: "
                         "$LLUMNIX_CMS, which keeps a password out of ps)")
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
+
+
+def _trigger_gap(value: str) -> float | str:
+    if value == "off":
+        return value
+    try:
+        gap = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither seconds nor 'off'") from None
+    if not gap >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds or 'off', got {value}")
+    return gap
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -285,6 +300,9 @@ def flag_values(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
         out["engine.cuda_graphs"] = ("--enforce-eager", False)
     if (name := served_model_name(args)) is not None:
         out["deployment.served_model_name"] = ("--served-model-name", name)
+    if args.reschedule_trigger_gap is not None:
+        gap = args.reschedule_trigger_gap
+        out["scheduling.rescheduling.trigger_gap_s"] = ("--reschedule-trigger-gap", None if gap == "off" else gap)
     if args.prefill_instances is not None and args.pd is None:
         out["scheduling.pd.mode"] = ("--prefill-instances", "static")
     if args.chat_template is not None:

@@ -5,7 +5,12 @@ A Ray call costs LlumSched about a millisecond of CPU (1.0-1.2 ms a push, measur
 status read here about a third of that. The line asks for a status at most twice a
 rescheduling round (one a second idle, as every channel): a round decides on statuses
 at most half a round old, at a cadence LlumSched sets, where the pushes came every
-quarter second whatever the rounds. The instances still
+quarter second whatever the rounds. With ``urgent_marks`` (triggered rescheduling) it
+also gets at once each status whose marks (``policy/trigger.py``: source, blocked,
+destination) differ from the status before: the one that makes a source comes within
+the step that made it. Every status instead would cost per request (an engine reports on
+each finished request): at 32 clients 0.17 ms a request against 0.005
+(``benchmarks/reaction.py``). The instances still
 push over Ray now and then: that carries their actor handle and PD role (a restarted
 LlumSched learns them from it), and every status while LlumSched has no line to them.
 
@@ -49,8 +54,9 @@ class StatusFeed:
     CONNECT_TIMEOUT_S = 2.0
 
     def __init__(self, token: bytes, on_statuses: Callable[[str, list[InstanceStatus]], None],
-                 status_gap_s: float | None = None) -> None:
+                 status_gap_s: float | None = None, urgent_marks: bool = False) -> None:
         self._token, self._on_statuses, self._gap = token, on_statuses, status_gap_s
+        self._urgent_marks = urgent_marks
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -128,7 +134,7 @@ class StatusFeed:
         """Connect and prove the token, blocking (at most ``CONNECT_TIMEOUT_S``): the lines
         already open keep their bytes in the kernel meanwhile."""
         end = ClientEnd(self._token, CLIENT, 0, lambda *frame: self._on_frame(line, *frame),
-                        f"instance {line.instance_id}", self._gap)
+                        f"instance {line.instance_id}", self._gap, self._urgent_marks)
         sock = None
         try:
             sock = socket.create_connection(line.address, timeout=self.CONNECT_TIMEOUT_S)
