@@ -111,7 +111,8 @@ class Simulator:
             self.loop.push(Event(self._next_scaling, EventKind.SCALING))
         start, cpu = time.perf_counter(), time.process_time()
         # Past the last request, in-flight migrations still run to their end (an abort).
-        self.loop.run(stop=lambda: self.num_done >= len(self.trace) and not self._num_migrating)
+        num_requests = len(self.trace)
+        self.loop.run(stop=lambda: self.num_done >= num_requests and not self._num_migrating)
         self.wall_s = time.perf_counter() - start
         self.cpu_s = time.process_time() - cpu
         return self.summary()
