@@ -89,6 +89,8 @@ def simulate(config: Path, src: Path) -> dict[str, Any]:
                        check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
         record = json.loads((Path(out) / "metrics.json").read_text())["records"][0]
     sim: dict[str, Any] = record["sim"]
+    if "cpu_s" not in sim:
+        raise SystemExit(f"speed_guard: {src} records no sim.cpu_s (code older than the guard)")
     return sim
 
 
@@ -119,7 +121,7 @@ def compare(result: dict[str, Any], record: dict[str, Any], tolerance: float = T
     line = (f"{result['config']}: {result['events_per_cpu_s']:,.0f} events per CPU second "
             f"({result['events_per_s']:,.0f} per wall second), reference "
             f"{result['reference_per_s']:,.0f}/s, score {result['score']:.2f} vs record "
-            f"{record['score']:.2f} ({ratio:.0%} of it; {word} below {1 - tolerance:.0%})")
+            f"{record['score']:.2f} ({ratio:.0%} of it; regressed below {1 - tolerance:.0%})")
     if result["num_events"] != record["num_events"]:
         line += (f"; the work changed: {result['num_events']:,} events, record "
                  f"{record['num_events']:,}")
