@@ -69,6 +69,35 @@ def test_incremental_pick_equals_the_full_pipeline(policy, params, seed):
     assert fast.view() == full.view()
 
 
+@pytest.mark.parametrize(("policy", "params"), INDEXED)
+def test_keys_deferred_past_a_rescheduling_read_decide_as_the_pipeline(policy, params):
+    # The simulator's reports: refresh=False, and rescheduling rounds (view()) rebuild the
+    # views between dispatches without the dispatch keys; the next dispatch must rebuild
+    # those keys, or it would pick from keys older than the views.
+    rng = random.Random(7)
+    fast, full = _pair(policy, params, staleness=2.0)
+    now, decisions = 10.0, 0
+    for i in range(6):
+        s = _random_status(rng, i, now)
+        fast.add_instance(s)
+        full.add_instance(s)
+    for k in range(600):
+        op = rng.random()
+        if op < 0.4:
+            s = _random_status(rng, rng.randrange(6), now)
+            fast.update_status(s, refresh=False)
+            full.update_status(s)
+        elif op < 0.6:
+            assert fast.view() == full.view()  # a rescheduling round's read
+        else:
+            req = DispatchRequest(f"q{k}", rng.randint(1, 400), rng.choice((0, 1)), now)
+            a, b = fast.dispatch(req, now), full.dispatch(req, now)
+            assert a == b, f"step {k}: index picked {a}, pipeline {b}"
+            decisions += a is not None
+        now += rng.choice((0.001, 0.01, 0.5))
+    assert decisions > 50
+
+
 @pytest.mark.parametrize(("policy", "params"), [("llm-d", {}), ("random", {}), ("power-of-two", {}),
                                                 ("llumnix", {"tie_break": "random"})])
 def test_policies_the_index_cannot_answer_use_the_pipeline(policy, params):

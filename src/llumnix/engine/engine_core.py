@@ -232,7 +232,7 @@ class EngineCore(MigrationOpsMixin):
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         params = req.sampling_params
-        n_out = req.num_output_tokens  # the new token included
+        n_out = len(req.output_token_ids)  # the new token included
         if n_out < params.min_tokens:
             pass  # nothing but the length ends it yet
         elif token == req.eos_token_id and not params.ignore_eos:
@@ -249,7 +249,7 @@ class EngineCore(MigrationOpsMixin):
             if hit is not None:
                 req.stop_reason = hit[1]
                 return RequestStatus.FINISHED_STOPPED
-        if req.num_output_tokens >= params.max_tokens or req.num_tokens >= self.config.max_model_len:
+        if n_out >= params.max_tokens or len(req.prompt_token_ids) + n_out >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 

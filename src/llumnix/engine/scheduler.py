@@ -110,10 +110,7 @@ class LocalScheduler:
         if admitted:
             return SchedulerOutput([self._entry(r) for r, _ in admitted], is_prefill=True)
         preempted = self._grow_running()
-        return SchedulerOutput(
-            [self._entry(r) for r in self.running], is_prefill=False,
-            preempted_request_ids=preempted,
-        )
+        return SchedulerOutput(self._decode_entries(), is_prefill=False, preempted_request_ids=preempted)
 
     def _schedule_chunked(self) -> SchedulerOutput:
         """Decodes, then prefills within the token budget: per priority level, highest
@@ -227,10 +224,12 @@ class LocalScheduler:
         """Give every running request a slot for its next token, preempting as needed."""
         kv = self.kv
         block_size = kv.block_size
+        tables = kv.tables
         growing: list[tuple[Request, int]] = []
         total = 0
-        for req in self.running:
-            need = -(-req.num_tokens // block_size) - kv.num_blocks_of(req.request_id)
+        for req in self.running:  # every running request every decode step: counts read directly
+            need = -(-(len(req.prompt_token_ids) + len(req.output_token_ids)) // block_size) \
+                - len(tables.get(req.request_id, ()))
             if need > 0:
                 growing.append((req, need))
                 total += need
@@ -271,6 +270,27 @@ class LocalScheduler:
             req.preempted_at = self._now()
         self.num_preemptions += 1
         self.enqueue(req)
+
+    def _decode_entries(self) -> list[ScheduledRequest]:
+        """``_entry`` of every running request in a decode step (each computes its last
+        token and samples), without the per-call work a prefill chunk needs."""
+        tables = self.kv.tables
+        entries: list[ScheduledRequest] = []
+        add = entries.append
+        for req in self.running:
+            p = req.sampling_params
+            out = req.output_token_ids
+            n_out = len(out)
+            banned: tuple[int, ...] = ()
+            if n_out < p.min_tokens:
+                eos = () if req.eos_token_id is None or p.ignore_eos else (req.eos_token_id,)
+                banned = (*eos, *p.stop_token_ids)
+            start = req.num_computed_tokens
+            n_prompt = len(req.prompt_token_ids)
+            tokens = out[start - n_prompt:] if start >= n_prompt else req.prompt_token_ids[start:] + out
+            add(ScheduledRequest(req.request_id, tokens, start, tables[req.request_id], p, req.seed, n_out,
+                                 req.prompt_token_ids, out, banned, True))
+        return entries
 
     def _entry(self, req: Request, num_tokens: int | None = None) -> ScheduledRequest:
         """The step's work for ``req``: its tokens from ``num_computed_tokens`` on, or the

@@ -15,7 +15,7 @@ needs them; such evictable blocks count as free everywhere (admission, freeness)
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from llumnix.core.errors import OutOfBlocksError, UnknownRequestError
 from llumnix.kv.block_pool import BlockPool
@@ -84,6 +84,12 @@ class KVManager:
             return self._tables[request_id]
         except KeyError:
             raise UnknownRequestError(request_id) from None
+
+    @property
+    def tables(self) -> Mapping[str, list[int]]:
+        """Every block table by request id, read only: for the hot paths that count the
+        blocks of every request at once (the status snapshot, a decode step's growth)."""
+        return self._tables
 
     def num_blocks_of(self, request_id: str) -> int:
         table = self._tables.get(request_id)

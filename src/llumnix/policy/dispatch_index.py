@@ -49,9 +49,10 @@ class DispatchIndex:
     def update(self, view: InstanceStatus, ctx: DispatchContext) -> None:
         """Re-key one instance after its view (or anything its metric reads) changed."""
         iid = view.instance_id
-        if not all(f(view, ctx) for f in self._static):
-            self._keys.pop(iid, None)
-            return
+        for f in self._static:  # a loop, not all(genexpr): once per instance per report
+            if not f(view, ctx):
+                self._keys.pop(iid, None)
+                return
         m = self._metric.value(view, ctx)
         self._keys[iid] = (-m if self._metric.higher_is_better else m, iid)
 

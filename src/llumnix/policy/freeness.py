@@ -84,14 +84,10 @@ def _running_usage(status: InstanceStatus, cfg: FreenessConfig) -> float:
     when no running request's priority carries headroom, V is their physical blocks, and
     the sum needs neither the per-priority shares nor the list (integers: the same value
     exactly as summing ``_running_usages``)."""
-    blocks = 0
-    priorities = set()
-    for r in status.running:
-        blocks += r.num_blocks
-        priorities.add(r.priority)
-    if any(headroom_blocks(cfg, p, status.block_size) for p in priorities):
+    running = status.running
+    if cfg.headroom_tokens and any(headroom_blocks(cfg, p, status.block_size) for p in {r.priority for r in running}):
         return sum(_running_usages(status, cfg))
-    return float(blocks)
+    return float(sum([r.num_blocks for r in running]))
 
 
 def per_request(free: float, num_requests: int) -> float:
@@ -124,8 +120,10 @@ def queue_aware_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
 
 
 def _queued_demand(status: InstanceStatus) -> int:
-    """Blocks every queued request needs to start."""
-    return sum(blocks_for(r.num_tokens, status.block_size) for r in status.waiting)
+    """Blocks every queued request needs to start (``blocks_for`` of each, inlined: every
+    dispatch key reads the whole queue)."""
+    bs = status.block_size
+    return sum([-(-r.num_tokens // bs) for r in status.waiting])
 
 
 def room_for_queued(status: InstanceStatus) -> int:

@@ -42,6 +42,9 @@ class GlobalScheduler:
         self._stale_views: set[str] = set()
         """Instances whose status changed since their view was built (``update_status``
         with ``refresh=False``): rebuilt before the next decision reads them."""
+        self._stale_keys: set[str] = set()
+        """Instances whose view the rescheduler rebuilt (``view``) but whose dispatch key
+        is not: recomputed before the next dispatch (a key is a function of the view)."""
         self._terminating: set[str] = set()
         self._removed: set[str] = set()
         self._rng = random.Random(seed)
@@ -82,6 +85,7 @@ class GlobalScheduler:
         self.statuses.pop(instance_id, None)
         self._views.pop(instance_id, None)
         self._stale_views.discard(instance_id)
+        self._stale_keys.discard(instance_id)
         self._ctx.memo.pop(instance_id, None)
         if self._index is not None:
             self._index.remove(instance_id)
@@ -162,17 +166,32 @@ class GlobalScheduler:
         self.statuses[status.instance_id] = status
         self._refresh(status.instance_id)
 
-    def _refresh_stale(self) -> None:
+    def _refresh_stale(self, keys: bool = True) -> None:
+        """Rebuild the stale views, and with ``keys`` the dispatch keys not rebuilt with them."""
         stale, self._stale_views = self._stale_views, set()
         for iid in stale:
             if iid in self.statuses:
-                self._refresh(iid)
+                self._refresh(iid, keys)
+        if keys and self._stale_keys:
+            stale, self._stale_keys = self._stale_keys, set()
+            for iid in stale:
+                if iid in self._views:
+                    self._refresh_key(iid)
 
-    def _refresh(self, instance_id: str) -> None:
+    def _refresh(self, instance_id: str, key: bool = True) -> None:
         self._stale_views.discard(instance_id)
-        view = self._views[instance_id] = self.pending.apply(self.statuses[instance_id])
+        self._views[instance_id] = self.pending.apply(self.statuses[instance_id])
         if self._index is None:
             return
+        if key:
+            self._refresh_key(instance_id)
+        else:
+            self._stale_keys.add(instance_id)
+
+    def _refresh_key(self, instance_id: str) -> None:
+        assert self._index is not None
+        self._stale_keys.discard(instance_id)
+        view = self._views[instance_id]
         if self.takes_prefill(instance_id):
             self._index.update(view, self._ctx)
         else:  # a decode instance is never a dispatch candidate
@@ -189,13 +208,13 @@ class GlobalScheduler:
         counted as running (see ``pending``), so a burst between two reports spreads out
         instead of landing on one instance."""
         if self._stale_views:
-            self._refresh_stale()
+            self._refresh_stale(keys=False)  # rescheduling reads views, not dispatch keys
         return list(self._views.values())
 
     def dispatch(self, req: DispatchRequest, now: float) -> str | None:
         """The instance for ``req``, or None if no instance can take it now (all
         unschedulable or terminating): the caller keeps it in its DispatchQueue."""
-        if self._stale_views:
+        if self._stale_views or self._stale_keys:
             self._refresh_stale()
         ctx = self._ctx
         ctx.now = now

@@ -31,8 +31,11 @@ class EventKind(enum.IntEnum):
     """An auto-scaling decision."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Event:
+    """Not frozen (one is built per step: a frozen dataclass costs twice as much to build);
+    nothing changes one once it is pushed."""
+
     time: float
     kind: EventKind
     target: Any = None

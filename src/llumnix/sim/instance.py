@@ -31,8 +31,10 @@ class SimInstance:
         self.executor = executor
         self.llumlet = llumlet
         self.up_since = up_since
+        self.is_up = True
+        """Started and not gone: it steps, reports and may be paired (kept with ``state``:
+        read for every instance at every status round)."""
         self.state = InstanceState.SERVING
-        """Where it is in the lifecycle every part of Llumnix shares (policy/lifecycle.py)."""
         self.migrations_out: dict[str, MigrationRun] = {}
         self.migrations_in: dict[str, MigrationRun] = {}
         self.at_boundary: list[Callable[[float], list[Event]]] = []
@@ -50,9 +52,14 @@ class SimInstance:
         """Integral of the KV blocks in use over time (blocks held during each step)."""
 
     @property
-    def is_up(self) -> bool:
-        """Started and not gone: it steps, reports and may be paired."""
-        return self.state in (InstanceState.SERVING, InstanceState.TERMINATING)
+    def state(self) -> InstanceState:
+        """Where it is in the lifecycle every part of Llumnix shares (policy/lifecycle.py)."""
+        return self._state
+
+    @state.setter
+    def state(self, to: InstanceState) -> None:
+        self._state = to
+        self.is_up = to in (InstanceState.SERVING, InstanceState.TERMINATING)
 
     @property
     def is_terminating(self) -> bool:

@@ -141,8 +141,10 @@ class PolicyBridge:
 
     def report(self, inst: SimInstance) -> None:
         status = inst.llumlet.push(self._now())
+        # refresh=False: the dispatch view is rebuilt when a decision next reads it, so a
+        # report overwritten before any decision costs no view (the same decisions).
         for gs in self._pools(self.roles.get(inst.instance_id, "mixed")):
-            gs.update_status(status)
+            gs.update_status(status, refresh=False)
 
     def set_role(self, inst: SimInstance, role: str) -> None:
         """Move ``inst`` between the pools (PD role change)."""
