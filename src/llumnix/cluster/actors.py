@@ -1123,6 +1123,13 @@ class LlumSchedActor:
         handle = self.handles.get(iid)
         return iid, ([] if handle is None else [handle.add_request.remote(request)])
 
+    def _lifecycle_of(self, instance_id: str) -> dict[str, Any]:
+        """An instance's lifecycle state and why it is there, as ``/admin/cluster`` lists them."""
+        e = self.lifecycle.get(instance_id)
+        if e is None:
+            return {"lifecycle": None, "lifecycle_reason": None}
+        return {"lifecycle": e.state.name.lower(), "lifecycle_reason": e.reason}
+
     def cluster_info(self) -> dict[str, Any]:
         from llumnix.cluster.meta_store import status_summary
 
@@ -1149,6 +1156,7 @@ class LlumSchedActor:
                         "live": sorted(i for i in self.gs.statuses if self.feed.is_live(i)),
                         "num_frames": self.feed.num_frames},
                     "instances": [{**status_summary(s, fcfg, now), "role": self.pd.role_of(s.instance_id),
+                                   **self._lifecycle_of(s.instance_id),
                                    # prompt blocks LlumSched remembers sending there (prefix affinity)
                                    "prefix_blocks_sent": None if index is None else index.size(s.instance_id),
                                    # keys forgotten so far because the instance reported them evicted

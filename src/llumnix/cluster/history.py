@@ -50,7 +50,8 @@ class MigrationHistory:
                 "downtime_s": downtimes[-20:],
                 "recent_downtimes_s": downtimes,
                 "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id", "dst_instance_id", "committed",
-                                                  "abort_reason", "abort_code", "end_time")} for m in recent]}
+                                                  "abort_reason", "abort_code", "end_time", "downtime",
+                                                  "was_queued")} for m in recent]}
 
 
 REACTION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
