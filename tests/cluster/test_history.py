@@ -37,3 +37,17 @@ def test_every_abort_is_counted_by_reason_past_the_history_kept():
     assert sum(by.values()) == s["aborted"] == 200
     assert set(by) >= {"source_finished", "transport_error", "timeout", "other"}  # every code, 0 or more
     assert s["recent"][-1]["abort_code"] == "destination_gone"  # the text's code, shown with it
+
+
+def test_recent_reports_carry_when_llumsched_learned_of_them_on_its_wall_clock():
+    """A report's own times are on its source's monotonic clock; the dashboard's timeline
+    needs a wall-clock time, the same for every report LlumSched took in at once."""
+    import time
+
+    h = MigrationHistory()
+    before = time.time()
+    report = {"request_id": "r", "committed": True, "downtime": 0.01, "end_time": 12.5}
+    h.add([report])
+    (recent,) = h.summary(())["recent"]
+    assert before <= recent["reported_at"] <= time.time() and recent["end_time"] == 12.5
+    assert "reported_at" not in report  # the caller's report is not changed

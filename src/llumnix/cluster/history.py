@@ -2,6 +2,7 @@
 reports (a long-running cluster's memory and ``/admin/cluster`` stay bounded)."""
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Any
@@ -21,7 +22,11 @@ class MigrationHistory:
         """Every abort by its ``migration.reasons`` code."""
 
     def add(self, reports: Iterable[dict[str, Any]]) -> None:
+        # a report's times are on its source's monotonic clock: LlumSched's wall clock
+        # says when it learned of it (the dashboard's timeline)
+        now = time.time()
         for m in reports:
+            m = {**m, "reported_at": now}
             if m.get("committed"):
                 self.num_committed += 1
                 self.num_committed_queued += bool(m.get("was_queued"))
@@ -29,7 +34,7 @@ class MigrationHistory:
                 self.num_blocks_adopted += int(m.get("num_blocks_cached", 0))
             else:
                 self.num_aborted += 1
-                m = {**m, "abort_code": reasons.of_report(m)}  # a failed round's text, classified once
+                m["abort_code"] = reasons.of_report(m)  # a failed round's text, classified once
                 self.aborted_by_reason[m["abort_code"]] += 1
             self.reports.append(m)
 
@@ -51,7 +56,7 @@ class MigrationHistory:
                 "recent_downtimes_s": downtimes,
                 "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id", "dst_instance_id", "committed",
                                                   "abort_reason", "abort_code", "end_time", "downtime",
-                                                  "was_queued")} for m in recent]}
+                                                  "was_queued", "reported_at")} for m in recent]}
 
 
 REACTION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
