@@ -419,6 +419,8 @@ class InstanceActor:
                     break
                 rep = migrate(picked[0], self.server, remote, sender, self.migration_config)
                 reports.append(dataclasses.asdict(rep))
+                with contextlib.suppress(Exception):  # now, not at the round's end (seconds later in a drain);
+                    self._llumsched.migration_reported.remote(reports[-1])  # the round's return is the record
                 self._drop_if_broken(rep, dst_instance_id)
                 if not rep.committed:
                     break
@@ -997,6 +999,12 @@ class LlumSchedActor:
         self.scaling_events.append({"time": time.time(), "kind": "start-failed", "instance_id": iid, "reason": why})
         with self._lock:
             self.gs.on_scale_out_failed()
+
+    def migration_reported(self, report: dict[str, Any]) -> None:
+        """One migration of a round still under way, as it ends (the round's return, which
+        the history counts once, comes later)."""
+        with self._lock:
+            self.migrations.add([report])
 
     def _reap_finished(self) -> None:
         done = [k for k, ref in self._in_flight.items() if ray.wait([ref], timeout=0)[0]]

@@ -20,12 +20,30 @@ class MigrationHistory:
         self.num_blocks_sent = self.num_blocks_adopted = 0
         self.aborted_by_reason: Counter[str] = Counter()
         """Every abort by its ``migration.reasons`` code."""
+        self._keys: deque[tuple[Any, ...]] = deque(maxlen=maxlen)
+        self._key_set: set[tuple[Any, ...]] = set()
+        """The last reports' identities: a report told as it ends and again in its round's
+        return is counted once."""
+
+    def _is_new(self, m: dict[str, Any]) -> bool:
+        if m.get("request_id") is None or m.get("start_time") is None:
+            return True  # a failed round's line: nothing to know it by
+        key = (m["request_id"], m.get("src_instance_id"), m["start_time"])
+        if key in self._key_set:
+            return False
+        if len(self._keys) == self._keys.maxlen:
+            self._key_set.discard(self._keys[0])
+        self._keys.append(key)
+        self._key_set.add(key)
+        return True
 
     def add(self, reports: Iterable[dict[str, Any]]) -> None:
         # a report's times are on its source's monotonic clock: LlumSched's wall clock
         # says when it learned of it (the dashboard's timeline)
         now = time.time()
         for m in reports:
+            if not self._is_new(m):
+                continue
             m = {**m, "reported_at": now}
             if m.get("committed"):
                 self.num_committed += 1
