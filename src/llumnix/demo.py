@@ -73,12 +73,12 @@ def _cluster(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         return
     from llumnix.cluster.startup import wait_until_healthy
 
-    key = secrets.token_urlsafe(12)
+    key = secrets.token_hex(12)
     url = f"http://127.0.0.1:{args.port}"
     log = Path(tempfile.mkdtemp(prefix="llumnix-demo-")) / "serve.log"
     cmd = [sys.executable, "-m", "llumnix.cli", "serve", "--model", args.model, "--port", str(args.port),
            "--instances", str(args.instances), "--kv-cache-mib", str(args.kv_cache_mib), "--admin-key", key,
-           "--reschedule-interval", "0.1"]
+           "--reschedule-interval", "0.1", "--shutdown-grace", "2"]
     print(f"starting {args.instances} instances of {args.model} (a minute or two on CPU); serve log: {log}",
           flush=True)
     with log.open("w") as out:
@@ -127,8 +127,9 @@ class Workload:
                 self._drain_busiest()
                 next_drain = time.monotonic() + self.args.drain_every
             time.sleep(0.2)
+        stop_by = time.monotonic() + 5.0  # the requests still running end with the cluster, not the other way
         for t in threads:
-            t.join(timeout=120)
+            t.join(timeout=max(0.0, stop_by - time.monotonic()))
         if self.errors:
             print(f"{len(self.errors)} requests failed, the first: {self.errors[0]}", flush=True)
         return self.num_done
@@ -143,11 +144,12 @@ class Workload:
                 try:
                     r = client.post("/v1/completions", json=body)
                 except httpx.HTTPError as e:
-                    self.errors.append(f"{type(e).__name__}: {e}")
+                    if time.monotonic() < self.deadline:
+                        self.errors.append(f"{type(e).__name__}: {e}")
                     continue
                 if r.status_code == 200:
                     self.num_done += 1
-                else:
+                elif time.monotonic() < self.deadline:  # not the cluster stopping under it
                     self.errors.append(f"{r.status_code} {r.text[:200]}")
 
     def _drain_busiest(self) -> None:

@@ -70,7 +70,7 @@ def migrate_by_drain(url: str) -> tuple[dict[str, Any], float, str, list[threadi
 
 def open_dashboard(page: DevTools, url: str) -> None:
     page.call("Page.navigate", url=f"{url}/dashboard?key={ADMIN_KEY}")
-    wait_for(lambda: page.evaluate("Number(document.body.dataset.polls || 0)") >= 2, 30, "the page polling")
+    wait_for(lambda: page.evaluate("Number(document.body?.dataset.polls || 0)") >= 2, 30, "the page polling")
     ids = wait_for(lambda: [s[0] for s in page.evaluate(STATES)] or None, 10, "instance rows")
     assert ids == ["instance-0", "instance-1"]
 
