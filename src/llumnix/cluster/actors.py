@@ -1004,7 +1004,7 @@ class LlumSchedActor:
         """One migration of a round still under way, as it ends (the round's return, which
         the history counts once, comes later)."""
         with self._lock:
-            self.migrations.add([report])
+            self.migrations.add([report], time.time())
 
     def _reap_finished(self) -> None:
         done = [k for k, ref in self._in_flight.items() if ray.wait([ref], timeout=0)[0]]
@@ -1013,7 +1013,7 @@ class LlumSchedActor:
                 reports = ray.get(self._in_flight.pop(k))
             except Exception as e:  # noqa: BLE001 - a dead source: recorded as a failed round
                 reports = [{"committed": False, "abort_reason": repr(e), "src_instance_id": k}]
-            self.migrations.add(reports)
+            self.migrations.add(reports, time.time())
 
     def update_status(self, status: InstanceStatus, handle: Any = None, role: str | None = None) -> None:
         if handle is None and status.instance_id not in self.gs.statuses:

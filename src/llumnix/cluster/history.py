@@ -2,7 +2,6 @@
 reports (a long-running cluster's memory and ``/admin/cluster`` stay bounded)."""
 from __future__ import annotations
 
-import time
 from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Any
@@ -37,10 +36,9 @@ class MigrationHistory:
         self._key_set.add(key)
         return True
 
-    def add(self, reports: Iterable[dict[str, Any]]) -> None:
-        # a report's times are on its source's monotonic clock: LlumSched's wall clock
-        # says when it learned of it (the dashboard's timeline)
-        now = time.time()
+    def add(self, reports: Iterable[dict[str, Any]], now: float = 0.0) -> None:
+        """``now``: when LlumSched learned of them, on its wall clock (a report's own times
+        are on its source's monotonic clock): ``reported_at``, the dashboard's timeline."""
         for m in reports:
             if not self._is_new(m):
                 continue
