@@ -1089,7 +1089,7 @@ class LlumSchedActor:
 
     def pd_handoff_done(self, src_id: str, report: dict[str, Any]) -> None:
         with self._lock:
-            self.pd.on_handoff(report)
+            self.pd.on_handoff({**report, "src_instance_id": src_id})  # the dashboard lists it by both ends
 
     def _pd_round(self) -> None:
         """Adaptive PD: this round's role changes (several lends at once under a burst,
