@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_args(s)
     s.set_defaults(func=_cmd_serve)
+    from llumnix.demo import add_demo_parser
+
+    add_demo_parser(sub)
 
     gw = sub.add_parser("gateway", help="one more OpenAI gateway in front of a running `llumnix serve` cluster")
     from llumnix.cluster.serve_args import add_gateway_args

@@ -57,6 +57,9 @@ def test_requests_prefill_on_the_prefill_instance_and_decode_on_the_decode_insta
     pd = httpx.get(f"{url}/admin/cluster", headers=ADMIN).json()["pd"]
     assert pd["handoffs_done"] == 4 and pd["handoffs_failed"] == 0, pd
     assert pd["handoff_downtime_s"]["count"] == 4
+    # each hand-off listed by both ends and LlumSched's time, as the dashboard shows it
+    assert {(h["src_instance_id"], h["dst_instance_id"]) for h in pd["handoffs_recent"]} == {("instance-0", "instance-1")}
+    assert all(h["reported_at"] > 1e9 for h in pd["handoffs_recent"])
     metrics = httpx.get(f"{url}/metrics").text
     assert 'llumnix:pd_handoffs_total{model_name="' in metrics and 'outcome="done"} 4.0' in metrics
     # every prefill ran on the prefill instance; the decode instance only decoded

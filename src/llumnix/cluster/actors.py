@@ -422,6 +422,8 @@ class InstanceActor:
                     break
                 rep = migrate(picked[0], self.server, remote, sender, self.migration_config)
                 reports.append(dataclasses.asdict(rep))
+                with contextlib.suppress(Exception):  # now, not at the round's end (seconds later in a drain);
+                    self._llumsched.migration_reported.remote(reports[-1])  # the round's return is the record
                 self._drop_if_broken(rep, dst_instance_id)
                 if not rep.committed:
                     break
@@ -1007,6 +1009,12 @@ class LlumSchedActor:
         with self._lock:
             self.gs.on_scale_out_failed()
 
+    def migration_reported(self, report: dict[str, Any]) -> None:
+        """One migration of a round still under way, as it ends (the round's return, which
+        the history counts once, comes later)."""
+        with self._lock:
+            self.migrations.add([report], time.time())
+
     def _reap_finished(self) -> None:
         done = [k for k, ref in self._in_flight.items() if ray.wait([ref], timeout=0)[0]]
         for k in done:
@@ -1014,7 +1022,7 @@ class LlumSchedActor:
                 reports = ray.get(self._in_flight.pop(k))
             except Exception as e:  # noqa: BLE001 - a dead source: recorded as a failed round
                 reports = [{"committed": False, "abort_reason": repr(e), "src_instance_id": k}]
-            self.migrations.add(reports)
+            self.migrations.add(reports, time.time())
 
     def update_status(self, status: InstanceStatus, handle: Any = None, role: str | None = None) -> None:
         if handle is None and status.instance_id not in self.gs.statuses:
@@ -1090,7 +1098,7 @@ class LlumSchedActor:
 
     def pd_handoff_done(self, src_id: str, report: dict[str, Any]) -> None:
         with self._lock:
-            self.pd.on_handoff(report)
+            self.pd.on_handoff({**report, "src_instance_id": src_id})  # the dashboard lists it by both ends
 
     def _pd_round(self) -> None:
         """Adaptive PD: this round's role changes (several lends at once under a burst,
@@ -1132,6 +1140,13 @@ class LlumSchedActor:
         handle = self.handles.get(iid)
         return iid, ([] if handle is None else [handle.add_request.remote(request)])
 
+    def _lifecycle_of(self, instance_id: str) -> dict[str, Any]:
+        """An instance's lifecycle state and why it is there, as ``/admin/cluster`` lists them."""
+        e = self.lifecycle.get(instance_id)
+        if e is None:
+            return {"lifecycle": None, "lifecycle_reason": None}
+        return {"lifecycle": e.state.name.lower(), "lifecycle_reason": e.reason}
+
     def cluster_info(self) -> dict[str, Any]:
         from llumnix.cluster.meta_store import status_summary
 
@@ -1158,6 +1173,7 @@ class LlumSchedActor:
                         "live": sorted(i for i in self.gs.statuses if self.feed.is_live(i)),
                         "num_frames": self.feed.num_frames},
                     "instances": [{**status_summary(s, fcfg, now), "role": self.pd.role_of(s.instance_id),
+                                   **self._lifecycle_of(s.instance_id),
                                    # prompt blocks LlumSched remembers sending there (prefix affinity)
                                    "prefix_blocks_sent": None if index is None else index.size(s.instance_id),
                                    # keys forgotten so far because the instance reported them evicted

@@ -23,9 +23,30 @@ class MigrationHistory:
         self.num_blocks_sent = self.num_blocks_adopted = 0
         self.aborted_by_reason: Counter[str] = Counter()
         """Every abort by its ``migration.reasons`` code."""
+        self._keys: deque[tuple[Any, ...]] = deque(maxlen=maxlen)
+        self._key_set: set[tuple[Any, ...]] = set()
+        """The last reports' identities: a report told as it ends and again in its round's
+        return is counted once."""
 
-    def add(self, reports: Iterable[dict[str, Any]]) -> None:
+    def _is_new(self, m: dict[str, Any]) -> bool:
+        if m.get("request_id") is None or m.get("start_time") is None:
+            return True  # a failed round's line: nothing to know it by
+        key = (m["request_id"], m.get("src_instance_id"), m["start_time"])
+        if key in self._key_set:
+            return False
+        if len(self._keys) == self._keys.maxlen:
+            self._key_set.discard(self._keys[0])
+        self._keys.append(key)
+        self._key_set.add(key)
+        return True
+
+    def add(self, reports: Iterable[dict[str, Any]], now: float = 0.0) -> None:
+        """``now``: when LlumSched learned of them, on its wall clock (a report's own times
+        are on its source's monotonic clock): ``reported_at``, the dashboard's timeline."""
         for m in reports:
+            if not self._is_new(m):
+                continue
+            m = {**m, "reported_at": now}
             if m.get("committed"):
                 self.num_committed += 1
                 self.num_committed_queued += bool(m.get("was_queued"))
@@ -33,7 +54,7 @@ class MigrationHistory:
                 self.num_blocks_adopted += int(m.get("num_blocks_cached", 0))
             else:
                 self.num_aborted += 1
-                m = {**m, "abort_code": reasons.of_report(m)}  # a failed round's text, classified once
+                m["abort_code"] = reasons.of_report(m)  # a failed round's text, classified once
                 self.aborted_by_reason[m["abort_code"]] += 1
             self.reports.append(m)
             log.info("%s", migration_line(m))  # LlumSched's log: one line per migration
@@ -56,7 +77,7 @@ class MigrationHistory:
                 "recent_downtimes_s": downtimes,
                 "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id", "dst_instance_id", "committed",
                                                   "abort_reason", "abort_code", "end_time", "downtime",
-                                                  "was_queued")} for m in recent]}
+                                                  "was_queued", "reported_at")} for m in recent]}
 
 
 REACTION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -28,6 +28,7 @@ within the decode pool.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -127,7 +128,7 @@ class PDBook:
             self.counts["handoffs_done"] += 1
             if report.get("downtime") is not None:
                 self.downtimes_s.append(float(report["downtime"]))
-            self.recent.append(dict(report))
+            self.recent.append({**report, "reported_at": time.time()})  # its times: the source's monotonic clock
             return
         code = str(report.get("abort_code") or report.get("abort_reason") or "other").split(":")[0][:60]
         self.abort_reasons[code] = self.abort_reasons.get(code, 0) + 1

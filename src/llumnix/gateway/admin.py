@@ -30,7 +30,11 @@ async def _answer(call: Awaitable[dict[str, Any]]) -> Any:
 
 @reads.get("/admin/cluster", response_model=dict[str, Any])
 async def cluster(request: Request) -> Any:
-    return await _answer(context(request).backend.cluster_info())
+    ctx = context(request)
+    info = await _answer(ctx.backend.cluster_info())
+    if isinstance(info, dict):
+        info = {**info, "requests": ctx.metrics.requests_summary()}  # this gateway's requests: the dashboard's rates
+    return info
 
 
 @changes.post("/admin/instances/{instance_id}/drain", response_model=dict[str, Any])

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from llumnix.gateway import admin, routes
+from llumnix.gateway import admin, dashboard, routes
 from llumnix.gateway.auth import AuthMiddleware
 from llumnix.gateway.backend import Backend
 from llumnix.gateway.context import GatewayConfig, GatewayContext
@@ -36,6 +36,7 @@ def build_app(backend: Backend, config: GatewayConfig | None = None, **fields: A
     app.fast = AuthMiddleware(BodyLimitMiddleware(fast, max_bytes=max_bytes), config=config)
     app.include_router(routes.router)
     app.include_router(admin.reads)
+    app.include_router(dashboard.router)
     if config.admin_key is not None:
         app.include_router(admin.changes)
     return app

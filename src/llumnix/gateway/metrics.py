@@ -181,6 +181,14 @@ class GatewayMetrics:
             if decode is not None:
                 self.inference_time.observe(prefill + decode)
 
+    def requests_summary(self) -> dict[str, Any]:
+        """The requests part of ``/admin/cluster`` (the dashboard's rates and percentiles):
+        cumulative counts the reader differences over its own window, as Prometheus does."""
+        done = self.request_generation_tokens
+        return {"time": time.time(), "num_finished": sum(done.counts), "num_output_tokens": done.sum,
+                "ttft": {"bounds": self.ttft.bounds, "counts": self.ttft.counts},
+                "itl": {"bounds": self.itl.bounds, "counts": self.itl.counts}}
+
     def observe_cluster(self, info: dict[str, Any] | None) -> None:
         """Take the cluster view (``/admin/cluster``) the scrape serves; ``None`` when it
         could not be read (no cluster series then, rather than stale ones)."""

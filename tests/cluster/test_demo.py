@@ -1,0 +1,48 @@
+"""`llumnix demo` as a user runs it: a real process that starts its cluster, prints the
+dashboard's address and a line per migration, and ends with a summary of committed
+migrations and their stall; its bad flags are one line."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from llumnix.cluster.startup import free_port
+
+pytest.importorskip("ray")
+
+
+def demo(*flags: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "llumnix.cli", "demo", *flags], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--url", "http://127.0.0.1:1"), "--url needs --key"),
+    (("--instances", "1"), "--instances must be at least 2"),
+])
+def test_bad_flags_are_one_line(flags, message):
+    r = demo(*flags)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [f"llumnix demo: error: {r.stderr.split('error: ', 1)[1].strip()}"]
+    assert message in r.stderr
+
+
+@pytest.mark.slow
+def test_the_demo_migrates_and_says_so(tiny_model_dir):
+    port = free_port()
+    r = demo("--model", str(tiny_model_dir), "--port", str(port), "--duration", "20", "--drain-every", "6",
+             "--max-tokens", "400", timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(rf"^dashboard: http://127\.0\.0\.1:{port}/dashboard\?key=\S+$", r.stdout, re.M), r.stdout
+    assert re.search(r"^ +[\d.]+s  draining instance-\d: its \d+ running requests migrate live", r.stdout, re.M)
+    lines = re.findall(r"^ +[\d.]+s  migration \S+ (instance-\d) -> (instance-\d) committed, stall ([\d.]+) ms$",
+                       r.stdout, re.M)
+    assert lines and all(src != dst for src, dst, _ in lines), r.stdout
+    summary = re.search(r"^summary: (\d+) migrations committed, \d+ aborted .*median ([\d.]+) ms, max ([\d.]+) ms; "
+                        r"(\d+) requests completed$", r.stdout, re.M)
+    assert summary, r.stdout
+    assert int(summary[1]) >= len(lines) >= 1 and int(summary[4]) > 0
+    assert float(summary[3]) == max(float(s) for *_, s in lines)  # the summary's max: the printed stalls'
