@@ -32,9 +32,13 @@ class StandInPolicy:
         self.sent.pop(inst.instance_id, None)
         self.statuses.pop(inst.instance_id, None)
 
-    def report(self, inst) -> None:
+    def report(self, inst) -> bool:
         self.num_reports += 1
         self.statuses[inst.instance_id] = inst.engine.get_status()
+        return False
+
+    def on_order(self, src_id, dst_id):
+        return None
 
     @staticmethod
     def _load(s: InstanceStatus) -> int:
