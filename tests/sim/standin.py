@@ -8,6 +8,7 @@ from llumnix.core.status import InstanceStatus
 
 class StandInPolicy:
     scaling_interval_s = 0.0
+    track_reactions = False
 
     def __init__(self, dispatch: str = "least-loaded", enable_migration: bool = False,
                  migrate_gap_blocks: int = 50) -> None:

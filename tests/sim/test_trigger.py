@@ -73,6 +73,7 @@ def test_without_the_trigger_migrations_start_only_at_round_boundaries():
     assert all(math.isclose(t / ROUND_S, round(t / ROUND_S), abs_tol=1e-9) for t, _ in orders)
     r = out["rescheduling"]
     assert r["trigger_gap_s"] is None and r["num_passes"] == 0 and r["num_rounds"] > 0
+    assert r["reaction_s"] is None  # marks are not computed without the trigger
 
 
 def test_the_trigger_run_is_deterministic():

@@ -108,6 +108,7 @@ class PolicyBridge:
         self.enable_migration = config.rescheduling.enabled
         self.reactions = Reactions(config.rescheduling, config.freeness)
         """Every status's rescheduling marks, as LlumSched keeps them: triggers, reaction times."""
+        self.track_reactions = False
         self.scaling_interval_s = scaling_interval_s if config.scaling.enabled else 0.0
 
     def bind(self, clock: Clock) -> None:
@@ -150,7 +151,7 @@ class PolicyBridge:
         # report overwritten before any decision costs no view (the same decisions).
         for gs in self._pools(role):
             gs.update_status(status, refresh=False)
-        if not self.enable_migration:
+        if not self.track_reactions:
             return False
         if role not in DECODES:  # as LlumSched: rescheduling pairs only within the decode pool
             self.reactions.remove(inst.instance_id)

@@ -20,6 +20,9 @@ class PolicyPort(Protocol):
     """Run rescheduling rounds."""
     scaling_interval_s: float
     """Seconds between auto-scaling decisions; 0 disables scaling."""
+    track_reactions: bool
+    """Run each report through the rescheduling trigger (the simulator sets it with
+    ``trigger_gap_s``: a status's marks cost about a fifth of a periodic run's time)."""
 
     def bind(self, clock: Clock) -> None:
         """The simulator's virtual clock, for the ``now`` every policy call takes."""

@@ -85,6 +85,7 @@ class Simulator:
         self._next_round = 0.0
         gap = config.trigger_gap_s if policy.enable_migration else None
         self._timer = None if gap is None else PassTimer(config.status_interval_s * config.reschedule_every, gap)
+        policy.track_reactions = self._timer is not None
         """Triggered passes, as LlumSched's (None: periodic rounds only)."""
         self._pass_at: float | None = None
         """When the pending triggered pass runs (None: none pending)."""
@@ -152,11 +153,16 @@ class Simulator:
         return out
 
     def _rescheduling_summary(self) -> dict[str, Any]:
-        r = np.asarray(self.reaction_s, float)
-        p50, p99 = np.percentile(r, [50, 99]) if r.size else (0.0, 0.0)
-        return {"trigger_gap_s": self.config.trigger_gap_s, "num_rounds": self.num_rounds,
-                "num_passes": self.num_passes, "num_triggers": self.num_triggers,
-                "reaction_s": {"count": int(r.size), "p50": float(p50), "p99": float(p99)}}
+        """Rounds and passes; with the trigger on, its triggers and the reaction times
+        (None without: marks are not computed then)."""
+        out: dict[str, Any] = {"trigger_gap_s": self.config.trigger_gap_s, "num_rounds": self.num_rounds,
+                               "num_passes": self.num_passes, "num_triggers": None, "reaction_s": None}
+        if self._timer is not None:
+            r = np.asarray(self.reaction_s, float)
+            p50, p99 = np.percentile(r, [50, 99]) if r.size else (0.0, 0.0)
+            out.update(num_triggers=self.num_triggers,
+                       reaction_s={"count": int(r.size), "p50": float(p50), "p99": float(p99)})
+        return out
 
     # -- arrivals and dispatch ---------------------------------------------------------
     def on_arrival(self, ev: Event) -> list[Event]:
