@@ -13,6 +13,7 @@ YAML layout (every key optional except ``systems`` and ``traces``)::
     plots: true
     cluster: {num_instances: 16, num_blocks: 862, max_num_batched_tokens: 12800,
               status_interval_s: 0.05, reschedule_every: 2,
+              trigger_gap_s: null,  # 0.03: LlumSched's triggered passes (null: rounds only)
               migration: {max_stages: 3, last_stage_max_blocks: 2}}
     systems:
       round-robin: {dispatch: round-robin}
