@@ -3,7 +3,12 @@ trigger (``policy/trigger.py``) on every status report, a pass at once or when t
 the periodic rounds kept as the backstop."""
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,3 +99,39 @@ traces: [{name: M-M, kind: M-M, rates: [1.0]}]
         parse_config(yaml.safe_load(doc.replace("0.03", "-1")))
     with pytest.raises(ValueError, match="trigger_gap_s"):
         ClusterConfig(trigger_gap_s=-0.1)
+
+
+_CLI_CONFIG = """
+name: trig
+latency_model: a10-llama7b-serving
+num_requests: 200
+plots: false
+cluster: {num_instances: 4, num_blocks: 400, trigger_gap_s: GAP}
+systems:
+  llumnix: {dispatch: llumnix, migration: true}
+traces:
+  - {name: M-M, kind: M-M, rates: [6.0]}
+"""
+
+
+def _simulate(tmp_path, gap: str) -> subprocess.CompletedProcess[str]:
+    cfg = tmp_path / "trig.yaml"
+    cfg.write_text(_CLI_CONFIG.replace("GAP", gap))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    return subprocess.run([sys.executable, "-m", "llumnix.cli", "simulate", str(cfg), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_llumnix_simulate_reports_the_triggers_passes_and_reaction_times(tmp_path):
+    done = _simulate(tmp_path, "0.03")
+    assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "out" / "metrics.json").read_text())["records"][0]
+    r = record["rescheduling"]
+    assert r["trigger_gap_s"] == 0.03 and r["num_passes"] > 0 and r["reaction_s"]["count"] > 0
+    assert 0 <= r["reaction_s"]["p50"] <= r["reaction_s"]["p99"]
+
+
+def test_llumnix_simulate_refuses_a_negative_gap_in_one_line(tmp_path):
+    done = _simulate(tmp_path, "-1")
+    assert done.returncode != 0
+    assert "trigger_gap_s must be >= 0" in done.stderr and "Traceback" not in done.stderr
