@@ -46,7 +46,9 @@ would run, defaults included: its engine fields replace the cluster's, its migra
 stages replace ``cluster.migration``, and ``deployment.instances``, when given, the
 cluster's size. What the simulator cannot model is left to ``cluster``: ``num_blocks``
 (unless ``engine.num_blocks``; the KV bytes need a model), ``max_model_len`` (unless
-``engine.max_model_len``), the device, dtype, transport and the rest of the deployment.
+``engine.max_model_len``), the device, dtype, transport and the rest of the deployment,
+and the rescheduling trigger (``cluster.trigger_gap_s``; serve's
+``rescheduling.trigger_gap_s`` is not read, so such configs keep periodic rounds unless set).
 Dispatched requests arrive at once here, so ``dispatch.pending_grace_s`` is 0 in either
 spelling. Prefix caching (serve's default) needs traces with ``prefix_groups``: others'
 prompts carry no token ids, and such a system is refused on them. Per-trace overrides of such a system merge into it key by key.
