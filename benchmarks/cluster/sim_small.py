@@ -11,6 +11,9 @@ rates are the simulator's (``--rates``), chosen where INFaaS++'s preemptions per
 span the bench's (0.2-0.6). Per rate and system: preemptions summed over seeds, mean per
 run, and, against INFaaS++ on the same seed, the paired difference's mean (with a 95%
 bootstrap interval) and how often a block of 3 seeds would meet "at most INFaaS++".
+``--trigger-gap 0.03`` reschedules as the cluster's LlumSched does by default: the trigger
+on every status, passes at least that gap apart, the rounds (``--reschedule-every``) as the
+backstop; rows then also carry the reaction times (status to first migration order).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ def trace_for(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: i
 
 def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, block_size: int,
         watermark: float = 0.01, instances: int = 2, status_interval_s: float = 0.05,
-        reschedule_every: int = 2) -> dict[str, Any]:
+        reschedule_every: int = 2, trigger_gap_s: float | None = None) -> dict[str, Any]:
     from llumnix.sim.cluster import ClusterConfig
     from llumnix.sim.config import SystemSpec
     from llumnix.sim.latency import get_latency_model
@@ -54,13 +57,24 @@ def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, bl
     spec = SystemSpec(system, d["dispatch"], enable_migration=d.get("migration", False), options=opts)
     cluster = ClusterConfig(num_instances=instances, num_blocks=blocks, block_size=block_size, max_num_seqs=32,
                             chunked_prefill=True, max_model_len=blocks * block_size, watermark=watermark,
-                            status_interval_s=status_interval_s, reschedule_every=reschedule_every)
+                            status_interval_s=status_interval_s, reschedule_every=reschedule_every,
+                            trigger_gap_s=trigger_gap_s)
     sim = Simulator(cluster, get_latency_model("a10-llama7b-serving"), make_policy(spec, cluster, seed=seed),
                     trace_for(pairs, n, rate, seed))
     out = sim.run()
     m = out["migrations"]
+    reaction = (out.get("rescheduling") or {}).get("reaction_s") or {}
     return {"preemptions": out["num_preemptions"], "migrations": m["num_committed"], "aborted": m["num_aborted"],
-            "ttft_p99": out["ttft"]["p99"]}
+            "ttft_p99": out["ttft"]["p99"], "reaction_p50": reaction.get("p50") if reaction.get("count") else None,
+            "reaction_p99": reaction.get("p99") if reaction.get("count") else None}
+
+
+def _reactions(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The median over seeds of each run's reaction P50 and P99 (None: no trigger, or no source)."""
+    p50 = [r["reaction_p50"] for r in runs if r["reaction_p50"] is not None]
+    p99 = [r["reaction_p99"] for r in runs if r["reaction_p99"] is not None]
+    return {"reaction_p50_median": float(np.median(p50)) if p50 else None,
+            "reaction_p99_median": float(np.median(p99)) if p99 else None}
 
 
 def main() -> None:
@@ -77,6 +91,8 @@ def main() -> None:
                     help="s between status reports (the real cluster's busy push: 0.25)")
     ap.add_argument("--reschedule-every", type=int, default=2,
                     help="status rounds per rescheduling round (the real cluster: 0.5 s)")
+    ap.add_argument("--trigger-gap", type=float, default=None,
+                    help="triggered rescheduling, passes at least this many s apart (the cluster's default: 0.03)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     from llumnix.bench.cluster_bench import ClusterBenchSettings, scaled_pairs
@@ -90,7 +106,7 @@ def main() -> None:
         runs: dict[str, list[dict[str, Any]]] = {}
         for name in systems:
             runs[name] = [run(name, pairs, a.requests, rate, s, a.blocks, a.block_size, a.watermark, a.instances,
-                              a.status_interval, a.reschedule_every) for s in range(a.seeds)]
+                              a.status_interval, a.reschedule_every, a.trigger_gap) for s in range(a.seeds)]
             per[name] = np.array([r["preemptions"] for r in runs[name]])
         base = per["infaas++"]
         for name in systems:
@@ -107,13 +123,16 @@ def main() -> None:
                          "ratio_vs_infaas": float(p.sum() / base.sum()) if base.sum() else None,
                          "migrations": sum(r["migrations"] for r in runs[name]),
                          "aborted": sum(r["aborted"] for r in runs[name]),
-                         "ttft_p99_median": float(np.median([r["ttft_p99"] for r in runs[name]]))})
+                         "ttft_p99_median": float(np.median([r["ttft_p99"] for r in runs[name]])),
+                         **_reactions(runs[name])})
             r = rows[-1]
             print(f"rate {rate:5.1f} {name:>24}: {r['preemptions']:5d} preempt ({r['per_request']:.2f}/req, "
                   f"run mean {r['per_run_mean']:.2f} sd {r['per_run_sd']:.2f}); vs infaas++ "
                   f"{r['diff_vs_infaas_mean']:+.2f} [{r['diff_ci95'][0]:+.2f}, {r['diff_ci95'][1]:+.2f}] per run, "
                   f"ratio {r['ratio_vs_infaas'] or 0:.2f}, P(3 seeds <=) {r['p_meet_at_most_with_3_seeds']:.2f}; "
-                  f"migrations {r['migrations']} + {r['aborted']} aborted; TTFT P99 median {r['ttft_p99_median']:.2f} s",
+                  f"migrations {r['migrations']} + {r['aborted']} aborted; TTFT P99 median {r['ttft_p99_median']:.2f} s"
+                  + (f"; reaction P50/P99 median {r['reaction_p50_median'] * 1e3:.0f}/"
+                     f"{r['reaction_p99_median'] * 1e3:.0f} ms" if r["reaction_p50_median"] is not None else ""),
                   flush=True)
     if a.out:
         a.out.write_text(json.dumps({"args": vars(a) | {"out": str(a.out)}, "rows": rows}, indent=1) + "\n")

@@ -35,11 +35,37 @@ def test_paired_ratio_and_its_interval():
 
 def test_the_information_path_follows_the_cluster_config():
     s = ClusterBenchSettings()
-    assert InfoPath.of(s.system_doc("llumnix")) == InfoPath(0.05, 1)  # triggered: a round at every report
+    # triggered: the cluster's gap, and its 0.5 s rounds as the backstop
+    assert InfoPath.of(s.system_doc("llumnix")) == InfoPath(0.05, 10, 0.03)
+    assert InfoPath.of(s.system_doc("infaas++")).trigger_gap_s is None  # no rescheduling, no trigger
     periodic = s.system_doc("llumnix")
     periodic["scheduling"]["rescheduling"]["trigger_gap_s"] = None
-    periodic["deployment"]["reschedule_interval_s"] = 0.5
-    assert InfoPath.of(periodic) == InfoPath(0.05, 10)
+    periodic["deployment"]["reschedule_interval_s"] = 0.2
+    assert InfoPath.of(periodic) == InfoPath(0.05, 4)
+
+
+def test_the_simulator_runs_the_clusters_trigger(monkeypatch):
+    """A triggered cluster's prediction runs the simulator with its gap: passes between the rounds."""
+    import llumnix.sim.simulator as simulator
+    from llumnix.bench.sim_vs_real import simulate
+    from llumnix.sim.latency import get_latency_model
+
+    made: list[simulator.Simulator] = []
+
+    class Recorded(simulator.Simulator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(simulator, "Simulator", Recorded)
+    s = ClusterBenchSettings()
+    latency = get_latency_model("a10-llama7b-serving")
+    out = simulate(s, "llumnix", _pairs(), 40, 12.0, 0, latency)
+    sim = made[-1]
+    assert sim.config.trigger_gap_s == 0.03 and sim.config.reschedule_every == 10
+    assert sim.num_passes > 0 and out["migrations"] > 0
+    simulate(s, "infaas++", _pairs(), 40, 12.0, 0, latency)
+    assert made[-1].config.trigger_gap_s is None and made[-1].num_passes == 0
 
 
 def test_compare_predicts_each_load_and_metric(monkeypatch):

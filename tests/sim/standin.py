@@ -8,6 +8,7 @@ from llumnix.core.status import InstanceStatus
 
 class StandInPolicy:
     scaling_interval_s = 0.0
+    track_reactions = False
 
     def __init__(self, dispatch: str = "least-loaded", enable_migration: bool = False,
                  migrate_gap_blocks: int = 50) -> None:
@@ -32,9 +33,13 @@ class StandInPolicy:
         self.sent.pop(inst.instance_id, None)
         self.statuses.pop(inst.instance_id, None)
 
-    def report(self, inst) -> None:
+    def report(self, inst) -> bool:
         self.num_reports += 1
         self.statuses[inst.instance_id] = inst.engine.get_status()
+        return False
+
+    def on_order(self, src_id, dst_id):
+        return None
 
     @staticmethod
     def _load(s: InstanceStatus) -> int:

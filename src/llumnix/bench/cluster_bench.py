@@ -20,6 +20,7 @@ aggregates over seeds and writes the plot.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import time
 from dataclasses import dataclass, field
@@ -106,7 +107,7 @@ class ClusterBenchSettings:
     at twice that rate), for every system; None: serve's default (0.5 s)."""
 
     def system_doc(self, name: str) -> dict[str, Any]:
-        doc: dict[str, Any] = {k: dict(v) for k, v in SYSTEMS[name].items()}
+        doc: dict[str, Any] = copy.deepcopy(SYSTEMS[name])  # a caller's edit must not reach SYSTEMS
         if self.rescheduling and name == "llumnix":
             doc["scheduling"]["rescheduling"] = {**doc["scheduling"]["rescheduling"], **self.rescheduling}
         doc["model"] = self.model

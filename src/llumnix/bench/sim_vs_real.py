@@ -11,9 +11,10 @@ bootstrap interval (seeds resampled with replacement; the ratio of sums over see
 
 The information path is modeled by the simulator's own settings, which come from the
 cluster's (``InfoPath``): statuses every ``status_interval_s`` and at every load change,
-rescheduling every ``reschedule_every`` status rounds. A triggered cluster
-(``rescheduling.trigger_gap_s``) reacts within a step: it is modeled by rounds at every
-status report; a periodic one by its ``deployment.reschedule_interval_s``.
+rescheduling rounds every ``reschedule_every`` status rounds (the cluster's
+``deployment.reschedule_interval_s``) and, where the cluster triggers rescheduling
+(``rescheduling.trigger_gap_s``), the same trigger on every status and passes at least
+that gap apart (``ClusterConfig.trigger_gap_s``).
 """
 from __future__ import annotations
 
@@ -41,18 +42,19 @@ class InfoPath:
 
     status_interval_s: float = BUSY_REPORT_S
     reschedule_every: int = 1
+    trigger_gap_s: float | None = None
+    """The cluster's triggered passes' gap (None: periodic rounds only)."""
 
     @classmethod
     def of(cls, system_doc: dict[str, Any]) -> InfoPath:
-        """The cluster's: triggered rescheduling reacts at the next report; periodic rounds
-        come every ``reschedule_interval_s``."""
+        """The cluster's: periodic rounds every ``reschedule_interval_s`` and, with
+        rescheduling on, its ``trigger_gap_s``."""
         from llumnix.config.system import SystemConfig
 
         sys_cfg = SystemConfig.from_dict(system_doc)
-        if sys_cfg.scheduling.rescheduling.trigger_gap_s is not None:
-            return cls(BUSY_REPORT_S, 1)
+        resched = sys_cfg.scheduling.rescheduling
         every = max(1, round(sys_cfg.deployment.reschedule_interval_s / BUSY_REPORT_S))
-        return cls(BUSY_REPORT_S, every)
+        return cls(BUSY_REPORT_S, every, resched.trigger_gap_s if resched.enabled else None)
 
 
 def sim_trace(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: int) -> Any:
@@ -85,7 +87,7 @@ def simulate(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.nda
                             max_num_seqs=s.max_num_seqs, chunked_prefill=eng.chunked_prefill,
                             max_num_batched_tokens=eng.num_batched_tokens, max_model_len=s.num_blocks * s.block_size,
                             watermark=CacheConfig.watermark, status_interval_s=info.status_interval_s,
-                            reschedule_every=info.reschedule_every)
+                            reschedule_every=info.reschedule_every, trigger_gap_s=info.trigger_gap_s)
     out = Simulator(cluster, latency, make_policy(spec, cluster, seed=seed), sim_trace(pairs, n, rate, seed)).run()
     return {"num_preemptions": float(out["num_preemptions"]), "ttft_p99_s": float(out["ttft"]["p99"]),
             "itl_p99_s": float(out["itl"]["p99"]), "migrations": float(out["migrations"]["num_committed"]),

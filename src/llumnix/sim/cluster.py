@@ -41,6 +41,12 @@ class ClusterConfig:
     """Also report right after a step or dispatch that changed an instance's request set."""
     reschedule_every: int = 2
     """Status rounds per rescheduling (migration pairing) round."""
+    trigger_gap_s: float | None = None
+    """Triggered rescheduling as the cluster's LlumSched runs it (``policy/trigger.py``;
+    the cluster's ``rescheduling.trigger_gap_s``): every status report delivered goes
+    through the trigger, and one that makes a source, a blocked queue or a wanted
+    destination starts a rescheduling pass at once, passes at least this many seconds
+    apart; the rounds every ``reschedule_every`` stay as the backstop. None: rounds only."""
     migration: MigrationConfig = field(default_factory=MigrationConfig)
     """Stages, last-stage threshold and timeout of live migration."""
     instance_startup_s: float = 10.0
@@ -58,6 +64,8 @@ class ClusterConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.status_interval_s <= 0:
             raise ValueError("status_interval_s must be > 0")
+        if self.trigger_gap_s is not None and not self.trigger_gap_s >= 0:
+            raise ValueError("trigger_gap_s must be >= 0 (or null: periodic rounds only)")
         if self.chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("with chunked_prefill, max_num_batched_tokens must be >= max_num_seqs")
 

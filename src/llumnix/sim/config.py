@@ -13,6 +13,7 @@ YAML layout (every key optional except ``systems`` and ``traces``)::
     plots: true
     cluster: {num_instances: 16, num_blocks: 862, max_num_batched_tokens: 12800,
               status_interval_s: 0.05, reschedule_every: 2,
+              trigger_gap_s: null,  # 0.03: LlumSched's triggered passes (null: rounds only)
               migration: {max_stages: 3, last_stage_max_blocks: 2}}
     systems:
       round-robin: {dispatch: round-robin}
@@ -45,7 +46,9 @@ would run, defaults included: its engine fields replace the cluster's, its migra
 stages replace ``cluster.migration``, and ``deployment.instances``, when given, the
 cluster's size. What the simulator cannot model is left to ``cluster``: ``num_blocks``
 (unless ``engine.num_blocks``; the KV bytes need a model), ``max_model_len`` (unless
-``engine.max_model_len``), the device, dtype, transport and the rest of the deployment.
+``engine.max_model_len``), the device, dtype, transport and the rest of the deployment,
+and the rescheduling trigger (``cluster.trigger_gap_s``; serve's
+``rescheduling.trigger_gap_s`` is not read, so such configs keep periodic rounds unless set).
 Dispatched requests arrive at once here, so ``dispatch.pending_grace_s`` is 0 in either
 spelling. Prefix caching (serve's default) needs traces with ``prefix_groups``: others'
 prompts carry no token ids, and such a system is refused on them. Per-trace overrides of such a system merge into it key by key.

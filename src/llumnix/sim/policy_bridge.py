@@ -32,6 +32,7 @@ from llumnix.policy import (
 from llumnix.policy.config import PolicyConfigError
 from llumnix.policy.pd import DECODES, TAKES_PREFILL
 from llumnix.policy.rounds import scaling_round
+from llumnix.policy.trigger import Reactions
 
 if TYPE_CHECKING:
     from llumnix.core.clock import Clock
@@ -105,6 +106,9 @@ class PolicyBridge:
         """Each instance's PD role (all mixed with PD off)."""
         self.clock = clock
         self.enable_migration = config.rescheduling.enabled
+        self.reactions = Reactions(config.rescheduling, config.freeness)
+        """Every status's rescheduling marks, as LlumSched keeps them: triggers, reaction times."""
+        self.track_reactions = False
         self.scaling_interval_s = scaling_interval_s if config.scaling.enabled else 0.0
 
     def bind(self, clock: Clock) -> None:
@@ -137,14 +141,25 @@ class PolicyBridge:
     def remove_instance(self, inst: SimInstance) -> None:
         for gs in {id(g): g for g in (self.gs, self.gs_decode)}.values():
             gs.remove_instance(inst.instance_id)
+        self.reactions.remove(inst.instance_id)
         self.roles.pop(inst.instance_id, None)
 
-    def report(self, inst: SimInstance) -> None:
+    def report(self, inst: SimInstance) -> bool:
         status = inst.llumlet.push(self._now())
+        role = self.roles.get(inst.instance_id, "mixed")
         # refresh=False: the dispatch view is rebuilt when a decision next reads it, so a
         # report overwritten before any decision costs no view (the same decisions).
-        for gs in self._pools(self.roles.get(inst.instance_id, "mixed")):
+        for gs in self._pools(role):
             gs.update_status(status, refresh=False)
+        if not self.track_reactions:
+            return False
+        if role not in DECODES:  # as LlumSched: rescheduling pairs only within the decode pool
+            self.reactions.remove(inst.instance_id)
+            return False
+        return self.reactions.on_status(status)
+
+    def on_order(self, src_id: str, dst_id: str) -> float | None:
+        return self.reactions.on_order(src_id, dst_id, self._now())
 
     def set_role(self, inst: SimInstance, role: str) -> None:
         """Move ``inst`` between the pools (PD role change)."""

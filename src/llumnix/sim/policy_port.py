@@ -20,6 +20,9 @@ class PolicyPort(Protocol):
     """Run rescheduling rounds."""
     scaling_interval_s: float
     """Seconds between auto-scaling decisions; 0 disables scaling."""
+    track_reactions: bool
+    """Run each report through the rescheduling trigger (the simulator sets it with
+    ``trigger_gap_s``: a status's marks cost about a fifth of a periodic run's time)."""
 
     def bind(self, clock: Clock) -> None:
         """The simulator's virtual clock, for the ``now`` every policy call takes."""
@@ -30,8 +33,9 @@ class PolicyPort(Protocol):
 
     def remove_instance(self, inst: SimInstance) -> None: ...
 
-    def report(self, inst: SimInstance) -> None:
-        """The instance's llumlet reports its status to the global scheduler."""
+    def report(self, inst: SimInstance) -> bool:
+        """The instance's llumlet reports its status to the global scheduler; True: the
+        status triggers a rescheduling pass (``policy/trigger.py``; False without one)."""
 
     def dispatch(self, request_id: str, num_prompt_tokens: int, arrival_time: float,
                  priority: int, prompt_token_ids: list[int] | None = None) -> str | None:
@@ -40,6 +44,10 @@ class PolicyPort(Protocol):
 
     def pair_migrations(self) -> list[tuple[str, str]]:
         """One rescheduling round: (source, destination) instance pairs."""
+
+    def on_order(self, src_id: str, dst_id: str) -> float | None:
+        """A rescheduling round ordered a migration from ``src_id`` to ``dst_id``: the
+        reaction time if it is the first out of a new source, else None."""
 
     def select_request(self, src: SimInstance, dst: SimInstance) -> str | None:
         """The source llumlet's choice of the next request to migrate, if any."""

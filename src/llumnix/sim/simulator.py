@@ -7,6 +7,8 @@ Event flow (each handler returns the events it causes)::
     STATUS_REPORT every status_interval_s: llumlets report to the global scheduler
     RESCHEDULE every reschedule_every rounds: pairs -> MigrationRun -> MIGRATION_STAGE ...
        a source keeps migrating (one request at a time) while it is still a source
+    RESCHEDULE (a pass), with ``trigger_gap_s``: a report whose marks trigger one
+       (``policy/trigger.py``, as LlumSched) -> at once, or when the gap since the last ends
     SCALING / INSTANCE_UP: decisions of the scheduler, start-up delay
 
 A status report nobody reads is not built: between two rounds only a dispatch, a
@@ -21,11 +23,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from llumnix.core.errors import RequestTooLongError
 from llumnix.core.request import Priority
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.policy.lifecycle import InstanceState
 from llumnix.policy.rounds import pairs_to_start
+from llumnix.policy.trigger import PassTimer
 from llumnix.sim.cluster import Cluster, ClusterConfig
 from llumnix.sim.events import Event, EventKind
 from llumnix.sim.instance import SimInstance
@@ -39,6 +44,8 @@ from llumnix.sim.policy_port import PolicyPort
 from llumnix.sim.workloads import Trace
 
 _INF = float("inf")
+_PASS = "pass"
+"""A RESCHEDULE event's target when a trigger asked for it (a periodic round's is None)."""
 
 
 class Simulator:
@@ -76,6 +83,17 @@ class Simulator:
         self._next_scaling = _INF
         self._num_migrating = 0
         self._next_round = 0.0
+        gap = config.trigger_gap_s if policy.enable_migration else None
+        self._timer = None if gap is None else PassTimer(config.status_interval_s * config.reschedule_every, gap)
+        policy.track_reactions = self._timer is not None
+        """Triggered passes, as LlumSched's (None: periodic rounds only)."""
+        self._pass_at: float | None = None
+        """When the pending triggered pass runs (None: none pending)."""
+        self.num_rounds = 0
+        self.num_passes = 0
+        self.num_triggers = 0
+        self.reaction_s: list[float] = []
+        """Per new source, from the status that made it one to its first migration order."""
         loop = self.loop
         loop.on(EventKind.ARRIVAL, self.on_arrival)
         loop.on(EventKind.STEP_END, self.on_step_end)
@@ -126,10 +144,24 @@ class Simulator:
                       "num_steps": self.cluster.num_steps}
         if self.pd is not None:
             out["pd"] = self.pd.summary()
+        if self.policy.enable_migration:
+            out["rescheduling"] = self._rescheduling_summary()
         # Time-weighted share of the provisioned KV blocks in use (vLLM's cache usage),
         # over the instances up or starting.
         capacity = self.config.num_blocks * out["instances"]["average"] * end
         out["kv_usage_mean"] = self.cluster.block_seconds / capacity if capacity > 0 else 0.0
+        return out
+
+    def _rescheduling_summary(self) -> dict[str, Any]:
+        """Rounds and passes; with the trigger on, its triggers and the reaction times
+        (None without: marks are not computed then)."""
+        out: dict[str, Any] = {"trigger_gap_s": self.config.trigger_gap_s, "num_rounds": self.num_rounds,
+                               "num_passes": self.num_passes, "num_triggers": None, "reaction_s": None}
+        if self._timer is not None:
+            r = np.asarray(self.reaction_s, float)
+            p50, p99 = np.percentile(r, [50, 99]) if r.size else (0.0, 0.0)
+            out.update(num_triggers=self.num_triggers,
+                       reaction_s={"count": int(r.size), "p50": float(p50), "p99": float(p99)})
         return out
 
     # -- arrivals and dispatch ---------------------------------------------------------
@@ -221,7 +253,10 @@ class Simulator:
 
     # -- status ------------------------------------------------------------------------
     def _report(self, inst: SimInstance) -> None:
-        self.policy.report(inst)
+        if self.policy.report(inst):
+            self.num_triggers += 1
+            if self._timer is not None:
+                self._on_trigger()
         if self.pd is not None:
             self.pd.on_report(inst.instance_id)
         inst.load_changed = False
@@ -231,8 +266,9 @@ class Simulator:
         """Will a dispatch, a rescheduling round or the gateway read statuses before ``t``?"""
         # An arrival at exactly t runs before the round at t (kind order); rescheduling
         # and scaling at t run after it and read that round's reports.
+        # With the trigger on, every report is read: by the trigger.
         return (self._next_arrival <= t or self._next_reschedule < t or self._next_scaling < t
-                or bool(self.gateway) or self.pd is not None)
+                or bool(self.gateway) or self.pd is not None or self._timer is not None)
 
     def _maybe_report(self, inst: SimInstance) -> None:
         if inst.is_up and self.config.report_on_load_change and self._is_read_before(self._next_round):
@@ -259,19 +295,55 @@ class Simulator:
         return events
 
     # -- migration ---------------------------------------------------------------------
+    def _on_trigger(self) -> None:
+        """A report triggered a pass: run one now, or when the gap since the last ends."""
+        timer = self._timer
+        assert timer is not None and timer.min_gap_s is not None
+        timer.on_trigger()
+        if self._pass_at is None and not self.is_done:
+            self._pass_at = max(self.clock.now(), timer.last_pass + timer.min_gap_s)
+            self.loop.push(Event(self._pass_at, EventKind.RESCHEDULE, _PASS))
+
+    def _on_pass(self) -> list[Event]:
+        timer = self._timer
+        assert timer is not None and timer.min_gap_s is not None
+        self._pass_at = None
+        if self.is_done or not timer.triggered:  # a round since answered the trigger
+            return []
+        now = self.clock.now()
+        at = timer.last_pass + timer.min_gap_s
+        if now < at:  # a round since moved the gap on, and a new trigger came
+            self._pass_at = at
+            return [Event(at, EventKind.RESCHEDULE, _PASS)]
+        timer.ran("pass", now)
+        self.num_passes += 1
+        return self._pair_and_start(now)
+
     def on_reschedule(self, ev: Event) -> list[Event]:
+        if ev.target is _PASS:
+            return self._on_pass()
         if self.is_done:
             return []
         now = self.clock.now()
         self._resched_n += 1
         self._next_reschedule = self._resched_n * self.config.status_interval_s * self.config.reschedule_every
-        events = [Event(self._next_reschedule, EventKind.RESCHEDULE)]
+        self.num_rounds += 1
+        if self._timer is not None:
+            self._timer.ran("sweep", now)  # a round also answers any trigger before it
+        return [Event(self._next_reschedule, EventKind.RESCHEDULE)] + self._pair_and_start(now)
+
+    def _pair_and_start(self, now: float) -> list[Event]:
+        """Pair sources with destinations and start a migration for each pair."""
+        events: list[Event] = []
         instances = self.cluster.instances
         busy = [iid for iid, inst in instances.items() if inst.migrations_out]
         up = [iid for iid, inst in instances.items() if inst.is_up]
         for src_id, dst_id in pairs_to_start(self.policy.pair_migrations(), busy, up):  # as the cluster's round
             src, dst = instances.get(src_id), instances.get(dst_id)
             if src is not None and dst is not None:  # an earlier pair's abort may have retired one
+                reaction = self.policy.on_order(src_id, dst_id)
+                if reaction is not None:
+                    self.reaction_s.append(reaction)
                 events += self._migrate_next(src, dst, now)
         return events
 
