@@ -40,7 +40,9 @@ def generate(num: int, model: str, vocab: int, rng_seed: int) -> list[tuple[str,
 
 
 async def send_all(url: str, bodies: list[tuple[str, dict[str, Any]]], concurrency: int,
-                   hang_s: float) -> dict[str, Any]:
+                   hang_s: float, budget_s: float | None = None) -> dict[str, Any]:
+    """Every body, ``concurrency`` at a time; with ``budget_s``, none is sent after that
+    many seconds (what was answered is reported, with how many were not sent)."""
     counts: Counter[str] = Counter()
     failures: list[dict[str, Any]] = []
     slowest = 0.0
@@ -48,9 +50,11 @@ async def send_all(url: str, bodies: list[tuple[str, dict[str, Any]]], concurren
     for b in bodies:
         queue.put_nowait(b)
 
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+
     async def worker(client: httpx.AsyncClient) -> None:
         nonlocal slowest
-        while not queue.empty():
+        while not queue.empty() and (deadline is None or time.monotonic() < deadline):
             route, body = queue.get_nowait()
             t0 = time.perf_counter()
             try:
@@ -71,7 +75,8 @@ async def send_all(url: str, bodies: list[tuple[str, dict[str, Any]]], concurren
 
     async with httpx.AsyncClient() as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-    return {"counts": dict(sorted(counts.items())), "failures": failures, "slowest_s": slowest}
+    return {"counts": dict(sorted(counts.items())), "failures": failures, "slowest_s": slowest,
+            "not_sent": queue.qsize()}
 
 
 def blocks_in_use(url: str) -> dict[str, int]:
@@ -83,6 +88,7 @@ def main() -> None:
     ap.add_argument("--num", type=int, default=10_000)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--hang-s", type=float, default=60.0)
+    ap.add_argument("--budget-s", type=float, default=None, help="send no body after this many seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--vocab", type=int, default=49152, help="the model's vocabulary size (SmolLM2's)")
@@ -96,7 +102,7 @@ def main() -> None:
         with ServeProcess(config, Path(tmp) / "serve.log") as server:
             bodies = generate(args.num, server.model, args.vocab, args.seed)
             print(f"{len(bodies)} bodies against {server.url}", flush=True)
-            result = asyncio.run(send_all(server.url, bodies, args.concurrency, args.hang_s))
+            result = asyncio.run(send_all(server.url, bodies, args.concurrency, args.hang_s, args.budget_s))
             server.wait_idle()
             result["blocks_in_use_after"] = blocks_in_use(server.url)
             log_tail = Path(tmp, "serve.log").read_text().splitlines()[-20:]
@@ -106,7 +112,8 @@ def main() -> None:
     hangs = sum(1 for f in result["failures"] if f["status"] == 0)
     leaked = sum(result["blocks_in_use_after"].values())
     print(f"{sum(result['counts'].values())} answers: {n5} 5xx, {hangs} hangs or resets, {leaked} blocks in use "
-          f"after; slowest {result['slowest_s']:.1f} s; {result['counts']}", flush=True)
+          f"after; slowest {result['slowest_s']:.1f} s; {result['not_sent']} not sent (time budget); "
+          f"{result['counts']}", flush=True)
     write_result(args.out, result)
 
 
