@@ -57,7 +57,7 @@ def kernels(args: argparse.Namespace) -> dict[str, Any]:
             reps = max(3, int(2e8 // (k * n * max(m, 4))))
             for _ in range(args.rounds):
                 for f in args.formats:
-                    runs[f].append(1e6 * _time(lambda f=f: matmul(x, packed[f]), reps))
+                    runs[f].append(1e6 * _time(lambda f=f, x=x, packed=packed: matmul(x, packed[f]), reps))
             out[f"{name} batch {m}"] = {f: stats(v) for f, v in runs.items()}
             print(name, m, {f: round(statistics.median(v), 1) for f, v in runs.items()}, flush=True)
     return out
@@ -171,7 +171,7 @@ def engines(args: argparse.Namespace) -> dict[str, Any]:
                 runs["transformers"].setdefault(f"decode_b{b}", []).append(hf(b, args.steps))
         print({f: {k: round(v[-1], 1) for k, v in r.items()} for f, r in runs.items()}, flush=True)
     out: dict[str, Any] = {f: {k: stats(v) for k, v in r.items()} for f, r in runs.items()}
-    base = out["fp32"] if "fp32" in out else None
+    base = out.get("fp32")
     if base is not None:
         out["speedup_over_fp32"] = {f: {k: v["median"] / base[k]["median"] for k, v in r.items()}
                                     for f, r in out.items() if f in llms}

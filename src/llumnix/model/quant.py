@@ -8,7 +8,9 @@ load for PyTorch's weight-only kernels, so a decode step streams a fraction of t
     int4  32-element groups with a scale and a zero point each,
           ``aten._weight_int4pack_mm_for_cpu``. A GGUF Q4_1 block is exactly such a
           group (w = d*q + m, its min at q=0 and its max at q=15), so min/max
-          re-quantization of the dequantized tensor gives back the file's own integers.
+          re-quantization of the dequantized tensor gives back the file's own integers
+          (its scales and minimums rounded to bf16, the kernel's: a weight moves by up to
+          0.16 of its quantization step).
 
 The int8 and int4 kernels take bfloat16 activations: with float32 ones PyTorch 2.13 runs
 a scalar fallback 10-500x slower than float32 BLAS (576x960 at batch 1, one thread: int4
@@ -63,13 +65,14 @@ class Int8Weight:
     """Symmetric per-output-channel int8: w[:, j] = q[j] * scale[j]."""
 
     def __init__(self, w: torch.Tensor) -> None:
-        wt = w.t().float()  # [out, in]
+        wt = w.t().float().contiguous()  # [out, in]
         scale = (wt.abs().amax(dim=1) / 127).clamp(min=1e-12)
         self.q = (wt / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
         self.scale = scale.to(torch.bfloat16).contiguous()
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale).to(x.dtype)
+        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale)
+        return y.to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the [out, in] matrix, dequantized: the embedding of a tied head."""
@@ -88,7 +91,7 @@ class Int4Weight:
     w = (q - 8) * scale + zero, with q in [0, 15]."""
 
     def __init__(self, w: torch.Tensor) -> None:
-        wt = w.t().float()  # [out, in]
+        wt = w.t().float().contiguous()  # [out, in]
         n, k = wt.shape
         if k % INT4_GROUP:
             raise ValueError(f"int4 needs input width divisible by {INT4_GROUP}, got {k}")
@@ -102,15 +105,16 @@ class Int4Weight:
         self.scales_zeros = torch.stack([scale.t(), (lo + 8 * scale).t()], dim=-1).to(torch.bfloat16).contiguous()
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, INT4_GROUP,
-                                                          self.scales_zeros).to(x.dtype)
+        y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed,
+                                                                     INT4_GROUP, self.scales_zeros)
+        return y.to(x.dtype)
 
     def dense(self) -> torch.Tensor:
         return self.mm(torch.eye(self.k))
 
     @property
     def nbytes(self) -> int:
-        return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
+        return int(self.packed.numel() * self.packed.element_size()) + self.scales_zeros.numel() * 2
 
 
 Weight = torch.Tensor | Bf16Weight | Int8Weight | Int4Weight
