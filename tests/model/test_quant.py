@@ -75,10 +75,12 @@ def test_a_packed_model_tracks_float32(tiny_llama_dir, fmt):
 
 
 def test_weight_format_is_checked_at_load_and_in_config():
+    from llumnix.config.system import SystemConfig
+
     assert CONFIG_FORMATS == WEIGHT_FORMATS
-    assert LLMConfig(weight_format="int4").llm_kwargs()["weight_format"] == "int4"
-    with pytest.raises(SystemConfigError, match="engine.weight_format.*must be one of"):
-        LLMConfig(weight_format="int3")
+    assert SystemConfig.from_dict({"engine": {"weight_format": "int4"}}).engine.llm_kwargs()["weight_format"] == "int4"
+    with pytest.raises(SystemConfigError, match="engine.weight_format: must be one of fp32, bf16, int8, int4"):
+        SystemConfig.from_dict({"engine": {"weight_format": "int3"}})
     with pytest.raises(SystemConfigError, match="needs device cpu and dtype float32"):
         LLMConfig(weight_format="int8", dtype="bfloat16")
     from llumnix.model import load_model
