@@ -32,9 +32,11 @@ class LayerWeights:
     w_down: Weight  # [intermediate, hidden]
 
     def packed(self, fmt: str) -> LayerWeights:
-        return LayerWeights(self.attn_norm, pack(self._dense(self.wqkv), fmt), pack(self._dense(self.wo), fmt),
-                            self.ffn_norm, pack(self._dense(self.w_gate_up), fmt),
-                            pack(self._dense(self.w_down), fmt))
+        """Norms are copied: a view left on the weight cache's memory map would keep the
+        whole float32 file mapped, and the pages packing touched resident."""
+        return LayerWeights(self.attn_norm.clone(), pack(self._dense(self.wqkv), fmt),
+                            pack(self._dense(self.wo), fmt), self.ffn_norm.clone(),
+                            pack(self._dense(self.w_gate_up), fmt), pack(self._dense(self.w_down), fmt))
 
     @staticmethod
     def _dense(w: Weight) -> torch.Tensor:
@@ -129,6 +131,8 @@ class LlamaModel:
         self.layers = [lw.packed(fmt) for lw in self.layers]
         self._qhead = Bf16Weight(head) if fmt == "bf16" else Int8Weight(head)
         self._head = self._panels = None
+        self.norm = self.norm.clone()
+        self.embed = None if self.embed is None else self.embed.clone()
         self.weight_format = fmt
 
     @property
