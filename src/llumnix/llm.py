@@ -87,8 +87,10 @@ class LLM:
                  max_model_len: int | None = None, instance_id: str = "instance-0",
                  clock: Clock | None = None, seed: int = 0, enable_prefix_caching: bool = False,
                  chunked_prefill: bool = False, cuda_graphs: bool | None = None,
-                 gpu_memory_utilization: float | None = None) -> None:
-        """``cuda_graphs``: replay decode steps from CUDA graphs (None: on a CUDA device).
+                 gpu_memory_utilization: float | None = None, weight_format: str = "fp32") -> None:
+        """``weight_format``: fp32 (the weights as loaded, exact), or bf16, int8 or int4 packed
+        for the CPU weight-only kernels (``llumnix.model.quant``).
+        ``cuda_graphs``: replay decode steps from CUDA graphs (None: on a CUDA device).
         ``gpu_memory_utilization`` (CUDA only; vLLM's): size the KV cache from the device's
         memory instead of ``kv_cache_bytes`` (``kv_bytes_for_utilization``)."""
         from llumnix.model import ModelExecutor, load_model, num_blocks_for_bytes
@@ -97,7 +99,7 @@ class LLM:
         on_cuda = str(device).startswith("cuda")
         if cuda_graphs and not on_cuda:
             raise InvalidRequestError(f"CUDA graphs need a CUDA device, not {device!r}", "cuda_graphs")
-        self.loaded = load_model(model, device=device, dtype=dtype)
+        self.loaded = load_model(model, device=device, dtype=dtype, weight_format=weight_format)
         self.tokenizer = self.loaded.tokenizer
         mcfg = self.loaded.config
         use_graphs = on_cuda if cuda_graphs is None else cuda_graphs

@@ -65,18 +65,52 @@ def _collect(servers, rid: str, timeout: float = 60.0) -> list[tuple[int, int]]:
 def test_live_migration_between_devices_keeps_the_token_stream(tiny_llama_dir, src_device, dst_device):
     from llumnix.model import load_model
 
-    params = SamplingParams(max_tokens=48)
-    ref = real_engine(load_model(str(tiny_llama_dir[0])), num_blocks=96)
-    ref.add_request("x", PROMPT, params)
-    expected = drain(ref)["x"]
+    path = str(tiny_llama_dir[0])
+    got = _migrate_midway(load_model(path, device=src_device), load_model(path, device=dst_device))
+    assert [t for _, t in sorted(got)] == _unmigrated(load_model(path))
 
-    src = _server(load_model(str(tiny_llama_dir[0]), device=src_device), "src", 0.01)
-    dst = _server(load_model(str(tiny_llama_dir[0]), device=dst_device), "dst", 0.01)
+
+def test_live_migration_between_int4_instances_keeps_the_token_stream(tiny_llama_dir):
+    """Same packed weights on both sides: the migrated stream is the unmigrated one."""
+    from llumnix.model import load_model
+
+    path = str(tiny_llama_dir[0])
+    expected = _unmigrated(load_model(path, weight_format="int4"))
+    src, dst = load_model(path, weight_format="int4"), load_model(path, weight_format="int4")
+    assert src.model.weight_format == dst.model.weight_format == "int4"
+    got = _migrate_midway(src, dst)
+    assert [t for _, t in sorted(got)] == expected
+
+
+def test_live_migration_between_weight_formats_is_allowed(tiny_llama_dir):
+    """Allowed by design: every weight format keeps its KV cache in the engine's dtype with
+    the same block shape, so the blocks move unchanged; the destination continues with its
+    own weights (the tokens after the move are its model's, not the source's)."""
+    from llumnix.model import load_model
+
+    path = str(tiny_llama_dir[0])
+    src, dst = load_model(path, weight_format="int4"), load_model(path)
+    got = _migrate_midway(src, dst)
+    assert sorted(got)[:3] == list(enumerate(_unmigrated(load_model(path, weight_format="int4"))[:3], 1))
+
+
+def _unmigrated(loaded) -> list[int]:
+    ref = real_engine(loaded, num_blocks=96)
+    ref.add_request("x", PROMPT, SamplingParams(max_tokens=48))
+    return drain(ref)["x"]
+
+
+def _migrate_midway(src_loaded, dst_loaded) -> list[tuple[int, int]]:
+    """Start request x on a source over ``src_loaded``, migrate it after 3 tokens to a
+    destination over ``dst_loaded``; its (index, token) stream, checked gapless."""
+    params = SamplingParams(max_tokens=48)
+    src = _server(src_loaded, "src", 0.01)
+    dst = _server(dst_loaded, "dst", 0.01)
     endpoint = DestinationEndpoint(dst, TOKEN, reservation_timeout_s=5.0, options=OPTIONS)
     sender = KVSender(endpoint.address, TOKEN, OPTIONS)
     try:
-        assert src.engine.executor.kv_cache.device.type == src_device
-        assert dst.engine.executor.kv_cache.device.type == dst_device
+        assert src.engine.executor.kv_cache.device == src_loaded.model.device
+        assert dst.engine.executor.kv_cache.device == dst_loaded.model.device
         src.call(lambda: src.engine.add_request("x", PROMPT, params))
         deadline = time.time() + 30
         while src.call(lambda: src.engine.requests["x"].num_output_tokens) < 3:
@@ -87,10 +121,10 @@ def test_live_migration_between_devices_keeps_the_token_stream(tiny_llama_dir, s
         assert rep.num_stages >= 2 and rep.num_bytes > 0
         got = _collect([src, dst], "x")
         assert [i for i, _ in sorted(got)] == list(range(1, 49))  # no gap, no duplicate
-        assert [t for _, t in sorted(got)] == expected
         for srv in (src, dst):
             srv.call(srv.engine.check_invariants)
             assert srv.call(lambda s=srv: s.engine.kv.num_free_blocks) == srv.engine.kv.num_total_blocks
+        return got
     finally:
         sender.close()
         endpoint.close()

@@ -233,6 +233,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda")
     p.add_argument("--dtype", default=None, choices=tuple(VLLM_DTYPES),
                    help="weights and KV cache (default float32; auto: the default)")
+    p.add_argument("--weight-format", default=None, choices=("fp32", "bf16", "int8", "int4"),
+                   help="CPU weights: fp32 (exact, default) or packed once at load for torch's weight-only "
+                        "kernels (benchmarks/engine_speed.md)")
     p.add_argument("--seed", type=int, default=None, help="seed of each instance's sampling RNG (default 0)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="replay decode steps from CUDA graphs, recorded at start (default: on with cuda)")
@@ -278,6 +281,7 @@ FLAG_PATHS = {
     "cuda_graphs": "engine.cuda_graphs", "gpus_per_instance": "deployment.gpus_per_instance",
     "threads_per_instance": "deployment.threads_per_instance", "max_model_len": "engine.max_model_len",
     "seed": "engine.seed", "gpu_memory_utilization": "engine.gpu_memory_utilization",
+    "weight_format": "engine.weight_format",
 }
 """Each serve flag (its argparse dest) whose value is a field of the system config as it is."""
 

@@ -27,6 +27,8 @@ the decodes riding in it, so the stall is spread, not shrunk.
 CUDA: vLLM's usual default, not measured here (no GPU lent since chunking landed)."""
 
 DTYPES = ("float32", "bfloat16", "float16")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+"""``llumnix.model.quant.WEIGHT_FORMATS``, named here without importing torch."""
 TRANSPORTS = ("tcp", "gloo", "ray")
 """``llumnix.migration.transport.TRANSPORTS``, named here without importing torch."""
 _DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
@@ -61,6 +63,10 @@ class LLMConfig:
     """cpu, cuda or cuda:N."""
     dtype: str = "float32"
     """Weights and KV cache: float32, bfloat16 or float16."""
+    weight_format: str = "fp32"
+    """Projection weights: fp32 (as loaded in dtype: the exact path), or on cpu with float32
+    packed for weight-only kernels: bf16, int8 (per channel) or int4 (32-wide groups, a
+    GGUF Q4_1 block's own integers). The KV cache stays in dtype either way."""
     kv_cache_bytes: int = 512 * 2**20
     """KV cache per instance (`--kv-cache-mib` in MiB), unless num_blocks is given."""
     num_blocks: int | None = None
@@ -91,6 +97,12 @@ class LLMConfig:
             raise SystemConfigError("engine.device", f"must be cpu, cuda or cuda:N, not {self.device!r}")
         if self.dtype not in DTYPES:
             raise SystemConfigError("engine.dtype", f"must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.weight_format not in WEIGHT_FORMATS:
+            raise SystemConfigError("engine.weight_format",
+                                    f"must be one of {', '.join(WEIGHT_FORMATS)}, not {self.weight_format!r}")
+        if self.weight_format != "fp32" and (self.is_cuda or self.dtype != "float32"):
+            raise SystemConfigError("engine.weight_format", f"{self.weight_format} needs device cpu "
+                                    f"and dtype float32, not {self.device} and {self.dtype}")
         for name in ("kv_cache_bytes", "block_size", "max_num_seqs"):
             _at_least(self, name, 1)
         for name in ("num_blocks", "max_num_batched_tokens", "max_model_len"):

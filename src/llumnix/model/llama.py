@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from llumnix.model.config import LlamaConfig
+from llumnix.model.quant import Bf16Weight, Int8Weight, Weight, matmul, pack
 
 
 @dataclass
@@ -24,11 +25,24 @@ class LayerWeights:
     GEMV streams rows instead of columns) and no slower for large batches."""
 
     attn_norm: torch.Tensor
-    wqkv: torch.Tensor  # [hidden, q_size + 2 * kv_size]: Q, K and V fused in one matmul
-    wo: torch.Tensor  # [q_size, hidden]
+    wqkv: Weight  # [hidden, q_size + 2 * kv_size]: Q, K and V fused in one matmul
+    wo: Weight  # [q_size, hidden]
     ffn_norm: torch.Tensor
-    w_gate_up: torch.Tensor  # [hidden, 2 * intermediate]: gate and up fused
-    w_down: torch.Tensor  # [intermediate, hidden]
+    w_gate_up: Weight  # [hidden, 2 * intermediate]: gate and up fused
+    w_down: Weight  # [intermediate, hidden]
+
+    def packed(self, fmt: str) -> LayerWeights:
+        """Norms are copied: a view left on the weight cache's memory map would keep the
+        whole float32 file mapped, and the pages packing touched resident."""
+        return LayerWeights(self.attn_norm.clone(), pack(self._dense(self.wqkv), fmt),
+                            pack(self._dense(self.wo), fmt), self.ffn_norm.clone(),
+                            pack(self._dense(self.w_gate_up), fmt), pack(self._dense(self.w_down), fmt))
+
+    @staticmethod
+    def _dense(w: Weight) -> torch.Tensor:
+        if not isinstance(w, torch.Tensor):
+            raise ValueError("weights are packed already")
+        return w
 
 
 @dataclass
@@ -92,6 +106,8 @@ class LlamaModel:
         self.config = config
         self._head: torch.Tensor | None = lm_head
         self._panels: torch.Tensor | None = None  # [n, hidden, HEAD_PANEL] on CPU
+        self._qhead: Bf16Weight | Int8Weight | None = None  # a packed head (``pack_weights``)
+        self.weight_format = "fp32"
         if lm_head.device.type == "cpu" and lm_head.shape[1] > HEAD_PANEL:
             self._panels = _to_panels(lm_head)
             self._head = None
@@ -106,6 +122,19 @@ class LlamaModel:
         self.cos = emb.cos().to(lm_head.dtype).to(lm_head.device)
         self.sin = emb.sin().to(lm_head.dtype).to(lm_head.device)
 
+    def pack_weights(self, fmt: str) -> None:
+        """Pack the projections in ``fmt`` (``quant.WEIGHT_FORMATS``), once, at load. The head
+        is int8 per vocabulary row under int8 and int4 (it is the embedding too when tied)."""
+        if fmt == "fp32":
+            return
+        head = self.lm_head
+        self.layers = [lw.packed(fmt) for lw in self.layers]
+        self._qhead = Bf16Weight(head) if fmt == "bf16" else Int8Weight(head)
+        self._head = self._panels = None
+        self.norm = self.norm.clone()
+        self.embed = None if self.embed is None else self.embed.clone()
+        self.weight_format = fmt
+
     @property
     def device(self) -> torch.device:
         return self.norm.device
@@ -116,7 +145,9 @@ class LlamaModel:
 
     @property
     def lm_head(self) -> torch.Tensor:
-        """The output projection as one [hidden, vocab] matrix (a copy when panelled)."""
+        """The output projection as one [hidden, vocab] matrix (a copy when panelled or packed)."""
+        if self._qhead is not None:
+            return self._qhead.dense()
         if self._head is not None:
             return self._head
         assert self._panels is not None
@@ -129,6 +160,10 @@ class LlamaModel:
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         if self.embed is None:
+            if isinstance(self._qhead, Int8Weight):
+                return self._qhead.rows(ids)
+            if isinstance(self._qhead, Bf16Weight):
+                return self._qhead.w.index_select(1, ids).t().float()
             if self._panels is not None:
                 return self._panels[ids // HEAD_PANEL, :, ids % HEAD_PANEL]
             assert self._head is not None
@@ -137,6 +172,8 @@ class LlamaModel:
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """``h`` [B, hidden] -> [B, vocab]."""
+        if self._qhead is not None:
+            return self._qhead.mm(h)
         if self._panels is None:
             assert self._head is not None
             return h @ self._head
@@ -168,7 +205,7 @@ class LlamaModel:
         eps = cfg.rms_norm_eps
         for i, lw in enumerate(self.layers):
             x = F.rms_norm(h, (cfg.hidden_size,), lw.attn_norm, eps)
-            qkv = x @ lw.wqkv
+            qkv = matmul(x, lw.wqkv)
             q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = q.view(-1, cfg.num_heads, cfg.head_dim)
             k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
@@ -176,10 +213,10 @@ class LlamaModel:
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             attn = self._attention(fb, q, k, v, kv_cache[i, 0], kv_cache[i, 1])
-            h = h + attn @ lw.wo
+            h = h + matmul(attn, lw.wo)
             x = F.rms_norm(h, (cfg.hidden_size,), lw.ffn_norm, eps)
-            gate, up = (x @ lw.w_gate_up).chunk(2, dim=-1)
-            h = h + (F.silu(gate) * up) @ lw.w_down
+            gate, up = matmul(x, lw.w_gate_up).chunk(2, dim=-1)
+            h = h + matmul(F.silu(gate) * up, lw.w_down)
         return h
 
     def _attention(self, fb: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

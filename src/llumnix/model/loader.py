@@ -30,11 +30,19 @@ class LoadedModel:
     tokenizer: Tokenizer
 
 
-def load_model(spec: str = "smollm2", device: str = "cpu", dtype: str | torch.dtype = "float32") -> LoadedModel:
+def load_model(spec: str = "smollm2", device: str = "cpu", dtype: str | torch.dtype = "float32",
+               weight_format: str = "fp32") -> LoadedModel:
+    """``weight_format`` (``quant.WEIGHT_FORMATS``): the projections packed for CPU
+    weight-only kernels after loading; fp32 keeps them as loaded (the exact path)."""
     from llumnix.model.executor import resolve_dtype
+    from llumnix.model.quant import check_cpu_format
 
     path = resolve_model_path(spec)
     torch_dtype = resolve_dtype(dtype)
+    try:
+        check_cpu_format(weight_format, device, torch_dtype)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
     if path.is_dir():
         from llumnix.model.hf_loader import load_hf_dir
 
@@ -50,6 +58,7 @@ def load_model(spec: str = "smollm2", device: str = "cpu", dtype: str | torch.dt
         name = "smollm2" if path.name == SMOLLM2_FILE else path.stem
     else:
         raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face directory")
+    model.pack_weights(weight_format)
     _release_free_heap()
     return LoadedModel(name=name, path=path, config=config, model=model, tokenizer=tokenizer)
 

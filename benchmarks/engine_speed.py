@@ -1,0 +1,269 @@
+"""The engine's weight formats (issue 48) side by side on one machine, interleaved.
+
+    kernels  one matmul per SmolLM2 shape and weight format, batch 1 and 32
+    step     one decode step of SmolLM2's shapes (random weights), batch 1 and 32:
+             matmuls vs attention vs the rest (Python), from torch's profiler
+    engines  our engine per weight format (and HF transformers' generate, and llama.cpp
+             when ``llama_cpp`` imports): decode tokens/s at batch 1/8/32, prefill 512
+    quality  each fast format against fp32: greedy tokens on 64 prompts, perplexity
+
+Every mode runs ``--rounds`` interleaved rounds (format A, B, C, A, B, C, ...) and reports
+medians with min-max spreads, since other processes share the CPU. JSON goes to
+``--out`` (default /tmp/llumnix-bench/engine_speed), outside the checkout.
+
+    PYTHONPATH=src python benchmarks/engine_speed.py kernels --threads 2
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llumnix.bench.machine import machine_info, write_result
+from llumnix.model.quant import WEIGHT_FORMATS, matmul, pack
+
+SHAPES = {"qkv 576x960": (576, 960), "o 576x576": (576, 576), "k/v 576x192": (576, 192),
+          "gate_up 576x3072": (576, 3072), "up 576x1536": (576, 1536), "down 1536x576": (1536, 576),
+          "lm_head 576x49152": (576, 49152)}
+
+
+def stats(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def _time(fn: Callable[[], Any], reps: int) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def kernels(args: argparse.Namespace) -> dict[str, Any]:
+    """Microseconds per matmul, per shape, batch and format."""
+    g = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {}
+    for name, (k, n) in SHAPES.items():
+        w = torch.randn(k, n, generator=g) * 0.05
+        packed = {f: pack(w, f) for f in args.formats}
+        for m in (1, 32):
+            x = torch.randn(m, k, generator=g)
+            runs: dict[str, list[float]] = {f: [] for f in args.formats}
+            reps = max(3, int(2e8 // (k * n * max(m, 4))))
+            for _ in range(args.rounds):
+                for f in args.formats:
+                    runs[f].append(1e6 * _time(lambda f=f, x=x, packed=packed: matmul(x, packed[f]), reps))
+            out[f"{name} batch {m}"] = {f: stats(v) for f, v in runs.items()}
+            print(name, m, {f: round(statistics.median(v), 1) for f, v in runs.items()}, flush=True)
+    return out
+
+
+def _llm(fmt: str, **kw: Any) -> Any:
+    from llumnix.llm import LLM
+
+    return LLM(args_model, weight_format=fmt, kv_cache_bytes=256 * 2**20, max_num_batched_tokens=4096, **kw)
+
+
+SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_layers": 30,
+           "num_heads": 9, "num_kv_heads": 3, "head_dim": 64}
+
+
+def _random_model(fmt: str) -> Any:
+    """SmolLM2-135M's shapes with random weights: a step's time does not depend on their
+    values, and it runs where the GGUF is not (a machine the model cannot travel to)."""
+    from llumnix.model.config import LlamaConfig
+    from llumnix.model.llama import LayerWeights, LlamaModel
+
+    cfg = LlamaConfig(**SMOLLM2)
+    g = torch.Generator().manual_seed(0)
+    h, i, qkv = cfg.hidden_size, cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.05
+    layers = [LayerWeights(torch.ones(h), r(h, qkv), r(cfg.q_size, h), torch.ones(h), r(h, 2 * i), r(i, h))
+              for _ in range(cfg.num_layers)]
+    model = LlamaModel(cfg, r(h, cfg.vocab_size), layers, torch.ones(h))
+    model.pack_weights(fmt)
+    return model
+
+
+def _decode_batch(executor: Any, batch: int, context: int) -> Any:
+    """The ForwardBatch of one decode step: ``batch`` requests, each ``context`` tokens long."""
+    from types import SimpleNamespace
+
+    bs = executor.block_size
+    per = -(-context // bs)
+    reqs = [SimpleNamespace(token_ids=[100 + b], start_pos=context - 1, context_len=context, sample=True,
+                            block_ids=list(range(b * per, (b + 1) * per))) for b in range(batch)]
+    return executor._build(SimpleNamespace(scheduled=reqs))
+
+
+def step(args: argparse.Namespace) -> dict[str, Any]:
+    """One decode step (context 256) of SmolLM2's shapes per format and batch, interleaved:
+    wall ms, and per step the profiler's self CPU time by category; wall minus ops is the
+    Python and dispatch around them."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from llumnix.model.executor import ModelExecutor
+
+    models = {f: _random_model(f) for f in args.formats}
+    execs = {f: ModelExecutor(m, num_blocks=32 * 16 + 1, block_size=16) for f, m in models.items()}
+    walls: dict[str, list[float]] = {}
+    out: dict[str, Any] = {}
+    with torch.inference_mode():
+        for _ in range(args.rounds):
+            for batch in (1, 32):
+                for f, ex in execs.items():
+                    fb = _decode_batch(ex, batch, 256)
+                    walls.setdefault(f"{f} batch {batch}", []).append(
+                        1e3 * _time(lambda ex=ex, fb=fb: ex.model.forward(fb, ex._storage).argmax(-1), args.steps))
+        for batch in (1, 32):
+            for f, ex in execs.items():
+                fb = _decode_batch(ex, batch, 256)
+                with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+                    for _ in range(args.steps):
+                        ex.model.forward(fb, ex._storage).argmax(-1)
+                cats: dict[str, float] = {"matmul": 0.0, "attention": 0.0, "other ops": 0.0}
+                for e in prof.key_averages():
+                    cats[_category(e.key)] += e.self_cpu_time_total / 1e3 / args.steps
+                key = f"{f} batch {batch}"
+                wall = stats(walls[key])
+                out[key] = {"step_ms": wall, "ops_ms_profiled": cats,
+                            "rest_ms": wall["median"] - sum(cats.values())}
+                print(key, f"step {wall['median']:.2f} ms ({wall['min']:.2f}-{wall['max']:.2f})",
+                      {k: round(v, 2) for k, v in cats.items()}, flush=True)
+    return out
+
+
+def _category(op: str) -> str:
+    if op in ("aten::mm", "aten::addmm") or "pack_mm" in op:
+        return "matmul"
+    if any(s in op for s in ("bmm", "softmax", "scaled_dot_product", "index_select", "index_copy",
+                             "masked_fill", "_flash_attention")):
+        return "attention"
+    return "other ops"
+
+
+def engines(args: argparse.Namespace) -> dict[str, Any]:
+    from llumnix.bench.engine_bench import bench_decode, bench_prefill
+    from llumnix.core.sampling_params import SamplingParams
+
+    llms = {f: _llm(f) for f in args.formats}
+    for llm in llms.values():
+        llm.generate(["warm up"], SamplingParams(max_tokens=4))
+    runs: dict[str, dict[str, list[float]]] = {f: {} for f in llms}
+    hf = _transformers() if args.hf else None
+    if hf is not None:
+        runs["transformers"] = {}
+    for _ in range(args.rounds):
+        for f, llm in llms.items():
+            for b in (1, 8, 32):
+                runs[f].setdefault(f"decode_b{b}", []).append(bench_decode(llm, b, args.steps))
+            runs[f].setdefault("prefill_512", []).append(bench_prefill(llm, 512, 1))
+        if hf is not None:
+            for b in (1, 8, 32):
+                runs["transformers"].setdefault(f"decode_b{b}", []).append(hf(b, args.steps))
+        print({f: {k: round(v[-1], 1) for k, v in r.items()} for f, r in runs.items()}, flush=True)
+    out: dict[str, Any] = {f: {k: stats(v) for k, v in r.items()} for f, r in runs.items()}
+    base = out.get("fp32")
+    if base is not None:
+        out["speedup_over_fp32"] = {f: {k: v["median"] / base[k]["median"] for k, v in r.items()}
+                                    for f, r in out.items() if f in llms}
+    try:
+        import llama_cpp  # noqa: F401
+        out["llama_cpp"] = "installed, not driven yet: run its server and `llumnix bench` against it"
+    except ImportError:
+        out["llama_cpp"] = "not installed (llama_cpp does not import): skipped"
+    return out
+
+
+def _transformers() -> Callable[[int, int], float]:
+    from transformers import AutoModelForCausalLM
+
+    from llumnix.model.loader import resolve_model_path
+
+    path = resolve_model_path(args_model)
+    hf: Any = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+    def rate(batch: int, steps: int) -> float:
+        ids = torch.tensor([[100 + (i * 7919 + s * 104729) % 40000 for i in range(256)] for s in range(batch)])
+
+        def gen(n: int) -> float:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                            do_sample=False, pad_token_id=0)
+            return time.perf_counter() - t0
+        return batch * steps / (gen(steps + 1) - gen(1))
+    return rate
+
+
+PROMPT_SUBJECTS = ("the ocean", "a small town", "machine learning", "the moon", "coffee", "a library",
+                   "winter", "the Roman empire", "bicycles", "a robot", "music", "the internet",
+                   "volcanoes", "a chess game", "gardening", "the stock market")
+PROMPT_FORMS = ("Write one sentence about {}.", "Here is a short story about {}:",
+                "Three facts about {}:\n1.", "Q: What do you know about {}?\nA:")
+
+
+def quality(args: argparse.Namespace) -> dict[str, Any]:
+    """Greedy agreement over 64 prompts (first 16 tokens identical) and perplexity of a
+    held text (README.md), each fast format against fp32."""
+    from llumnix.core.sampling_params import SamplingParams
+
+    prompts = [f.format(s) for f in PROMPT_FORMS for s in PROMPT_SUBJECTS]
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    results: dict[str, Any] = {}
+    ref_tokens: list[list[int]] = []
+    ref_ppl = 0.0
+    for fmt in ["fp32"] + [f for f in args.formats if f != "fp32"]:
+        llm = _llm(fmt)
+        tokens = [c.token_ids for c in llm.generate(prompts, greedy)]
+        ids = llm.tokenizer.encode(text)[:1024]
+        scored = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=0))[0].prompt_logprobs
+        assert scored is not None
+        ppl = float(torch.tensor([-lp for _, lp, _ in scored]).mean().exp())
+        if fmt == "fp32":
+            ref_tokens, ref_ppl = tokens, ppl
+        same = sum(a == b for a, b in zip(tokens, ref_tokens, strict=True))
+        results[fmt] = {"prompts": len(prompts), "first16_identical": same,
+                        "first16_identical_frac": same / len(prompts), "perplexity": ppl,
+                        "perplexity_vs_fp32": ppl / ref_ppl - 1, "ppl_tokens": len(ids)}
+        print(fmt, results[fmt], flush=True)
+        del llm
+    return results
+
+
+MODES = {"kernels": kernels, "step": step, "engines": engines, "quality": quality}
+args_model = "smollm2"
+
+
+def main() -> None:
+    global args_model
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=MODES)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--formats", default=",".join(WEIGHT_FORMATS))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=16, help="decode steps timed per measurement")
+    p.add_argument("--hf", action="store_true", help="engines: HF transformers' generate too")
+    p.add_argument("--out", default="/tmp/llumnix-bench/engine_speed")
+    args = p.parse_args()
+    args.formats = args.formats.split(",")
+    args_model = args.model
+    torch.set_num_threads(args.threads)
+    result = {"benchmark": f"engine_speed {args.mode}", "machine": machine_info(),
+              "settings": {k: v for k, v in vars(args).items() if k != "out"},
+              "result": MODES[args.mode](args)}
+    write_result(Path(args.out) / f"{args.mode}.json", result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Weight formats of the CPU fast path: the model's float32 projections packed once at
+load for PyTorch's weight-only kernels, so a decode step streams a fraction of the bytes
+(batch-1 decode on a CPU is memory bandwidth over bytes per token).
+
+    fp32  weights as loaded (the engine's dtype): the exact path, HF-parity tested
+    bf16  [in, out] bfloat16; activations stay float32, cast around each matmul
+    int8  per-output-channel symmetric int8, ``aten._weight_int8pack_mm``
+    int4  32-element groups with a scale and a zero point each,
+          ``aten._weight_int4pack_mm_for_cpu``. A GGUF Q4_1 block is exactly such a
+          group (w = d*q + m, its min at q=0 and its max at q=15), so min/max
+          re-quantization of the dequantized tensor gives back the file's own integers
+          (its scales and minimums rounded to bf16, the kernel's: a weight moves by up to
+          0.16 of its quantization step).
+
+The int8 and int4 kernels take bfloat16 activations: with float32 ones PyTorch 2.13 runs
+a scalar fallback 10-500x slower than float32 BLAS (576x960 at batch 1, one thread: int4
+1.1 ms against 48 us with bf16 input; benchmarks/engine_speed.md). So x is cast to
+bfloat16 around each packed matmul (the residual stream, norms, attention and the KV
+cache stay float32), and scales and zero points are kept in bfloat16.
+
+The output projection (tied to the embedding) is int8 per vocabulary row under both
+int8 and int4: SmolLM2's is Q8_0 in its GGUF, and a row-wise int8 head doubles as the
+embedding table (row ``id`` dequantized), so the model keeps one copy of it.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+INT4_GROUP = 32
+"""Input columns per int4 group: GGUF's Q4_0/Q4_1 block size."""
+
+
+class PackedWeight(Protocol):
+    """A projection kept in a packed form: ``mm(x)`` is ``x @ w`` for ``x`` [T, in]."""
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def dense(self) -> torch.Tensor:
+        """The [in, out] float32 weight it stands for (tests, migration checks)."""
+        ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+class Bf16Weight:
+    def __init__(self, w: torch.Tensor) -> None:
+        self.w = w.to(torch.bfloat16).contiguous()  # [in, out]
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.to(torch.bfloat16) @ self.w).to(x.dtype)
+
+    def dense(self) -> torch.Tensor:
+        return self.w.float()
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.numel() * 2
+
+
+class Int8Weight:
+    """Symmetric per-output-channel int8: w[:, j] = q[j] * scale[j]."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        wt = w.t().float().contiguous()  # [out, in]
+        scale = (wt.abs().amax(dim=1) / 127).clamp(min=1e-12)
+        self.q = (wt / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+        self.scale = scale.to(torch.bfloat16).contiguous()
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale)
+        return y.to(x.dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the [out, in] matrix, dequantized: the embedding of a tied head."""
+        return self.q[ids].float() * self.scale[ids, None].float()
+
+    def dense(self) -> torch.Tensor:
+        return (self.q.float() * self.scale[:, None].float()).t()
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + self.scale.numel() * 2
+
+
+class Int4Weight:
+    """Asymmetric int4 in groups of ``INT4_GROUP`` input columns, in the kernel's layout:
+    w = (q - 8) * scale + zero, with q in [0, 15]."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        wt = w.t().float().contiguous()  # [out, in]
+        n, k = wt.shape
+        if k % INT4_GROUP:
+            raise ValueError(f"int4 needs input width divisible by {INT4_GROUP}, got {k}")
+        groups = wt.view(n, k // INT4_GROUP, INT4_GROUP)
+        lo, hi = groups.amin(-1), groups.amax(-1)
+        scale = ((hi - lo) / 15).clamp(min=1e-12)
+        q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
+        self.k, self.n = k, n
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.view(n, k).contiguous(), 2)
+        # [k / group, n, 2]: (scale, zero) with zero = lo + 8 * scale, the kernel's convention.
+        self.scales_zeros = torch.stack([scale.t(), (lo + 8 * scale).t()], dim=-1).to(torch.bfloat16).contiguous()
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed,
+                                                                     INT4_GROUP, self.scales_zeros)
+        return y.to(x.dtype)
+
+    def dense(self) -> torch.Tensor:
+        return self.mm(torch.eye(self.k))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.packed.numel() * self.packed.element_size()) + self.scales_zeros.numel() * 2
+
+
+Weight = torch.Tensor | Bf16Weight | Int8Weight | Int4Weight
+
+
+def pack(w: torch.Tensor, fmt: str) -> Weight:
+    """``w`` [in, out] float in ``fmt``; fp32 returns it unchanged."""
+    if fmt == "fp32":
+        return w
+    if fmt == "bf16":
+        return Bf16Weight(w)
+    if fmt == "int8":
+        return Int8Weight(w)
+    if fmt == "int4":
+        return Int4Weight(w)
+    raise ValueError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, not {fmt!r}")
+
+
+def matmul(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    return x @ w if isinstance(w, torch.Tensor) else w.mm(x)
+
+
+def weight_bytes(w: Weight) -> int:
+    return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes
+
+
+def check_cpu_format(fmt: str, device: str | torch.device, dtype: torch.dtype) -> None:
+    """The packed formats run on CPU with float32 activations only."""
+    if fmt not in WEIGHT_FORMATS:
+        raise ValueError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, not {fmt!r}")
+    if fmt != "fp32" and (torch.device(device).type != "cpu" or dtype != torch.float32):
+        raise ValueError(f"weight format {fmt} needs device cpu and dtype float32 "
+                         f"(got {device}, {str(dtype).removeprefix('torch.')})")

@@ -1,0 +1,89 @@
+"""The packed weight formats: each kernel computes ``x @ w`` for the weight it packed, a
+GGUF Q4_1 tensor survives int4 packing, and a packed model runs and is selected by config."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llumnix.config.fields import SystemConfigError
+from llumnix.config.sections import WEIGHT_FORMATS as CONFIG_FORMATS
+from llumnix.config.sections import LLMConfig
+from llumnix.core.errors import ModelLoadError
+from llumnix.model.quant import WEIGHT_FORMATS, Int4Weight, Int8Weight, matmul, pack, weight_bytes
+
+# Relative error of x @ w against float32 (bf16 activations: about 2^-8 per product).
+TOLERANCE = {"fp32": 1e-6, "bf16": 0.02, "int8": 0.03, "int4": 0.12}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+@pytest.mark.parametrize("batch", [1, 5, 32])
+def test_packed_matmul_matches_float32(fmt, batch):
+    g = torch.Generator().manual_seed(batch)
+    w = torch.randn(96, 160, generator=g) * 0.05
+    x = torch.randn(batch, 96, generator=g)
+    packed = pack(w, fmt)
+    y = matmul(x, packed)
+    assert y.dtype == torch.float32 and y.shape == (batch, 160)
+    assert _rel(y, x @ w) < TOLERANCE[fmt]
+    if fmt != "fp32":
+        assert weight_bytes(packed) < w.numel() * 4 / 1.9  # the point: fewer bytes per step
+
+
+def test_int4_gives_back_a_q4_1_tensor():
+    """A Q4_1 block is w = d*q + m with its min at q=0 and its max at q=15: min/max
+    re-quantization recovers d, m and q, so the packed tensor is the file's own."""
+    g = torch.Generator().manual_seed(0)
+    d = torch.rand(64, 3, 1, generator=g) * 0.01 + 1e-3
+    m = -torch.rand(64, 3, 1, generator=g) * 0.05
+    q = torch.randint(0, 16, (64, 3, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15  # a Q4_1 block's own min and max
+    w_out_in = (d * q + m).view(64, 96)
+    dense = Int4Weight(w_out_in.t()).dense().t().reshape(64, 3, 32)
+    steps = (dense - m) / d  # the integers the packed tensor holds, in the file's own units
+    assert torch.equal(steps.round(), q)
+    # The kernel's scales and zero points are bf16: each weight moves by under 0.2 of its step.
+    assert float((steps - q).abs().max()) < 0.2
+
+
+def test_int8_rows_are_the_embedding_of_a_tied_head():
+    w = torch.randn(32, 50) * 0.1  # [hidden, vocab]
+    head = Int8Weight(w)
+    ids = torch.tensor([0, 7, 49])
+    assert _rel(head.rows(ids), w[:, ids].t()) < 0.01
+
+
+def test_int4_refuses_a_width_it_cannot_group():
+    with pytest.raises(ValueError, match="divisible by 32"):
+        Int4Weight(torch.randn(48, 64))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+def test_a_packed_model_tracks_float32(tiny_llama_dir, fmt):
+    from llumnix.model import load_model
+
+    exact = load_model(str(tiny_llama_dir[0]))
+    fast = load_model(str(tiny_llama_dir[0]), weight_format=fmt)
+    assert fast.model.weight_format == fmt and exact.model.weight_format == "fp32"
+    h = torch.randn(3, exact.config.hidden_size)
+    assert _rel(fast.model.logits(h), exact.model.logits(h)) < 0.05
+    ids = torch.tensor([1, 5, 200])
+    assert _rel(fast.model.embed_tokens(ids), exact.model.embed_tokens(ids)) < 0.02
+
+
+def test_weight_format_is_checked_at_load_and_in_config():
+    from llumnix.config.system import SystemConfig
+
+    assert CONFIG_FORMATS == WEIGHT_FORMATS
+    assert SystemConfig.from_dict({"engine": {"weight_format": "int4"}}).engine.llm_kwargs()["weight_format"] == "int4"
+    with pytest.raises(SystemConfigError, match="engine.weight_format: must be one of fp32, bf16, int8, int4"):
+        SystemConfig.from_dict({"engine": {"weight_format": "int3"}})
+    with pytest.raises(SystemConfigError, match="needs device cpu and dtype float32"):
+        LLMConfig(weight_format="int8", dtype="bfloat16")
+    from llumnix.model import load_model
+
+    with pytest.raises(ModelLoadError, match="weight format int4 needs device cpu and dtype float32"):
+        load_model("smollm2", dtype="bfloat16", weight_format="int4")
