@@ -236,10 +236,6 @@ class MigrationPrinter:
 
 def migration_text(m: dict[str, Any]) -> str:
     """One migration as the demo prints it."""
-    route = f"migration {m.get('request_id')} {m.get('src_instance_id')} -> {m.get('dst_instance_id')}"
-    if not m.get("committed"):
-        return f"{route} aborted: {m.get('abort_code') or m.get('abort_reason')}"
-    if m.get("was_queued"):
-        return f"{route} committed (it was queued: moved as metadata, no stall)"
-    downtime = m.get("downtime")
-    return f"{route} committed, stall {1000 * downtime:.1f} ms" if downtime is not None else f"{route} committed"
+    from llumnix.top import outcome
+
+    return f"migration {m.get('request_id')} {m.get('src_instance_id')} -> {m.get('dst_instance_id')} {outcome(m)}"

@@ -62,15 +62,20 @@ def _freeness(value: Any) -> str:
     return "inf" if math.isinf(value) else f"{value:.1f}"
 
 
+def outcome(m: dict[str, Any]) -> str:
+    """A migration report's end, as `top` and the demo print it."""
+    if not m.get("committed"):
+        return f"aborted ({m.get('abort_code') or m.get('abort_reason') or '?'})"
+    if m.get("was_queued"):
+        return "committed (queued: no stall)"
+    stall = m.get("downtime")
+    return "committed" if stall is None else f"committed, stall {1000 * float(stall):.1f} ms"
+
+
 def _migration(m: dict[str, Any], now: float) -> str:
     ago = f"{now - float(m['end_time']):5.1f}s ago" if m.get("end_time") else "          "
     head = f"  {ago}  {m.get('request_id') or '-'}  {m.get('src_instance_id') or '-'} -> {m.get('dst_instance_id') or '-'}"
-    if not m.get("committed"):
-        return f"{head}  aborted ({m.get('abort_code') or m.get('abort_reason') or '?'})"
-    if m.get("was_queued"):
-        return f"{head}  committed (queued: no stall)"
-    stall = m.get("downtime")
-    return f"{head}  committed, stall {'-' if stall is None else f'{1000 * float(stall):.1f} ms'}"
+    return f"{head}  {outcome(m)}"
 
 
 def render(info: dict[str, Any], url: str, now: float) -> str:
