@@ -47,8 +47,9 @@ def read_until(proc: subprocess.Popen, pattern: str, timeout_s: float, seen: lis
 
 @contextlib.contextmanager
 def started(argv: list[str]):
+    # SIGINT as a terminal's foreground job has it (a backgrounded `make test` passes it on ignored)
     proc = subprocess.Popen(argv, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # a thread blocked in readline: select on the pipe would miss lines already in Python's buffer
     proc.lines = queue.Queue()  # type: ignore[attr-defined]
 

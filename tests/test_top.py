@@ -58,8 +58,11 @@ def test_the_live_view_redraws_until_ctrl_c():
     from tests.gateway.test_metrics import StatusBackend
 
     with InProcessGateway(StatusBackend()) as url:
+        # As a terminal's foreground job gets it: a job a script started in the background
+        # (CI's `make test`) inherits SIGINT ignored, and Python then leaves it ignored.
         proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "top", "--url", url, "--interval", "0.2"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(3.0)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
