@@ -281,10 +281,7 @@ class LocalScheduler:
             p = req.sampling_params
             out = req.output_token_ids
             n_out = len(out)
-            banned: tuple[int, ...] = ()
-            if n_out < p.min_tokens:
-                eos = () if req.eos_token_id is None or p.ignore_eos else (req.eos_token_id,)
-                banned = (*eos, *p.stop_token_ids)
+            banned = req.banned_under_min_tokens if n_out < p.min_tokens else ()
             start = req.num_computed_tokens
             n_prompt = len(req.prompt_token_ids)
             tokens = out[start - n_prompt:] if start >= n_prompt else req.prompt_token_ids[start:] + out
