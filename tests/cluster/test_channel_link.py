@@ -460,30 +460,19 @@ def test_strangers_idle_or_trickling_cost_no_thread_and_keep_no_gateway_out(inst
 def test_a_trickling_handshake_is_closed_at_the_deadline_from_accept(instance):
     """The deadline once restarted on every byte: a byte each 50 ms held a thread forever."""
     import socket as socketlib
-    import threading
     import time
 
     from llumnix.net.gate import GateLimits
-    from tests.net.strangers import closed_by_peer
+    from tests.net.strangers import closed_by_peer, dripping
 
     srv, _ = instance
     chan = ChannelServer(srv, TOKEN, lambda req: Future(), limits=GateLimits(deadline_s=0.5))
     sock = socketlib.create_connection(chan.address, timeout=5.0)
-    stop = threading.Event()
-
-    def drip() -> None:  # the 48-byte answer would take 2.4 s
-        while not stop.wait(0.05):
-            try:
-                sock.send(b"x")
-            except OSError:
-                return
-
     t0 = time.monotonic()
-    threading.Thread(target=drip, daemon=True).start()
     try:
-        assert closed_by_peer(sock, within=5.0)
-        assert 0.4 < time.monotonic() - t0 < 2.0 and chan.gate.num_expired == 1
+        with dripping(sock):  # the 48-byte answer would take 2.4 s
+            assert closed_by_peer(sock, within=5.0)
+            assert 0.4 < time.monotonic() - t0 < 2.0 and chan.gate.num_expired == 1
     finally:
-        stop.set()
         sock.close()
         chan.close()

@@ -21,7 +21,7 @@ from llumnix.migration.tcp_transport import (
     migration_host,
 )
 from llumnix.migration.transport import KVLimits, TransportOptions
-from tests.net.strangers import Strangers, closed_by_peer
+from tests.net.strangers import Strangers, closed_by_peer, dripping
 
 TOKEN = b"cluster-secret"
 BPB = 16  # bytes per block of the fake cache
@@ -123,23 +123,13 @@ def test_idle_and_trickling_handshakes_are_dropped_at_the_deadline(receiver):
     rx = receiver(sink, options=TransportOptions(max_connections=4, handshake_timeout_s=0.3))
     idle = [socket.create_connection(rx.address, timeout=5.0) for _ in range(3)]
     trickle = socket.create_connection(rx.address, timeout=5.0)
-    stop = threading.Event()
-
-    def drip() -> None:  # a byte of the MAC every 50 ms: each read is quick, the whole is not
-        while not stop.wait(0.05):
-            try:
-                trickle.send(b"x")
-            except OSError:
-                return
-
-    threading.Thread(target=drip, daemon=True).start()
     t0 = time.monotonic()
     try:
-        assert all(closed_by_peer(s) for s in [*idle, trickle])
-        assert time.monotonic() - t0 < 3.0
-        assert migrates(rx.address, sink)  # the slots are free again, the sockets still open here
+        with dripping(trickle):  # a byte of the MAC every 50 ms: each read is quick, the whole is not
+            assert all(closed_by_peer(s) for s in [*idle, trickle])
+            assert time.monotonic() - t0 < 3.0
+            assert migrates(rx.address, sink)  # the slots are free again, the sockets still open here
     finally:
-        stop.set()
         for s in [*idle, trickle]:
             s.close()
 

@@ -6,6 +6,7 @@ import contextlib
 import resource
 import socket
 import threading
+from collections.abc import Iterator
 
 
 def raise_fd_limit(want: int) -> None:
@@ -75,6 +76,26 @@ class Strangers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def dripping(sock: socket.socket, every_s: float = 0.05) -> Iterator[None]:
+    """``sock`` sends a byte every ``every_s`` until the block ends or the peer closes it:
+    each read the server makes is prompt, the whole answer never comes in time."""
+    stop = threading.Event()
+
+    def drip() -> None:
+        while not stop.wait(every_s):
+            try:
+                sock.send(b"x")
+            except OSError:
+                return
+
+    threading.Thread(target=drip, daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 def closed_by_peer(sock: socket.socket, within: float = 5.0) -> bool:

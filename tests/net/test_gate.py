@@ -9,7 +9,7 @@ import time
 import pytest
 
 from llumnix.net.gate import Challenge, Gate, GateLimits
-from tests.net.strangers import Strangers, closed_by_peer
+from tests.net.strangers import Strangers, closed_by_peer, dripping
 
 ANSWER = b"open sesame!"
 
@@ -94,23 +94,13 @@ def test_the_total_cap_holds_across_addresses_and_ours_gets_in(server):
 def test_a_trickle_is_closed_at_the_deadline_from_accept(server):
     srv = server(deadline_s=0.5)
     sock = socket.create_connection(srv.address, timeout=5.0)
-    stop = threading.Event()
-
-    def drip() -> None:  # a byte every 50 ms: each is prompt, the whole answer never comes in time
-        while not stop.wait(0.05):
-            try:
-                sock.send(b"o")
-            except OSError:
-                return
-
     t0 = time.monotonic()
-    threading.Thread(target=drip, daemon=True).start()
     try:
-        assert closed_by_peer(sock, within=5.0)
-        assert 0.4 < time.monotonic() - t0 < 2.0
-        assert srv.gate.num_expired == 1
+        with dripping(sock):
+            assert closed_by_peer(sock, within=5.0)
+            assert 0.4 < time.monotonic() - t0 < 2.0
+            assert srv.gate.num_expired == 1
     finally:
-        stop.set()
         sock.close()
 
 
