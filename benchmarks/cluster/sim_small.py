@@ -37,15 +37,10 @@ SYSTEMS: dict[str, dict[str, Any]] = {
 }
 
 
-def trace_for(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: int) -> Any:
-    from llumnix.bench.sim_vs_real import sim_trace
-
-    return sim_trace(pairs, n, rate, seed)
-
-
 def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, block_size: int,
         watermark: float = 0.01, instances: int = 2, status_interval_s: float = 0.05,
         reschedule_every: int = 2, trigger_gap_s: float | None = None) -> dict[str, Any]:
+    from llumnix.bench.sim_vs_real import sim_trace
     from llumnix.sim.cluster import ClusterConfig
     from llumnix.sim.config import SystemSpec
     from llumnix.sim.latency import get_latency_model
@@ -60,7 +55,7 @@ def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, bl
                             status_interval_s=status_interval_s, reschedule_every=reschedule_every,
                             trigger_gap_s=trigger_gap_s)
     sim = Simulator(cluster, get_latency_model("a10-llama7b-serving"), make_policy(spec, cluster, seed=seed),
-                    trace_for(pairs, n, rate, seed))
+                    sim_trace(pairs, n, rate, seed))
     out = sim.run()
     m = out["migrations"]
     reaction = (out.get("rescheduling") or {}).get("reaction_s") or {}

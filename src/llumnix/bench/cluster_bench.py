@@ -131,25 +131,30 @@ def scaled_pairs(s: ClusterBenchSettings, ins: np.ndarray, outs: np.ndarray) -> 
     return p, o
 
 
-def make_requests(s: ClusterBenchSettings, pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float | None,
-                  seed: int, vocab: int, salt: int = 0) -> list[PlannedRequest]:
-    """``n`` requests drawn from ``pairs`` with Poisson arrivals at ``rate`` (None: all at
-    once, a burst). Lengths and gaps come from two streams of ``seed``, so a trace keeps
-    its requests across rates."""
+def draw_trace(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float | None,
+               seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` (prompt length, output length) pairs drawn from ``pairs`` and their arrival
+    times, Poisson at ``rate`` (None: all at once, a burst). Lengths and gaps come from two
+    streams of ``seed``, so a trace keeps its requests across rates. The real cluster's
+    requests (``make_requests``) and the simulator's trace (``sim_vs_real.sim_trace``)."""
     import numpy as np
-
-    from llumnix.bench.profile import synthetic_prompt
 
     ins, outs = pairs
     idx = np.random.default_rng([seed, 1]).integers(0, len(ins), n)
     gaps = np.random.default_rng([seed, 2]).exponential(1.0, n)
     gaps[0] = 0.0
     times = np.zeros(n) if rate is None else np.cumsum(gaps) / rate
-    out = []
-    for i, j in enumerate(idx):
-        prompt = synthetic_prompt(int(ins[j]), salt + seed * 10_000 + i + 1, vocab)
-        out.append(PlannedRequest(float(times[i]), prompt, int(ins[j]), int(outs[j])))
-    return out
+    return ins[idx], outs[idx], times
+
+
+def make_requests(s: ClusterBenchSettings, pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float | None,
+                  seed: int, vocab: int, salt: int = 0) -> list[PlannedRequest]:
+    """``draw_trace``'s requests, each prompt synthetic token ids of its length."""
+    from llumnix.bench.profile import synthetic_prompt
+
+    prompts, outputs, times = draw_trace(pairs, n, rate, seed)
+    return [PlannedRequest(float(t), synthetic_prompt(int(p), salt + seed * 10_000 + i + 1, vocab), int(p), int(o))
+            for i, (p, o, t) in enumerate(zip(prompts, outputs, times, strict=True))]
 
 
 # -- one run --------------------------------------------------------------------------------

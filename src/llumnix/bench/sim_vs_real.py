@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from llumnix.bench.cluster_bench import ClusterBenchSettings, scaled_pairs
+from llumnix.bench.cluster_bench import ClusterBenchSettings, draw_trace, scaled_pairs
 
 METRICS = ("num_preemptions", "ttft_p99_s", "itl_p99_s")
 """What is compared: preemptions, and the runs' TTFT and inter-token P99."""
@@ -58,14 +58,11 @@ class InfoPath:
 
 
 def sim_trace(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: int) -> Any:
-    """``make_requests``' trace for the simulator: the same lengths and arrivals."""
+    """``make_requests``' trace for the simulator: the same lengths and arrivals (``draw_trace``)."""
     from llumnix.sim.workloads import Trace
 
-    ins, outs = pairs
-    idx = np.random.default_rng([seed, 1]).integers(0, len(ins), n)
-    gaps = np.random.default_rng([seed, 2]).exponential(1.0, n)
-    gaps[0] = 0.0
-    return Trace("bench-cluster", rate, seed, np.cumsum(gaps) / rate, ins[idx], outs[idx], np.zeros(n, np.int64))
+    prompts, outputs, times = draw_trace(pairs, n, rate, seed)
+    return Trace("bench-cluster", rate, seed, times, prompts, outputs, np.zeros(n, np.int64))
 
 
 def simulate(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float,
