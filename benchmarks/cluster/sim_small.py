@@ -29,6 +29,9 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "llumnix": {"dispatch": "llumnix", "migration": True},
     "llumnix dst_queue=all": {"dispatch": "llumnix", "migration": True, "rescheduling": {"dst_queue": "all"}},
     "llumnix pairing=stable": {"dispatch": "llumnix", "migration": True, "rescheduling": {"pairing": "stable"}},
+    "llumnix pairing=even": {"dispatch": "llumnix", "migration": True, "rescheduling": {"pairing": "even"}},
+    "llumnix min_tokens_left=4 pairing=even": {"dispatch": "llumnix", "migration": True,
+                                               "rescheduling": {"min_tokens_left": 4, "pairing": "even"}},
     "llumnix in_threshold=6": {"dispatch": "llumnix", "migration": True, "rescheduling": {"in_threshold": 6.0}},
     "llumnix no migration": {"dispatch": "llumnix"},
     "llumnix min_tokens_left=2": {"dispatch": "llumnix", "migration": True, "rescheduling": {"min_tokens_left": 2}},
@@ -40,6 +43,22 @@ SYSTEMS: dict[str, dict[str, Any]] = {
 def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, block_size: int,
         watermark: float = 0.01, instances: int = 2, status_interval_s: float = 0.05,
         reschedule_every: int = 2, trigger_gap_s: float | None = None) -> dict[str, Any]:
+    sim = simulate(system, pairs, n, rate, seed, blocks, block_size, watermark, instances, status_interval_s,
+                   reschedule_every, trigger_gap_s)
+    out = sim.summary()
+    m = out["migrations"]
+    reaction = (out.get("rescheduling") or {}).get("reaction_s") or {}
+    moved = {r.request_id for r in sim.metrics.migrations if r.committed}
+    return {"preemptions": out["num_preemptions"], "migrations": m["num_committed"], "aborted": m["num_aborted"],
+            "moved": len(moved),
+            "ttft_p99": out["ttft"]["p99"], "reaction_p50": reaction.get("p50") if reaction.get("count") else None,
+            "reaction_p99": reaction.get("p99") if reaction.get("count") else None}
+
+
+def simulate(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, block_size: int,
+             watermark: float = 0.01, instances: int = 2, status_interval_s: float = 0.05,
+             reschedule_every: int = 2, trigger_gap_s: float | None = None) -> Any:
+    """The simulator after one run of ``system`` (``run``'s arguments)."""
     from llumnix.bench.sim_vs_real import sim_trace
     from llumnix.sim.cluster import ClusterConfig
     from llumnix.sim.config import SystemSpec
@@ -56,12 +75,8 @@ def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, bl
                             trigger_gap_s=trigger_gap_s)
     sim = Simulator(cluster, get_latency_model("a10-llama7b-serving"), make_policy(spec, cluster, seed=seed),
                     sim_trace(pairs, n, rate, seed))
-    out = sim.run()
-    m = out["migrations"]
-    reaction = (out.get("rescheduling") or {}).get("reaction_s") or {}
-    return {"preemptions": out["num_preemptions"], "migrations": m["num_committed"], "aborted": m["num_aborted"],
-            "ttft_p99": out["ttft"]["p99"], "reaction_p50": reaction.get("p50") if reaction.get("count") else None,
-            "reaction_p99": reaction.get("p99") if reaction.get("count") else None}
+    sim.run()
+    return sim
 
 
 def _reactions(runs: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -88,6 +103,8 @@ def main() -> None:
                     help="status rounds per rescheduling round (the real cluster: 0.5 s)")
     ap.add_argument("--trigger-gap", type=float, default=None,
                     help="triggered rescheduling, passes at least this many s apart (the cluster's default: 0.03)")
+    ap.add_argument("--paired-with", default=None,
+                    help="also each system's paired difference in preemptions against this one (same seeds)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     from llumnix.bench.cluster_bench import ClusterBenchSettings, scaled_pairs
@@ -118,14 +135,21 @@ def main() -> None:
                          "ratio_vs_infaas": float(p.sum() / base.sum()) if base.sum() else None,
                          "migrations": sum(r["migrations"] for r in runs[name]),
                          "aborted": sum(r["aborted"] for r in runs[name]),
+                         "moved": sum(r["moved"] for r in runs[name]),
                          "ttft_p99_median": float(np.median([r["ttft_p99"] for r in runs[name]])),
                          **_reactions(runs[name])})
+            if a.paired_with:
+                other = p - per[a.paired_with]
+                boot = np.random.default_rng(0).choice(other, (2000, other.size)).mean(1)
+                rows[-1]["paired_with"] = {"system": a.paired_with, "diff_mean": float(other.mean()),
+                                           "diff_ci95": [float(np.quantile(boot, 0.025)),
+                                                         float(np.quantile(boot, 0.975))]}
             r = rows[-1]
             print(f"rate {rate:5.1f} {name:>24}: {r['preemptions']:5d} preempt ({r['per_request']:.2f}/req, "
                   f"run mean {r['per_run_mean']:.2f} sd {r['per_run_sd']:.2f}); vs infaas++ "
                   f"{r['diff_vs_infaas_mean']:+.2f} [{r['diff_ci95'][0]:+.2f}, {r['diff_ci95'][1]:+.2f}] per run, "
                   f"ratio {r['ratio_vs_infaas'] or 0:.2f}, P(3 seeds <=) {r['p_meet_at_most_with_3_seeds']:.2f}; "
-                  f"migrations {r['migrations']} + {r['aborted']} aborted; TTFT P99 median {r['ttft_p99_median']:.2f} s"
+                  f"migrations {r['migrations']} + {r['aborted']} aborted, {r['moved']} requests moved; TTFT P99 median {r['ttft_p99_median']:.2f} s"
                   + (f"; reaction P50/P99 median {r['reaction_p50_median'] * 1e3:.0f}/"
                      f"{r['reaction_p99_median'] * 1e3:.0f} ms" if r["reaction_p50_median"] is not None else ""),
                   flush=True)

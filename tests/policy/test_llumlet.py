@@ -143,6 +143,22 @@ def test_stable_pairing_stops_a_move_that_would_make_the_destination_a_source(ds
     assert not llumlet(src).reads_destination
 
 
+@pytest.mark.parametrize("dst,term,expected", [
+    (inst("d", running=[run("x", 50)]), False, ["short"]),                   # (50 - 3) / 2 = 23.5 > 1
+    (inst("d", total=20, running=[run("x", 4), run("y", 4)]), False, ["short"]),  # (12 - 3) / 3 = 3 > 1
+    (inst("d", total=14, running=[run("x", 4), run("y", 4)]), False, []),    # room 4, but (6 - 3) / 3 = 1
+    (inst("d", total=14, running=[run("x", 4), run("y", 4)]), True, ["short"]),  # a drain moves it anyway
+    (None, False, ["short"]),                                                # destination unknown
+])
+def test_even_pairing_stops_a_chain_move_that_leaves_the_destination_no_freer_than_the_source(dst, term, expected):
+    # the source: (100 - 3 - 94) / 3 = 1
+    src = inst("engine-id", running=[run("short", 3, 40), run("long", 47, 900), run("long2", 47, 901)])
+    ll = llumlet(src, pairing="even")
+    ll.is_terminating = term
+    assert ll.reads_destination
+    assert ll.select_requests_to_migrate(0.0, 1, dst) == expected
+
+
 def test_push_carries_the_prefix_keys_evicted_since_the_last_push_and_report_does_not_take_them():
     eng = make_engine(num_blocks=6, block_size=4, prefix_caching=True)
     lm = Llumlet("i0", eng, ReschedulingConfig(), NO_HEADROOM)

@@ -128,6 +128,34 @@ def test_stable_pairing_never_makes_the_destination_a_source(statuses, expected_
     assert pairs(statuses, pairing="stable") == expected_stable
 
 
+@pytest.mark.parametrize("statuses,expected_paper,expected_even", [
+    # busy (F = 1) gives up a 19-block request; near would be at (24 - 19) / 5 = 1 after it,
+    # no freer than busy was: the next pass would move it back (issue 45's re-moves)
+    ([inst("busy", running=BUSY), inst("near", running=[run(f"n{k}", 19) for k in range(4)])],
+     [("busy", "near")], []),
+    # roomy stays at (100 - 50 - 19) / 2 = 15.5 > 1: both pair it
+    ([inst("busy", running=BUSY), inst("near", running=[run(f"n{k}", 19) for k in range(4)]),
+      inst("roomy", running=MID)],
+     [("busy", "roomy")], [("busy", "roomy")]),
+    # a draining instance (F = -inf) moves anything a destination has room for
+    ([inst("busy", running=BUSY, term=True), inst("near", running=[run(f"n{k}", 19) for k in range(4)])],
+     [("busy", "near")], [("busy", "near")]),
+    # a blocked queue, F = (100 - 96 - 2) / 4 = 0.5, gives up its 2-block prompt: near goes
+    # to (16 - 2) / 5 = 2.8, a source (stable refuses) but freer than 0.5 (even pairs)
+    ([inst("jam", running=FULL, waiting=[wait("q", 32)]), inst("near", running=[run(f"n{k}", 21) for k in range(4)])],
+     [("jam", "near")], [("jam", "near")]),
+])
+def test_even_pairing_never_leaves_the_destination_less_free_than_the_source(statuses, expected_paper, expected_even):
+    assert pairs(statuses) == expected_paper
+    assert pairs(statuses, pairing="even") == expected_even
+
+
+def test_even_pairs_where_stable_would_not():
+    jam = [inst("jam", running=FULL, waiting=[wait("q", 32)]), inst("near", running=[run(f"n{k}", 21) for k in range(4)])]
+    assert pairs(jam, pairing="stable") == []
+    assert pairs(jam, pairing="even") == [("jam", "near")]
+
+
 def test_dst_queue_all_keeps_moves_off_a_destination_whose_queue_owns_its_free_blocks():
     # issue 32's bench: a burst of dispatches has just queued three 2-block prompts on "q"
     # (1 running on 1 block, 9 of 10 free). Algorithm 1 counts only the head of line:

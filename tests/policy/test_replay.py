@@ -78,8 +78,9 @@ SEQUENCE = [
 
 @dataclasses.dataclass
 class Decisions:
-    started: list[tuple[str, str]]
-    """Pairings that started a chain this round."""
+    started: list[tuple[str, str, str | None]]
+    """Pairings that started a chain this round, with the request the source picks first
+    (None: the llumlet gives none to that destination)."""
     kept: list[bool]
     """Per chain the previous round started, its move done and this round's snapshots in:
     keep migrating?"""
@@ -105,9 +106,9 @@ class LiteralEngine:
 
 
 class SimSide:
-    def __init__(self) -> None:
+    def __init__(self, scheduling: dict[str, Any] = SCHEDULING) -> None:
         spec = SystemSpec("llumnix", "llumnix", enable_migration=True,
-                          options={k: v for k, v in SCHEDULING.items() if k != "dispatch"})
+                          options={k: v for k, v in scheduling.items() if k != "dispatch"})
         self.bridge = PolicyBridge(scheduling_config(spec), seed=0, scaling_interval_s=0.5)
         trace = Trace("one", 1.0, 0, np.array([1e9]), np.array([16]), np.array([1]), np.array([0]))
         self.sim = Simulator(ClusterConfig(num_instances=len(IDS)), fit_a10_llama7b(), self.bridge, trace)
@@ -115,12 +116,12 @@ class SimSide:
         for _ in IDS:
             i = self.sim.cluster.new_instance()
             self.engines[i.instance_id] = i.llumlet.engine = LiteralEngine()
-        self.first_moves: list[tuple[str, str]] = []
-        self.chains: list[tuple[str, str]] = []
+        self.first_moves: list[tuple[str, str, str | None]] = []
+        self.chains: list[tuple[str, str, str | None]] = []
         self.sim._migrate_next = self._first_move  # type: ignore[method-assign]
 
     def _first_move(self, src: Any, dst: Any, now: float) -> list[Event]:
-        self.first_moves.append((src.instance_id, dst.instance_id))
+        self.first_moves.append((src.instance_id, dst.instance_id, self.bridge.select_request(src, dst)))
         return []
 
     def round(self, t: float, snaps: dict[str, InstanceStatus], first: bool) -> Decisions:
@@ -130,7 +131,7 @@ class SimSide:
             if iid in instances:
                 self.engines[iid].snapshot = s
                 (self.bridge.add_instance if first else self.bridge.report)(instances[iid])
-        kept = [self.bridge.keep_migrating(instances[s], instances[d]) for s, d in self.chains
+        kept = [self.bridge.keep_migrating(instances[s], instances[d]) for s, d, _ in self.chains
                 if s in instances and d in instances]  # as _on_migration_done
         self.first_moves = []
         sim.on_reschedule(Event(t, EventKind.RESCHEDULE))
@@ -150,14 +151,20 @@ class SimSide:
 class ClusterSide:
     """LlumSchedActor's rounds and its instances' llumlets, without Ray."""
 
-    def __init__(self) -> None:
-        cfg = SchedulingConfig.from_dict(SCHEDULING)
+    def __init__(self, scheduling: dict[str, Any] = SCHEDULING) -> None:
+        cfg = SchedulingConfig.from_dict(scheduling)
         self.gs = GlobalScheduler(cfg, seed=0)
         self.engines = {iid: LiteralEngine() for iid in IDS}
         self.llumlets = {iid: Llumlet(iid, self.engines[iid], cfg.rescheduling, cfg.freeness) for iid in IDS}
         self.handles: dict[str, object] = {}
         self.victims: dict[str, float] = {}
-        self.chains: list[tuple[str, str]] = []
+        self.chains: list[tuple[str, str, str | None]] = []
+
+    def pick(self, src: str, dst: str, t: float) -> str | None:
+        """The source's first pick, as ``InstanceActor.migrate_out`` asks its llumlet."""
+        ll = self.llumlets[src]
+        picked = ll.select_requests_to_migrate(t, 1, self.llumlets[dst].report(t) if ll.reads_destination else None)
+        return picked[0] if picked else None
 
     def round(self, t: float, snaps: dict[str, InstanceStatus], first: bool) -> Decisions:
         gs = self.gs
@@ -170,10 +177,10 @@ class ClusterSide:
                     self.handles[iid] = object()
                 else:  # update_status()
                     gs.update_status(status)
-        kept = [self.llumlets[s].should_keep_migrating(t, self.llumlets[d].report(t), 0) for s, d in self.chains
+        kept = [self.llumlets[s].should_keep_migrating(t, self.llumlets[d].report(t), 0) for s, d, _ in self.chains
                 if s in self.llumlets and d in self.llumlets]  # as migrate_out
         pairs = [(o.src_instance_id, o.dst_instance_id) for o in gs.reschedule(t)]
-        started = self.chains = pairs_to_start(pairs, (), self.handles)
+        started = self.chains = [(s, d, self.pick(s, d, t)) for s, d in pairs_to_start(pairs, (), self.handles)]
         act = scaling_round(gs, t)
         if act.kind == "in" and act.instance_id in self.handles:
             gs.mark_terminating(act.instance_id)
@@ -207,3 +214,37 @@ def test_the_simulator_and_the_cluster_decide_alike_on_one_snapshot_sequence():
     # one victim drained in a later round than the one that chose it
     assert any(iid in log[k].drained for k in range(len(log)) for iid in victims[:1]
                if log[k].scaling != ("in", iid))
+
+
+# Issue 45's re-moves: near instances (F = 6) the tipping source (F = 1) would leave at
+# (24 - 19) / 5 = 1; an idle one; a blocked queue (F = 0) whose 4-block prompt keeps a
+# near instance at (24 - 4) / 5 = 4.
+TIP = ((19, 19, 19, 19, 19), ())
+NEAR = ((19, 19, 19, 19), ())
+JAM = ((24, 24, 24, 24), (64,))
+EVEN_SEQUENCE = [
+    (0.5, loads(TIP, NEAR, NEAR, NEAR)),
+    (1.0, loads(TIP, NEAR, NEAR, IDLE)),
+    (1.5, loads(JAM, NEAR, NEAR, NEAR)),
+    (2.0, loads(JAM, NEAR, TIP, NEAR)),
+]
+
+
+def test_even_pairing_decides_alike_in_the_simulator_and_the_cluster():
+    log: dict[str, list[Decisions]] = {}
+    for pairing in ("paper", "even"):
+        scheduling = {**SCHEDULING, "rescheduling": {**SCHEDULING["rescheduling"], "pairing": pairing},
+                      "scaling": {"enabled": False}}
+        sim, cluster = SimSide(scheduling), ClusterSide(scheduling)
+        log[pairing] = []
+        for k, (t, snaps) in enumerate(EVEN_SEQUENCE):
+            got_sim, got_cluster = sim.round(t, snaps, k == 0), cluster.round(t, snaps, k == 0)
+            assert got_sim == got_cluster, f"{pairing} at t={t}: simulator {got_sim} vs cluster {got_cluster}"
+            log[pairing].append(got_sim)
+    paper, even = ([d.started for d in log[p]] for p in ("paper", "even"))
+    assert paper[0] == [("instance-0", "instance-1", "instance-0-r0")]
+    assert even[0] == []  # near would end no freer than the source: the move back would follow
+    assert even[1] == [("instance-0", "instance-3", "instance-0-r0")]  # idle stays far freer
+    assert even[2] == paper[2] == [("instance-0", "instance-1", "instance-0-w0")]  # the jam is relieved
+    assert ("instance-2", "instance-3", "instance-2-r0") in paper[3]
+    assert even[3] == [("instance-0", "instance-1", "instance-0-w0")]  # the new tipping source waits

@@ -285,7 +285,7 @@ def add_cluster_bench_args(p: Any) -> None:
                    help="capacity probe: requests in flight (closed loop); at least 2 x what the caches hold")
     g.add_argument("--trace", action="store_true",
                    help="trace the engines' preemptions and migrations in; attribute each preemption")
-    g.add_argument("--pairing", default=None, help="llumnix's rescheduling.pairing (paper, fit, stable)")
+    g.add_argument("--pairing", default=None, help="llumnix's rescheduling.pairing (paper, fit, stable, even; serve's default: even)")
     g.add_argument("--in-threshold", type=float, default=None, help="llumnix's rescheduling.in_threshold")
     g.add_argument("--dst-queue", default=None, help="llumnix's rescheduling.dst_queue (head, all)")
     g.add_argument("--with-sim", default=None, metavar="PROFILE",

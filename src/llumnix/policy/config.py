@@ -78,7 +78,7 @@ SELECTIONS = ("paper", "SR", "LR", "FCW", "freed")
 SCALING_SIGNALS = ("mean", "cluster", "demand")
 DEFRAGS = ("paper", "hol")
 QUEUED_MOVES = ("any", "fits")
-PAIRINGS = ("paper", "fit", "stable")
+PAIRINGS = ("paper", "fit", "stable", "even")
 DST_QUEUES = ("head", "all")
 
 
@@ -132,7 +132,8 @@ class ReschedulingConfig:
     pairing: str = "paper"
     """paper (lowest freeness with highest) | fit: with the highest that has room for the
     request the source will give up | stable: fit, and taking that request does not make
-    the destination a source (``policy/pairing.py``; neither is in the paper)."""
+    the destination a source | even: fit, and the destination stays freer than the source
+    is, so no move is undone by the next (``policy/pairing.py``; none is in the paper)."""
     dst_queue: str = "head"
     """How a destination's queue counts against it: head (Algorithm 1: only the head of
     line's demand, the rest 0) | all (every queued request's demand and a batch slot, as

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.freeness import freeness, room_for_migration, room_for_queued
-from llumnix.policy.pairing import demand_of, stays_destination
+from llumnix.policy.pairing import MOVE_TESTS, accepts_move, demand_of
 from llumnix.policy.rounds import is_drained, keep_migrating
 from llumnix.policy.selection import select_requests
 
@@ -86,7 +86,8 @@ class Llumlet:
         already migrating. ``dst``: the destination's latest status; with
         ``queued_moves: fits`` a queued request goes only where it starts at once (without
         ``dst`` that cannot be known, and no queued request is given up); with
-        ``pairing: stable`` nothing is picked if taking the request would make ``dst`` a source;
+        ``pairing: stable`` (``even``) nothing is picked if taking the request would make ``dst``
+        a source (no freer than this source);
         with ``dst`` no running request is picked that ``dst`` has no room to reserve for."""
         room = None
         if self.rescheduling.queued_moves == "fits":
@@ -101,17 +102,18 @@ class Llumlet:
         picks = select_requests(status, self.rescheduling.selection, max_n, exclude=exclude,
                                 hol_first=self.rescheduling.defrag == "hol", dst_room=room, shared=shared,
                                 dst_free=None if dst is None else room_for_migration(dst))
-        # with pairing: stable the next move, like the first (pairing.py), must not make the
-        # destination a source
-        if (self.rescheduling.pairing == "stable" and dst is not None and picks
-                and not stays_destination(dst, demand_of(status, picks[0]), self.rescheduling, self.freeness_cfg)):
+        # with pairing: stable or even the next move passes the first's test (pairing.py)
+        cfg, fcfg = self.rescheduling, self.freeness_cfg
+        if (cfg.pairing in MOVE_TESTS and dst is not None and picks
+                and not accepts_move(freeness(status, fcfg), dst, demand_of(status, picks[0]), cfg, fcfg)):
             return []
         return picks
 
     @property
     def reads_destination(self) -> bool:
-        """Selection needs the destination's status (``queued_moves: fits``, ``pairing: stable``)."""
-        return self.rescheduling.queued_moves != "any" or self.rescheduling.pairing == "stable"
+        """Selection needs the destination's status (``queued_moves: fits``, ``pairing: stable``
+        or ``even``)."""
+        return self.rescheduling.queued_moves != "any" or self.rescheduling.pairing in MOVE_TESTS
 
     def should_keep_migrating(self, now: float, dst: InstanceStatus, num_in: int) -> bool:
         """After a migration to ``dst`` (its latest status; ``num_in`` other migrations

@@ -30,6 +30,17 @@ request, often the one that just arrived: the paper's selection keeps picking th
 short requests, and at S-L 4.1 3,018 requests made 11,854 moves, 6,407 of them within 5 s
 of the request's previous move (``benchmarks/sim/beyond.md``).
 
+With ``pairing: even`` (not the paper's) the destination must stay freer than the source
+is: its freeness with the request's demand and one more request counted is above the
+source's. The reverse move of the same request would then find its destination (the old
+source) less free than its source, so it is never paired: no ping-pong. With triggered
+rescheduling (``policy/trigger.py``) the paper's pairing moved the same requests again
+within a gap: a destination the move made a source fires a pass at once and gives up its
+shortest request, the one that just came (the simulator at the H200 run's sizing, rate
+16: 2.9 moves per moved request; ``even`` 1.6, preemptions as low;
+``benchmarks/cluster/README.md``, "The trigger's re-moves"). Unlike ``stable`` a source in
+worse shape may still tip its destination below the out threshold.
+
 With ``defrag: hol`` (not the paper's; ``policy/defrag.py``) blocked instances are first
 paired with a destination that has room for their head-of-line request, and the paper's
 pairing runs over the rest.
@@ -49,6 +60,9 @@ from llumnix.policy.freeness import (
     room_for_migration,
 )
 from llumnix.policy.selection import select_requests
+
+MOVE_TESTS = ("stable", "even")
+"""Pairings that test each move against the destination's status (``accepts_move``)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +134,7 @@ def _paper_pairs(live: list[InstanceStatus], cfg: ReschedulingConfig,
         for i, dst in enumerate(dsts):
             if need > destination_room(dst, cfg):
                 continue
-            if cfg.pairing == "stable" and not stays_destination(dst, demand, cfg, fcfg):
+            if not accepts_move(f[src.instance_id], dst, demand, cfg, fcfg):
                 continue
             orders.append(MigrationOrder(src.instance_id, dst.instance_id))
             del dsts[i]
@@ -159,3 +173,16 @@ def stays_destination(dst: InstanceStatus, demand: int, cfg: ReschedulingConfig,
     """``dst``'s freeness with ``demand`` more blocks and one more request is not below the
     out threshold: taking the request does not make it a source."""
     return freeness_after(dst, fcfg, demand) >= cfg.out_threshold
+
+
+def accepts_move(src_freeness: float, dst: InstanceStatus, demand: int, cfg: ReschedulingConfig,
+                 fcfg: FreenessConfig) -> bool:
+    """Whether the pairing lets a source of freeness ``src_freeness`` move a request of
+    ``demand`` blocks to ``dst``: ``stable``, if ``dst`` stays out of the source set;
+    ``even``, if ``dst`` stays freer than the source was (so the move can never be undone
+    by the reverse move); paper and fit, always."""
+    if cfg.pairing == "stable":
+        return stays_destination(dst, demand, cfg, fcfg)
+    if cfg.pairing == "even":
+        return freeness_after(dst, fcfg, demand) > src_freeness
+    return True
