@@ -18,6 +18,7 @@ backstop; rows then also carry the reaction times (status to first migration ord
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -42,23 +43,26 @@ SYSTEMS: dict[str, dict[str, Any]] = {
 
 def run(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, block_size: int,
         watermark: float = 0.01, instances: int = 2, status_interval_s: float = 0.05,
-        reschedule_every: int = 2, trigger_gap_s: float | None = None) -> dict[str, Any]:
+        reschedule_every: int = 2, trigger_gap_s: float | None = None,
+        calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     sim = simulate(system, pairs, n, rate, seed, blocks, block_size, watermark, instances, status_interval_s,
-                   reschedule_every, trigger_gap_s)
+                   reschedule_every, trigger_gap_s, calibration)
     out = sim.summary()
     m = out["migrations"]
     reaction = (out.get("rescheduling") or {}).get("reaction_s") or {}
     moved = {r.request_id for r in sim.metrics.migrations if r.committed}
     return {"preemptions": out["num_preemptions"], "migrations": m["num_committed"], "aborted": m["num_aborted"],
-            "moved": len(moved),
+            "moved": len(moved), "abort_reasons": m["abort_reasons"],
             "ttft_p99": out["ttft"]["p99"], "reaction_p50": reaction.get("p50") if reaction.get("count") else None,
             "reaction_p99": reaction.get("p99") if reaction.get("count") else None}
 
 
 def simulate(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: int, block_size: int,
              watermark: float = 0.01, instances: int = 2, status_interval_s: float = 0.05,
-             reschedule_every: int = 2, trigger_gap_s: float | None = None) -> Any:
-    """The simulator after one run of ``system`` (``run``'s arguments)."""
+             reschedule_every: int = 2, trigger_gap_s: float | None = None,
+             calibration: dict[str, Any] | None = None) -> Any:
+    """The simulator after one run of ``system`` (``run``'s arguments). ``calibration``: the
+    information path's delays (``calibrate_info_path.py``'s ``simulator`` section)."""
     from llumnix.bench.sim_vs_real import sim_trace
     from llumnix.sim.cluster import ClusterConfig
     from llumnix.sim.config import SystemSpec
@@ -67,16 +71,30 @@ def simulate(system: str, pairs: Any, n: int, rate: float, seed: int, blocks: in
     from llumnix.sim.simulator import Simulator
 
     d = SYSTEMS[system]
+    cal = calibration or {}
     opts = {"rescheduling": d["rescheduling"]} if "rescheduling" in d else {}
     spec = SystemSpec(system, d["dispatch"], enable_migration=d.get("migration", False), options=opts)
     cluster = ClusterConfig(num_instances=instances, num_blocks=blocks, block_size=block_size, max_num_seqs=32,
                             chunked_prefill=True, max_model_len=blocks * block_size, watermark=watermark,
                             status_interval_s=status_interval_s, reschedule_every=reschedule_every,
-                            trigger_gap_s=trigger_gap_s)
-    sim = Simulator(cluster, get_latency_model("a10-llama7b-serving"), make_policy(spec, cluster, seed=seed),
+                            trigger_gap_s=trigger_gap_s, status_delay_s=cal.get("status_delay_s") or 0.0,
+                            migration_start_s=cal.get("migration_start_s") or 0.0)
+    latency = get_latency_model("a10-llama7b-serving")
+    if cal.get("stage_overhead_s") is not None:
+        latency = dataclasses.replace(latency, migration=dataclasses.replace(
+            latency.migration, stage_overhead_s=cal["stage_overhead_s"], last_stage_overhead_s=None))
+    sim = Simulator(cluster, latency, make_policy(spec, cluster, seed=seed),
                     sim_trace(pairs, n, rate, seed))
     sim.run()
     return sim
+
+
+def _sum_counts(counts: list[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+    return total
 
 
 def _reactions(runs: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -103,6 +121,8 @@ def main() -> None:
                     help="status rounds per rescheduling round (the real cluster: 0.5 s)")
     ap.add_argument("--trigger-gap", type=float, default=None,
                     help="triggered rescheduling, passes at least this many s apart (the cluster's default: 0.03)")
+    ap.add_argument("--calibration", type=Path, default=None,
+                    help="calibrate_info_path.py's JSON: its status delay, migration start and stage cost")
     ap.add_argument("--paired-with", default=None,
                     help="also each system's paired difference in preemptions against this one (same seeds)")
     ap.add_argument("--out", type=Path)
@@ -112,13 +132,14 @@ def main() -> None:
 
     pairs = scaled_pairs(ClusterBenchSettings(), *sharegpt_lengths("smollm2"))
     systems = a.systems.split(",")
+    cal = json.loads(a.calibration.read_text())["simulator"] if a.calibration else None
     rows = []
     for rate in (float(x) for x in a.rates.split(",")):
         per: dict[str, np.ndarray] = {}
         runs: dict[str, list[dict[str, Any]]] = {}
         for name in systems:
             runs[name] = [run(name, pairs, a.requests, rate, s, a.blocks, a.block_size, a.watermark, a.instances,
-                              a.status_interval, a.reschedule_every, a.trigger_gap) for s in range(a.seeds)]
+                              a.status_interval, a.reschedule_every, a.trigger_gap, cal) for s in range(a.seeds)]
             per[name] = np.array([r["preemptions"] for r in runs[name]])
         base = per["infaas++"]
         for name in systems:
@@ -136,6 +157,7 @@ def main() -> None:
                          "migrations": sum(r["migrations"] for r in runs[name]),
                          "aborted": sum(r["aborted"] for r in runs[name]),
                          "moved": sum(r["moved"] for r in runs[name]),
+                         "abort_reasons": _sum_counts([r["abort_reasons"] for r in runs[name]]),
                          "ttft_p99_median": float(np.median([r["ttft_p99"] for r in runs[name]])),
                          **_reactions(runs[name])})
             if a.paired_with:

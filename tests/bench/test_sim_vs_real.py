@@ -91,3 +91,55 @@ def test_compare_predicts_each_load_and_metric(monkeypatch):
     assert pre["measured"] == 0.5 and pre["seeds"] == [0, 1] and pre["sizing"] == "test"
     assert rows[1]["measured"] == 0.5 and rows[1]["predicted"] is not None and rows[1]["predicted"] > 0
     assert all(r["inside_interval"] in (True, False, None) for r in rows)
+
+
+CALIBRATION = {"status_delay_s": 0.17, "migration_start_s": 0.35, "stage_overhead_s": 0.2}
+"""A ``calibrate_info_path.py`` JSON's ``simulator`` section (the values are illustrative)."""
+
+
+def test_a_calibration_sets_the_information_paths_delays():
+    s = ClusterBenchSettings()
+    assert InfoPath.of(s.system_doc("llumnix"), CALIBRATION) == InfoPath(0.05, 10, 0.03, 0.17, 0.35, 0.2)
+    assert InfoPath.of(s.system_doc("llumnix"), {}) == InfoPath(0.05, 10, 0.03)  # nothing measured: no delay
+
+
+def test_the_simulator_runs_the_calibrated_delays(monkeypatch):
+    import llumnix.sim.simulator as simulator
+    from llumnix.bench.sim_vs_real import simulate
+    from llumnix.sim.latency import get_latency_model
+
+    made: list[simulator.Simulator] = []
+
+    class Recorded(simulator.Simulator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(simulator, "Simulator", Recorded)
+    latency = get_latency_model("a10-llama7b-serving")
+    prompt = simulate(ClusterBenchSettings(), "llumnix", _pairs(), 40, 12.0, 0, latency)
+    late = simulate(ClusterBenchSettings(), "llumnix", _pairs(), 40, 12.0, 0, latency, calibration=CALIBRATION)
+    sim = made[-1]
+    assert (sim.config.status_delay_s, sim.config.migration_start_s) == (0.17, 0.35)
+    assert sim.latency.migration.stage_overhead_s == 0.2 and latency.migration.stage_overhead_s != 0.2
+    reports = sim.metrics.migrations
+    assert reports and all(m.duration >= 0.2 for m in reports if m.committed and m.num_stages)
+    assert late != prompt
+
+
+def test_sim_vs_real_refuses_a_file_that_is_no_calibration_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bad = tmp_path / "cal.json"
+    bad.write_text('{"rows": []}')
+    record = tmp_path / "cluster.json"
+    record.write_text("{}")
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "llumnix.bench.sim_vs_real", str(record), "--profile",
+                           "a10-llama7b-serving", "--calibration", str(bad)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode != 0
+    assert "--calibration" in done.stderr and "not a calibration file" in done.stderr
+    assert "Traceback" not in done.stderr

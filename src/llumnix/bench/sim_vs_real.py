@@ -19,6 +19,7 @@ that gap apart (``ClusterConfig.trigger_gap_s``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -44,17 +45,28 @@ class InfoPath:
     reschedule_every: int = 1
     trigger_gap_s: float | None = None
     """The cluster's triggered passes' gap (None: periodic rounds only)."""
+    status_delay_s: float = 0.0
+    """``ClusterConfig.status_delay_s``: a status's way to LlumSched (calibrated)."""
+    migration_start_s: float = 0.0
+    """``ClusterConfig.migration_start_s``: an order's way to its first stage (calibrated)."""
+    stage_overhead_s: float | None = None
+    """The migration cost's fixed cost per stage (calibrated; None: the latency profile's)."""
 
     @classmethod
-    def of(cls, system_doc: dict[str, Any]) -> InfoPath:
+    def of(cls, system_doc: dict[str, Any], calibration: dict[str, Any] | None = None) -> InfoPath:
         """The cluster's: periodic rounds every ``reschedule_interval_s`` and, with
-        rescheduling on, its ``trigger_gap_s``."""
+        rescheduling on, its ``trigger_gap_s``; with ``calibration`` (the ``simulator``
+        section of ``benchmarks/cluster/calibrate_info_path.py``'s JSON) the delays it measured."""
         from llumnix.config.system import SystemConfig
 
         sys_cfg = SystemConfig.from_dict(system_doc)
         resched = sys_cfg.scheduling.rescheduling
         every = max(1, round(sys_cfg.deployment.reschedule_interval_s / BUSY_REPORT_S))
-        return cls(BUSY_REPORT_S, every, resched.trigger_gap_s if resched.enabled else None)
+        cal = calibration or {}
+        stage = cal.get("stage_overhead_s")
+        return cls(BUSY_REPORT_S, every, resched.trigger_gap_s if resched.enabled else None,
+                   float(cal.get("status_delay_s") or 0.0), float(cal.get("migration_start_s") or 0.0),
+                   None if stage is None else float(stage))
 
 
 def sim_trace(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: int) -> Any:
@@ -66,7 +78,8 @@ def sim_trace(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: i
 
 
 def simulate(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float,
-             seed: int, latency: Any, info: InfoPath | None = None) -> dict[str, float]:
+             seed: int, latency: Any, info: InfoPath | None = None,
+             calibration: dict[str, Any] | None = None) -> dict[str, float]:
     """One run of ``name`` in the simulator at ``rate`` req/s, as ``bench cluster`` would serve it."""
     from llumnix.core.config import CacheConfig
     from llumnix.sim.cluster import ClusterConfig
@@ -76,7 +89,10 @@ def simulate(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.nda
 
     doc = s.system_doc(name)
     spec = parse_system(name, {k: v for k, v in doc.items() if k != "deployment"})  # the simulator deploys
-    info = info or InfoPath.of(doc)
+    info = info or InfoPath.of(doc, calibration)
+    if info.stage_overhead_s is not None:
+        latency = dataclasses.replace(latency, migration=dataclasses.replace(
+            latency.migration, stage_overhead_s=info.stage_overhead_s, last_stage_overhead_s=None))
     sys_cfg = spec.system
     assert sys_cfg is not None
     eng = sys_cfg.engine
@@ -84,7 +100,8 @@ def simulate(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.nda
                             max_num_seqs=s.max_num_seqs, chunked_prefill=eng.chunked_prefill,
                             max_num_batched_tokens=eng.num_batched_tokens, max_model_len=s.num_blocks * s.block_size,
                             watermark=CacheConfig.watermark, status_interval_s=info.status_interval_s,
-                            reschedule_every=info.reschedule_every, trigger_gap_s=info.trigger_gap_s)
+                            reschedule_every=info.reschedule_every, trigger_gap_s=info.trigger_gap_s,
+                            status_delay_s=info.status_delay_s, migration_start_s=info.migration_start_s)
     out = Simulator(cluster, latency, make_policy(spec, cluster, seed=seed), sim_trace(pairs, n, rate, seed)).run()
     return {"num_preemptions": float(out["num_preemptions"]), "ttft_p99_s": float(out["ttft"]["p99"]),
             "itl_p99_s": float(out["itl"]["p99"]), "migrations": float(out["migrations"]["num_committed"]),
@@ -116,10 +133,11 @@ def paired_interval(num: Sequence[float], den: Sequence[float], draws: int = 400
 
 
 def compare(record: dict[str, Any], latency: Any, sim_seeds: int = 40, sizing: str = "",
-            base: str = "infaas++", other: str = "llumnix") -> list[dict[str, Any]]:
+            base: str = "infaas++", other: str = "llumnix",
+            calibration: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per load and metric: predicted (``sim_seeds`` simulated seeds), measured (the
     record's seeds, paired), the measured ratio's interval, and whether the prediction
-    falls inside it."""
+    falls inside it. ``calibration``: ``InfoPath.of``'s."""
     from llumnix.sim.sharegpt import sharegpt_lengths
 
     settings = settings_of(record)
@@ -136,7 +154,7 @@ def compare(record: dict[str, Any], latency: Any, sim_seeds: int = 40, sizing: s
         if not seeds:
             continue
         n = int(b[seeds[0]]["num_requests"])
-        pred = {name: [simulate(settings, name, pairs, n, load * capacity, seed, latency)
+        pred = {name: [simulate(settings, name, pairs, n, load * capacity, seed, latency, calibration=calibration)
                        for seed in range(sim_seeds)] for name in (base, other)}
         for metric in METRICS:
             mb = [real_metrics(b[sd])[metric] for sd in seeds]
@@ -181,14 +199,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", required=True, help="latency profile JSON (llumnix profile) or a preset name")
     ap.add_argument("--sim-seeds", type=int, default=40)
     ap.add_argument("--sizing", default="", help="a label for the rows (e.g. micro, paper)")
+    ap.add_argument("--calibration", type=Path,
+                    help="the information path's delays: benchmarks/cluster/calibrate_info_path.py's JSON")
     ap.add_argument("--out", type=Path, help="JSON (default: sim_vs_real.json beside the record)")
     a = ap.parse_args(argv)
     from llumnix.sim.latency import get_latency_model
 
-    rows = compare(json.loads(a.record.read_text()), get_latency_model(a.profile), a.sim_seeds, a.sizing)
+    calibration = None
+    if a.calibration is not None:
+        try:
+            calibration = dict(json.loads(a.calibration.read_text())["simulator"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"sim_vs_real: --calibration {a.calibration}: not a calibration file ({e})") from None
+    rows = compare(json.loads(a.record.read_text()), get_latency_model(a.profile), a.sim_seeds, a.sizing,
+                   calibration=calibration)
     print_rows(rows)
     out = a.out or a.record.with_name("sim_vs_real.json")
-    out.write_text(json.dumps({"record": str(a.record), "profile": a.profile, "rows": rows}, indent=1) + "\n")
+    out.write_text(json.dumps({"record": str(a.record), "profile": a.profile, "calibration": calibration,
+                               "rows": rows}, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
 

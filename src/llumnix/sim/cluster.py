@@ -47,6 +47,16 @@ class ClusterConfig:
     through the trigger, and one that makes a source, a blocked queue or a wanted
     destination starts a rescheduling pass at once, passes at least this many seconds
     apart; the rounds every ``reschedule_every`` stay as the backstop. None: rounds only."""
+    status_delay_s: float = 0.0
+    """Seconds a status report takes to reach the rescheduler (its pairing and trigger; on
+    the cluster LlumSched, through the instances' channels and its status feed). Dispatch
+    reads each report at once (the gateway's channels carry one per step). 0: one
+    scheduler reads every report at once (PD: only 0)."""
+    migration_start_s: float = 0.0
+    """Seconds from a rescheduling pass's order to its migration's first stage: the
+    cluster's call to the source, the source's wait for a step boundary to pick the
+    request, the destination's status. The source picks the request when it ends (a chain's
+    next move starts at once, as before). 0: at once."""
     migration: MigrationConfig = field(default_factory=MigrationConfig)
     """Stages, last-stage threshold and timeout of live migration."""
     instance_startup_s: float = 10.0
@@ -64,6 +74,9 @@ class ClusterConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.status_interval_s <= 0:
             raise ValueError("status_interval_s must be > 0")
+        for name in ("status_delay_s", "migration_start_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0")
         if self.trigger_gap_s is not None and not self.trigger_gap_s >= 0:
             raise ValueError("trigger_gap_s must be >= 0 (or null: periodic rounds only)")
         if self.chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:

@@ -14,6 +14,7 @@ YAML layout (every key optional except ``systems`` and ``traces``)::
     cluster: {num_instances: 16, num_blocks: 862, max_num_batched_tokens: 12800,
               status_interval_s: 0.05, reschedule_every: 2,
               trigger_gap_s: null,  # 0.03: LlumSched's triggered passes (null: rounds only)
+              status_delay_s: 0.0, migration_start_s: 0.0,  # the cluster's information path (issue 45)
               migration: {max_stages: 3, last_stage_max_blocks: 2}}
     systems:
       round-robin: {dispatch: round-robin}

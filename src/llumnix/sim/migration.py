@@ -199,3 +199,16 @@ class MigrationRun:
     @property
     def is_done(self) -> bool:
         return self.protocol.phase.is_done
+
+
+class OrderInFlight:
+    """A migration order on its way to its source (``ClusterConfig.migration_start_s``):
+    a MIGRATION_STAGE event's target, as a stage is; ``arrive(now)`` starts the migration."""
+
+    __slots__ = ("arrive",)
+
+    def __init__(self, arrive: Callable[[float], list[Event]]) -> None:
+        self.arrive = arrive
+
+    def on_stage_done(self, now: float) -> list[Event]:
+        return self.arrive(now)

@@ -36,6 +36,7 @@ from llumnix.policy.trigger import Reactions
 
 if TYPE_CHECKING:
     from llumnix.core.clock import Clock
+    from llumnix.core.status import InstanceStatus
     from llumnix.engine import EngineCore
     from llumnix.sim.cluster import ClusterConfig
     from llumnix.sim.config import SystemSpec
@@ -98,10 +99,14 @@ class PolicyBridge:
     mixed): each sees only its pool's statuses (``policy/pd.py``)."""
 
     def __init__(self, config: SchedulingConfig, clock: Clock | None = None, seed: int = 0,
-                 scaling_interval_s: float = 1.0) -> None:
+                 scaling_interval_s: float = 1.0, rescheduler_apart: bool = False) -> None:
         self.config = config
         self.gs = GlobalScheduler(config, seed=seed)
-        self.gs_decode = GlobalScheduler(config, seed=seed) if config.pd.is_on else self.gs
+        apart = config.pd.is_on or rescheduler_apart
+        self.gs_decode = GlobalScheduler(config, seed=seed) if apart else self.gs
+        """Pairs migrations: its own scheduler with PD (the decode pool), or with
+        ``rescheduler_apart`` (the cluster's LlumSched apart from the gateway's dispatch:
+        statuses reach it later, ``ClusterConfig.status_delay_s``)."""
         self.roles: dict[str, str] = {}
         """Each instance's PD role (all mixed with PD off)."""
         self.clock = clock
@@ -145,16 +150,25 @@ class PolicyBridge:
         self.roles.pop(inst.instance_id, None)
 
     def report(self, inst: SimInstance) -> bool:
-        status = inst.llumlet.push(self._now())
-        role = self.roles.get(inst.instance_id, "mixed")
+        return self.deliver(self.push(inst))
+
+    def push(self, inst: SimInstance) -> InstanceStatus:
+        status: InstanceStatus = inst.llumlet.push(self._now())
+        return status
+
+    def deliver(self, status: InstanceStatus, *, dispatch: bool = True, reschedule: bool = True) -> bool:
+        """A status (``llumlet.push``'s) reaches dispatch and, apart or at once, the
+        rescheduler (its pairing and trigger): True if it triggers a pass."""
+        role = self.roles.get(status.instance_id, "mixed")
         # refresh=False: the dispatch view is rebuilt when a decision next reads it, so a
         # report overwritten before any decision costs no view (the same decisions).
         for gs in self._pools(role):
-            gs.update_status(status, refresh=False)
-        if not self.track_reactions:
+            if (dispatch and gs is self.gs) or (reschedule and gs is self.gs_decode):
+                gs.update_status(status, refresh=False)
+        if not reschedule or not self.track_reactions:
             return False
         if role not in DECODES:  # as LlumSched: rescheduling pairs only within the decode pool
-            self.reactions.remove(inst.instance_id)
+            self.reactions.remove(status.instance_id)
             return False
         return self.reactions.on_status(status)
 
@@ -222,4 +236,9 @@ class PolicyBridge:
 
 
 def make_policy(spec: SystemSpec, cluster: ClusterConfig, seed: int = 0) -> PolicyBridge:
-    return PolicyBridge(scheduling_config(spec), seed=seed, scaling_interval_s=cluster.status_interval_s)
+    config = scheduling_config(spec)
+    if cluster.status_delay_s and config.pd.is_on:
+        raise PolicyConfigError("cluster.status_delay_s: not simulated with PD (set pd.mode off, or the delay 0)",
+                                "pd.mode")
+    return PolicyBridge(config, seed=seed, scaling_interval_s=cluster.status_interval_s,
+                        rescheduler_apart=cluster.status_delay_s > 0)

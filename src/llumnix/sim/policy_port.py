@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from llumnix.core.clock import Clock
+    from llumnix.core.status import InstanceStatus
     from llumnix.engine import EngineCore
     from llumnix.sim.instance import SimInstance
 
@@ -35,7 +36,14 @@ class PolicyPort(Protocol):
 
     def report(self, inst: SimInstance) -> bool:
         """The instance's llumlet reports its status to the global scheduler; True: the
-        status triggers a rescheduling pass (``policy/trigger.py``; False without one)."""
+        status triggers a rescheduling pass (``policy/trigger.py``; False without one).
+        ``deliver(push(inst))``."""
+
+    def push(self, inst: SimInstance) -> InstanceStatus:
+        """The instance's llumlet's status now, on its way to the global scheduler."""
+
+    def deliver(self, status: InstanceStatus, *, dispatch: bool = True, reschedule: bool = True) -> bool:
+        """A pushed status reaches dispatch and/or the rescheduler (``report``'s True/False)."""
 
     def dispatch(self, request_id: str, num_prompt_tokens: int, arrival_time: float,
                  priority: int, prompt_token_ids: list[int] | None = None) -> str | None:

@@ -9,6 +9,10 @@ Event flow (each handler returns the events it causes)::
        a source keeps migrating (one request at a time) while it is still a source
     RESCHEDULE (a pass), with ``trigger_gap_s``: a report whose marks trigger one
        (``policy/trigger.py``, as LlumSched) -> at once, or when the gap since the last ends
+    with ``status_delay_s``: a report reaches dispatch at once and the rescheduler (its own
+       GlobalScheduler, as LlumSched is apart from the gateway) as a STATUS_REPORT that long
+       after; with ``migration_start_s``: an order reaches its source as a MIGRATION_STAGE
+       that long after the pass, which picks the request and starts then
     SCALING / INSTANCE_UP: decisions of the scheduler, start-up delay
 
 A status report nobody reads is not built: between two rounds only a dispatch, a
@@ -37,7 +41,7 @@ from llumnix.sim.instance import SimInstance
 from llumnix.sim.latency import LatencyModel
 from llumnix.sim.loop import EventLoop
 from llumnix.sim.metrics import MetricsCollector
-from llumnix.sim.migration import MigrationRun
+from llumnix.sim.migration import MigrationRun, OrderInFlight
 from llumnix.sim.pd_flow import PDFlow
 from llumnix.sim.policy_bridge import PolicyBridge
 from llumnix.sim.policy_port import PolicyPort
@@ -82,6 +86,8 @@ class Simulator:
         self._next_reschedule = _INF
         self._next_scaling = _INF
         self._num_migrating = 0
+        self._starting: set[str] = set()
+        """Sources whose migration order is on its way (``migration_start_s``)."""
         self._next_round = 0.0
         gap = config.trigger_gap_s if policy.enable_migration else None
         self._timer = None if gap is None else PassTimer(config.status_interval_s * config.reschedule_every, gap)
@@ -253,28 +259,47 @@ class Simulator:
 
     # -- status ------------------------------------------------------------------------
     def _report(self, inst: SimInstance) -> None:
-        if self.policy.report(inst):
-            self.num_triggers += 1
-            if self._timer is not None:
-                self._on_trigger()
+        if self.config.status_delay_s:  # dispatch (the gateway) reads it now, the rescheduler later
+            status = self.policy.push(inst)
+            self.policy.deliver(status, reschedule=False)
+            self.loop.push(Event(self.clock.now() + self.config.status_delay_s, EventKind.STATUS_REPORT, status))
+        elif self.policy.report(inst):
+            self._on_triggered()
         if self.pd is not None:
             self.pd.on_report(inst.instance_id)
         inst.load_changed = False
         inst.reported_step = inst.engine.step_id
 
+    def _on_triggered(self) -> None:
+        self.num_triggers += 1
+        if self._timer is not None:
+            self._on_trigger()
+
+    def _deliver(self, status: Any) -> list[Event]:
+        """A status sent ``status_delay_s`` ago reaches the rescheduler (unless its
+        instance has gone since)."""
+        inst = self.cluster.instances.get(status.instance_id)
+        if inst is not None and inst.is_up and self.policy.deliver(status, dispatch=False):
+            self._on_triggered()
+        return []
+
     def _is_read_before(self, t: float) -> bool:
         """Will a dispatch, a rescheduling round or the gateway read statuses before ``t``?"""
         # An arrival at exactly t runs before the round at t (kind order); rescheduling
         # and scaling at t run after it and read that round's reports.
-        # With the trigger on, every report is read: by the trigger.
+        # With the trigger on, every report is read: by the trigger. A delayed report
+        # (status_delay_s) may be read after t: none is skipped.
         return (self._next_arrival <= t or self._next_reschedule < t or self._next_scaling < t
-                or bool(self.gateway) or self.pd is not None or self._timer is not None)
+                or bool(self.gateway) or self.pd is not None or self._timer is not None
+                or self.config.status_delay_s > 0)
 
     def _maybe_report(self, inst: SimInstance) -> None:
         if inst.is_up and self.config.report_on_load_change and self._is_read_before(self._next_round):
             self._report(inst)
 
     def on_status_round(self, ev: Event) -> list[Event]:
+        if ev.target is not None:  # a delayed status arriving (status_delay_s)
+            return self._deliver(ev.target)
         if self.is_done:
             return []
         self._round += 1
@@ -336,7 +361,7 @@ class Simulator:
         """Pair sources with destinations and start a migration for each pair."""
         events: list[Event] = []
         instances = self.cluster.instances
-        busy = [iid for iid, inst in instances.items() if inst.migrations_out]
+        busy = [iid for iid, inst in instances.items() if inst.migrations_out or iid in self._starting]
         up = [iid for iid, inst in instances.items() if inst.is_up]
         for src_id, dst_id in pairs_to_start(self.policy.pair_migrations(), busy, up):  # as the cluster's round
             src, dst = instances.get(src_id), instances.get(dst_id)
@@ -344,8 +369,29 @@ class Simulator:
                 reaction = self.policy.on_order(src_id, dst_id)
                 if reaction is not None:
                     self.reaction_s.append(reaction)
-                events += self._migrate_next(src, dst, now)
+                if self.config.migration_start_s:
+                    events.append(self._order(src, dst, now + self.config.migration_start_s))
+                else:
+                    events += self._migrate_next(src, dst, now)
         return events
+
+    def _order(self, src: SimInstance, dst: SimInstance, at: float) -> Event:
+        """The order reaches the source at ``at`` (``migration_start_s``): it picks the
+        request then, and starts. Meanwhile it counts as migrating out (one chain a source)."""
+        self._starting.add(src.instance_id)
+        self._num_migrating += 1
+
+        def arrive(now: float) -> list[Event]:
+            self._starting.discard(src.instance_id)
+            self._num_migrating -= 1
+            instances = self.cluster.instances
+            if instances.get(src.instance_id) is not src or instances.get(dst.instance_id) is not dst:
+                return []  # one end went away meanwhile
+            if not src.is_up or src.migrations_out:
+                return []
+            return self._migrate_next(src, dst, now)
+
+        return Event(at, EventKind.MIGRATION_STAGE, OrderInFlight(arrive))
 
     def _migrate_next(self, src: SimInstance, dst: SimInstance, now: float) -> list[Event]:
         rid = self.policy.select_request(src, dst)

@@ -1,0 +1,160 @@
+"""Measure the real CPU cluster's information path for the simulator (issue 45): how old
+LlumSched's statuses are when it reads them, and how long a migration order takes to
+start its migration. Measured, never fitted to the outcomes the simulator predicts.
+
+    python -m benchmarks.cluster.calibrate_info_path [--samples 10] [--out F.json]
+
+One local cluster of 2 SmolLM2 instances (CPU, serve's rescheduling defaults: pairing even,
+min_tokens_left 4, the 0.5 s round and its status feed; KV room enough that LlumSched
+orders nothing itself). Per sample, 3 long requests on one instance; once it decodes, the
+script orders a migration to the other exactly as LlumSched's pass does
+(``InstanceActor.migrate_out``), taking the order's instant on the host's monotonic clock,
+the clock the source's migration report stamps its ``start_time`` with. Meanwhile it reads
+LlumSched's view every ~20 ms (``cluster_info``: each status's ``age_s``, LlumSched's clock
+less the instance's push).
+
+What the simulator takes (``sim_vs_real --calibration``): ``ClusterConfig.migration_start_s``
+= the median from order to first stage; ``ClusterConfig.status_delay_s`` = the median age
+of a busy instance's status at LlumSched less half the simulator's report interval (0.05 s:
+a simulated status is that old on average at a random read without any delay); the
+migration cost's ``stage_overhead_s`` = the median of a committed migration's duration over
+its stages (a few blocks: the copy is negligible, the stage's calls are not). Written with
+the machine and its load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+SIM_REPORT_S = 0.05
+"""The simulator's status report interval (``sim_vs_real.BUSY_REPORT_S``)."""
+ENGINE = {"device": "cpu", "num_blocks": 64, "block_size": 16, "max_num_seqs": 16}
+REQUESTS_PER_SAMPLE = 3
+PROMPT_TOKENS = 24
+MAX_TOKENS = 48
+
+
+def _info(cluster: Any) -> dict[str, Any]:
+    import ray
+
+    return dict(ray.get(cluster.llumsched.cluster_info.remote(), timeout=30))
+
+
+def _poll(cluster: Any, ages: list[float], until: Any, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Read LlumSched's view every ~20 ms until ``until(info)``; the busy instances' status ages go to ``ages``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = _info(cluster)
+        ages.extend(s["age_s"] for s in info["instances"] if s["num_running"])
+        if until(info):
+            return info
+        time.sleep(0.02)
+    raise SystemExit("calibrate_info_path: the cluster did not reach the state it waited for; the run is void")
+
+
+def _idle(info: dict[str, Any]) -> bool:
+    return (all(s["num_running"] == 0 and s["num_waiting"] == 0 for s in info["instances"])
+            and not info["migrations"]["in_flight"])
+
+
+def sample(cluster: Any, k: int, ages: list[float]) -> dict[str, Any]:
+    """One order from instance k % 2 to the other, on a decoding source."""
+    import ray
+
+    from llumnix.core.sampling_params import SamplingParams
+    from llumnix.core.wire import GenerateRequest
+
+    src, dst = f"instance-{k % 2}", f"instance-{(k + 1) % 2}"
+    handles = cluster.instances
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    ray.get([handles[src].add_request.remote(GenerateRequest(f"cal{k}-{i}", [7 + i] * PROMPT_TOKENS, params, 0,
+                                                             time.time(), client="calibrate"))
+             for i in range(REQUESTS_PER_SAMPLE)])
+    _poll(cluster, ages, lambda i: any(s["instance_id"] == src and s["num_running"] >= REQUESTS_PER_SAMPLE
+                                       for s in i["instances"]))
+    end = time.monotonic() + random.uniform(0.05, 0.3)  # some decode steps in, off any step's phase
+    _poll(cluster, ages, lambda i: time.monotonic() >= end)
+    t0 = time.monotonic()
+    reports = ray.get(handles[src].migrate_out.remote(dst, handles[dst]), timeout=60)
+    t1 = time.monotonic()
+    _poll(cluster, ages, _idle)
+    first = reports[0] if reports else None
+    return {"src": src, "returned_s": t1 - t0, "num_reports": len(reports),
+            "start_s": None if first is None else first["start_time"] - t0,
+            "committed": None if first is None else first["committed"],
+            "abort_reason": None if first is None else first.get("abort_reason"),
+            "num_stages": None if first is None else first["num_stages"],
+            "duration_s": None if first is None else first["duration"],
+            "downtime_s": None if first is None else first.get("downtime")}
+
+
+def _stats(xs: list[float]) -> dict[str, float | int | None]:
+    if not xs:
+        return {"count": 0, "min": None, "p50": None, "p90": None, "max": None}
+    q = statistics.quantiles(xs, n=10) if len(xs) > 1 else [xs[0]] * 9
+    return {"count": len(xs), "min": min(xs), "p50": statistics.median(xs), "p90": q[8], "max": max(xs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, help="the JSON (default: llumnix-results/calibrate_info_path.json)")
+    a = ap.parse_args()
+    if a.samples < 1:
+        raise SystemExit("calibrate_info_path: --samples must be >= 1")
+    random.seed(a.seed)
+    from llumnix.bench.machine import RESULTS_DIR, machine_info
+    from llumnix.cluster.launcher import ClusterConfig, start_cluster
+
+    load_before = os.getloadavg()[0]
+    t_start = time.monotonic()
+    cluster = start_cluster(ClusterConfig(
+        model=a.model, instances=2, engine=ENGINE, namespace=f"calibrate-{time.time_ns()}",
+        scheduling={"rescheduling": {"pairing": "even", "min_tokens_left": 4}}, reschedule_interval_s=0.5))
+    ages: list[float] = []
+    samples = []
+    try:
+        t_ready = time.monotonic()
+        for k in range(a.samples):
+            samples.append(sample(cluster, k, ages))
+            print(f"sample {k}: {samples[-1]}", flush=True)
+    finally:
+        cluster.shutdown()
+    starts = [s["start_s"] for s in samples if s["start_s"] is not None]
+    age = _stats(ages)
+    start = _stats(starts)
+    # a stage of a few blocks is its fixed cost (the reservation call, the boundary waits):
+    # the copy of 2-3 blocks on one host takes well under a millisecond
+    stage = _stats([s["duration_s"] / s["num_stages"] for s in samples if s["committed"] and s["num_stages"]])
+    doc = {"issue": 45, "machine": machine_info(with_torch=False),
+           "load_1m": {"before": load_before, "after": os.getloadavg()[0]},
+           "settings": {"model": a.model, "engine": ENGINE, "requests_per_sample": REQUESTS_PER_SAMPLE,
+                        "prompt_tokens": PROMPT_TOKENS, "max_tokens": MAX_TOKENS, "samples": a.samples,
+                        "reschedule_interval_s": 0.5, "rescheduling": {"pairing": "even", "min_tokens_left": 4}},
+           "wall_s": {"start_cluster": t_ready - t_start, "total": time.monotonic() - t_start},
+           "status_age_s": age, "migration_start_s": start,
+           "migrations": {"started": len(starts), "committed": sum(bool(s["committed"]) for s in samples),
+                          "aborted": [s["abort_reason"] for s in samples if s["committed"] is False],
+                          "duration_s": _stats([s["duration_s"] for s in samples if s["committed"]]),
+                          "per_stage_s": stage,
+                          "num_stages": [s["num_stages"] for s in samples if s["committed"]]},
+           "simulator": {"status_delay_s": None if age["p50"] is None else max(0.0, float(age["p50"]) - SIM_REPORT_S / 2),
+                         "migration_start_s": start["p50"], "stage_overhead_s": stage["p50"]},
+           "samples": samples}
+    out = a.out or Path(RESULTS_DIR) / "calibrate_info_path.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"status age at LlumSched P50 {age['p50']} s (n={age['count']}); order to first stage P50 "
+          f"{start['p50']} s (n={start['count']}); simulator: {doc['simulator']}; {out}")
+
+
+if __name__ == "__main__":
+    main()
