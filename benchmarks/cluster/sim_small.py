@@ -176,7 +176,7 @@ def main() -> None:
                      f"{r['reaction_p99_median'] * 1e3:.0f} ms" if r["reaction_p50_median"] is not None else ""),
                   flush=True)
     if a.out:
-        a.out.write_text(json.dumps({"args": vars(a) | {"out": str(a.out)}, "rows": rows}, indent=1) + "\n")
+        a.out.write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":
