@@ -143,3 +143,17 @@ def test_sim_vs_real_refuses_a_file_that_is_no_calibration_in_one_line(tmp_path)
     assert done.returncode != 0
     assert "--calibration" in done.stderr and "not a calibration file" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_committed_calibration_is_one_sim_vs_real_reads():
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "cluster" / "info_path_calibration.json"
+    doc = json.loads(path.read_text())
+    info = InfoPath.of(ClusterBenchSettings().system_doc("llumnix"), doc["simulator"])
+    assert info.status_delay_s > 0 and info.migration_start_s > 0 and info.stage_overhead_s is not None
+    # derived from the measurements as the script says, not set by hand
+    assert info.migration_start_s == doc["migration_start_s"]["p50"]
+    assert info.status_delay_s == max(0.0, doc["status_age_s"]["p50"] - 0.05 / 2)
+    assert info.stage_overhead_s == doc["migrations"]["per_stage_s"]["p50"]
