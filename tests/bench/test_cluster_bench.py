@@ -215,3 +215,13 @@ def test_the_probe_is_sized_from_its_flags_and_checked():
     assert (s.probe_concurrency, s.probe_requests) == (48, 144)
     with pytest.raises(LlumnixError, match="--probe-requests >= 2 x it"):
         settings_from_args(_args("--probe-concurrency", "48", "--probe-requests", "90"))
+
+
+def test_sim_calibration_needs_with_sim_and_a_file(tmp_path):
+    cal = tmp_path / "cal.json"
+    cal.write_text("{}")
+    settings_from_args(_args("--with-sim", "a10-llama7b-serving", "--sim-calibration", str(cal)))
+    with pytest.raises(LlumnixError, match="--sim-calibration .*: needs --with-sim"):
+        settings_from_args(_args("--sim-calibration", str(cal)))
+    with pytest.raises(LlumnixError, match="--sim-calibration .*: no such file"):
+        settings_from_args(_args("--with-sim", "a10-llama7b-serving", "--sim-calibration", str(tmp_path / "none")))

@@ -285,12 +285,16 @@ def add_cluster_bench_args(p: Any) -> None:
                    help="capacity probe: requests in flight (closed loop); at least 2 x what the caches hold")
     g.add_argument("--trace", action="store_true",
                    help="trace the engines' preemptions and migrations in; attribute each preemption")
-    g.add_argument("--pairing", default=None, help="llumnix's rescheduling.pairing (paper, fit, stable, even; serve's default: even)")
+    g.add_argument("--pairing", default=None,
+                   help="llumnix's rescheduling.pairing (paper, fit, stable, even; serve's default: even)")
     g.add_argument("--in-threshold", type=float, default=None, help="llumnix's rescheduling.in_threshold")
     g.add_argument("--dst-queue", default=None, help="llumnix's rescheduling.dst_queue (head, all)")
     g.add_argument("--with-sim", default=None, metavar="PROFILE",
                    help="then predict the same runs in the simulator with this latency profile (llumnix "
                         "profile's JSON) and print predicted against measured (sim_vs_real.json)")
+    g.add_argument("--sim-calibration", default=None, metavar="FILE",
+                   help="with --with-sim: the information path's delays the simulator takes "
+                        "(benchmarks/cluster/calibrate_info_path.py's JSON)")
     g.add_argument("--reschedule-interval", type=float, default=None, metavar="S",
                    help="LlumSched's rescheduling round, s, for every system (default: serve's, 0.5)")
 
@@ -335,6 +339,10 @@ def settings_from_args(args: Any) -> ClusterBenchSettings:
                              probe_requests=args.probe_requests, probe_concurrency=args.probe_concurrency)
     if s.run_seconds is not None and not s.run_seconds > 0:
         raise LlumnixError(f"bench cluster: --run-seconds must be > 0, got {s.run_seconds:g}")
+    cal = getattr(args, "sim_calibration", None)
+    if cal is not None and (getattr(args, "with_sim", None) is None or not Path(cal).is_file()):
+        raise LlumnixError(f"bench cluster: --sim-calibration {cal}: " + (
+            "needs --with-sim" if getattr(args, "with_sim", None) is None else "no such file"))
     if s.num_requests < 1 or s.burst_size < 0 or not s.seeds or not s.loads or min(s.loads) <= 0:
         raise LlumnixError("bench cluster: --requests-per-run >= 1, --burst-size >= 0, seeds and loads > 0")
     if s.probe_concurrency < 1 or s.probe_requests < 2 * s.probe_concurrency + 2:
@@ -396,5 +404,7 @@ def main_cluster_bench(args: Any) -> int:
     if getattr(args, "with_sim", None):
         from llumnix.bench import sim_vs_real
 
-        return sim_vs_real.main([str(out / "cluster.json"), "--profile", args.with_sim])
+        cal = getattr(args, "sim_calibration", None)
+        return sim_vs_real.main([str(out / "cluster.json"), "--profile", args.with_sim,
+                                 *(["--calibration", cal] if cal else [])])
     return 0
