@@ -2,7 +2,10 @@
 LlumSched's statuses are when it reads them, and how long a migration order takes to
 start its migration. Measured, never fitted to the outcomes the simulator predicts.
 
-    python -m benchmarks.cluster.calibrate_info_path [--samples 10] [--out F.json]
+    python -m benchmarks.cluster.calibrate_info_path [--samples 6] [--out F.json]
+
+(About 20 s to start the cluster and 5-20 s a sample on a 2-core VM, by its load: 6 samples
+stay under 3 minutes unless the machine is loaded; the committed run took 10 at load 14-23, 4 minutes.)
 
 One local cluster of 2 SmolLM2 instances (CPU, serve's rescheduling defaults: pairing even,
 min_tokens_left 4, the 0.5 s round and its status feed; KV room enough that LlumSched
@@ -103,7 +106,7 @@ def _stats(xs: list[float]) -> dict[str, float | int | None]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--samples", type=int, default=6)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="the JSON (default: llumnix-results/calibrate_info_path.json)")
