@@ -182,3 +182,37 @@ def test_a_pair_opens_no_port_but_gloos_own_and_strangers_there_stop_nothing():
         time.sleep(0.1)
     assert not listening_ports() & ports
     assert me.num_fds() <= before_fds + 4, (before_fds, me.num_fds())
+
+
+def test_an_old_pair_is_formed_anew_and_the_sockets_strangers_left_go_with_it():
+    """Past its age a pair forms anew before a pre-copy frame; gloo's listeners of the old
+    one close, and with them every socket strangers left there, while the sender stays."""
+    me = psutil.Process()
+    sink = Sink()
+    receivers: list[GlooReceiver] = []
+
+    def accept(pair_id, offer):
+        receivers.append(GlooReceiver(pair_id, offer, sink, TOKEN, OPTIONS, local_host="127.0.0.1"))
+        return receivers[-1].answer
+    before_ports = listening_ports()
+    sender = GlooSender(accept, TOKEN, host="127.0.0.1", options=OPTIONS, max_pair_age_s=0.5)
+    first = listening_ports() - before_ports
+    with_pair = me.num_fds()
+    strangers = [socket.create_connection(("127.0.0.1", p)) for p in first for _ in range(50)]
+    for s in strangers:
+        s.send(os.urandom(64))
+        s.close()  # gone, but gloo keeps the socket that sent it bytes
+    deadline = time.monotonic() + 10
+    while me.num_fds() < with_pair + 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert me.num_fds() >= with_pair + 200  # the leak the renewal bounds
+    assert sender.send("r1", [1], Source(), urgent=False) and sender.num_renewals == 0
+    time.sleep(0.6)
+    assert sender.send("r2", [1], Source(), urgent=True) and sender.num_renewals == 0  # never before the last stage
+    assert sender.send("r3", [1], Source(), urgent=False) and sender.num_renewals == 1
+    assert sink.writes == ["r1", "r2", "r3"]
+    assert not listening_ports() & first
+    while me.num_fds() > with_pair + 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert me.num_fds() <= with_pair + 8, (with_pair, me.num_fds())
+    sender.close()

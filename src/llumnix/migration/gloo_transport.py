@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 _DATA, _ACK, _PROOF = 0, 1, 2
 KINDS = ("urgent", "bulk")
 """A pair's two groups, so the last stage never queues behind a bulk frame or a niced receiver."""
+MAX_PAIR_AGE_S = 300.0
+"""A pair is formed anew before its first pre-copy stage past this age: gloo keeps every
+connection a stranger makes to a group's listener (until it hangs up, or for ever once it
+sent bytes) for as long as the group lives, so a pair's age bounds how long they hold them."""
 Accept = Callable[[str, dict[str, dict[str, bytes]]], dict[str, dict[str, bytes]]]
 
 
@@ -95,41 +100,62 @@ class GlooSender:
     name = "gloo"
 
     def __init__(self, accept: Accept, token: bytes, host: str | None = None,
-                 options: TransportOptions | None = None) -> None:
+                 options: TransportOptions | None = None, max_pair_age_s: float = MAX_PAIR_AGE_S) -> None:
         """``accept(pair_id, offer)`` hands the destination this side's rendezvous halves over
         a channel both trust (a Ray call) and returns its own (``GlooReceiver.answer``);
         ``host`` (default ``node_host()``) is the address this side's groups bind."""
-        host = host or node_host()
+        self._accept, self._token, self._host = accept, token, host or node_host()
         self._options = options or TransportOptions()
-        t = self._options.timeout_s
-        pair_id = os.urandom(8).hex()
-        forming = {kind: FormingGroup(f"{pair_id}-{kind}", host, 0, t) for kind in KINDS}
-        try:
-            answer = accept(pair_id, {kind: f.store.half() for kind, f in forming.items()})
-            for kind, f in forming.items():
-                f.store.join(answer.get(kind) if isinstance(answer, dict) else None)
-            self._pgs = {kind: f.group() for kind, f in forming.items()}
-            for pg in self._pgs.values():  # in KINDS order, as the destination proves them
-                _prove(pg, 1, token, t, as_source=True)
-        except BaseException:
-            for f in forming.values():
-                f.store.abandon()
-            raise
+        self._max_age_s = max_pair_age_s
+        self._pgs = self._form()
+        self._formed_at = time.monotonic()
+        self.num_renewals = 0
         self._buf = _Buffer()
         self._worker = BulkWorker(self._options, "kv-bulk-gloo")
         self._lock = threading.Lock()
         self._broken = False
 
+    def _form(self) -> dict[str, Any]:
+        t = self._options.timeout_s
+        pair_id = os.urandom(8).hex()
+        forming = {kind: FormingGroup(f"{pair_id}-{kind}", self._host, 0, t) for kind in KINDS}
+        try:
+            answer = self._accept(pair_id, {kind: f.store.half() for kind, f in forming.items()})
+            for kind, f in forming.items():
+                f.store.join(answer.get(kind) if isinstance(answer, dict) else None)
+            pgs = {kind: f.group() for kind, f in forming.items()}
+            for pg in pgs.values():  # in KINDS order, as the destination proves them
+                _prove(pg, 1, self._token, t, as_source=True)
+            return pgs
+        except BaseException:
+            for f in forming.values():
+                f.store.abandon()
+            raise
+
     def send(self, request_id: str, dst_block_ids: list[int], src: KVSource, *, urgent: bool = False) -> bool:
         with self._lock:
             if self._broken:
                 raise TransportError("gloo pair is broken")
-            payload = src.contiguous() if urgent else self._worker.run(lambda: self._gather(src))
             try:
+                if not urgent and time.monotonic() - self._formed_at > self._max_age_s:
+                    self._renew()  # before a pre-copy stage: the last stage never waits for it
+                payload = src.contiguous() if urgent else self._worker.run(lambda: self._gather(src))
                 return self._send(self._pgs["urgent" if urgent else "bulk"], request_id, dst_block_ids, payload)
             except TransportError:
                 self._broken = True
                 raise
+
+    def _renew(self) -> None:
+        """A new pair in place of this one (whose devices close, with every socket a
+        stranger left at their listeners)."""
+        self._close_groups()
+        self._pgs = {}
+        try:
+            self._pgs = self._form()
+        except Exception as e:  # noqa: BLE001 - a Ray error from accept too: the pair is gone either way
+            raise TransportError(f"gloo: renewing the pair failed: {e!r}") from e
+        self._formed_at = time.monotonic()
+        self.num_renewals += 1
 
     def _gather(self, src: KVSource) -> torch.Tensor:
         cache = getattr(src.executor, "kv_cache", None)
@@ -159,10 +185,14 @@ class GlooSender:
         self._worker.close()
         with self._lock:
             if not self._broken:
-                for pg in self._pgs.values():
-                    with contextlib.suppress(TransportError):
-                        _wait(pg.send([torch.tensor([-1, 0], dtype=torch.int64)], 1, _DATA), 1.0)
+                self._close_groups()
             self._broken = True
+
+    def _close_groups(self) -> None:
+        """Tell the destination's threads to end (``header_len = -1`` on each group)."""
+        for pg in self._pgs.values():
+            with contextlib.suppress(TransportError):
+                _wait(pg.send([torch.tensor([-1, 0], dtype=torch.int64)], 1, _DATA), 1.0)
 
 
 def _as_tensor(data: memoryview | bytes) -> torch.Tensor:
