@@ -94,3 +94,29 @@ def test_random_traffic_keeps_the_books(seed):
                 serving.append(c2)
         s.check_invariants()
         assert s.num_in_flight == len(serving) and s.num_waiting == len(waiting)
+
+
+def test_a_stream_of_new_client_names_leaves_no_counters_behind():
+    """Each name served once and gone: its counter is forgotten (it would be lifted to the
+    active clients' level on return anyway), so names cost no memory."""
+    s = share(2)
+    assert s.arrive("steady", -1)
+    s.charge("steady", output_tokens=10_000)
+    for t in range(10_000):
+        assert s.arrive(f"user-{t}", t)
+        s.charge(f"user-{t}", prompt_tokens=5, output_tokens=5)
+        s.charge("steady", output_tokens=50)  # served meanwhile, as a client holding a place is
+        assert s.finish(f"user-{t}") == []
+    assert set(s.counters) == {"steady"}
+    s.check_invariants()
+
+
+def test_idle_counters_are_bounded_even_when_they_stay_ahead():
+    from llumnix.policy.fair_share import MAX_IDLE_CLIENTS
+
+    s = share(1)
+    for t in range(MAX_IDLE_CLIENTS + 10):
+        assert s.arrive(f"user-{t}", t)
+        s.charge(f"user-{t}", output_tokens=t + 1)  # each ends ahead of the last: kept while it can
+        s.finish(f"user-{t}")
+    assert len(s.counters) <= MAX_IDLE_CLIENTS + 1

@@ -18,6 +18,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+MAX_IDLE_CLIENTS = 4096
+"""Counters kept beyond the active clients'; past it, every idle client's is forgotten."""
+
 
 @dataclass(frozen=True)
 class FairConfig:
@@ -66,6 +69,7 @@ class FairShare:
         q.remove(ticket)
         if not q:
             del self._queues[client]
+            self._maybe_forget(client)
         return True
 
     def finish(self, client: str) -> list[tuple[str, int]]:
@@ -76,6 +80,7 @@ class FairShare:
             self._serving[client] = left
         else:
             del self._serving[client]
+            self._maybe_forget(client)
         started = []
         while self._queues and self.num_in_flight < self.config.max_in_flight:
             nxt = min(self._queues, key=lambda c: self.counters[c])  # ties: the longest backlogged
@@ -95,6 +100,19 @@ class FairShare:
         self.num_in_flight += 1
         self._serving[client] = self._serving.get(client, 0) + 1
 
+    def _maybe_forget(self, client: str) -> None:
+        """Drop an idle client's counter when its return would lift it to where it starts
+        anyway (at or below every active client's), so a stream of new client names costs
+        no memory once served."""
+        if client in self._queues or client in self._serving:
+            return
+        active = [self.counters[c] for c in (*self._queues, *self._serving)]
+        if active and self.counters[client] <= min(active):
+            del self.counters[client]
+        elif len(self.counters) > MAX_IDLE_CLIENTS:  # the rest: a bound, at some cost in fairness
+            for c in [c for c in self.counters if c not in self._queues and c not in self._serving]:
+                del self.counters[c]
+
     def _lift(self, client: str) -> None:
         others = [self.counters[c] for c in (*self._queues, *self._serving) if c != client]
         self.counters[client] = max(self.counters.get(client, 0.0), min(others, default=0.0))
@@ -103,3 +121,4 @@ class FairShare:
         assert self.num_in_flight == sum(self._serving.values()) <= self.config.max_in_flight
         assert all(self._queues.values()) and all(n > 0 for n in self._serving.values())
         assert not self._queues or self.num_in_flight == self.config.max_in_flight  # work-conserving
+        assert all(c in self.counters for c in (*self._queues, *self._serving))
