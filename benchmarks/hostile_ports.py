@@ -4,7 +4,9 @@ half held idle and half trickling a byte each ``--trickle-s``, every one reopene
 as the server closes it, from ``--sources`` addresses of 127/8 (so both the per-address
 and the total cap are hit). Meanwhile a gateway's line opens and serves a request on the
 attacked channel, and a running request live-migrates into the attacked receiver over a
-sender connected during the flood. The same checks run first without strangers.
+sender connected during the flood; then the source instance is drained (``--drain-requests``
+running requests, each live-migrated out over a sender connected during the flood, until
+its status says drained). The same checks run first without strangers.
 
 Reports, for the process that holds both instances: threads and RSS before and at peak,
 each gate's counts (waiting, closed at the deadline or for a cap), and whether each
@@ -100,7 +102,7 @@ def make_instance(iid: str, step_s: float) -> Any:
     from llumnix.core.clock import WallClock
     from llumnix.policy import FreenessConfig, Llumlet, ReschedulingConfig
 
-    eng = make_engine(num_blocks=256, instance_id=iid)
+    eng = make_engine(num_blocks=1024, instance_id=iid)  # room for a drain's requests on either side
     eng.clock = WallClock()
     run = eng.executor.execute
 
@@ -219,6 +221,64 @@ def migrate_request(cluster: Cluster, rid: str) -> dict[str, Any]:
             "migrate_s": round(migrated, 4), "downtime_s": rep.downtime}
 
 
+def drain(cluster: Cluster, tag: str, num_requests: int, attackers: list[subprocess.Popen[str]]) -> dict[str, Any]:
+    """A drain as LlumSched runs one, on the source: marked terminating, then each request
+    on it live-migrated to the destination, one after another, over a sender connected
+    during the flood (reconnected if a migration breaks it), until its status says drained
+    (``policy.rounds.is_drained``: no request, no migration in or out). Every migration must
+    commit; a request that finished before its turn would not count as one."""
+    from llumnix.core.sampling_params import SamplingParams
+    from llumnix.migration import MigrationConfig
+    from llumnix.migration.driver import migrate
+    from llumnix.migration.tcp_transport import KVSender, TransportError
+    from llumnix.policy.rounds import is_drained
+
+    src, dst = cluster.src, cluster.dst
+    rids = [f"{tag}-drain-{k}" for k in range(num_requests)]
+    for rid in rids:
+        src.call(lambda rid=rid: src.engine.add_request(rid, list(range(1, 21)), SamplingParams(max_tokens=1000)))
+    time.sleep(0.1)
+    src.call(lambda: setattr(src.llumlet, "is_terminating", True))
+    t0 = time.monotonic()
+    connects: list[float] = []
+    reports: list[dict[str, Any]] = []
+    sender = None
+    try:
+        while time.monotonic() - t0 < 120 and not is_drained(status := src.status()):
+            if sender is None:
+                t1 = time.monotonic()
+                try:
+                    sender = KVSender(cluster.endpoint.address, TOKEN, cluster.options)
+                finally:
+                    connects.append(round(time.monotonic() - t1, 4))
+            rid = (status.running or status.waiting)[0].request_id
+            rep = migrate(rid, src, cluster.endpoint, sender, MigrationConfig(max_stages=3))
+            reports.append({"request_id": rid, "committed": rep.committed, "abort_reason": rep.abort_reason,
+                            "downtime_s": rep.downtime})
+            if not rep.committed and (rep.abort_reason or "").startswith("TransportError"):
+                sender.close()
+                sender = None
+    except TransportError as e:
+        reports.append({"committed": False, "abort_reason": repr(e)})
+    finally:
+        if sender is not None:
+            sender.close()
+    drained_s = time.monotonic() - t0
+    drained = is_drained(src.status())
+    flooded = bool(attackers) and all(p.poll() is None for p in attackers)  # the flood outlasted the drain
+    src.call(lambda: setattr(src.llumlet, "is_terminating", False))
+    for srv in (src, dst):
+        for rid in rids:
+            srv.call(lambda srv=srv, rid=rid: srv.engine.abort_request(rid))
+    committed = [r for r in reports if r["committed"]]
+    return {"num_requests": num_requests, "drained": drained, "drain_s": round(drained_s, 4),
+            "num_committed": len(committed), "num_aborted": len(reports) - len(committed),
+            "all_moved_by_migration": drained and {r["request_id"] for r in committed} == set(rids),
+            "connect_s": connects, "flood_held_throughout": flooded,
+            "downtime_max_s": max((r["downtime_s"] for r in committed), default=None),
+            "aborts": [r for r in reports if not r["committed"]]}
+
+
 class Sampler:
     """This process's threads and RSS, every 50 ms: the peak of each."""
 
@@ -271,6 +331,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         idle_threads, idle_rss = Sampler.now()
         baseline = checks(cluster, "base", 1)
+        baseline_drain = drain(cluster, "base", args.drain_requests, [])
         before_threads, before_rss = Sampler.now()
         sampler = Sampler()
         t0 = time.monotonic()
@@ -278,6 +339,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         opened_s = time.monotonic() - t0
         time.sleep(args.settle_s)  # the flood in full: trickles going, closed ones reopened
         under = checks(cluster, "attack", args.rounds)
+        under_drain = drain(cluster, "attack", args.drain_requests, attackers)
         gates = cluster.gates()
         stats = []
         for p in attackers:
@@ -294,7 +356,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_mib": {"idle": round(idle_rss / 2**20, 1), "before": round(before_rss / 2**20, 1),
                     "peak": round(sampler.peak_rss / 2**20, 1), "after": round(after_rss / 2**20, 1)},
         "gates": gates, "baseline": baseline, "under_attack": under,
-        "all_completed": all(c["request"]["completed"] and c["migration"]["committed"] for c in under),
+        "drain": {"baseline": baseline_drain, "under_attack": under_drain},
+        "all_completed": all(c["request"]["completed"] and c["migration"]["committed"] for c in under)
+        and under_drain["all_moved_by_migration"] and under_drain["flood_held_throughout"],
     }
 
 
@@ -303,10 +367,11 @@ def main() -> None:
     p.add_argument("--num", type=int, default=10_000, help="strangers per port")
     p.add_argument("--trickle-s", type=float, default=1.0, help="each trickler's byte, and each reopen pass")
     p.add_argument("--sources", type=int, default=100, help="source addresses (127.0.0.2 up)")
-    p.add_argument("--hold-s", type=float, default=40.0, help="how long the attackers hold on")
+    p.add_argument("--hold-s", type=float, default=70.0, help="how long the attackers hold on")
     p.add_argument("--settle-s", type=float, default=5.0, help="flood time before the checks")
     p.add_argument("--rounds", type=int, default=3, help="requests and migrations under attack")
     p.add_argument("--step-s", type=float, default=0.01, help="an engine step's time")
+    p.add_argument("--drain-requests", type=int, default=3, help="running requests the drain moves")
     p.add_argument("--out", default=None, help="folder for the JSON (default: llumnix-results/)")
     p.add_argument("--attack", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -319,7 +384,7 @@ def main() -> None:
     res = {"machine": machine_info(with_torch=False), **run(args)}
     path = Path(args.out or RESULTS_DIR) / f"hostile_ports-{time.strftime('%Y%m%d-%H%M%S')}.json"
     write_result(path, res)
-    summary = {k: res[k] for k in ("threads", "rss_mib", "gates", "all_completed")}
+    summary = {k: res[k] for k in ("threads", "rss_mib", "gates", "drain", "all_completed")}
     print(json.dumps(summary, indent=1))
 
 

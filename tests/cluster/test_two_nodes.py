@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -172,23 +173,26 @@ def test_one_instance_on_each_node(cluster):
 
 
 def test_gloo_advertises_the_node_address_not_loopback(cluster):
-    """A sender on the second node tells its peer to find it at 127.0.0.2."""
+    """A sender on the second node offers its peer an address at 127.0.0.2 (the rank's
+    gloo address, carried in the rendezvous half the accept call hands over)."""
 
     @ray.remote(num_cpus=0, resources={f"node:{SECOND_IP}": 0.01})
-    def advertised() -> str:
+    def advertised() -> list[bytes]:
         from llumnix.migration.gloo_transport import GlooSender
 
-        seen = []
+        seen: list[bytes] = []
 
-        def accept(host: str, port: int, pair_id: str) -> None:
-            seen.append(host)
+        def accept(pair_id: str, offer: dict[str, dict[str, bytes]]) -> dict[str, dict[str, bytes]]:
+            seen.extend(v for half in offer.values() for v in half.values())
             raise ConnectionAbortedError("only the address was wanted")
 
         with contextlib.suppress(ConnectionAbortedError):
             GlooSender(accept, b"t")
-        return seen[0]
+        return seen
 
-    assert ray.get(advertised.remote(), timeout=60) == SECOND_IP
+    halves = ray.get(advertised.remote(), timeout=60)
+    assert len(halves) == 2  # urgent and bulk
+    assert all(socket.inet_aton(SECOND_IP) in h and socket.inet_aton("127.0.0.1") not in h for h in halves)
 
 
 class Outputs:

@@ -46,7 +46,8 @@ def test_a_vllm_command_line_is_parsed_into_the_config_unchanged(tmp_path, monke
     assert gateway_fields(args) == {"api_key": "sk-test", "admin_key": args.admin_key,
                                     "max_request_bytes": "auto", "log_requests": False,
                                     "log_stats": True, "log_stats_interval_s": 10.0,
-                                    "http_read_timeout_s": 30.0, "private_docs_and_metrics": False}
+                                    "http_read_timeout_s": 30.0, "private_docs_and_metrics": False,
+                                    "fair_share": None}
     assert (args.host, args.port, args.uvicorn_log_level) == ("0.0.0.0", 8123, "info")
 
 

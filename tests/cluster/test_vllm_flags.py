@@ -85,6 +85,15 @@ def test_log_flags_reach_the_gateway_config():
         build_parser().parse_args(["serve", "--log-stats-interval", "0"])
 
 
+def test_fair_share_reaches_the_gateway_config():
+    from llumnix.cluster.serve_args import gateway_fields
+
+    assert gateway_fields(build_parser().parse_args(["serve", "--fair-share", "8"]))["fair_share"] == 8
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--fair-share", bad])
+
+
 def test_the_try_line_carries_the_api_key_header(monkeypatch):
     monkeypatch.delenv("LLUMNIX_API_KEY", raising=False)
     monkeypatch.delenv("VLLM_API_KEY", raising=False)

@@ -28,7 +28,7 @@ OPTIONS = TransportOptions(bulk_nice=0)
 
 def open_sender(transport, endpoint, options=OPTIONS):
     if transport == "gloo":
-        return GlooSender(lambda host, port, pair_id: endpoint.accept_gloo(host, port, pair_id), TOKEN,
+        return GlooSender(endpoint.accept_gloo, TOKEN,
                           options=options)
     return KVSender(endpoint.address, TOKEN, options)
 

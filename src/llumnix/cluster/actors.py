@@ -348,8 +348,8 @@ class InstanceActor:
     def mig_first_step(self, request_id: str, timeout_s: float) -> tuple[float, float] | None:
         return self.endpoint.first_step(request_id, timeout_s)
 
-    def mig_accept_gloo(self, host: str, port: int, pair_id: str) -> None:
-        self.endpoint.accept_gloo(host, port, pair_id)
+    def mig_accept_gloo(self, pair_id: str, offer: Any) -> dict[str, dict[str, bytes]]:
+        return self.endpoint.accept_gloo(pair_id, offer)
 
     def mig_write_kv(self, request_id: str, block_ids: list[int], refs: list[Any], urgent: bool = True) -> bool:
         return self.endpoint.write(request_id, block_ids, memoryview(ray.get(refs[0], timeout=30)), urgent=urgent)

@@ -105,6 +105,10 @@ def _add_http_args(p: argparse.ArgumentParser, default_port: int) -> None:
                         "after its first byte (default 30)")
     p.add_argument("--private-metrics", action="store_true",
                    help="/metrics, /docs, /redoc and /openapi.json need the API key too")
+    p.add_argument("--fair-share", type=positive_int, default=None, metavar="N",
+                   help="serve at most N choices at once from this gateway; the rest wait in a per-client "
+                        "fair queue (virtual token counters; the client is the request's 'user', else its "
+                        "address). Default: off, every request goes at once")
     p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S",
                    help="on SIGTERM/Ctrl-C, stop taking requests and let running ones finish for up "
                         "to S seconds (default 30)")
@@ -362,4 +366,4 @@ def gateway_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {"api_key": args.api_key, "admin_key": args.admin_key, "max_request_bytes": args.max_request_bytes,
             "log_requests": not args.disable_log_requests, "log_stats": not args.disable_log_stats,
             "log_stats_interval_s": args.log_stats_interval, "http_read_timeout_s": args.http_read_timeout,
-            "private_docs_and_metrics": args.private_metrics}
+            "private_docs_and_metrics": args.private_metrics, "fair_share": args.fair_share}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -123,6 +124,16 @@ class _Progress:
             None if m is None else m.queue_time, m.num_migrations if m else 0))
 
 
+@asynccontextmanager
+async def _place(ctx: GatewayContext, gen: GenerateRequest) -> AsyncIterator[Callable[[int], None]]:
+    """The choice's place in the fair share (waited for), when the gateway keeps one."""
+    if ctx.fair is None:
+        yield lambda _k: None
+        return
+    async with ctx.fair.slot(gen) as served:
+        yield served
+
+
 async def run_choice(ctx: GatewayContext, gen: GenerateRequest) -> AsyncIterator[Step]:
     """The request's steps (those that add text or logprobs, and the last), keeping the
     metrics; a request left unfinished (client gone, or an error) is aborted, freeing its KV."""
@@ -138,24 +149,26 @@ async def run_choice(ctx: GatewayContext, gen: GenerateRequest) -> AsyncIterator
     n_cached = 0
     engine_done = False
     try:
-        async for out in backend.generate(gen):
-            engine_done = out.is_finished
-            progress.on_output(out)
-            text = det.add(out.new_token_ids, final=out.is_finished)
-            reason = out.finish_reason
-            if det.stopped and reason is None:
-                reason = "stop"  # the stop string completed before the engine saw it
-            if out.metrics is not None:
-                final = out.metrics
-                n_cached = final.num_cached_tokens
-            step = Step(text, reason, out.num_output_tokens, _new_logprobs(out) if want_lp else [],
-                        out.prompt_logprobs, n_cached)
-            if reason is not None:
-                yield step
-                metrics.labels(metrics.requests, reason).inc()
-                break
-            if text or step.logprobs or step.prompt_logprobs is not None:
-                yield step
+        async with _place(ctx, gen) as served:
+            async for out in backend.generate(gen):
+                served(len(out.new_token_ids))
+                engine_done = out.is_finished
+                progress.on_output(out)
+                text = det.add(out.new_token_ids, final=out.is_finished)
+                reason = out.finish_reason
+                if det.stopped and reason is None:
+                    reason = "stop"  # the stop string completed before the engine saw it
+                if out.metrics is not None:
+                    final = out.metrics
+                    n_cached = final.num_cached_tokens
+                step = Step(text, reason, out.num_output_tokens, _new_logprobs(out) if want_lp else [],
+                            out.prompt_logprobs, n_cached)
+                if reason is not None:
+                    yield step
+                    metrics.labels(metrics.requests, reason).inc()
+                    break
+                if text or step.logprobs or step.prompt_logprobs is not None:
+                    yield step
     finally:
         metrics.labels(metrics.in_flight).dec()
         rlog.num_in_flight -= 1

@@ -8,9 +8,11 @@ from typing import Literal
 from starlette.requests import Request
 
 from llumnix.gateway.backend import Backend
+from llumnix.gateway.fair import FairGate
 from llumnix.gateway.formatting import LogprobFormat
 from llumnix.gateway.metrics import GatewayMetrics
 from llumnix.gateway.request_log import RequestLog
+from llumnix.policy.fair_share import FairConfig
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class GatewayConfig:
     """/metrics, /docs, /redoc and /openapi.json need the API key too (when one is set)."""
     model_root: str | None = None
     """The model the served name stands for (/v1/models' ``root``); None: the served name."""
+    fair_share: int | None = None
+    """At most this many choices in flight from this gateway, the rest waiting in a per-client
+    virtual-token-counter queue (``gateway/fair.py``); None: every choice goes at once."""
 
 
 @dataclass
@@ -54,8 +59,11 @@ class GatewayContext:
     config: GatewayConfig
     metrics: GatewayMetrics
     request_log: RequestLog = field(init=False)
+    fair: FairGate | None = field(init=False)
 
     def __post_init__(self) -> None:
+        n = self.config.fair_share
+        self.fair = None if n is None else FairGate(FairConfig(max_in_flight=n))
         self.request_log = RequestLog(self.config.log_requests, self.config.log_stats_interval_s,
                                       log_stats=self.config.log_stats)
 

@@ -14,6 +14,7 @@ from llumnix.gateway.backend import model_names, serves_model
 from llumnix.gateway.choices import Reply, make_choices
 from llumnix.gateway.context import GatewayContext
 from llumnix.gateway.errors import error_response
+from llumnix.gateway.fair import client_key
 from llumnix.gateway.protocol import ChatCompletionRequest, CompletionRequest, new_id, parse_priority
 
 PRIORITY_HEADER = "x-llumnix-priority"
@@ -64,6 +65,8 @@ def prepare(ctx: GatewayContext, body: CompletionRequest | ChatCompletionRequest
                         final_only=not body.stream)
     if body.model != ctx.model_name:  # another model the backend serves: it routes by the name
         gens = [dataclasses.replace(g, model=body.model) for g in gens]
+    if ctx.fair is not None:
+        ctx.fair.tag(gens, client_key(body.user, request))
     return Reply(response_id, gens, chat=chat, stream=body.stream, as_ids=body.return_tokens_as_token_ids,
                  echo_only=isinstance(body, CompletionRequest) and body.echo_only,
                  include_usage=body.stream_options is not None and body.stream_options.include_usage)

@@ -105,6 +105,7 @@ def build_lite_app(args: argparse.Namespace) -> tuple[Any, Any]:
                    max_request_bytes=getattr(args, "max_request_bytes", "auto"),
                    http_read_timeout_s=getattr(args, "http_read_timeout", 30.0),
                    private_docs_and_metrics=getattr(args, "private_metrics", False),
+                   fair_share=getattr(args, "fair_share", None),
                    log_requests=not getattr(args, "disable_log_requests", False),
                    log_stats=not getattr(args, "disable_log_stats", False),
                    log_stats_interval_s=getattr(args, "log_stats_interval", 10.0))

@@ -238,13 +238,15 @@ class DestinationEndpoint:
         finally:
             self._close_write(request_id)
 
-    def accept_gloo(self, store_host: str, store_port: int, pair_id: str) -> None:
-        """Join a source's two-rank gloo group and serve its KV writes."""
+    def accept_gloo(self, pair_id: str, offer: Any) -> dict[str, dict[str, bytes]]:
+        """Form the two-rank gloo groups a source offers (its rendezvous halves) and serve
+        its KV writes; the answer is this side's halves, for the source."""
         from llumnix.migration.gloo_transport import GlooReceiver
 
         self._gloo = [g for g in self._gloo if g.is_alive]
-        self._gloo.append(GlooReceiver(store_host, store_port, pair_id, self, self._token, self.options,
-                                       local_host=self._host))
+        receiver = GlooReceiver(pair_id, offer, self, self._token, self.options, local_host=self._host)
+        self._gloo.append(receiver)
+        return receiver.answer
 
     # -- internals ---------------------------------------------------------------------
     def _close_to_writes(self, request_id: str) -> bool:

@@ -27,8 +27,11 @@ def connect(name: str, dst_actor: Any, token: bytes, options: TransportOptions |
     if name == "gloo":
         from llumnix.migration.gloo_transport import GlooSender
 
-        def accept(host: str, port: int, pair_id: str) -> None:
-            ray.get(dst_actor.mig_accept_gloo.remote(host, port, pair_id), timeout=timeout_s)
+        def accept(pair_id: str, offer: dict[str, dict[str, bytes]]) -> dict[str, dict[str, bytes]]:
+            # the rendezvous rides on this Ray call (token-authenticated), not on a port
+            answer: dict[str, dict[str, bytes]] = ray.get(dst_actor.mig_accept_gloo.remote(pair_id, offer),
+                                                          timeout=timeout_s)
+            return answer
 
         return GlooSender(accept, token, options=options)
     from llumnix.migration.ray_transport import RaySender
