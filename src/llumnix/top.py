@@ -73,19 +73,33 @@ def outcome(m: dict[str, Any]) -> str:
 
 
 def _migration(m: dict[str, Any], now: float) -> str:
-    ago = f"{now - float(m['end_time']):5.1f}s ago" if m.get("end_time") else "          "
+    # reported_at: LlumSched's wall clock (end_time is on the source's monotonic clock)
+    at = m.get("reported_at") or m.get("end_time")
+    ago = f"{now - float(at):5.1f}s ago" if at else "          "
     head = f"  {ago}  {m.get('request_id') or '-'}  {m.get('src_instance_id') or '-'} -> {m.get('dst_instance_id') or '-'}"
     return f"{head}  {outcome(m)}"
 
 
+def _sim_line(sim: dict[str, Any]) -> str:
+    behind = float(sim.get("behind_s") or 0.0)
+    return (f"simulated: {sim.get('name')}, {sim.get('label')}; t = {float(sim.get('time_s', 0)):.1f} s at "
+            f"{float(sim.get('speed', 1)):g}x, {sim.get('num_finished', 0)}/{sim.get('num_requests', 0)} requests done"
+            f"{'; ended' if sim.get('done') else ''}{f'; {behind:.1f} s behind' if behind >= 1 else ''}")
+
+
 def render(info: dict[str, Any], url: str, now: float) -> str:
-    """The view of one ``/admin/cluster`` answer, as text."""
+    """The view of one ``/admin/cluster`` answer, as text. A simulation's (``llumnix
+    simulate --live``) is on its own clock: ``requests.time``, and a line says where it is."""
     mig = info.get("migrations") or {}
+    sim = info.get("sim")
+    if sim:
+        now = float((info.get("requests") or {}).get("time", now))
     insts = sorted((i for i in info.get("instances", ()) if isinstance(i, dict)), key=lambda i: str(i["instance_id"]))
     lines = [f"llumnix top  {url}  {time.strftime('%H:%M:%S', time.localtime(now))}  dispatch "
              f"{info.get('dispatch_policy', '-')}  dispatched {info.get('num_dispatched', 0)}  instances {len(insts)}",
              f"migrations: {mig.get('committed', 0)} committed, {mig.get('aborted', 0)} aborted, "
              f"{len(mig.get('in_flight') or ())} in flight",
+             *([_sim_line(sim)] if sim else []),
              "",
              f"{'INSTANCE':<14}{'STATE':<15}{'ROLE':<9}{'KV USED':<19}{'FREENESS':>9}{'RUNNING':>9}{'WAITING':>9}"
              f"{'PREEMPT':>9}"]
