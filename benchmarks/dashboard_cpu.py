@@ -187,9 +187,27 @@ def run_cluster(args: argparse.Namespace) -> dict[str, Any]:
         per_poll = (mean("polls", "gateway") - mean("none", "gateway")) / args.poll_rate
         summary["polls"] = {"gateway": mean("polls", "gateway"), "cpu_s_per_poll": per_poll,
                             "page_estimate": 2 * per_poll}
+    if streams and args.poll_rate:
+        summary["fit"] = fit(rows, args.poll_rate)
     if streams:
         summary["client_errors"] = streams.errors
     return {"windows": rows, "summary": summary}
+
+
+def fit(rows: list[dict[str, Any]], poll_rate: float) -> dict[str, Any]:
+    """Under load a window's CPU follows its clients' throughput, which other work on the
+    machine moves by 2-3x between windows: least squares of each window's share of a core
+    on (1, tokens/s, polls/s: 0, 2 for a page, ``poll_rate``), and the page's 2 polls/s of it."""
+    import numpy as np
+
+    polls = {"none": 0.0, "page": 2.0, "polls": poll_rate}
+    x = np.array([[1.0, row["tokens_per_s"], polls[row["kind"]]] for row in rows])
+    out: dict[str, Any] = {}
+    for what in ("gateway", "tree"):
+        coef = np.linalg.lstsq(x, np.array([row[what] for row in rows]), rcond=None)[0]
+        out[what] = {"base": float(coef[0]), "per_1000_tokens_per_s": 1000 * float(coef[1]),
+                     "per_poll_per_s": float(coef[2]), "page": 2 * float(coef[2])}
+    return out
 
 
 def print_cluster(summary: dict[str, Any]) -> None:
@@ -203,6 +221,9 @@ def print_cluster(summary: dict[str, Any]) -> None:
         p = summary["polls"]
         print(f"gateway CPU per /admin/cluster poll: {1000 * p['cpu_s_per_poll']:.2f} ms; a page's 2 polls/s: "
               f"{100 * p['page_estimate']:.2f}% of a core")
+    for what, f in summary.get("fit", {}).items():
+        print(f"{what}, fitted on the windows' tokens/s and polls/s: the page {100 * f['page']:.2f}% of a core "
+              f"(1,000 tokens/s: {100 * f['per_1000_tokens_per_s']:.1f}%)")
 
 
 SIM64 = """\

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
@@ -110,42 +111,70 @@ def _interrupt(*_: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM ends the live view as Ctrl-C does: exit 0
 
 
-def main_live(cfg: ExperimentConfig, speed: float, host: str, port: int) -> int:
-    if not speed > 0:
-        raise LlumnixError(f"--speed must be > 0, got {speed:g}")
-    specs = first_point(cfg)
-    sims = [make_simulator(s) for s in specs]
-    epoch, start = time.time(), time.monotonic()
-    runs = {_path(s.system.name): LiveRun(s.system.name, sim, speed, epoch=epoch, start=start,
-                                          label=f"{s.trace.name} at {s.rate:g} req/s, {len(sim.trace)} requests, "
-                                                f"{s.cluster.num_instances} instances")
-            for s, sim in zip(specs, sims, strict=True)}
-    server = listen(host, port, runs)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    signal.signal(signal.SIGTERM, _interrupt)
-    head = specs[0]
-    print(f"live: {cfg.name}, {head.trace.name} at {head.rate:g} req/s, {len(sims[0].trace)} requests, "
-          f"{head.cluster.num_instances} instances, {speed:g}x wall-clock speed", flush=True)
-    for path, run in runs.items():
-        print(f"  {run.name:<14} {server.url}/{path}/dashboard   (llumnix top --url {server.url}/{path})", flush=True)
-    threads = [threading.Thread(target=r.run, daemon=True, name=f"live-{r.name}") for r in runs.values()]
-    for t in threads:
-        t.start()
-    try:
-        for r in runs.values():
-            while not r.done.wait(0.5):
-                pass
+class LiveSession:
+    """The runs of one point side by side, started together, and their server."""
+
+    def __init__(self, specs: list[RunSpec], speed: float, host: str, port: int) -> None:
+        if not speed > 0:
+            raise LlumnixError(f"--speed must be > 0, got {speed:g}")
+        self.specs = specs
+        sims = [make_simulator(s) for s in specs]
+        epoch, start = time.time(), time.monotonic()
+        self.runs = {_path(s.system.name): LiveRun(s.system.name, sim, speed, epoch=epoch, start=start,
+                                                   label=f"{s.trace.name} at {s.rate:g} req/s, {len(sim.trace)} "
+                                                         f"requests, {s.cluster.num_instances} instances")
+                     for s, sim in zip(specs, sims, strict=True)}
+        self.server = listen(host, port, self.runs)
+
+    def start(self) -> None:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        for r in self.runs.values():
+            threading.Thread(target=r.run, daemon=True, name=f"live-{r.name}").start()
+
+    def addresses(self) -> list[str]:
+        url = self.server.url
+        return [f"  {r.name:<14} {url}/{path}/dashboard   (llumnix top --url {url}/{path})"
+                for path, r in self.runs.items()]
+
+    def wait(self, on_tick: Callable[[], None] | None = None, every_s: float = 0.5) -> list[dict[str, Any]]:
+        """Until every run ends (``on_tick`` between checks); their metrics records."""
+        for r in self.runs.values():
+            while not r.done.wait(every_s):
+                if on_tick is not None:
+                    on_tick()
             if r.error is not None:
                 raise LlumnixError(f"the {r.name} run failed: {type(r.error).__name__}: {r.error}")
-        from llumnix.sim.report import summary_table
+        if on_tick is not None:
+            on_tick()
+        return [record_of(s, len(r.sim.trace), r.summary or {}) for s, r in zip(self.specs, self.runs.values(),
+                                                                                 strict=True)]
 
-        records = [record_of(s, len(r.sim.trace), r.summary or {}) for s, r in zip(specs, runs.values(), strict=True)]
-        print(summary_table(records), flush=True)
-        print(f"the runs ended; {server.url}/ keeps their last state until Ctrl-C", flush=True)
+    def hold(self) -> None:
+        """Serve the last state until Ctrl-C or SIGTERM."""
+        signal.signal(signal.SIGTERM, _interrupt)
         while True:
             time.sleep(3600)
+
+
+def main_live(cfg: ExperimentConfig, speed: float, host: str, port: int) -> int:
+    specs = first_point(cfg)
+    session = LiveSession(specs, speed, host, port)
+    signal.signal(signal.SIGTERM, _interrupt)
+    head, run = specs[0], next(iter(session.runs.values()))
+    print(f"live: {cfg.name}, {head.trace.name} at {head.rate:g} req/s, {len(run.sim.trace)} requests, "
+          f"{head.cluster.num_instances} instances, {speed:g}x wall-clock speed", flush=True)
+    print("\n".join(session.addresses()), flush=True)
+    session.start()
+    try:
+        records = session.wait()
+        from llumnix.sim.report import summary_table
+
+        print(summary_table(records), flush=True)
+        print(f"the runs ended; {session.server.url}/ keeps their last state until Ctrl-C", flush=True)
+        session.hold()
     except KeyboardInterrupt:
-        return 0
+        pass
     finally:
-        server.server_close()
+        session.server.server_close()
         sys.stdout.flush()
+    return 0
