@@ -70,3 +70,19 @@ def test_the_live_view_redraws_until_ctrl_c():
     screens = out.split("\x1b[H\x1b[2J")[1:]
     assert len(screens) >= 3, out
     assert all(screen.startswith(f"llumnix top  {url}  ") and "\ni0 " in screen for screen in screens[:-1]), screens[0]
+
+
+def test_a_simulations_view_is_on_its_clock():
+    """``llumnix simulate --live``'s document: times are the simulation's (``requests.time``),
+    a migration is dated by ``reported_at`` (a real report's ``end_time`` is on its source's
+    monotonic clock), and a line says where the run stands."""
+    info = {**INFO, "requests": {"time": 1000.0},
+            "sim": {"name": "llumnix", "label": "M-M at 1.3 req/s, 390 requests, 4 instances", "time_s": 123.45,
+                    "speed": 10, "behind_s": 2.5, "done": False, "num_requests": 390, "num_finished": 120},
+            "migrations": {"committed": 1, "recent": [
+                {"request_id": "a", "src_instance_id": "instance-1", "dst_instance_id": "instance-0", "committed": True,
+                 "downtime": 0.0055, "end_time": 5.0, "reported_at": 997.0}]}}
+    lines = render(info, "http://sim:8000/llumnix", 5.0e9).splitlines()  # the wall clock is not the view's
+    assert lines[2] == ("simulated: llumnix, M-M at 1.3 req/s, 390 requests, 4 instances; t = 123.5 s at 10x, "
+                        "120/390 requests done; 2.5 s behind")
+    assert lines[-1] == "    3.0s ago  a  instance-1 -> instance-0  committed, stall 5.5 ms"
