@@ -265,10 +265,10 @@ def sample_page(page: Any, url: str, sim: psutil.Process, seconds: float) -> dic
     renders, probes, lags = [], [], []
     c0, b0, w0 = cpu_seconds(sim, False), cpu_seconds(browser, True), time.monotonic()
     while time.monotonic() - w0 < seconds:
-        published, t0 = httpx.get(f"{url}/admin/cluster").json()["sim"]["time_s"], time.monotonic()
-        while float(page.evaluate("document.body.dataset.simTime || -1")) < published:
+        doc = httpx.get(f"{url}/admin/cluster").json()["sim"]
+        while float(page.evaluate("document.body.dataset.simTime || -1")) < doc["time_s"]:
             time.sleep(0.01)
-        lags.append(time.monotonic() - t0)
+        lags.append(time.time() - doc["published_at"])  # from the server publishing it to the page showing it
         t1 = time.monotonic()
         renders.append(float(page.evaluate("document.body.dataset.renderMs")))
         probes.append(time.monotonic() - t1)
@@ -282,7 +282,8 @@ def sample_page(page: Any, url: str, sim: psutil.Process, seconds: float) -> dic
         return {"n": len(s), "median": statistics.median(s), "p90": s[int(0.9 * (len(s) - 1))], "max": s[-1]}
 
     return {"instances_on_page": rows, "chart_points": series,
-            "render_ms": dist(renders), "main_thread_probe_s": dist(probes), "update_lag_s": dist(lags),
+            "render_ms": dist(renders), "main_thread_probe_s": dist(probes),
+            "update_lag_s": {**dist(lags), "share_over_1_s": sum(x > 1.0 for x in lags) / len(lags)},
             "render_max_ms_since_open": float(page.evaluate("document.body.dataset.renderMaxMs")),
             "sim_process_core_share": (cpu_seconds(sim, False) - c0) / dt,
             "browser_core_share": (cpu_seconds(browser, True) - b0) / dt, "load1": os.getloadavg()[0],

@@ -130,6 +130,7 @@ class LiveRun:
                 "instances": [self._instance(inst) for inst in insts],
                 "requests": self._requests(now),
                 "sim": {"name": self.name, "label": self.label, "time_s": now, "speed": self.speed,
+                        "published_at": time.time(),  # wall clock: how late a reader sees it
                         "behind_s": self._behind_s, "done": self.summary is not None,
                         "num_requests": len(sim.trace), "num_finished": len(sim.metrics.requests)}}
 
