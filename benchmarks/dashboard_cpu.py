@@ -21,8 +21,12 @@ process and of the browser.
     python -m benchmarks.dashboard_cpu sim64 --seconds 60
 
 Writes JSON (machine, settings, load average, each window) to --out (default
-./llumnix-results/dashboard_cpu[-sim64].json) and prints a summary. The committed
-summaries and their load are in benchmarks/results/dashboard_cpu*.json."""
+./llumnix-results/dashboard_cpu[-sim64].json) and prints a summary. 2026-11-28, a 2-core
+machine shared with other work: idle, the page +0.45% of the gateway's core (load 13);
+under 32 clients (tiny model, ~2,600 tokens/s, load 8-23) +2.6-2.8% raw and 0.25-0.60%
+fitted; with 64 simulated instances (load 12) a poll drawn in 7.2 ms and an update on the
+page 0.49 s after the server published it (medians). The committed results:
+benchmarks/results/dashboard_cpu-*.json; docs/serving.md has the figures."""
 from __future__ import annotations
 
 import argparse
