@@ -23,7 +23,8 @@ def add_top_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (default http://127.0.0.1:8000)")
     p.add_argument("--key", default=os.environ.get("LLUMNIX_ADMIN_KEY") or os.environ.get("LLUMNIX_API_KEY"),
                    help="sent as 'Authorization: Bearer KEY' (default: $LLUMNIX_ADMIN_KEY, else $LLUMNIX_API_KEY)")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between redraws (default 1)")
+    p.add_argument("--interval", type=float, default=0.5, metavar="S",
+                   help="seconds between redraws (default 0.5: a change shows within a second)")
     p.add_argument("--once", action="store_true", help="print one view and exit")
 
 
@@ -124,6 +125,7 @@ def main_top(args: argparse.Namespace) -> int:
         return 0
     fetch(args.url, args.key)  # a wrong URL or key is one line, before the screen is taken
     try:
+        next_at = time.monotonic()
         while True:
             try:
                 view = render(fetch(args.url, args.key), args.url, time.time())
@@ -131,6 +133,7 @@ def main_top(args: argparse.Namespace) -> int:
                 view = f"llumnix top  {args.url}  {time.strftime('%H:%M:%S')}\n\n  {e}; trying again"
             sys.stdout.write("\x1b[H\x1b[2J" + view + "\n")  # home, clear: one screen redrawn
             sys.stdout.flush()
-            time.sleep(args.interval)
+            next_at = max(next_at + args.interval, time.monotonic())  # from one fetch's start to the next
+            time.sleep(next_at - time.monotonic())
     except KeyboardInterrupt:
         return 0
