@@ -150,3 +150,19 @@ def test_a_live_process_serves_both_systems_and_shows_a_migration(config):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_pd_hand_offs_are_listed_as_llumsched_lists_them(tmp_path):
+    path = tmp_path / "pd.yaml"
+    path.write_text(CONFIG.replace("systems:\n", "systems:\n  pd: {dispatch: llumnix, migration: true, "
+                                                 "pd: {mode: static, prefill_instances: 1}}\n"))
+    spec = first_point(load_config(str(path), []))[0]
+    assert spec.system.name == "pd"
+    live = LiveRun("pd", make_simulator(spec), speed=1e9)
+    live.run()
+    doc = json.loads(live.body)
+    handoffs = doc["pd"]["handoffs_recent"]
+    assert len(handoffs) == 50 and all(h["committed"] for h in handoffs)
+    roles = {i["instance_id"]: i["role"] for i in doc["instances"]}
+    assert sorted(roles.values()) == ["decode", "decode", "prefill"]
+    assert all(roles[h["src_instance_id"]] == "prefill" and roles[h["dst_instance_id"]] == "decode" for h in handoffs)

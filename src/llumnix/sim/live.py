@@ -129,6 +129,7 @@ class LiveRun:
                                               "p99_s": _pct(reactions, 0.99)}},
                 "instances": [self._instance(inst) for inst in insts],
                 "requests": self._requests(now),
+                "pd": None if sim.pd is None else {"handoffs_recent": [self._report(m) for m in sim.pd.recent]},
                 "sim": {"name": self.name, "label": self.label, "time_s": now, "speed": self.speed,
                         "published_at": time.time(),  # wall clock: how late a reader sees it
                         "behind_s": self._behind_s, "done": self.summary is not None,
