@@ -2,6 +2,8 @@
 line when the gateway is not there. The view of a real cluster: tests/cluster/test_serve_logs.py."""
 from __future__ import annotations
 
+import pytest
+
 from llumnix.cli import main
 from llumnix.cluster.startup import free_port
 from llumnix.top import render
@@ -48,7 +50,8 @@ def test_no_gateway_is_one_line(capsys):
     assert capsys.readouterr().err.strip().splitlines() == [f"llumnix top: error: cannot reach {url}: ConnectError"]
 
 
-def test_the_live_view_redraws_until_ctrl_c():
+@pytest.mark.parametrize("interval", ["0.2", "0.001"])  # 0.001: every fetch is later than the next redraw's time
+def test_the_live_view_redraws_until_ctrl_c(interval):
     import signal
     import subprocess
     import sys
@@ -60,7 +63,7 @@ def test_the_live_view_redraws_until_ctrl_c():
     with InProcessGateway(StatusBackend()) as url:
         # As a terminal's foreground job gets it: a job a script started in the background
         # (CI's `make test`) inherits SIGINT ignored, and Python then leaves it ignored.
-        proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "top", "--url", url, "--interval", "0.2"],
+        proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "top", "--url", url, "--interval", interval],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(3.0)

@@ -133,7 +133,8 @@ def main_top(args: argparse.Namespace) -> int:
                 view = f"llumnix top  {args.url}  {time.strftime('%H:%M:%S')}\n\n  {e}; trying again"
             sys.stdout.write("\x1b[H\x1b[2J" + view + "\n")  # home, clear: one screen redrawn
             sys.stdout.flush()
-            next_at = max(next_at + args.interval, time.monotonic())  # from one fetch's start to the next
-            time.sleep(next_at - time.monotonic())
+            now = time.monotonic()
+            next_at = max(next_at + args.interval, now)  # from one fetch's start to the next
+            time.sleep(next_at - now)
     except KeyboardInterrupt:
         return 0

@@ -104,7 +104,7 @@ class LiveRun:
         try:
             self.summary = self.sim.run()
             self._publish(self.sim.clock.now())
-        except BaseException as e:  # noqa: BLE001 - the server's thread says so, once
+        except BaseException as e:  # noqa: BLE001 - LiveSession.wait reports it in one line
             self.error = e
         finally:
             self.done.set()
