@@ -2,6 +2,8 @@
 line when the gateway is not there. The view of a real cluster: tests/cluster/test_serve_logs.py."""
 from __future__ import annotations
 
+import pytest
+
 from llumnix.cli import main
 from llumnix.cluster.startup import free_port
 from llumnix.top import render
@@ -48,7 +50,8 @@ def test_no_gateway_is_one_line(capsys):
     assert capsys.readouterr().err.strip().splitlines() == [f"llumnix top: error: cannot reach {url}: ConnectError"]
 
 
-def test_the_live_view_redraws_until_ctrl_c():
+@pytest.mark.parametrize("interval", ["0.2", "0.001"])  # 0.001: every fetch is later than the next redraw's time
+def test_the_live_view_redraws_until_ctrl_c(interval):
     import signal
     import subprocess
     import sys
@@ -60,7 +63,7 @@ def test_the_live_view_redraws_until_ctrl_c():
     with InProcessGateway(StatusBackend()) as url:
         # As a terminal's foreground job gets it: a job a script started in the background
         # (CI's `make test`) inherits SIGINT ignored, and Python then leaves it ignored.
-        proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "top", "--url", url, "--interval", "0.2"],
+        proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "top", "--url", url, "--interval", interval],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(3.0)
@@ -70,3 +73,19 @@ def test_the_live_view_redraws_until_ctrl_c():
     screens = out.split("\x1b[H\x1b[2J")[1:]
     assert len(screens) >= 3, out
     assert all(screen.startswith(f"llumnix top  {url}  ") and "\ni0 " in screen for screen in screens[:-1]), screens[0]
+
+
+def test_a_simulations_view_is_on_its_clock():
+    """``llumnix simulate --live``'s document: times are the simulation's (``requests.time``),
+    a migration is dated by ``reported_at`` (a real report's ``end_time`` is on its source's
+    monotonic clock), and a line says where the run stands."""
+    info = {**INFO, "requests": {"time": 1000.0},
+            "sim": {"name": "llumnix", "label": "M-M at 1.3 req/s, 390 requests, 4 instances", "time_s": 123.45,
+                    "speed": 10, "behind_s": 2.5, "done": False, "num_requests": 390, "num_finished": 120},
+            "migrations": {"committed": 1, "recent": [
+                {"request_id": "a", "src_instance_id": "instance-1", "dst_instance_id": "instance-0", "committed": True,
+                 "downtime": 0.0055, "end_time": 5.0, "reported_at": 997.0}]}}
+    lines = render(info, "http://sim:8000/llumnix", 5.0e9).splitlines()  # the wall clock is not the view's
+    assert lines[2] == ("simulated: llumnix, M-M at 1.3 req/s, 390 requests, 4 instances; t = 123.5 s at 10x, "
+                        "120/390 requests done; 2.5 s behind")
+    assert lines[-1] == "    3.0s ago  a  instance-1 -> instance-0  committed, stall 5.5 ms"

@@ -53,6 +53,14 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    if args.live:
+        given = [f for f, v in (("--out", args.out), ("--seeds", args.seeds), ("--resume", args.resume)) if v]
+        if given:
+            raise LlumnixError(f"{given[0]} does not apply with --live (one point, watched, nothing written)")
+        from llumnix.sim.config import load_config
+        from llumnix.sim.live_server import main_live
+
+        return main_live(load_config(args.config, args.set or []), args.speed, args.host, args.port)
     from llumnix.sim.runner import main_simulate
 
     return main_simulate(args.config, args.set or [], args.seeds, args.out, args.resume)
@@ -179,6 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", default=None, help=f"output directory (default: ./{RESULTS_DIR}/simulate/NAME)")
     sim.add_argument("--resume", action="store_true",
                      help="keep the runs already in the output's metrics.json; run only the missing ones")
+    live = sim.add_argument_group("live", "watch one point of the plan as it runs, in /dashboard or llumnix top")
+    live.add_argument("--live", action="store_true",
+                      help="run the plan's first trace and rate (seed 0) for every system side by side at "
+                           "wall-clock pace, each served as a gateway serves a cluster: /SYSTEM/dashboard, "
+                           "/SYSTEM/admin/cluster; narrow it with --set (include_systems, traces.NAME.rates)")
+    live.add_argument("--speed", type=float, default=1.0, metavar="X",
+                      help="simulated seconds per wall-clock second (default 1)")
+    live.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; no key)")
+    live.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: any free one)")
     sim.set_defaults(func=_cmd_simulate)
 
     pr = sub.add_parser("profile", help="measure the real engine and write a latency profile for simulate")

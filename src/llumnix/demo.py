@@ -40,10 +40,32 @@ def add_demo_parser(sub: Any) -> None:
     p.add_argument("--url", default=None, help="drive a running gateway instead of starting one (needs --key)")
     p.add_argument("--key", default=None, help="that gateway's admin key (drains need it)")
     p.add_argument("--keep", action="store_true", help="keep the cluster serving after the summary, until Ctrl-C")
+    p.add_argument("--sim", action="store_true",
+                   help="no model, no Ray: the same 390 requests to two simulated clusters of 4 instances side by "
+                        "side, Llumnix and round-robin, at --speed x wall-clock pace (round-robin preempts, Llumnix "
+                        "migrates; about a minute); of the flags above only --port and --keep apply")
+    p.add_argument("--speed", type=float, default=10.0, metavar="X",
+                   help="with --sim: simulated seconds per wall-clock second (default 10)")
+    p.add_argument("--contrast", action="store_true",
+                   help="two real clusters of 2 instances side by side, Llumnix and round-robin (no migration), "
+                        "the same requests to both: long (--max-tokens) and short in turn, one every --every s for "
+                        "--duration s; round-robin sends every long one to the same instance, which preempts")
+    p.add_argument("--every", type=float, default=2.0, metavar="S",
+                   help="with --contrast: seconds between requests (default 2)")
+    p.add_argument("--num-blocks", type=int, default=40,
+                   help="with --contrast: KV blocks per instance (default 40: two long requests fill one)")
     p.set_defaults(func=main_demo)
 
 
 def main_demo(args: argparse.Namespace) -> int:
+    if args.sim:
+        from llumnix.demo_sim import main_demo_sim
+
+        return main_demo_sim(args)
+    if args.contrast:
+        from llumnix.demo_contrast import main_demo_contrast
+
+        return main_demo_contrast(args)
     if args.url is not None and not args.key:
         raise LlumnixError("--url needs --key: the gateway's admin key (a drain needs it)")
     if args.instances < 2:

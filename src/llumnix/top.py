@@ -23,7 +23,8 @@ def add_top_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (default http://127.0.0.1:8000)")
     p.add_argument("--key", default=os.environ.get("LLUMNIX_ADMIN_KEY") or os.environ.get("LLUMNIX_API_KEY"),
                    help="sent as 'Authorization: Bearer KEY' (default: $LLUMNIX_ADMIN_KEY, else $LLUMNIX_API_KEY)")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between redraws (default 1)")
+    p.add_argument("--interval", type=float, default=0.5, metavar="S",
+                   help="seconds between redraws (default 0.5: a change shows within a second)")
     p.add_argument("--once", action="store_true", help="print one view and exit")
 
 
@@ -73,19 +74,33 @@ def outcome(m: dict[str, Any]) -> str:
 
 
 def _migration(m: dict[str, Any], now: float) -> str:
-    ago = f"{now - float(m['end_time']):5.1f}s ago" if m.get("end_time") else "          "
+    # reported_at: LlumSched's wall clock (end_time is on the source's monotonic clock)
+    at = m.get("reported_at") or m.get("end_time")
+    ago = f"{now - float(at):5.1f}s ago" if at else "          "
     head = f"  {ago}  {m.get('request_id') or '-'}  {m.get('src_instance_id') or '-'} -> {m.get('dst_instance_id') or '-'}"
     return f"{head}  {outcome(m)}"
 
 
+def _sim_line(sim: dict[str, Any]) -> str:
+    behind = float(sim.get("behind_s") or 0.0)
+    return (f"simulated: {sim.get('name')}, {sim.get('label')}; t = {float(sim.get('time_s', 0)):.1f} s at "
+            f"{float(sim.get('speed', 1)):g}x, {sim.get('num_finished', 0)}/{sim.get('num_requests', 0)} requests done"
+            f"{'; ended' if sim.get('done') else ''}{f'; {behind:.1f} s behind' if behind >= 1 else ''}")
+
+
 def render(info: dict[str, Any], url: str, now: float) -> str:
-    """The view of one ``/admin/cluster`` answer, as text."""
+    """The view of one ``/admin/cluster`` answer, as text. A simulation's (``llumnix
+    simulate --live``) is on its own clock: ``requests.time``, and a line says where it is."""
     mig = info.get("migrations") or {}
+    sim = info.get("sim")
+    if sim:
+        now = float((info.get("requests") or {}).get("time", now))
     insts = sorted((i for i in info.get("instances", ()) if isinstance(i, dict)), key=lambda i: str(i["instance_id"]))
     lines = [f"llumnix top  {url}  {time.strftime('%H:%M:%S', time.localtime(now))}  dispatch "
              f"{info.get('dispatch_policy', '-')}  dispatched {info.get('num_dispatched', 0)}  instances {len(insts)}",
              f"migrations: {mig.get('committed', 0)} committed, {mig.get('aborted', 0)} aborted, "
              f"{len(mig.get('in_flight') or ())} in flight",
+             *([_sim_line(sim)] if sim else []),
              "",
              f"{'INSTANCE':<14}{'STATE':<15}{'ROLE':<9}{'KV USED':<19}{'FREENESS':>9}{'RUNNING':>9}{'WAITING':>9}"
              f"{'PREEMPT':>9}"]
@@ -110,6 +125,7 @@ def main_top(args: argparse.Namespace) -> int:
         return 0
     fetch(args.url, args.key)  # a wrong URL or key is one line, before the screen is taken
     try:
+        next_at = time.monotonic()
         while True:
             try:
                 view = render(fetch(args.url, args.key), args.url, time.time())
@@ -117,6 +133,8 @@ def main_top(args: argparse.Namespace) -> int:
                 view = f"llumnix top  {args.url}  {time.strftime('%H:%M:%S')}\n\n  {e}; trying again"
             sys.stdout.write("\x1b[H\x1b[2J" + view + "\n")  # home, clear: one screen redrawn
             sys.stdout.flush()
-            time.sleep(args.interval)
+            now = time.monotonic()
+            next_at = max(next_at + args.interval, now)  # from one fetch's start to the next
+            time.sleep(next_at - now)
     except KeyboardInterrupt:
         return 0

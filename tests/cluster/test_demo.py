@@ -46,3 +46,37 @@ def test_the_demo_migrates_and_says_so(tiny_model_dir):
     assert summary, r.stdout
     assert int(summary[1]) >= len(lines) >= 1 and int(summary[4]) > 0
     assert float(summary[3]) == max(float(s) for *_, s in lines)  # the summary's max: the printed stalls'
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--url", "http://127.0.0.1:1"), "--contrast starts its own two clusters: --url does not apply"),
+    (("--every", "0"), "--every must be > 0, got 0"),
+])
+def test_the_contrasts_bad_flags_are_one_line(flags, message):
+    r = demo("--contrast", *flags)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == f"llumnix demo: error: {message}"
+
+
+@pytest.mark.slow
+def test_the_contrast_preempts_under_round_robin(tiny_model_dir):
+    """Long and short requests in turn: round-robin sends every long one to the same instance,
+    which preempts while the other never does; Llumnix spreads them by freeness and migrates.
+    (How many each preempts depends on the machine's speed: on a loaded one both clusters
+    are overloaded, so the counts are not compared, only where the preemptions happen.)"""
+    r = demo("--contrast", "--model", str(tiny_model_dir), "--port", "0", "--duration", "20", "--every", "0.4",
+             "--max-tokens", "400", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for system in ("llumnix", "round-robin"):
+        assert re.search(rf"^  {system} +http://127\.0\.0\.1:\d+/dashboard\?key=\S+ +\(llumnix top --url ", r.stdout,
+                         re.M), r.stdout
+    assert re.search(r"^ +[\d.]+s  round-robin +instance-\d preempted \d+ requests? \(its KV cache is full", r.stdout,
+                     re.M), r.stdout
+    rows = {m[1]: m for m in re.finditer(r"^summary: (\S+) +(\d+) preemptions(?: \((.*)\))?, (\d+) migrations "
+                                         r"committed, \d+ aborted; (\d+) requests completed$", r.stdout, re.M)}
+    assert set(rows) == {"llumnix", "round-robin"}, r.stdout
+    ll, rr = rows["llumnix"], rows["round-robin"]
+    assert int(rr[4]) == 0 and int(ll[4]) >= 1, r.stdout
+    # round-robin: every preemption on one instance (the summary names only instances that preempted)
+    assert int(rr[2]) >= 5 and re.fullmatch(r"instance-\d \d+", rr[3]), r.stdout
+    assert int(ll[5]) > 0 and int(rr[5]) > 0

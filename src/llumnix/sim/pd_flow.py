@@ -22,6 +22,7 @@ both sides by the same MigrationRun as any migration; it is offered again later.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,8 @@ class PDFlow:
         """A stop-and-copy hand-off sends the blocks in one fused copy (the bandwidth of a
         pre-copy stage), not the paper's unfused blocking baseline."""
         self.handoff_downtimes: list[float] = []
+        self.recent: deque[Any] = deque(maxlen=50)
+        """The last committed hand-offs' reports (``simulate --live`` shows them, as LlumSched's ``pd``)."""
         self.changes: list[tuple[float, str, str, str]] = []
         """(time, instance, new role, reason) of every role change."""
 
@@ -120,6 +123,7 @@ class PDFlow:
         return self._on_finished(run, now)
 
     def _record(self, report: Any) -> None:
+        self.recent.append(report)
         if report.downtime is not None:
             self.handoff_downtimes.append(report.downtime)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llumnix.bench.machine import RESULTS_DIR
 from llumnix.sim.cluster import ClusterConfig
@@ -22,6 +22,9 @@ from llumnix.sim.config import ConfigError, ExperimentConfig, SystemSpec, load_c
 from llumnix.sim.latency import get_latency_model
 from llumnix.sim.metrics import SLO, SLOS
 from llumnix.sim.workloads import TraceSpec, make_trace
+
+if TYPE_CHECKING:
+    from llumnix.sim.simulator import Simulator
 
 KEEP_SAMPLES = ("prefill", "decode")
 """Per-request arrays kept (in memory) for the CDF plots."""
@@ -44,8 +47,8 @@ class RunSpec:
     """The objectives of the record's ``slo`` section (None: the latency model's ``SLOS`` entry)."""
 
 
-def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """One simulation; returns its metrics record (plus ``_samples`` if asked)."""
+def make_simulator(spec: RunSpec, progress: Callable[[int], None] | None = None) -> Simulator:
+    """The simulation of one run, ready to ``run()`` (``live.py`` paces one it builds here)."""
     from llumnix.sim.policy_bridge import make_policy
     from llumnix.sim.simulator import Simulator
 
@@ -59,10 +62,19 @@ def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dic
                     make_policy(spec.system, spec.cluster, seed=spec.seed), trace, progress=progress,
                     priorities=spec.system.priorities)
     sim.metrics.slo = spec.slo or SLOS.get(spec.latency_model)
-    summary = sim.run()
-    record: dict[str, Any] = {"system": spec.system.name, "trace": spec.trace.name, "rate": spec.rate,
-                              "seed": spec.seed, "num_requests": len(trace),
-                              "num_instances": spec.cluster.num_instances, **summary}
+    return sim
+
+
+def record_of(spec: RunSpec, num_requests: int, summary: dict[str, Any]) -> dict[str, Any]:
+    """A run's metrics record: what it was, and its simulator's summary."""
+    return {"system": spec.system.name, "trace": spec.trace.name, "rate": spec.rate, "seed": spec.seed,
+            "num_requests": num_requests, "num_instances": spec.cluster.num_instances, **summary}
+
+
+def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """One simulation; returns its metrics record (plus ``_samples`` if asked)."""
+    sim = make_simulator(spec, progress)
+    record = record_of(spec, len(sim.trace), sim.run())
     if spec.keep_samples:
         arrays = sim.metrics.request_arrays()
         record["_samples"] = {k: arrays[k].tolist() for k in KEEP_SAMPLES}
