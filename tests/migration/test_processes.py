@@ -21,7 +21,7 @@ PROMPT = [(i * 37 + 11) % 250 for i in range(48)]
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    from llumnix.cluster.actors import LlumSchedActor
+    from llumnix.cluster.llumsched import LlumSchedActor
     from tests.tiny_model import save_tiny_llama
 
     model_dir = tmp_path_factory.mktemp("tiny-migration-model")
@@ -37,7 +37,7 @@ def session(tmp_path_factory):
 
 
 def start(session, iid, model=None, engine=None, migration=None):
-    from llumnix.cluster.actors import InstanceActor
+    from llumnix.cluster.instance_actor import InstanceActor
 
     actor = InstanceActor.options(num_cpus=0).remote(
         iid, model or session["model"], dict(engine or ENGINE), None, session["llumsched"], 1, TOKEN,

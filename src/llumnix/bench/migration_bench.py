@@ -217,8 +217,9 @@ def _choices(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...]
 def main_migration_bench(args: argparse.Namespace) -> int:
     import ray
 
-    from llumnix.cluster.actors import LLUMSCHED_NAME, InstanceActor, LlumSchedActor
+    from llumnix.cluster.instance_actor import InstanceActor
     from llumnix.cluster.launcher import check_gpu_capacity, instance_gpus, ray_gpus
+    from llumnix.cluster.llumsched import LLUMSCHED_NAME, LlumSchedActor
     from llumnix.migration.transports import check_transport
 
     lengths, transports, repeats = _choices(args)

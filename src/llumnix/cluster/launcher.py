@@ -13,7 +13,8 @@ from typing import Any, cast
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from llumnix.cluster.actors import LLUMSCHED_NAME, InstanceActor, LlumSchedActor
+from llumnix.cluster.instance_actor import InstanceActor
+from llumnix.cluster.llumsched import LLUMSCHED_NAME, LlumSchedActor
 from llumnix.core.errors import LlumnixError
 from llumnix.policy import SchedulingConfig
 from llumnix.policy.pd import initial_roles
