@@ -139,9 +139,9 @@ def long_classes(source: str, limit: int = MAX_CLASS_LINES) -> list[tuple[str, i
     def visit(node: ast.AST, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             name = f"{prefix}{getattr(child, 'name', '')}"
-            if isinstance(child, ast.ClassDef) and child.end_lineno is not None:
-                if (lines := child.end_lineno - child.lineno + 1) > limit:
-                    found.append((name, lines))
+            if (isinstance(child, ast.ClassDef) and child.end_lineno is not None
+                    and (lines := child.end_lineno - child.lineno + 1) > limit):
+                found.append((name, lines))
             visit(child, f"{name}." if isinstance(child, (ast.ClassDef, ast.FunctionDef)) else prefix)
 
     visit(ast.parse(source), "")

@@ -255,7 +255,7 @@ def test_the_fallback_from_the_shared_view_never_picks_a_stale_draining_or_dead_
         if roles:
             from llumnix.policy import GlobalScheduler
 
-            be.gs = GlobalScheduler(None)
+            be.gs = GlobalScheduler(None, cluster=be.cluster)
             for iid, role in roles.items():
                 be.gs.set_role(iid, role)
         return await be.cms.pick()
@@ -340,7 +340,7 @@ def test_outputs_that_queue_up_behind_a_busy_consumer_go_out_as_one():
 
     async def main():
         be = _backend({"a": object()})
-        be.gs = GlobalScheduler()
+        be.gs = GlobalScheduler(cluster=be.cluster)
         be.on_statuses("a", [InstanceStatus("a", 0.0, 16, 16, 4, 16, 1)])
         be.links = {"a": _Link("a")}
         req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8, seed=1), 0, 0.0)

@@ -71,7 +71,7 @@ def _decisions(trace: list[tuple[str, object]], scheduling: dict, monkeypatch: p
     backend = ClusterBackend(None, {iid: object() for iid in IDS},
                              {"model": "m", "max_model_len": 512, "vocab_size": 256, "num_blocks": 256,
                               "watermark": 0.0, "block_size": BLOCK}, tokenizer=None)  # type: ignore[arg-type]
-    backend.gs = GlobalScheduler(SchedulingConfig.from_dict(scheduling))
+    backend.gs = GlobalScheduler(SchedulingConfig.from_dict(scheduling), cluster=backend.cluster)
     backend.links = {iid: _Link(iid) for iid in IDS}  # channels, without sockets
     theirs: list[str | None] = []
     ours: list[str | None] = []

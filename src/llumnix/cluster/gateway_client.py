@@ -29,6 +29,7 @@ from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest, TokenizerLike
 from llumnix.policy import DispatchRequest, GlobalScheduler
+from llumnix.policy.cluster_view import ClusterView
 from llumnix.policy.lifecycle import InstanceState, Lifecycles
 
 log = logging.getLogger(__name__)
@@ -60,11 +61,11 @@ class ClusterBackend:
         self.num_local_dispatches = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         self.dead: set[str] = set()  # actor ids of instances found dead: never polled again
-        self.lifecycle = Lifecycles()
-        """This gateway's view of each instance's state (LlumSched's members, its own polls)."""
+        self.cluster = ClusterView()
+        """This gateway's record of each instance (lifecycle from LlumSched's members and
+        its own polls; with a token, the statuses its channels bring, roles, pending)."""
         for iid in self.instances:
             self.lifecycle.move(iid, InstanceState.SERVING, time.time())
-        """Terminating instances LlumSched no longer lists: scale-in stopped them once empty."""
         self.client_id = uuid.uuid4().hex
         """This gateway's tag on its requests: instances keep one outbox per tag, so
         gateways sharing a cluster never read each other's outputs."""
@@ -79,13 +80,17 @@ class ClusterBackend:
         self.failover = Failover(self)
         self.cms = CmsFallback(self)
 
+    @property
+    def lifecycle(self) -> Lifecycles:
+        return self.cluster.lifecycle
+
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         with contextlib.suppress(Exception):  # LlumSched away: dispatch waits for it (or falls back)
             setup = await asyncio.wait_for(self.llumsched.gateway_setup.remote(), 5.0)
             self._token = setup["token"] or b""
             if self._token:
-                self.gs = GlobalScheduler(setup["scheduling"])
+                self.gs = GlobalScheduler(setup["scheduling"], cluster=self.cluster)
                 for iid, role in (setup.get("roles") or {}).items():  # PD: dispatch to the prefill pool
                     self.gs.set_role(iid, role)
         for iid, actor in self.instances.items():

@@ -54,7 +54,8 @@ class LlumSchedActor:
 
         configure_logging()  # $LLUMNIX_LOG_LEVEL, from the serve process
         cfg = SchedulingConfig.from_dict(scheduling)
-        self.state = st = SchedState(GlobalScheduler(cfg, seed=seed), PDBook(cfg.pd, cfg.freeness))
+        gs = GlobalScheduler(cfg, seed=seed)
+        self.state = st = SchedState(gs, PDBook(cfg.pd, cfg.freeness, gs.cluster))
         self.gs, self.pd, self.handles, self.lifecycle = st.gs, st.pd, st.handles, st.lifecycle
         self._lock = st.lock
         self.cms = CmsMirror(cms_url, st, reschedule_interval_s)

@@ -13,7 +13,6 @@ import ray
 from llumnix.cluster.history import MigrationHistory, ReactionHistogram
 from llumnix.cluster.llumsched_state import SchedState
 from llumnix.policy import SchedulingConfig
-from llumnix.policy.pd import DECODES
 from llumnix.policy.rounds import pairs_to_start
 from llumnix.policy.trigger import PassTimer, Reactions
 
@@ -64,7 +63,7 @@ class Rescheduler:
         """After a status of ``instance_id`` was taken (caller holds the lock): wake the
         rescheduler if it makes a source, a blocked queue or a destination one waits for."""
         gs = self._state.gs
-        if gs.roles.get(instance_id, "mixed") not in DECODES:
+        if not gs.cluster.in_decode_pool(instance_id):
             self.reactions.remove(instance_id)  # PD: rescheduling pairs only within the decode pool
             return
         status = gs.statuses.get(instance_id)
