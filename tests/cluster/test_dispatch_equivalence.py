@@ -67,7 +67,8 @@ def _decisions(trace: list[tuple[str, object]], scheduling: dict, monkeypatch: p
                ) -> tuple[list[str | None], list[str | None]]:
     clock = {"now": 0.0}
     monkeypatch.setattr(time, "time", lambda: clock["now"])
-    sched = LlumSchedActor.__ray_actor_class__(scheduling, None, reschedule_interval_s=3600)
+    sched = LlumSchedActor.__ray_actor_class__(SchedulingConfig.from_dict(scheduling), None,
+                                               reschedule_interval_s=3600)
     backend = ClusterBackend(None, {iid: object() for iid in IDS},
                              {"model": "m", "max_model_len": 512, "vocab_size": 256, "num_blocks": 256,
                               "watermark": 0.0, "block_size": BLOCK}, tokenizer=None)  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ import ray
 from llumnix.cluster.migration_source import MigrationSource
 from llumnix.cluster.status_feed import CLIENT as FEED_CLIENT
 from llumnix.cluster.status_push import StatusPusher
+from llumnix.config.sections import LiveMigrationConfig
 from llumnix.core.batch import RequestOutput
 from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest
@@ -47,13 +48,14 @@ def set_switch_interval() -> None:
 @ray.remote(max_concurrency=16)  # type: ignore[call-overload]
 class InstanceActor:
     def __init__(self, instance_id: str, model: str, engine_kwargs: dict[str, Any],
-                 scheduling: dict[str, Any] | None, llumsched_name: str = LLUMSCHED_NAME,
-                 threads: int = 1, token: bytes = b"", migration: dict[str, Any] | None = None) -> None:
+                 scheduling: SchedulingConfig | None, llumsched_name: str = LLUMSCHED_NAME,
+                 threads: int = 1, token: bytes = b"", migration: LiveMigrationConfig | None = None) -> None:
+        """``scheduling`` and ``migration``: the frozen configs the serve process built and
+        checked, passed whole (parsed once per process, never here)."""
         import torch
 
         from llumnix.cluster.instance import InstanceServer
         from llumnix.llm import LLM
-        from llumnix.migration import MigrationConfig
         from llumnix.migration.destination import DestinationEndpoint
         from llumnix.migration.tcp_transport import migration_host
         from llumnix.migration.transport import TransportOptions
@@ -62,7 +64,7 @@ class InstanceActor:
         configure_logging()  # $LLUMNIX_LOG_LEVEL, from the serve process
         torch.set_num_threads(threads)
         set_switch_interval()
-        cfg = SchedulingConfig.from_dict(scheduling)
+        cfg = scheduling or SchedulingConfig()
         self.llm = LLM(model, instance_id=instance_id, **engine_kwargs)
         self.llumlet = Llumlet(instance_id, self.llm.engine, cfg.rescheduling, cfg.freeness)
         self._llumsched = ray.get_actor(llumsched_name)
@@ -76,10 +78,10 @@ class InstanceActor:
         self.server = InstanceServer(self.llm.engine, self.llumlet, on_status=self.pusher.push)
         self.handoff = self._handoff_worker(cfg.pd) if cfg.pd.is_on else None
         self.server.start()
-        mig = dict(migration or {})
-        transport = check_transport(mig.pop("transport", "tcp"))
-        options = TransportOptions(**mig.pop("transport_options", {}))
-        self.migration_config = MigrationConfig(**mig)
+        mig = migration or LiveMigrationConfig()
+        transport = check_transport(mig.transport)
+        options = TransportOptions(**mig.transport_options)
+        self.migration_config = mig.protocol
         self.source = MigrationSource(self.server, self.llumlet, self.migration_config, transport, options, token,
                                       on_report=self._report_migration)
         node_ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]

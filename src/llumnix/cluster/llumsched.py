@@ -47,13 +47,13 @@ def _was_restarted() -> bool:
 # threads that dispatch, status pushes and hand-offs use
 @ray.remote(max_concurrency=8, concurrency_groups={"watch": 64})  # type: ignore[call-overload]
 class LlumSchedActor:
-    def __init__(self, scheduling: dict[str, Any] | None, cms_url: str | None = None, seed: int = 0,
+    def __init__(self, scheduling: SchedulingConfig | None, cms_url: str | None = None, seed: int = 0,
                  reschedule_interval_s: float = 0.5, instance_spec: dict[str, Any] | None = None,
                  name: str = LLUMSCHED_NAME) -> None:
         from llumnix.cluster.pd import PDBook
 
         configure_logging()  # $LLUMNIX_LOG_LEVEL, from the serve process
-        cfg = SchedulingConfig.from_dict(scheduling)
+        cfg = scheduling or SchedulingConfig()  # built and checked once, in the serve process
         gs = GlobalScheduler(cfg, seed=seed)
         self.state = st = SchedState(gs, PDBook(cfg.pd, cfg.freeness, gs.cluster))
         self.gs, self.pd, self.handles, self.lifecycle = st.gs, st.pd, st.handles, st.lifecycle

@@ -177,7 +177,7 @@ class Replacement:
                                            num_cpus=0, num_gpus=spec.get("num_gpus", 0),
                                            resources=dict(spec.get("resources") or {})).remote(
                 iid, spec["model"], dict(spec["engine"]), spec["scheduling"], self._name,
-                spec["threads"], spec["token"], dict(spec["migration"]))
+                spec["threads"], spec["token"], spec["migration"])
             ray.get(handle.ready.remote(), timeout=float(spec.get("start_timeout_s", 300)))
             status = ray.get(handle.status.remote(), timeout=30)
             self._register(status, handle)
