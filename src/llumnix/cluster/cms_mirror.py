@@ -1,12 +1,11 @@
 """LlumSched's side of a shared meta store (Redis): at start, the members and statuses a
-restarted LlumSched resumes from; then a sync thread that brings the view the statuses
-instances wrote there that no push brought; and the removal of a gone instance's records.
-In memory (no shared store) there is nothing to mirror."""
+restarted LlumSched resumes from, and the removal of a gone instance's records. The store
+is read back only then (issue 44, one road for a status): while LlumSched runs, statuses
+reach its view on the instances' channels (``status_feed``), never from the store. In
+memory (no shared store) there is nothing to mirror."""
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,17 +19,15 @@ log = logging.getLogger(__name__)
 
 
 class CmsMirror:
-    def __init__(self, url: str | None, state: SchedState, interval_s: float) -> None:
+    def __init__(self, url: str | None, state: SchedState) -> None:
         self.url = url
         store = make_meta_store(url)
         # In memory the scheduler's own statuses are the store: nothing to copy. A shared
-        # store is read by a sync thread and written off the lock (a hung Redis must not
-        # stall dispatch); the instances write their own statuses to it.
+        # store is written off the lock (a hung Redis must not stall dispatch); the
+        # instances write their own statuses to it.
         self._cms: RedisMetaStore | None = store if isinstance(store, RedisMetaStore) else None
         self._writer: StoreWriter | None = None if self._cms is None else StoreWriter(self._cms)
         self._state = state
-        self._interval = interval_s
-        self.num_syncs = 0
 
     def resume(self, relearn: Callable[[str, InstanceStatus, Any], None]) -> int:
         """A (re)started LlumSched over a shared store takes its members and their latest
@@ -60,32 +57,6 @@ class CmsMirror:
         if found:
             log.warning("resumed %d instance(s) from the meta store %s", found, self._cms.url)
         return found
-
-    def start(self) -> None:
-        if self._cms is not None:
-            threading.Thread(target=self._sync_loop, daemon=True, name="cms-sync").start()
-
-    def _sync_loop(self) -> None:
-        """The view follows the shared store once per rescheduling round: statuses the
-        instances wrote there that no push brought (the pushes over Ray carry the same
-        statuses as they happen, and the events; the newest of either wins). Only newer
-        ones take the lock, so at 1,024 instances a sync does not hold up dispatch."""
-        assert self._cms is not None
-        st = self._state
-        while True:
-            time.sleep(self._interval)
-            try:
-                statuses = self._cms.all_statuses()
-            except Exception:  # noqa: BLE001 - the writers log the outage; the pushes go on
-                continue
-            seen = st.gs.statuses
-            newer = [s for iid, s in statuses.items()
-                     if iid in st.handles and (old := seen.get(iid)) is not None and s.timestamp > old.timestamp]
-            if newer:
-                with st.lock:
-                    for status in newer:
-                        st.gs.update_status(status)
-            self.num_syncs += 1
 
     def remove(self, instance_id: str) -> None:
         """A gone instance's status and membership records (written off the lock)."""

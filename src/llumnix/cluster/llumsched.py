@@ -58,7 +58,7 @@ class LlumSchedActor:
         self.state = st = SchedState(gs, PDBook(cfg.pd, cfg.freeness, gs.cluster))
         self.gs, self.pd, self.handles, self.lifecycle = st.gs, st.pd, st.handles, st.lifecycle
         self._lock = st.lock
-        self.cms = CmsMirror(cms_url, st, reschedule_interval_s)
+        self.cms = CmsMirror(cms_url, st)
         self.membership = Membership(st)
         self.num_dispatched = 0
         self.health_timeout_s = 2.0
@@ -76,7 +76,6 @@ class LlumSchedActor:
         (``status_feed``); None without the cluster's token (statuses come by push)."""
         self.num_resumed_from_cms = self.cms.resume(self._relearn)
         threading.Thread(target=self._reschedule_loop, daemon=True, name="rescheduler").start()
-        self.cms.start()
 
     def cms_url(self) -> str | None:
         """Where the cluster's meta store is (None: in this actor's memory)."""
