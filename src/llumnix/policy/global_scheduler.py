@@ -147,9 +147,10 @@ class GlobalScheduler:
         ``refresh`` False the instance's view is rebuilt only when a decision next reads
         it: a caller that gets a report per engine step (a gateway) builds one view per
         dispatch instead of one per report, and decides exactly the same."""
-        if self.cluster.is_removed(status.instance_id):
+        cluster = self.cluster
+        if cluster.is_removed(status.instance_id):
             return
-        old = self.statuses.get(status.instance_id)
+        old = cluster.statuses.get(status.instance_id)
         if old is None:
             self.add_instance(status)
             return
@@ -157,11 +158,11 @@ class GlobalScheduler:
             return  # a late report never rolls the view back
         if status.evicted_prefix_keys and self.prefix_index is not None and self.config.dispatch.prefix_evictions:
             self.prefix_index.forget_evicted(status.instance_id, status.evicted_prefix_keys, old.timestamp)
-        self.pending.on_status(status, self.config.dispatch.pending_grace_s)
+        cluster.pending.on_status(status, self.config.dispatch.pending_grace_s)
         if refresh:
             self._set(self._marked(status))
         else:
-            self.statuses[status.instance_id] = self._marked(status)
+            cluster.statuses[status.instance_id] = self._marked(status)
             self._stale_views.add(status.instance_id)
 
     def on_finished(self, instance_id: str, request_id: str) -> None:
@@ -172,7 +173,7 @@ class GlobalScheduler:
             self._stale_views.add(instance_id)
 
     def _set(self, status: InstanceStatus) -> None:
-        self.statuses[status.instance_id] = status
+        self.cluster.statuses[status.instance_id] = status
         self._refresh(status.instance_id)
 
     def _refresh_stale(self, keys: bool = True) -> None:
@@ -189,7 +190,8 @@ class GlobalScheduler:
 
     def _refresh(self, instance_id: str, key: bool = True) -> None:
         self._stale_views.discard(instance_id)
-        self._views[instance_id] = self.pending.apply(self.statuses[instance_id])
+        cluster = self.cluster
+        self._views[instance_id] = cluster.pending.apply(cluster.statuses[instance_id])
         if self._index is None:
             return
         if key:
@@ -247,9 +249,9 @@ class GlobalScheduler:
         if iid is None:
             return None
         if keys and self.prefix_index is not None:
-            self.prefix_index.record(iid, keys, self.statuses[iid].num_total_blocks, now)
+            self.prefix_index.record(iid, keys, self.cluster.statuses[iid].num_total_blocks, now)
         self.sent[iid] = self.sent.get(iid, 0) + 1
-        self.pending.add(iid, req, self.statuses[iid].block_size, now)
+        self.cluster.pending.add(iid, req, self.cluster.statuses[iid].block_size, now)
         self._refresh(iid)
         return iid
 
