@@ -32,7 +32,7 @@ def run_variant(cms: str | None, n: int, calls: int, push_interval: float) -> di
 
     import ray
 
-    from llumnix.cluster.actors import LlumSchedActor
+    from llumnix.cluster.llumsched import LlumSchedActor
     from llumnix.core.status import InstanceStatus, RequestBrief
     from llumnix.policy import DispatchRequest
 

@@ -128,6 +128,39 @@ def test_no_function_in_src_is_over_80_lines():
     assert not offenders, f"split these (issue 29: at most {MAX_FUNCTION_LINES} lines): {offenders}"
 
 
+MAX_CLASS_LINES = 400
+"""Issue 44's limit on any class in src/: a room a new engineer can find their way in."""
+
+
+def long_classes(source: str, limit: int = MAX_CLASS_LINES) -> list[tuple[str, int]]:
+    """(qualified name, lines) of each class, nested ones included, over ``limit`` lines."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = f"{prefix}{getattr(child, 'name', '')}"
+            if (isinstance(child, ast.ClassDef) and child.end_lineno is not None
+                    and (lines := child.end_lineno - child.lineno + 1) > limit):
+                found.append((name, lines))
+            visit(child, f"{name}." if isinstance(child, (ast.ClassDef, ast.FunctionDef)) else prefix)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def test_the_class_check_counts_nested_classes():
+    src = "class A:\n    x = 1\n    class B:\n        y = 2\n\n\nclass C:\n    pass\n"
+    assert long_classes(src, limit=2) == [("A", 4)]
+    assert long_classes(src, limit=1) == [("A", 4), ("A.B", 2), ("C", 2)]
+    assert long_classes(src, limit=4) == []
+
+
+def test_no_class_in_src_is_over_400_lines():
+    offenders = {f"{p.relative_to(ROOT)}::{name}": n for p in sorted((ROOT / "src").rglob("*.py"))
+                 for name, n in long_classes(p.read_text())}
+    assert not offenders, f"split these by role (issue 44: at most {MAX_CLASS_LINES} lines): {offenders}"
+
+
 def test_the_gateway_app_and_the_readme_stay_small():
     """Issue 29's front door: build_app in modules, a README a new user reads in minutes."""
     app_lines = len((ROOT / "src/llumnix/gateway/app.py").read_text().splitlines())

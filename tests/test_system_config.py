@@ -13,7 +13,6 @@ import yaml
 from llumnix.cli import main
 from llumnix.config import CHUNKED_BUDGET, SystemConfig, SystemConfigError
 from llumnix.config.sections import TRANSPORTS
-from llumnix.policy import SchedulingConfig
 from llumnix.sim.config import ConfigError, parse_config
 
 DEFAULT = Path(__file__).parents[1] / "benchmarks" / "configs" / "llumnix-default.yaml"
@@ -50,7 +49,7 @@ def test_one_system_file_is_served_and_simulated_with_the_same_values():
     sim_sched = scheduling_config(run.system)
     # the one difference: the simulator delivers a dispatch at once (no grace for it in flight)
     assert sim_sched.dispatch.pending_grace_s == 0.0
-    assert SchedulingConfig.from_dict(served.scheduling) == dataclasses.replace(
+    assert served.scheduling == dataclasses.replace(
         sim_sched, dispatch=dataclasses.replace(sim_sched.dispatch, pending_grace_s=1.0))
     assert sim_sched.dispatch.params == {"prefix": True, "prefix_slack_ratio": 2.0}
     assert sim_sched.rescheduling.selection == "freed" and sim_sched.dispatch.prefix_evictions
@@ -61,7 +60,7 @@ def test_one_system_file_is_served_and_simulated_with_the_same_values():
         served.engine["block_size"], served.engine["enable_prefix_caching"]) == (64, 256, True, 16, True)
     assert run.cluster.num_instances == served.instances == 2
     assert (run.cluster.migration.max_stages, run.cluster.migration.last_stage_max_blocks) == (
-        served.migration["max_stages"], served.migration["last_stage_max_blocks"])
+        served.migration.max_stages, served.migration.last_stage_max_blocks)
     assert run.cluster.num_blocks == 400  # the KV pool's size stays the experiment's
     record = run_one(run)
     assert record["num_finished"] == 40 and record["num_instances"] == 2

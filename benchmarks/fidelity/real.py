@@ -73,7 +73,7 @@ class _Gateway(InProcessGateway):
     backend that keeps each request's engine-side timing (the metrics on its last output)."""
 
     def __init__(self, cluster: Any, tokenizer: Any) -> None:
-        from llumnix.cluster.backend import ClusterBackend
+        from llumnix.cluster.gateway_client import ClusterBackend
 
         engine_metrics: dict[str, Any] = {}
 

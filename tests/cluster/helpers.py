@@ -38,7 +38,7 @@ def running_cluster(model_dir: Any, tag: str, **cfg: Any) -> Iterator[Any]:
 def serve_cluster(cluster: Any, model_dir: Any, **app_kw: Any) -> Iterator[tuple[str, Any]]:
     """The OpenAI gateway for ``cluster`` on a free loopback port, with ``ADMIN_KEY``
     unless ``app_kw`` says otherwise: yields (url, backend)."""
-    from llumnix.cluster.backend import ClusterBackend
+    from llumnix.cluster.gateway_client import ClusterBackend
     from llumnix.gateway.inprocess import InProcessGateway
     from llumnix.model import Tokenizer
 

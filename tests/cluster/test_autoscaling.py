@@ -123,7 +123,7 @@ def test_scale_out_then_scale_in_with_real_instances_loses_no_request(server, cl
         time.sleep(0.1)
     assert victim not in backend.instances
     # a planned stop, not a failure: nothing was resumed, no warning was logged
-    assert (backend.num_retired_instances, backend.num_failed_instances, backend.num_resumed) == (1, 0, 0)
+    assert (backend.failover.num_retired_instances, backend.failover.num_failed_instances, backend.failover.num_resumed) == (1, 0, 0)
     moves = [(m["src_instance_id"], m["dst_instance_id"]) for m in info["migrations"]["recent"]
              if m["committed"]]
     new_iid = next(e["instance_id"] for e in events if e["kind"] == "started")

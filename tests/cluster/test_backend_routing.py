@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("ray")  # the backend module imports it
 
-from llumnix.cluster.backend import ClusterBackend, _Stream  # noqa: E402
+from llumnix.cluster.gateway_client import ClusterBackend  # noqa: E402
+from llumnix.cluster.output_stream import OutputStream  # noqa: E402
 from llumnix.core.batch import RequestOutput  # noqa: E402
 from llumnix.core.sampling_params import SamplingParams  # noqa: E402
 from llumnix.core.wire import GenerateRequest  # noqa: E402
@@ -54,7 +55,7 @@ def test_outputs_of_a_fenced_off_copy_are_dropped_and_the_copy_is_stopped():
         a, b = FakeInstance({"r"}), FakeInstance({"r"})
         be = _backend({"a": a, "b": b})
         req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
-        stream = be._streams["r"] = _Stream(req)
+        stream = be.streams["r"] = OutputStream(req)
         be._route("a", _out("r", 1))
         # "a" failed; the gateway resumed the request on "b" (a new epoch), but a migration
         # from "a" had committed a copy elsewhere just before: its epoch-0 outputs arrive late
@@ -64,13 +65,13 @@ def test_outputs_of_a_fenced_off_copy_are_dropped_and_the_copy_is_stopped():
         be._route("b", _out("r", 2, epoch=1))
         be._route("a", _out("r", 2, epoch=0))
         be._route("a", _out("r", 3, epoch=0))  # one stop is asked for, not one per output
-        await asyncio.gather(*be._tasks)
+        await asyncio.gather(*be.tasks)
         got = [stream.queue.get_nowait().num_output_tokens for _ in range(stream.queue.qsize())]
         return got, a, b, be
 
     got, a, b, be = asyncio.run(main())
     assert got == [1, 2]  # the stale copy's token 2 was not released, nor its token 3
-    assert a.aborted == ["r"] and b.aborted == [] and be.num_reaped == 1
+    assert a.aborted == ["r"] and b.aborted == [] and be.failover.num_reaped == 1
 
 
 def test_outputs_nobody_waits_for_stop_their_request():
@@ -79,11 +80,11 @@ def test_outputs_nobody_waits_for_stop_their_request():
         be = _backend({"a": a})
         be._route("a", _out("gone", 5))  # its client left (its stream is gone)
         be._route("a", _out("done", 8, finished=True))  # finished: nothing to stop
-        await asyncio.gather(*be._tasks)
+        await asyncio.gather(*be.tasks)
         return a, be
 
     a, be = asyncio.run(main())
-    assert a.aborted == ["gone"] and be.num_reaped == 1
+    assert a.aborted == ["gone"] and be.failover.num_reaped == 1
 
 
 class PollOnce:
@@ -106,14 +107,14 @@ def test_stop_ends_a_poller_whose_cancel_raced_with_its_poll_answer():
     async def main():
         inst = PollOnce()
         be = _backend({"a": inst})
-        be.membership_interval_s = 3600
+        be.members.membership_interval_s = 3600
         be.llumsched = None
-        be._start_poller("a", inst)
+        be.start_poller("a", inst)
         while not inst.polls:
             await asyncio.sleep(0)
         inst.polls[0].set_result((0, []))  # the answer and the cancel in the same turn
         await asyncio.wait_for(be.stop(timeout_s=5), 5)
-        return be._pollers["a"]
+        return be.pollers["a"]
 
     poller = asyncio.run(main())
     assert poller.done()
@@ -161,33 +162,33 @@ def test_an_instance_that_scale_in_stopped_is_retired_not_counted_as_failed():
                                "d": {"handle": d, "is_terminating": False}})
         be = _backend({"a": a, "b": b, "c": c, "d": d})
         be.llumsched = sched
-        await be.refresh_members()
+        await be.members.refresh()
         del sched._members["a"]  # scale-in stopped "a"
-        await be.refresh_members()
+        await be.members.refresh()
         # "m" migrated from "a" to "d" and "a" stopped before "d" sent an output for it
         moved = GenerateRequest("m", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
-        be._streams["m"] = _Stream(moved)
-        be._streams["m"].instance_id = "a"
+        be.streams["m"] = OutputStream(moved)
+        be.streams["m"].instance_id = "a"
         await be._poll("a", a)
-        counts_after_a = (be.num_retired_instances, be.num_failed_instances, list(sched.removed),
-                          be._streams["m"].instance_id)
+        counts_after_a = (be.failover.num_retired_instances, be.failover.num_failed_instances, list(sched.removed),
+                          be.streams["m"].instance_id)
         # "c" is draining but a stream of ours still lives there: it must be resumed
         req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
-        be._streams["r"] = _Stream(req)
-        be._streams["r"].instance_id = "c"
-        be.max_resumes = 0  # end the resume at once: the test checks which path was taken
+        be.streams["r"] = OutputStream(req)
+        be.streams["r"].instance_id = "c"
+        be.failover.max_resumes = 0  # end the resume at once: the test checks which path was taken
         await be._poll("c", c)
-        await asyncio.gather(*be._tasks)
-        counts_after_c = (be.num_retired_instances, be.num_failed_instances, list(sched.removed))
+        await asyncio.gather(*be.tasks)
+        counts_after_c = (be.failover.num_retired_instances, be.failover.num_failed_instances, list(sched.removed))
         await be._poll("b", b)  # not draining: a failure
         return counts_after_a, counts_after_c, be, sched
 
     after_a, after_c, be, sched = asyncio.run(main())
     assert after_a == (1, 0, [], "d")
     assert after_c == (1, 1, ["c"])
-    assert (be.num_retired_instances, be.num_failed_instances, sched.removed) == (1, 2, ["c", "b"])
+    assert (be.failover.num_retired_instances, be.failover.num_failed_instances, sched.removed) == (1, 2, ["c", "b"])
     assert sorted(be.instances) == ["d"]
-    err = be._streams["r"].queue.get_nowait()
+    err = be.streams["r"].queue.get_nowait()
     assert "instance c failed" in str(err)
 
 
@@ -199,7 +200,7 @@ def test_an_error_output_ends_only_its_stream_with_a_request_failed_error():
         streams = {}
         for rid in ("r", "s"):
             req = GenerateRequest(rid, [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
-            streams[rid] = be._streams[rid] = _Stream(req)
+            streams[rid] = be.streams[rid] = OutputStream(req)
         be._route("a", _out("r", 1))
         be._route("a", _out("s", 1))
         be._route("a", RequestOutput("r", [], 1, "error", client="gw", error="the engine failed (RuntimeError)"))
@@ -217,11 +218,11 @@ def test_a_request_whose_second_instance_dies_is_not_resumed_a_third_time():
     async def main():
         be = _backend({"b": FakeInstance(set())})
         req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
-        stream = be._streams["r"] = _Stream(req)
+        stream = be.streams["r"] = OutputStream(req)
         stream.instance_id = "a"
         stream.num_resumes = 1  # it was resumed once already, after its first instance died
         be.instances["b"].num_output_tokens = _Remote(lambda rid: -1)
-        await be._recover(stream, "a", RuntimeError("Traceback ... /home/ray pid=123 10.0.0.7"))
+        await be.failover.recover(stream, "a", RuntimeError("Traceback ... /home/ray pid=123 10.0.0.7"))
         return stream.queue.get_nowait()
 
     err = asyncio.run(main())
@@ -248,16 +249,16 @@ def test_the_fallback_from_the_shared_view_never_picks_a_stale_draining_or_dead_
 
     async def pick(statuses, dead=(), roles=None):
         be = _backend({k: FakeInstance(set()) for k in ("a", "b", "c", "d")})
-        be.cms = Store({s.instance_id: s for s in statuses})
+        be.cms.store = Store({s.instance_id: s for s in statuses})
         for iid in dead:
             be.lifecycle.move(iid, InstanceState.FAILED, now)
         if roles:
             from llumnix.policy import GlobalScheduler
 
-            be.gs = GlobalScheduler(None)
+            be.gs = GlobalScheduler(None, cluster=be.cluster)
             for iid, role in roles.items():
                 be.gs.set_role(iid, role)
-        return await be._cms_pick()
+        return await be.cms.pick()
 
     from llumnix.policy.lifecycle import InstanceState
 
@@ -289,9 +290,9 @@ def test_llumsched_dying_with_the_forwarded_add_does_not_fail_a_healthy_instance
         inst = Healthy(holds)
         be = _backend({"a": inst})
         req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
-        stream = be._streams["r"] = _Stream(req)
+        stream = be.streams["r"] = OutputStream(req)
         stream.instance_id = "a"
-        await be._confirm_added(stream, "a", lost())
+        await be.failover.confirm_added(stream, "a", lost())
         return inst, stream
 
     inst, stream = asyncio.run(main(set()))  # the add never arrived: the gateway adds it there
@@ -312,7 +313,7 @@ def test_a_llumsched_with_an_empty_view_does_not_fail_a_request_the_gateway_can_
         be.dispatch_timeout_s = 0.05
         for iid, state in states.items():
             be.lifecycle.move(iid, state, 0.0)
-        be._locate = lambda rid, exclude: asyncio.sleep(0, None)
+        be.failover.locate = lambda rid, exclude: asyncio.sleep(0, None)
         req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8), 0, 0.0, client="gw")
         return await be._submit(req)
 
@@ -339,15 +340,15 @@ def test_outputs_that_queue_up_behind_a_busy_consumer_go_out_as_one():
 
     async def main():
         be = _backend({"a": object()})
-        be.gs = GlobalScheduler()
+        be.gs = GlobalScheduler(cluster=be.cluster)
         be.on_statuses("a", [InstanceStatus("a", 0.0, 16, 16, 4, 16, 1)])
-        be._links = {"a": _Link("a")}
+        be.links = {"a": _Link("a")}
         req = GenerateRequest("r", [1, 2], SamplingParams(max_tokens=8, seed=1), 0, 0.0)
         gen = be.generate(req)
         first = asyncio.ensure_future(gen.__anext__())
         for _ in range(50):  # until generate has sent the request and waits for outputs
             await asyncio.sleep(0)
-            if be._links["a"].sent:
+            if be.links["a"].sent:
                 break
         lp = lambda x: [x]  # noqa: E731
         be.on_outputs("a", [RequestOutput("r", [7], 1, new_logprobs=lp(-0.1), client=be.client_id)])
@@ -362,7 +363,7 @@ def test_outputs_that_queue_up_behind_a_busy_consumer_go_out_as_one():
         assert o2.new_logprobs == [-0.2, -0.3, -0.4]
         with pytest.raises(StopAsyncIteration):
             await gen.__anext__()
-        assert [r.request_id for r in be._links["a"].sent] == ["r"]
+        assert [r.request_id for r in be.links["a"].sent] == ["r"]
 
     asyncio.run(main())
 
@@ -370,7 +371,7 @@ def test_outputs_that_queue_up_behind_a_busy_consumer_go_out_as_one():
 def test_a_merged_output_is_released_in_order_between_single_ones():
     """A final-only request that migrated: the source sends its tokens 1-3 as one output
     when the request leaves it; the destination's tokens 4 and 5 may come first."""
-    stream = _Stream(GenerateRequest("r", [1], SamplingParams(max_tokens=5), 0, 0.0, client="gw", final_only=True))
+    stream = OutputStream(GenerateRequest("r", [1], SamplingParams(max_tokens=5), 0, 0.0, client="gw", final_only=True))
     stream.offer(_out("r", 4))
     stream.offer(RequestOutput("r", [1, 2, 3], 3, None, client="gw"))  # the source's, merged
     stream.offer(_out("r", 5, finished=True))

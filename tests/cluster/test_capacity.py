@@ -105,21 +105,21 @@ def test_a_replacement_counts_as_serving_only_once_its_replacement_is_booked():
     """/health's "ok" and /admin/cluster's "replaced" event agree: between the new
     instance's registration and the booking, ``capacity()`` lists it as replacing, not
     serving (CI caught /health "ok" with no event yet). No Ray: the class is driven directly."""
-    from llumnix.cluster.actors import LlumSchedActor
+    from llumnix.cluster.llumsched import LlumSchedActor
     from llumnix.core.status import InstanceStatus
 
     sched = LlumSchedActor.__ray_actor_class__(None, reschedule_interval_s=3600)
     sched.register(InstanceStatus("instance-1", time.time(), 256, 256, 16, 16, 8), handle=object())
-    sched._replacing["instance-2"] = time.time() - 1.0  # noqa: SLF001 - a replacement under way
+    sched.replacement.replacing["instance-2"] = time.time() - 1.0  # a replacement under way
     seen: list[dict] = []
 
     def launch(iid: str) -> None:  # registers, as the real one does once the instance serves
         sched.register(InstanceStatus(iid, time.time(), 256, 256, 16, 16, 8), handle=object())
         seen.append(sched.capacity())
 
-    sched._launch = launch  # noqa: SLF001
-    sched._replace("instance-2")  # noqa: SLF001
+    sched.replacement.launch = launch
+    sched.replacement.replace("instance-2")
     assert seen == [{"target": 0, "serving": ["instance-1"], "replacing": ["instance-2"]}]
     assert sched.capacity() == {"target": 0, "serving": ["instance-1", "instance-2"], "replacing": []}
-    (event,) = [e for e in sched.scaling_events if e["kind"] == "replaced"]
-    assert event["instance_id"] == "instance-2" and event["seconds_to_serve"] >= 1.0 and sched.num_replaced == 1
+    (event,) = [e for e in sched.replacement.scaling_events if e["kind"] == "replaced"]
+    assert event["instance_id"] == "instance-2" and event["seconds_to_serve"] >= 1.0 and sched.replacement.num_replaced == 1

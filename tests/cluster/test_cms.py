@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from llumnix.cluster.actors import LLUMSCHED_NAME
+from llumnix.cluster.llumsched import LLUMSCHED_NAME
 from tests.cluster.conftest import redis_server
 from tests.cluster.helpers import ADMIN, running_cluster, serve_cluster, wait_idle
 
@@ -75,9 +75,9 @@ def test_a_restarted_llumsched_resumes_from_the_store_without_relearning(cluster
 def test_a_gateway_reads_the_shared_view_while_llumsched_is_away(cluster, tiny_model_dir):
     with serve_cluster(cluster, tiny_model_dir) as (url, backend):
         deadline = time.time() + 10
-        while backend.cms is None and time.time() < deadline:
+        while backend.cms.store is None and time.time() < deadline:
             time.sleep(0.05)
-        assert backend.cms is not None
+        assert backend.cms.store is not None
         name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         assert httpx.post(f"{url}/admin/instances/instance-0/drain", headers=ADMIN, timeout=10).status_code == 200
         real = backend.llumsched
@@ -111,7 +111,7 @@ def test_a_gateway_reads_the_shared_view_while_llumsched_is_away(cluster, tiny_m
                     assert r.status_code == 200, r.text
             finally:
                 backend.gs = gs
-            assert backend.num_cms_dispatches == 4
+            assert backend.cms.num_dispatches == 4
             steps = ray.get(cluster.instances["instance-0"].step_log.remote(), timeout=10)
             assert not steps, "a request reached the drained instance"
         finally:

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from llumnix.cluster.actors import LlumSchedActor
-from llumnix.cluster.backend import ClusterBackend
+from llumnix.cluster.gateway_client import ClusterBackend
+from llumnix.cluster.llumsched import LlumSchedActor
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.core.wire import GenerateRequest
@@ -67,12 +67,13 @@ def _decisions(trace: list[tuple[str, object]], scheduling: dict, monkeypatch: p
                ) -> tuple[list[str | None], list[str | None]]:
     clock = {"now": 0.0}
     monkeypatch.setattr(time, "time", lambda: clock["now"])
-    sched = LlumSchedActor.__ray_actor_class__(scheduling, None, reschedule_interval_s=3600)
+    sched = LlumSchedActor.__ray_actor_class__(SchedulingConfig.from_dict(scheduling), None,
+                                               reschedule_interval_s=3600)
     backend = ClusterBackend(None, {iid: object() for iid in IDS},
                              {"model": "m", "max_model_len": 512, "vocab_size": 256, "num_blocks": 256,
                               "watermark": 0.0, "block_size": BLOCK}, tokenizer=None)  # type: ignore[arg-type]
-    backend.gs = GlobalScheduler(SchedulingConfig.from_dict(scheduling))
-    backend._links = {iid: _Link(iid) for iid in IDS}  # noqa: SLF001 - channels, without sockets
+    backend.gs = GlobalScheduler(SchedulingConfig.from_dict(scheduling), cluster=backend.cluster)
+    backend.links = {iid: _Link(iid) for iid in IDS}  # channels, without sockets
     theirs: list[str | None] = []
     ours: list[str | None] = []
     for kind, item in trace:

@@ -101,7 +101,7 @@ def test_instance_killed_mid_stream_resumes_on_a_survivor_with_the_same_greedy_t
         assert not r.errors, r.errors
         assert r.done and r.finish_reason == "length" and r.completion_tokens == N_TOKENS
         assert r.text == reference[p]  # one continuous stream: no gap, no repeat
-    assert backend.num_resumed >= 1 and killed not in backend.instances
+    assert backend.failover.num_resumed >= 1 and killed not in backend.instances
     counts = wait_idle(backend.instances)
     assert len(counts) == 3 and all(c["num_used_blocks"] == 0 for c in counts.values()), counts
     deadline = time.time() + 10

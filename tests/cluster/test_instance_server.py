@@ -216,7 +216,7 @@ def test_a_final_only_request_that_leaves_the_engine_sends_what_it_made_and_an_a
 
 
 def test_a_status_the_receiver_held_back_is_reported_again_though_the_engine_went_idle():
-    """The actor's push to LlumSched is throttled (``InstanceActor._push`` returns False
+    """The actor's push to LlumSched is throttled (``StatusPusher.push`` returns False
     for a held-back status). The last status before a quiet spell must still get through
     soon, not with the next idle heartbeat a second later (``/metrics`` read the prefix
     hits of a finished request as 0)."""

@@ -8,7 +8,6 @@ import pytest
 from llumnix.cluster.launcher import check_pd
 from llumnix.cluster.serve import add_serve_args, build_config
 from llumnix.core.errors import LlumnixError
-from llumnix.policy import SchedulingConfig
 
 
 def _config(*argv: str):
@@ -18,7 +17,7 @@ def _config(*argv: str):
 
 
 def _pd(cfg):
-    return SchedulingConfig.from_dict(cfg.scheduling).pd
+    return cfg.scheduling.pd  # the typed config, built once by serve's composition
 
 
 def test_prefill_instances_alone_means_static_pd():

@@ -93,23 +93,22 @@ def test_a_config_file_is_the_system_tree_and_flags_override_it(tmp_path):
                    "migration: {transport: gloo, max_stages: 2}\n"
                    "deployment: {instances: 3, reschedule_interval_s: 0.25}\n")
     c = _build("--config", str(cfg))
-    assert (c.instances, c.reschedule_interval_s, c.migration["transport"], c.migration["max_stages"]) == (
+    assert (c.instances, c.reschedule_interval_s, c.migration.transport, c.migration.max_stages) == (
         3, 0.25, "gloo", 2)
     assert (c.engine["max_num_seqs"], c.engine["enable_prefix_caching"]) == (32, False)
-    assert c.scheduling["rescheduling"]["selection"] == "paper"  # no cache: the paper's order
+    assert c.scheduling.rescheduling.selection == "paper"  # no cache: the paper's order
     c = _build("--config", str(cfg), "--instances", "4", "--max-num-seqs", "16", "--migrate-out-threshold", "6",
                "--transport", "ray")
-    assert (c.instances, c.engine["max_num_seqs"], c.migration["transport"]) == (4, 16, "ray")
-    r = c.scheduling["rescheduling"]
-    assert (r["out_threshold"], r["in_threshold"]) == (6, 8)  # in_threshold only ever rises with the flag
-    assert _build("--config", str(cfg), "--migrate-out-threshold", "9").scheduling["rescheduling"][
-        "in_threshold"] == 9
+    assert (c.instances, c.engine["max_num_seqs"], c.migration.transport) == (4, 16, "ray")
+    r = c.scheduling.rescheduling
+    assert (r.out_threshold, r.in_threshold) == (6, 8)  # in_threshold only ever rises with the flag
+    assert _build("--config", str(cfg), "--migrate-out-threshold", "9").scheduling.rescheduling.in_threshold == 9
 
 
 def test_the_trigger_gap_flag_sets_the_scheduling_field_or_turns_triggers_off(capsys):
-    assert _build().scheduling["rescheduling"]["trigger_gap_s"] == 0.03  # the default
-    assert _build("--reschedule-trigger-gap", "0.05").scheduling["rescheduling"]["trigger_gap_s"] == 0.05
-    assert _build("--reschedule-trigger-gap", "off").scheduling["rescheduling"]["trigger_gap_s"] is None
+    assert _build().scheduling.rescheduling.trigger_gap_s == 0.03  # the default
+    assert _build("--reschedule-trigger-gap", "0.05").scheduling.rescheduling.trigger_gap_s == 0.05
+    assert _build("--reschedule-trigger-gap", "off").scheduling.rescheduling.trigger_gap_s is None
     with pytest.raises(SystemExit):
         _build("--reschedule-trigger-gap", "soon")
     assert "'soon' is neither seconds nor 'off'" in capsys.readouterr().err
@@ -122,8 +121,8 @@ def test_old_config_files_with_flat_cluster_fields_still_work(tmp_path):
                    "migration: {transport: gloo}\n")
     c = _build("--config", str(cfg))
     assert (c.instances, c.cms, c.threads_per_instance, c.reschedule_interval_s) == (3, "memory", 2, 1.5)
-    assert c.engine["kv_cache_bytes"] == 1 << 20 and c.scheduling["dispatch"]["policy"] == "round-robin"
-    assert c.migration["transport"] == "gloo"
+    assert c.engine["kv_cache_bytes"] == 1 << 20 and c.scheduling.dispatch.policy == "round-robin"
+    assert c.migration.transport == "gloo"
 
 
 def test_scaling_starts_at_its_minimum_and_instances_must_fall_in_its_range(capsys):
@@ -152,7 +151,7 @@ def test_prefix_affinity_flag_sets_the_llumnix_dispatch_param(capsys):
         return build_config(p.parse_args(list(argv)))
 
     def params(*argv: str):
-        return config(*argv).scheduling.get("dispatch", {}).get("params")
+        return config(*argv).scheduling.dispatch.params
 
     # on with the prefix cache and the llumnix policy, its slack growing with load
     assert params() == {"prefix": True, "prefix_slack_ratio": 2.0}
@@ -172,15 +171,15 @@ def test_prefix_affinity_flag_sets_the_llumnix_dispatch_param(capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
     # with the cache, the prefix index forgets what the engines report evicted (a config can say no)
-    assert config().scheduling["dispatch"]["prefix_evictions"] is True
-    assert config("--no-prefix-caching").scheduling["dispatch"]["prefix_evictions"] is False
-    llm_d = config("--dispatch", "llm-d").scheduling["dispatch"]
-    assert (llm_d["policy"], llm_d["params"], llm_d["prefix_evictions"]) == ("llm-d", {}, True)
+    assert config().scheduling.dispatch.prefix_evictions is True
+    assert config("--no-prefix-caching").scheduling.dispatch.prefix_evictions is False
+    llm_d = config("--dispatch", "llm-d").scheduling.dispatch
+    assert (llm_d.policy, llm_d.params, llm_d.prefix_evictions) == ("llm-d", {}, True)
     # with the cache, a migration source gives up what frees it most per block moved
-    assert config().scheduling["rescheduling"]["selection"] == "freed"
-    assert config("--no-prefix-caching").scheduling["rescheduling"]["selection"] == "paper"
-    resched = config("--no-migration").scheduling["rescheduling"]
-    assert (resched["enabled"], resched["selection"]) == (False, "freed")
+    assert config().scheduling.rescheduling.selection == "freed"
+    assert config("--no-prefix-caching").scheduling.rescheduling.selection == "paper"
+    resched = config("--no-migration").scheduling.rescheduling
+    assert (resched.enabled, resched.selection) == (False, "freed")
     assert main(["serve", "--dispatch", "round-robin", "--prefix-affinity"]) == 2
     assert capsys.readouterr().err.strip() == ("llumnix serve: error: --prefix-affinity needs the llumnix "
                                                "dispatch policy, not 'round-robin'")

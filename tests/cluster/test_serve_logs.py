@@ -113,7 +113,7 @@ def test_request_throughput_drain_and_migration_lines_reach_the_terminal(tiny_mo
                      r"instance-\d committed: \d+ blocks \(\d+ adopted\) in \d+ stages in [\d.]+ s, downtime [\d.]+ ms$")
         for _ in range(5):
             busy = drain_a_busy_instance(url, admin)
-            wait_for(log, rf"{LLUMSCHED} {STAMP} INFO llumnix\.cluster\.actors: instance {busy} draining \(admin\)")
+            wait_for(log, rf"{LLUMSCHED} {STAMP} INFO llumnix\.cluster\.llumsched: instance {busy} draining \(admin\)")
             time.sleep(1.0)  # LlumSched's report of a migration comes after the request's end
             moved = [m for m in re.findall(migration, log.read_text(), re.M) if m == busy]
             if moved:

@@ -340,7 +340,7 @@ def test_silent_unresponsive_instance_is_marked_unschedulable(cluster):
     """The health-check pull, on a LlumSched with a stub instance that never answers (in
     the module cluster's Ray session: without one, ``@ray.remote`` would start a session
     nobody shuts down, and the next module's ``ray.init`` fails)."""
-    from llumnix.cluster.actors import LlumSchedActor
+    from llumnix.cluster.llumsched import LlumSchedActor
     from llumnix.core.status import InstanceStatus
     from llumnix.policy import DispatchRequest
 
@@ -366,7 +366,7 @@ def test_a_membership_watch_answers_on_change_not_on_a_timer(cluster):
     """A gateway's membership watch: answered at once for a version it has not seen, held
     while nothing changes, and woken by a new member (well before its timeout) with the
     new instance's handle; its threads are apart from the ones that take dispatches."""
-    from llumnix.cluster.actors import LlumSchedActor
+    from llumnix.cluster.llumsched import LlumSchedActor
     from llumnix.core.status import InstanceStatus
     from llumnix.policy import DispatchRequest
 
@@ -398,7 +398,7 @@ def test_a_hung_redis_does_not_stall_dispatch(cluster):
     import os
     import signal
 
-    from llumnix.cluster.actors import LlumSchedActor
+    from llumnix.cluster.llumsched import LlumSchedActor
     from llumnix.core.status import InstanceStatus
     from llumnix.policy import DispatchRequest
     from tests.cluster.conftest import redis_server
@@ -700,13 +700,13 @@ def test_scale_out_without_a_free_gpu_fails_at_once(cluster):
     """A scale-out whose instance needs a GPU the Ray cluster lacks is refused at once,
     with an event saying why, instead of an actor left pending until its start timeout
     (300 s) while the scheduler makes no other scaling decision."""
-    from llumnix.cluster.actors import LlumSchedActor
+    from llumnix.cluster.llumsched import LlumSchedActor
 
     sched = LlumSchedActor.options(name=f"gpu-check-{time.time_ns()}").remote(  # type: ignore[attr-defined]
         None, instance_spec={"num_gpus": 1, "start_timeout_s": 300})
     try:
         t0 = time.time()
-        ray.get(sched._start_instance.remote(), timeout=60)
+        ray.get(sched.start_instance.remote(), timeout=60)
         assert time.time() - t0 < 10
         events = ray.get(sched.cluster_info.remote())["scaling"]["events"]
         assert [e["kind"] for e in events] == ["start-failed"], events

@@ -332,7 +332,7 @@ def test_the_second_node_dies_mid_stream_and_its_requests_finish_on_the_first(no
 
     with serve_cluster(cluster, tiny_model_dir) as (url, backend):
         reference, results, placed = asyncio.run(run(url))
-        assert backend.num_resumed >= 1 and there not in backend.instances
+        assert backend.failover.num_resumed >= 1 and there not in backend.instances
     assert there in placed, f"no stream was on the second node: {placed}"  # dispatch spreads 4 over 2
     for r in results:
         assert r.done and not r.errors, r

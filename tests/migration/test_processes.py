@@ -21,7 +21,8 @@ PROMPT = [(i * 37 + 11) % 250 for i in range(48)]
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    from llumnix.cluster.actors import LlumSchedActor
+    from llumnix.cluster.llumsched import LlumSchedActor
+    from llumnix.policy import ReschedulingConfig, SchedulingConfig
     from tests.tiny_model import save_tiny_llama
 
     model_dir = tmp_path_factory.mktemp("tiny-migration-model")
@@ -30,18 +31,19 @@ def session(tmp_path_factory):
              log_to_driver=False)
     name = f"llumsched-{time.time_ns()}"
     sched = LlumSchedActor.options(name=name, num_cpus=0).remote(
-        {"rescheduling": {"enabled": False}}, None, reschedule_interval_s=3600)
+        SchedulingConfig(rescheduling=ReschedulingConfig(enabled=False)), None, reschedule_interval_s=3600)
     ray.get(sched.cluster_info.remote(), timeout=60)
     yield {"model": str(model_dir), "llumsched": name, "sched": sched}
     ray.shutdown()
 
 
 def start(session, iid, model=None, engine=None, migration=None):
-    from llumnix.cluster.actors import InstanceActor
+    from llumnix.cluster.instance_actor import InstanceActor
+    from llumnix.config.sections import LiveMigrationConfig
 
     actor = InstanceActor.options(num_cpus=0).remote(
         iid, model or session["model"], dict(engine or ENGINE), None, session["llumsched"], 1, TOKEN,
-        dict(migration or {}))
+        LiveMigrationConfig(**(migration or {})))
     ray.get(actor.ready.remote(), timeout=180)
     return actor
 

@@ -205,7 +205,7 @@ def test_cached_scores_follow_every_new_report(policy):
     fresh = gs_with(policy, n=2)
     for s in gs.statuses.values():
         fresh.update_status(s)
-    fresh.pending = gs.pending
+    fresh.cluster.pending = gs.pending
     assert gs.dispatch(DispatchRequest("z", 16, 0, 2.0), 2.0) == fresh.pipeline.pick(
         fresh.view(), DispatchContext(now=2.0, freeness=fresh.config.freeness, staleness_s=2.0))
 

@@ -217,9 +217,12 @@ def _choices(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...]
 def main_migration_bench(args: argparse.Namespace) -> int:
     import ray
 
-    from llumnix.cluster.actors import LLUMSCHED_NAME, InstanceActor, LlumSchedActor
+    from llumnix.cluster.instance_actor import InstanceActor
     from llumnix.cluster.launcher import check_gpu_capacity, instance_gpus, ray_gpus
+    from llumnix.cluster.llumsched import LLUMSCHED_NAME, LlumSchedActor
+    from llumnix.config.sections import LiveMigrationConfig
     from llumnix.migration.transports import check_transport
+    from llumnix.policy import ReschedulingConfig, SchedulingConfig
 
     lengths, transports, repeats = _choices(args)
     for t in transports:
@@ -238,7 +241,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     token = b"bench-token"
     # (Ray's stubs do not know a decorated class's .options(): hence the ignores.)
     sched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(  # type: ignore[attr-defined]
-        {"rescheduling": {"enabled": False}}, None, reschedule_interval_s=3600)
+        SchedulingConfig(rescheduling=ReschedulingConfig(enabled=False)), None, reschedule_interval_s=3600)
     ray.get(sched.cluster_info.remote())  # instances push status to it; the handle keeps it alive
     # The co-running requests grow by a token per step for the whole run: on a GPU, whose
     # steps are several times faster, 512 MiB fills up before the longest lengths.
@@ -249,7 +252,7 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     gpus = instance_gpus(engine) / 2
     check_gpu_capacity(2, gpus, ray_gpus())
     actors = {n: InstanceActor.options(num_cpus=0, num_gpus=gpus).remote(  # type: ignore[attr-defined]
-                  n, args.model, engine, None, LLUMSCHED_NAME, args.threads or 1, token, mig)
+                  n, args.model, engine, None, LLUMSCHED_NAME, args.threads or 1, token, LiveMigrationConfig(**mig))
               for n in ("src", "dst")}
     ray.get([a.ready.remote() for a in actors.values()])
     rows, recompute = [], {}

@@ -476,7 +476,7 @@ class _gateway_process:  # noqa: N801 - a context manager used like a function
 
 def inprocess_gateway(cluster: Any, tokenizer: Any) -> Any:
     """The in-process gateway over ``cluster`` (``with inprocess_gateway(...) as url``)."""
-    from llumnix.cluster.backend import ClusterBackend
+    from llumnix.cluster.gateway_client import ClusterBackend
     from llumnix.gateway.inprocess import InProcessGateway
 
     return InProcessGateway(ClusterBackend(cluster.llumsched, cluster.instances, cluster.info, tokenizer))

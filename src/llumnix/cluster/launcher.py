@@ -13,7 +13,10 @@ from typing import Any, cast
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from llumnix.cluster.actors import LLUMSCHED_NAME, InstanceActor, LlumSchedActor
+from llumnix.cluster.instance_actor import InstanceActor
+from llumnix.cluster.llumsched import LLUMSCHED_NAME, LlumSchedActor
+from llumnix.config.fields import build
+from llumnix.config.sections import LiveMigrationConfig
 from llumnix.core.errors import LlumnixError
 from llumnix.policy import SchedulingConfig
 from llumnix.policy.pd import initial_roles
@@ -27,8 +30,9 @@ class ClusterConfig:
     """Instance actors to start."""
     engine: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of each instance's LLM (kv_cache_bytes, max_num_seqs, device, dtype...)."""
-    scheduling: dict[str, Any] = field(default_factory=dict)
-    """SchedulingConfig as a dict (dispatch policy, rescheduling, scaling, freeness)."""
+    scheduling: SchedulingConfig | dict[str, Any] = field(default_factory=dict)
+    """The SchedulingConfig (serve passes it built and checked), or its fields as a dict
+    (tests, benchmarks: parsed once by ``start_cluster``, ``pending_grace_s`` 1 s by default)."""
     cms: str | None = None
     """Cluster meta store: None/'memory', or a redis:// URL."""
     ray_address: str | None = None
@@ -39,8 +43,8 @@ class ClusterConfig:
     """torch intra-op threads of each instance."""
     namespace: str = "llumnix"
     """Ray namespace (named actors live there)."""
-    migration: dict[str, Any] = field(default_factory=dict)
-    """MigrationConfig fields (max_stages, last_stage_max_blocks, timeout_s)."""
+    migration: LiveMigrationConfig | dict[str, Any] = field(default_factory=dict)
+    """The LiveMigrationConfig (stages, timeout, transport), or its fields as a dict."""
     reschedule_interval_s: float = 0.5
     """Seconds between LlumSched's migration rounds."""
     llumsched_name: str = LLUMSCHED_NAME
@@ -157,18 +161,15 @@ def ray_address() -> str:
 def start_cluster(cfg: ClusterConfig, progress: Progress | None = None) -> Cluster:
     """LlumSched and the instances, each instance registered once it has loaded its model;
     ``progress`` hears Ray's address and each instance's loading."""
-    check_pd(cfg)
+    sched_cfg, mig_cfg = scheduling_of(cfg), migration_of(cfg)  # built once, passed whole
+    check_pd(cfg, sched_cfg)
     init_ray(cfg, progress)
-    sched_cfg = dict(cfg.scheduling)
-    dispatch = dict(sched_cfg.get("dispatch") or {})
-    dispatch.setdefault("pending_grace_s", 1.0)  # Ray delivery is not instant
-    sched_cfg["dispatch"] = dispatch
     # Ray restarts LlumSched if it dies; instances re-register through their next status push.
     token = secrets.token_bytes(32)  # authenticates KV transfers inside this cluster
     # What LlumSched needs to start more instances (auto-scaling scale-out).
     gpus = instance_gpus(cfg.engine, cfg.gpus_per_instance)
     spec = {"model": cfg.model, "engine": dict(cfg.engine), "scheduling": sched_cfg,
-            "threads": cfg.threads_per_instance, "token": token, "migration": dict(cfg.migration),
+            "threads": cfg.threads_per_instance, "token": token, "migration": mig_cfg,
             "num_gpus": gpus, "resources": dict(cfg.instance_resources), "num_instances": cfg.instances,
             "replace_lost": cfg.replace_lost_instances}
     check_gpu_capacity(cfg.instances, gpus, ray_gpus())
@@ -187,7 +188,7 @@ def start_cluster(cfg: ClusterConfig, progress: Progress | None = None) -> Clust
         instances[iid] = InstanceActor.options(name=f"{cfg.llumsched_name}-{iid}", num_cpus=0, num_gpus=gpus,  # type: ignore[attr-defined]
                                                resources=dict(cfg.instance_resources)).remote(
             iid, cfg.model, dict(cfg.engine), sched_cfg, cfg.llumsched_name, cfg.threads_per_instance,
-            token, dict(cfg.migration))
+            token, mig_cfg)
         if progress is not None:
             progress(f"instance {i + 1} of {cfg.instances} loading ({iid}, {cfg.model})")
     try:
@@ -199,16 +200,33 @@ def start_cluster(cfg: ClusterConfig, progress: Progress | None = None) -> Clust
                 ray.kill(actor)
         raise LlumnixError(f"an instance failed to start: {_last_line(e)}") from None
     statuses = ray.get([a.status.remote() for a in instances.values()], timeout=60)
-    roles = initial_roles(list(instances), SchedulingConfig.from_dict(sched_cfg).pd)
+    roles = initial_roles(list(instances), sched_cfg.pd)
     ray.get([llumsched.register.remote(s, instances[s.instance_id], roles[s.instance_id]) for s in statuses],
             timeout=60)
     return Cluster(llumsched, instances, infos[0])
 
 
-def check_pd(cfg: ClusterConfig) -> None:
+def scheduling_of(cfg: ClusterConfig) -> SchedulingConfig:
+    """The cluster's scheduling config: as given, or parsed from a dict (with the
+    dispatch's ``pending_grace_s`` at 1 s unless set: Ray delivery is not instant)."""
+    if isinstance(cfg.scheduling, SchedulingConfig):
+        return cfg.scheduling
+    d = dict(cfg.scheduling)
+    d["dispatch"] = {"pending_grace_s": 1.0, **(d.get("dispatch") or {})}
+    return SchedulingConfig.from_dict(d)
+
+
+def migration_of(cfg: ClusterConfig) -> LiveMigrationConfig:
+    """The cluster's live-migration config: as given, or built from a dict (a path-named error)."""
+    if isinstance(cfg.migration, LiveMigrationConfig):
+        return cfg.migration
+    return build(LiveMigrationConfig, dict(cfg.migration), "migration")
+
+
+def check_pd(cfg: ClusterConfig, sched: SchedulingConfig | None = None) -> None:
     """PD's roles need both pools at the start, and fixed membership: one line otherwise,
-    before Ray starts."""
-    sched = SchedulingConfig.from_dict(cfg.scheduling)
+    before Ray starts. ``sched``: the config's scheduling, when the caller has built it."""
+    sched = scheduling_of(cfg) if sched is None else sched
     pd = sched.pd
     if not pd.is_on:
         return

@@ -30,10 +30,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from llumnix.core.status import InstanceStatus
+from llumnix.policy.cluster_view import ClusterView, Role
 from llumnix.policy.config import FreenessConfig
 from llumnix.policy.freeness import freeness
 from llumnix.policy.pd import (
@@ -51,16 +52,16 @@ _CHANGE_COUNTS = {"lend": "lends", "reclaim": "reclaims", "flip": "flips"}
 
 
 class PDBook:
-    """LlumSched's record of PD: each instance's role and since when, the blocks promised
-    to each decode instance by hand-offs started since its last report, the counts.
-    Plain object; the actor calls it under its lock."""
+    """LlumSched's PD: the role rule at registration, hand-off destinations, adaptive
+    rounds, the counts. Each instance's role and since when, and the blocks promised to
+    each decode instance by hand-offs started since its last report, live in the
+    ``ClusterView`` the book shares with the scheduler. Plain object; the actor calls it
+    under its lock."""
 
-    def __init__(self, config: PDConfig, fcfg: FreenessConfig) -> None:
+    def __init__(self, config: PDConfig, fcfg: FreenessConfig, cluster: ClusterView | None = None) -> None:
         self.config = config
         self.fcfg = fcfg
-        self.roles: dict[str, str] = {}
-        self.role_since: dict[str, float] = {}
-        self.promised: dict[str, int] = {}
+        self.cluster = ClusterView() if cluster is None else cluster
         self.last_change: float | None = None
         self.counts = {"handoffs_done": 0, "handoffs_failed": 0, "handoffs_ended_first": 0, "handoffs_waiting": 0,
                        "lends": 0, "reclaims": 0, "flips": 0, "role_resends": 0}
@@ -72,40 +73,42 @@ class PDBook:
         self.recent: deque[dict[str, Any]] = deque(maxlen=200)
         """The latest committed hand-offs' reports (blocks, bytes, stages, times)."""
 
-    def role_of(self, instance_id: str) -> str:
-        return self.roles.get(instance_id, "mixed")
+    @property
+    def roles(self) -> Mapping[str, Role]:
+        return self.cluster.roles
 
-    def add(self, instance_id: str, now: float, role: str | None = None) -> str:
+    def role_of(self, instance_id: str) -> Role:
+        return self.cluster.role_of(instance_id)
+
+    def add(self, instance_id: str, now: float, role: str | None = None) -> Role:
         """A registering instance's role: the one it reports (after a restart of LlumSched),
         else prefill while fewer than ``prefill_instances`` are, else decode (mixed with PD off)."""
+        known = self.cluster.roles.get(instance_id)
         if role is None:
-            role = self.roles.get(instance_id)
+            role = known
         if role is None:
-            num_prefill = sum(1 for r in self.roles.values() if r == "prefill")
-            role = ("mixed" if not self.config.is_on else
-                    "prefill" if num_prefill < self.config.prefill_instances else "decode")
-        if self.roles.get(instance_id) != role:
-            self.roles[instance_id] = role
-            self.role_since[instance_id] = now
-        return role
+            num_prefill = len(self.cluster.ids_with(Role.PREFILL))
+            role = (Role.MIXED if not self.config.is_on else
+                    Role.PREFILL if num_prefill < self.config.prefill_instances else Role.DECODE)
+        self.cluster.set_role(instance_id, role, now)
+        return Role(role)
 
     def remove(self, instance_id: str) -> None:
-        self.roles.pop(instance_id, None)
-        self.role_since.pop(instance_id, None)
-        self.promised.pop(instance_id, None)
+        self.cluster.drop_role(instance_id)
+        self.cluster.promised.pop(instance_id, None)
 
     def on_status(self, instance_id: str) -> None:
         """A report counts every reservation made before it."""
-        self.promised.pop(instance_id, None)
+        self.cluster.promised.pop(instance_id, None)
 
     def reconcile(self, instance_id: str, reported: str | None, now: float, grace_s: float = 1.0) -> str | None:
         """The role to tell an instance again whose push reports another than this book's
         (its ``set_role`` was lost or timed out), or None. A push sent before a change it
         has not heard yet reports the old role: changes younger than ``grace_s`` are let be."""
-        if not self.config.is_on or reported is None or instance_id not in self.roles:
+        role = self.cluster.roles.get(instance_id)
+        if not self.config.is_on or reported is None or role is None:
             return None
-        role = self.roles[instance_id]
-        if reported == role or now - self.role_since.get(instance_id, now) < grace_s:
+        if reported == role or now - self.cluster.role_since.get(instance_id, now) < grace_s:
             return None
         self.counts["role_resends"] += 1
         return role
@@ -114,13 +117,13 @@ class PDBook:
     def pick(self, statuses: Iterable[InstanceStatus], src_id: str, num_blocks: int) -> str | None:
         """The decode instance for a hand-off of ``num_blocks`` from ``src_id`` (None: the
         decode pool is full, counted as waiting); its blocks are promised until it reports."""
-        fcfg = self.fcfg
-        dst = pick_decode_instance(list(statuses), self.roles, num_blocks, self.config,
-                                   lambda s: freeness(s, fcfg), self.promised, exclude=src_id)
+        fcfg, promised = self.fcfg, self.cluster.promised
+        dst = pick_decode_instance(list(statuses), self.cluster.roles, num_blocks, self.config,
+                                   lambda s: freeness(s, fcfg), promised, exclude=src_id)
         if dst is None:
             self.counts["handoffs_waiting"] += 1
             return None
-        self.promised[dst] = self.promised.get(dst, 0) + handoff_blocks(num_blocks, self.config)
+        promised[dst] = promised.get(dst, 0) + handoff_blocks(num_blocks, self.config)
         return dst
 
     def on_handoff(self, report: dict[str, Any]) -> None:
@@ -141,18 +144,18 @@ class PDBook:
         most one reclaim or flip (none with static roles)."""
         if self.config.mode != "adaptive":
             return []
-        known = {i: s for i, s in statuses.items() if i in self.roles}
-        waiting = sum(1 for i, s in known.items() if self.roles[i] == "prefill"
+        roles = self.cluster.roles
+        known = {i: s for i, s in statuses.items() if i in roles}
+        waiting = sum(1 for i, s in known.items() if roles[i] == Role.PREFILL
                       for r in s.running if r.num_output_tokens > 0 and not r.is_migrating)
-        view = PoolView(roles=dict(self.roles), role_since=self.role_since,
+        view = PoolView(roles=dict(roles), role_since=self.cluster.role_since,
                         queued_tokens={i: queued_prefill_tokens(s) for i, s in known.items()},
                         freeness={i: freeness(s, self.fcfg) for i, s in known.items()},
                         num_waiting_handoffs=waiting)
         return adaptive_decisions(view, self.config, now, self.last_change)
 
     def apply(self, change: RoleChange, now: float) -> None:
-        self.roles[change.instance_id] = change.role
-        self.role_since[change.instance_id] = now
+        self.cluster.set_role(change.instance_id, change.role, now)
         self.last_change = now
         self.counts[_CHANGE_COUNTS[change.reason]] += 1
         self.changes.append({"time": now, "instance_id": change.instance_id, "role": change.role,

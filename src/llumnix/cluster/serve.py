@@ -176,7 +176,7 @@ def _tokenizer(model: str, chat_template: str | None) -> Any:
     from llumnix.model import load_tokenizer
 
     tokenizer = load_tokenizer(model, chat_template=chat_template)
-    import llumnix.cluster.backend  # noqa: F401 - the gateway's modules (FastAPI, pydantic
+    import llumnix.cluster.gateway_client  # noqa: F401 - the gateway's modules (FastAPI, pydantic
     import llumnix.gateway.app  # noqa: F401 - schemas: ~1 s) import here too, while the instances load
     return tokenizer
 
@@ -206,7 +206,7 @@ def _run_gateway(progress: Progress, cluster: Any, tokenizer: Any, args: argpars
     """The OpenAI gateway over ``cluster`` on ``sock``, until SIGINT/SIGTERM; ``root`` is
     the model the served name stands for. With an internal pool in ``--config``, the
     cluster is that pool of a ``MixedBackend``."""
-    from llumnix.cluster.backend import ClusterBackend
+    from llumnix.cluster.gateway_client import ClusterBackend
     from llumnix.gateway.app import build_app
     from llumnix.lite.serve import wants_mixed
 

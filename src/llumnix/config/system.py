@@ -92,7 +92,7 @@ class SystemConfig:
         if dep.instance_resources:
             extra["instance_resources"] = dict(dep.instance_resources)
         return ClusterConfig(model=self.model, instances=dep.num_instances, engine=self.engine.llm_kwargs(),
-                             scheduling=dataclasses.asdict(self.scheduling), migration=self.migration.as_dict(),
+                             scheduling=self.scheduling, migration=self.migration,
                              cms=dep.cms, ray_address=dep.ray_address, ray_num_cpus=dep.ray_num_cpus,
                              threads_per_instance=dep.threads_per_instance, namespace=dep.namespace,
                              reschedule_interval_s=dep.reschedule_interval_s,

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 from llumnix.core.status import InstanceStatus
+from llumnix.policy.cluster_view import ClusterView, Role
 from llumnix.policy.config import SchedulingConfig
 from llumnix.policy.dispatch import make_pipeline, prefix_options
 from llumnix.policy.dispatch_index import FALLBACK, DispatchIndex
 from llumnix.policy.dispatch_queue import DispatchQueue, DispatchRequest
 from llumnix.policy.freeness import average_normal_freeness
 from llumnix.policy.pairing import MigrationOrder, pair_migrations
-from llumnix.policy.pd import DECODES, TAKES_PREFILL
 from llumnix.policy.pending import PendingDispatches
 from llumnix.policy.pipeline import DispatchContext
 from llumnix.policy.prefix_affinity import PrefixIndex, affinity_choice, block_keys
@@ -24,20 +24,24 @@ __all__ = ["DispatchQueue", "DispatchRequest", "GlobalScheduler"]
 
 
 class GlobalScheduler:
-    """The latest status per instance in ``statuses`` (a dict by default, or any
-    ``MutableMapping`` the caller provides, such as a shared store; written only through
-    the methods below) and, per instance, the view dispatch sees: the status with the requests sent
-    since it counted (``pending``). Views change only when a report arrives or a request
-    is dispatched, so they are kept up to date here rather than rebuilt per dispatch."""
+    """Decisions over a ``ClusterView`` (``cluster``: the latest status per instance, in a
+    dict by default or any ``MutableMapping`` the caller provides as ``store``, written
+    only through the methods below; the requests sent since each report; roles and
+    lifecycles) and, per instance, the view dispatch sees: the status with the requests
+    sent since it counted. Views change only when a report arrives or a request is
+    dispatched, so they are kept up to date here rather than rebuilt per dispatch."""
 
     def __init__(self, config: SchedulingConfig | None = None, seed: int = 0,
-                 store: MutableMapping[str, InstanceStatus] | None = None) -> None:
+                 store: MutableMapping[str, InstanceStatus] | None = None,
+                 cluster: ClusterView | None = None) -> None:
         self.config = config or SchedulingConfig()
         self.pipeline = make_pipeline(self.config.dispatch.policy, self.config.dispatch.params)
-        self.statuses: MutableMapping[str, InstanceStatus] = {} if store is None else store
+        if cluster is not None and store is not None:
+            raise ValueError("pass the statuses' store to the ClusterView, not beside it")
+        self.cluster = ClusterView(statuses=store) if cluster is None else cluster
+        """Membership and load: the one record of each instance (``policy/cluster_view.py``)."""
         self.sent: dict[str, int] = {}
         """Requests dispatched to each instance so far: round-robin's state."""
-        self.pending = PendingDispatches()
         self._views: dict[str, InstanceStatus] = {}
         self._stale_views: set[str] = set()
         """Instances whose status changed since their view was built (``update_status``
@@ -45,8 +49,6 @@ class GlobalScheduler:
         self._stale_keys: set[str] = set()
         """Instances whose view the rescheduler rebuilt (``view``) but whose dispatch key
         is not: recomputed before the next dispatch (a key is a function of the view)."""
-        self._terminating: set[str] = set()
-        self._removed: set[str] = set()
         self._rng = random.Random(seed)
         self._freeness_samples: list[tuple[float, float]] = []
         self._last_scale: float | None = None
@@ -66,9 +68,20 @@ class GlobalScheduler:
         self._index = DispatchIndex(base) if DispatchIndex.supports(base) else None
         if prefix is not None:
             self._ctx.prefix_options = prefix
-        self.roles: dict[str, str] = {}
-        """PD roles (``policy/pd.py``) of the instances that are not ``mixed``: dispatch
-        takes only prefill-taking ones, rescheduling pairs only within the decode pool."""
+
+    @property
+    def statuses(self) -> MutableMapping[str, InstanceStatus]:
+        return self.cluster.statuses
+
+    @property
+    def pending(self) -> PendingDispatches:
+        return self.cluster.pending
+
+    @property
+    def roles(self) -> Mapping[str, Role]:
+        """PD roles (``policy/pd.py``): dispatch takes only prefill-taking instances,
+        rescheduling pairs only within the decode pool (while the view ``is_split``)."""
+        return self.cluster.roles
 
     # -- membership ------------------------------------------------------------
     def add_instance(self, status: InstanceStatus) -> None:
@@ -77,12 +90,14 @@ class GlobalScheduler:
         if status.instance_id not in self.statuses and self.num_starting > 0:
             self.num_starting -= 1
             self._freeness_samples.clear()
-        self._removed.discard(status.instance_id)
+        self.cluster.admit(status.instance_id, status.timestamp)
         self.sent.setdefault(status.instance_id, 0)
         self._set(self._marked(status))
 
     def remove_instance(self, instance_id: str) -> None:
-        self.statuses.pop(instance_id, None)
+        """Gone: no dispatch, no migration, and its late reports add nothing (the caller
+        moves its lifecycle to RETIRED or FAILED)."""
+        self.cluster.forget(instance_id)
         self._views.pop(instance_id, None)
         self._stale_views.discard(instance_id)
         self._stale_keys.discard(instance_id)
@@ -92,23 +107,20 @@ class GlobalScheduler:
         if self.prefix_index is not None:
             self.prefix_index.remove(instance_id)
         self.sent.pop(instance_id, None)
-        self.pending.remove_instance(instance_id)
-        self._terminating.discard(instance_id)
-        self._removed.add(instance_id)
 
     def mark_terminating(self, instance_id: str) -> None:
         """Scale-in: no more dispatches there, and it is a migration source until empty,
         even before its own reports say it is terminating."""
-        self._terminating.add(instance_id)
         s = self.statuses.get(instance_id)
+        self.cluster.mark_terminating(instance_id, 0.0 if s is None else s.timestamp)
         if s is not None:
             self._set(self._marked(s))
 
     def unmark_terminating(self, instance_id: str) -> None:
         """Undo a drain: dispatch may choose the instance again once its own report says
         it is no longer terminating (or at once, when it never said so)."""
-        self._terminating.discard(instance_id)
         s = self.statuses.get(instance_id)
+        self.cluster.unmark_terminating(instance_id, 0.0 if s is None else s.timestamp)
         if s is not None and s.is_terminating:
             self._set(dataclasses.replace(s, is_terminating=False))
 
@@ -118,19 +130,16 @@ class GlobalScheduler:
         if s is not None and s.is_schedulable != ok:
             self._set(dataclasses.replace(s, is_schedulable=ok))
 
-    def set_role(self, instance_id: str, role: str) -> None:
-        """An instance's PD role (``policy/pd.py``; ``mixed``: every instance's without PD)."""
-        if self.roles.get(instance_id, "mixed") == role:
-            return
-        if role == "mixed":
-            self.roles.pop(instance_id, None)
-        else:
-            self.roles[instance_id] = role
+    def set_role(self, instance_id: str, role: str, now: float = 0.0) -> None:
+        """An instance's PD role (``policy/pd.py``; ``mixed``: every instance's without PD).
+        Its dispatch key is rebuilt even when the view had the role already (``PDBook``
+        writes the same view)."""
+        self.cluster.set_role(instance_id, role, now)
         if instance_id in self.statuses:
             self._refresh(instance_id)
 
     def takes_prefill(self, instance_id: str) -> bool:
-        return self.roles.get(instance_id, "mixed") in TAKES_PREFILL
+        return self.cluster.takes_prefill(instance_id)
 
     def update_status(self, status: InstanceStatus, refresh: bool = True) -> None:
         """Take a report. The first report of an unknown instance adds it, but a late
@@ -138,9 +147,10 @@ class GlobalScheduler:
         ``refresh`` False the instance's view is rebuilt only when a decision next reads
         it: a caller that gets a report per engine step (a gateway) builds one view per
         dispatch instead of one per report, and decides exactly the same."""
-        if status.instance_id in self._removed:
+        cluster = self.cluster
+        if cluster.is_removed(status.instance_id):
             return
-        old = self.statuses.get(status.instance_id)
+        old = cluster.statuses.get(status.instance_id)
         if old is None:
             self.add_instance(status)
             return
@@ -148,11 +158,11 @@ class GlobalScheduler:
             return  # a late report never rolls the view back
         if status.evicted_prefix_keys and self.prefix_index is not None and self.config.dispatch.prefix_evictions:
             self.prefix_index.forget_evicted(status.instance_id, status.evicted_prefix_keys, old.timestamp)
-        self.pending.on_status(status, self.config.dispatch.pending_grace_s)
+        cluster.pending.on_status(status, self.config.dispatch.pending_grace_s)
         if refresh:
             self._set(self._marked(status))
         else:
-            self.statuses[status.instance_id] = self._marked(status)
+            cluster.statuses[status.instance_id] = self._marked(status)
             self._stale_views.add(status.instance_id)
 
     def on_finished(self, instance_id: str, request_id: str) -> None:
@@ -163,7 +173,7 @@ class GlobalScheduler:
             self._stale_views.add(instance_id)
 
     def _set(self, status: InstanceStatus) -> None:
-        self.statuses[status.instance_id] = status
+        self.cluster.statuses[status.instance_id] = status
         self._refresh(status.instance_id)
 
     def _refresh_stale(self, keys: bool = True) -> None:
@@ -180,7 +190,8 @@ class GlobalScheduler:
 
     def _refresh(self, instance_id: str, key: bool = True) -> None:
         self._stale_views.discard(instance_id)
-        self._views[instance_id] = self.pending.apply(self.statuses[instance_id])
+        cluster = self.cluster
+        self._views[instance_id] = cluster.pending.apply(cluster.statuses[instance_id])
         if self._index is None:
             return
         if key:
@@ -198,7 +209,7 @@ class GlobalScheduler:
             self._index.remove(instance_id)
 
     def _marked(self, status: InstanceStatus) -> InstanceStatus:
-        if status.instance_id in self._terminating and not status.is_terminating:
+        if not status.is_terminating and self.cluster.is_marked_terminating(status.instance_id):
             return dataclasses.replace(status, is_terminating=True)
         return status
 
@@ -230,16 +241,17 @@ class GlobalScheduler:
         iid = FALLBACK if self._index is None else self._index.pick(self._views, ctx)
         if iid == FALLBACK:
             views = self.view()
-            iid = self.pipeline.pick([v for v in views if self.takes_prefill(v.instance_id)] if self.roles else views,
+            iid = self.pipeline.pick([v for v in views if self.takes_prefill(v.instance_id)]
+                                     if self.cluster.is_split else views,
                                      ctx)
         elif iid is not None and ctx.prefix_hits:
             iid = self._with_affinity(iid, ctx)
         if iid is None:
             return None
         if keys and self.prefix_index is not None:
-            self.prefix_index.record(iid, keys, self.statuses[iid].num_total_blocks, now)
+            self.prefix_index.record(iid, keys, self.cluster.statuses[iid].num_total_blocks, now)
         self.sent[iid] = self.sent.get(iid, 0) + 1
-        self.pending.add(iid, req, self.statuses[iid].block_size, now)
+        self.cluster.pending.add(iid, req, self.cluster.statuses[iid].block_size, now)
         self._refresh(iid)
         return iid
 
@@ -261,8 +273,8 @@ class GlobalScheduler:
         if not cfg.rescheduling.enabled:
             return []
         views = self.view()
-        if self.roles:  # PD: prefill instances hand requests off instead (cluster/pd.py)
-            views = [v for v in views if self.roles.get(v.instance_id, "mixed") in DECODES]
+        if self.cluster.is_split:  # PD: prefill instances hand requests off instead (cluster/pd.py)
+            views = [v for v in views if self.cluster.in_decode_pool(v.instance_id)]
         return pair_migrations(views, cfg.rescheduling, cfg.freeness)
 
     def record_freeness(self, now: float) -> float:

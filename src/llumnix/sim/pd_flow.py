@@ -27,9 +27,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from llumnix.core.request import RequestStatus
+from llumnix.policy.cluster_view import Role
 from llumnix.policy.freeness import freeness
 from llumnix.policy.pd import (
-    TAKES_PREFILL,
     PoolView,
     RoleChange,
     adaptive_decisions,
@@ -58,9 +58,6 @@ class PDFlow:
         self.cost = cost
         self._on_started = on_started
         self._on_finished = on_finished
-        self.promised: dict[str, int] = {}
-        """Blocks of hand-offs started to each instance since its last report."""
-        self.role_since: dict[str, float] = {}
         self.last_change: float | None = None
         self._full = False
         """The last hand-off attempt found the decode pool full (cleared each round)."""
@@ -78,31 +75,32 @@ class PDFlow:
 
     # -- hand-offs -------------------------------------------------------------------
     def on_report(self, instance_id: str) -> None:
-        self.promised.pop(instance_id, None)
+        """A report counts every hand-off's blocks promised to it before."""
+        self.policy.cluster.promised.pop(instance_id, None)
 
     def at_boundary(self, inst: SimInstance, now: float) -> list[Event]:
         """``SimInstance.on_boundary`` of every instance."""
-        if self._full or self.policy.roles.get(inst.instance_id) != "prefill":
+        if self._full or self.policy.cluster.role_of(inst.instance_id) != Role.PREFILL:
             return []
         return self._handoffs(inst, now)
 
     def _handoffs(self, src: SimInstance, now: float) -> list[Event]:
         events: list[Event] = []
         statuses = list(self.policy.gs_decode.statuses.values())
-        fcfg = self.policy.config.freeness
+        fcfg, promised = self.policy.config.freeness, self.policy.cluster.promised
         kv = src.engine.kv
         for rid, req in list(src.engine.requests.items()):
             if req.status != RequestStatus.RUNNING or not req.output_token_ids or rid in src.migrations_out:
                 continue
             blocks = kv.num_blocks_of(rid)
             dst_id = pick_decode_instance(statuses, self.policy.roles, blocks, self.config,
-                                          lambda s: freeness(s, fcfg), self.promised, exclude=src.instance_id)
+                                          lambda s: freeness(s, fcfg), promised, exclude=src.instance_id)
             if dst_id is None:
                 self._full = True
                 self.counts["handoffs_deferred"] += 1
                 break
             dst = self.cluster.instances[dst_id]
-            self.promised[dst_id] = self.promised.get(dst_id, 0) + blocks + self.config.growth_blocks
+            promised[dst_id] = promised.get(dst_id, 0) + blocks + self.config.growth_blocks
             # A queued prompt means the next step is a prefill the request is not in: pause it
             # now rather than pre-copy while it waits out that step at the source.
             pause = bool(src.engine.scheduler.waiting) and not src.is_busy
@@ -138,14 +136,14 @@ class PDFlow:
             events += self._rebalance(now)
         for iid, role in sorted(self.policy.roles.items()):
             inst = self.cluster.instances.get(iid)
-            if role == "prefill" and inst is not None and not self._full:
+            if role == Role.PREFILL and inst is not None and not self._full:
                 events += self._handoffs(inst, now)
         return events
 
     def _rebalance(self, now: float) -> list[Event]:
         """Queued prompts from the most queued prefill-taking instances to the least."""
         takers = {i: self.cluster.instances[i] for i, r in self.policy.roles.items()
-                  if r in TAKES_PREFILL and i in self.cluster.instances}
+                  if r.takes_prefill and i in self.cluster.instances}
         loads = {i: _prompt_tokens(inst) for i, inst in takers.items()}
         queued = {i: [(r.request_id, r.num_tokens) for r in inst.engine.scheduler.waiting
                       if not r.output_token_ids and r.request_id not in inst.migrations_out]
@@ -172,7 +170,7 @@ class PDFlow:
     def _view(self) -> PoolView:
         fcfg = self.policy.config.freeness
         statuses = {**self.policy.gs.statuses, **self.policy.gs_decode.statuses}
-        return PoolView(roles=dict(self.policy.roles), role_since=self.role_since,
+        return PoolView(roles=dict(self.policy.roles), role_since=self.policy.cluster.role_since,
                         queued_tokens={i: queued_prefill_tokens(s) for i, s in statuses.items()},
                         freeness={i: freeness(s, fcfg) for i, s in statuses.items()},
                         num_waiting_handoffs=self._num_waiting())
@@ -182,15 +180,14 @@ class PDFlow:
         n = 0
         for iid, role in self.policy.roles.items():
             inst = self.cluster.instances.get(iid)
-            if role == "prefill" and inst is not None:
+            if role == Role.PREFILL and inst is not None:
                 n += sum(1 for rid, r in inst.engine.requests.items() if r.status == RequestStatus.RUNNING
                          and r.output_token_ids and rid not in inst.migrations_out)
         return n
 
     def apply(self, change: RoleChange, now: float) -> None:
         inst = self.cluster.instances[change.instance_id]
-        self.policy.set_role(inst, change.role)
-        self.role_since[change.instance_id] = now
+        self.policy.set_role(inst, change.role)  # since the simulator's now
         self.last_change = now
         key = {"lend": "lends", "reclaim": "reclaims", "flip": "flips"}[change.reason]
         self.counts[key] += 1

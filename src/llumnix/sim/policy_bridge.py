@@ -19,6 +19,7 @@ or in `llumnix serve --config`'s spelling (``llumnix.config.SystemConfig``; ``si
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from llumnix.core.errors import InvalidRequestError
@@ -29,8 +30,8 @@ from llumnix.policy import (
     ReschedulingConfig,
     SchedulingConfig,
 )
+from llumnix.policy.cluster_view import Role
 from llumnix.policy.config import PolicyConfigError
-from llumnix.policy.pd import DECODES, TAKES_PREFILL
 from llumnix.policy.rounds import scaling_round
 from llumnix.policy.trigger import Reactions
 
@@ -96,7 +97,9 @@ def validate_system(spec: SystemSpec, where: str) -> None:
 class PolicyBridge:
     """With PD on (``config.pd``), ``gs`` dispatches over the prefill pool (roles prefill
     and mixed) and ``gs_decode`` pairs migrations within the decode pool (decode and
-    mixed): each sees only its pool's statuses (``policy/pd.py``)."""
+    mixed): each sees only its pool's statuses (``policy/pd.py``). Roles (and PD's
+    promised blocks) live in ``cluster``, the prefill pool's ``ClusterView``, as in
+    LlumSched's one view."""
 
     def __init__(self, config: SchedulingConfig, clock: Clock | None = None, seed: int = 0,
                  scaling_interval_s: float = 1.0, rescheduler_apart: bool = False) -> None:
@@ -107,8 +110,9 @@ class PolicyBridge:
         """Pairs migrations: its own scheduler with PD (the decode pool), or with
         ``rescheduler_apart`` (the cluster's LlumSched apart from the gateway's dispatch:
         statuses reach it later, ``ClusterConfig.status_delay_s``)."""
-        self.roles: dict[str, str] = {}
-        """Each instance's PD role (all mixed with PD off)."""
+        self.cluster = self.gs.cluster
+        """Each instance's PD role (all mixed with PD off) and, with PD, the blocks promised
+        to decode instances by hand-offs; the prefill pool's statuses."""
         self.clock = clock
         self.enable_migration = config.rescheduling.enabled
         self.reactions = Reactions(config.rescheduling, config.freeness)
@@ -127,27 +131,31 @@ class PolicyBridge:
     def make_llumlet(self, instance_id: str, engine: EngineCore) -> Llumlet:
         return Llumlet(instance_id, engine, self.config.rescheduling, self.config.freeness)
 
-    def _pools(self, role: str) -> list[GlobalScheduler]:
+    @property
+    def roles(self) -> Mapping[str, Role]:
+        return self.cluster.roles
+
+    def _pools(self, role: Role) -> list[GlobalScheduler]:
         if self.gs_decode is self.gs:
             return [self.gs]
-        return [gs for gs, roles in ((self.gs, TAKES_PREFILL), (self.gs_decode, DECODES)) if role in roles]
+        return [gs for gs, takes in ((self.gs, role.takes_prefill), (self.gs_decode, role.in_decode_pool)) if takes]
 
     def add_instance(self, inst: SimInstance) -> None:
-        iid = inst.instance_id
-        if iid not in self.roles:
+        iid, now = inst.instance_id, self._now()
+        if iid not in self.cluster.roles:
             pd = self.config.pd
-            num_prefill = sum(1 for r in self.roles.values() if r == "prefill")
-            self.roles[iid] = ("mixed" if not pd.is_on else
-                               "prefill" if num_prefill < pd.prefill_instances else "decode")
-        status = inst.llumlet.report(self._now())
-        for gs in self._pools(self.roles[iid]):
+            num_prefill = len(self.cluster.ids_with(Role.PREFILL))
+            self.cluster.set_role(iid, Role.MIXED if not pd.is_on else
+                                  Role.PREFILL if num_prefill < pd.prefill_instances else Role.DECODE, now)
+        status = inst.llumlet.report(now)
+        for gs in self._pools(self.cluster.role_of(iid)):
             gs.add_instance(status)
 
     def remove_instance(self, inst: SimInstance) -> None:
         for gs in {id(g): g for g in (self.gs, self.gs_decode)}.values():
             gs.remove_instance(inst.instance_id)
         self.reactions.remove(inst.instance_id)
-        self.roles.pop(inst.instance_id, None)
+        self.cluster.drop_role(inst.instance_id)
 
     def report(self, inst: SimInstance) -> bool:
         return self.deliver(self.push(inst))
@@ -159,7 +167,7 @@ class PolicyBridge:
     def deliver(self, status: InstanceStatus, *, dispatch: bool = True, reschedule: bool = True) -> bool:
         """A status (``llumlet.push``'s) reaches dispatch and, apart or at once, the
         rescheduler (its pairing and trigger): True if it triggers a pass."""
-        role = self.roles.get(status.instance_id, "mixed")
+        role = self.cluster.role_of(status.instance_id)
         # refresh=False: the dispatch view is rebuilt when a decision next reads it, so a
         # report overwritten before any decision costs no view (the same decisions).
         for gs in self._pools(role):
@@ -167,7 +175,7 @@ class PolicyBridge:
                 gs.update_status(status, refresh=False)
         if not reschedule or not self.track_reactions:
             return False
-        if role not in DECODES:  # as LlumSched: rescheduling pairs only within the decode pool
+        if not role.in_decode_pool:  # as LlumSched: rescheduling pairs only within the decode pool
             self.reactions.remove(status.instance_id)
             return False
         return self.reactions.on_status(status)
@@ -177,13 +185,14 @@ class PolicyBridge:
 
     def set_role(self, inst: SimInstance, role: str) -> None:
         """Move ``inst`` between the pools (PD role change)."""
-        old = self.roles[inst.instance_id]
-        before, after = self._pools(old), self._pools(role)
+        now = self._now()
+        old = self.cluster.role_of(inst.instance_id)
+        before, after = self._pools(old), self._pools(Role(role))
         for gs in before:
             if gs not in after:
-                gs.remove_instance(inst.instance_id)
-        self.roles[inst.instance_id] = role
-        status = inst.llumlet.report(self._now())
+                gs.remove_instance(inst.instance_id)  # (the prefill pool's also drops the role)
+        self.cluster.set_role(inst.instance_id, role, now)
+        status = inst.llumlet.report(now)
         for gs in after:
             if gs not in before:
                 gs.add_instance(status)
