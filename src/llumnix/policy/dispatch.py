@@ -11,6 +11,7 @@ random           -                                                     random
 power-of-two     fewest-requests                                       power-of-two
 llm-d            queue-depth (queue_weight), kv-utilization (kv_weight) max-score
                  and, with prefix_weight > 0, prefix-match (prefix_weight)
+slo              predicted-slo (``scheduling.slo``'s classes)             max-score
 custom           ``params``: filters, scorers [{name, weight}], picker ``params``
 ================ ===================================================== ==============
 
@@ -67,6 +68,7 @@ POLICY_PARAMS: dict[str, tuple[str, ...]] = {
     "random": (),
     "power-of-two": (),
     "llm-d": ("queue_weight", "kv_weight", "prefix_weight", *_TIE),
+    "slo": ("freeness_weight", *_TIE),
     "custom": ("filters", "scorers", "picker"),
 }
 """The params each policy accepts; anything else is a configuration error."""
@@ -150,6 +152,10 @@ def make_pipeline(name: str, params: dict[str, Any] | None = None) -> Pipeline:
         return Pipeline(scorers=(), picker="random")
     if name == "power-of-two":
         return Pipeline(scorers=(("fewest-requests", 1.0),), picker="power-of-two")
+    if name == "slo":
+        fw = _weight(p, "freeness_weight") if "freeness_weight" in p else 0.0
+        extra = (("queue-aware-freeness", fw),) if fw else ()
+        return Pipeline(scorers=(("predicted-slo", 1.0), *extra), picker=_picker(p))
     if name == "llm-d":
         scorers = [("queue-depth", _weight(p, "queue_weight")), ("kv-utilization", _weight(p, "kv_weight"))]
         prefix_weight = _weight(p, "prefix_weight") if "prefix_weight" in p else 0.0

@@ -19,6 +19,9 @@ from llumnix.policy.pending import PendingDispatches
 from llumnix.policy.pipeline import DispatchContext
 from llumnix.policy.prefix_affinity import PrefixIndex, affinity_choice, block_keys
 from llumnix.policy.scaling import ScaleAction, scaling_decision
+from llumnix.policy.slo_dispatch import SLODispatch
+from llumnix.policy.slo_predict import SLOPredictor
+from llumnix.policy.slo_rescue import rescue_orders
 
 __all__ = ["DispatchQueue", "DispatchRequest", "GlobalScheduler"]
 
@@ -66,6 +69,8 @@ class GlobalScheduler:
         self._index = DispatchIndex(base) if DispatchIndex.supports(base) else None
         if prefix is not None:
             self._ctx.prefix_options = prefix
+        self.slo = SLOPredictor(self.config.slo) if self.config.dispatch.policy == "slo" else None
+        """The latency predictor of the ``slo`` policy (dispatch by predicted attainment, rescue)."""
         self.roles: dict[str, str] = {}
         """PD roles (``policy/pd.py``) of the instances that are not ``mixed``: dispatch
         takes only prefill-taking ones, rescheduling pairs only within the decode pool."""
@@ -80,6 +85,8 @@ class GlobalScheduler:
         self._removed.discard(status.instance_id)
         self.sent.setdefault(status.instance_id, 0)
         self._set(self._marked(status))
+        if self.slo is not None:
+            self.slo.num_instances = len(self.statuses)
 
     def remove_instance(self, instance_id: str) -> None:
         self.statuses.pop(instance_id, None)
@@ -95,6 +102,9 @@ class GlobalScheduler:
         self.pending.remove_instance(instance_id)
         self._terminating.discard(instance_id)
         self._removed.add(instance_id)
+        if self.slo is not None:
+            self.slo.forget(instance_id)
+            self.slo.num_instances = len(self.statuses)
 
     def mark_terminating(self, instance_id: str) -> None:
         """Scale-in: no more dispatches there, and it is a migration source until empty,
@@ -149,6 +159,8 @@ class GlobalScheduler:
         if status.evicted_prefix_keys and self.prefix_index is not None and self.config.dispatch.prefix_evictions:
             self.prefix_index.forget_evicted(status.instance_id, status.evicted_prefix_keys, old.timestamp)
         self.pending.on_status(status, self.config.dispatch.pending_grace_s)
+        if self.slo is not None:
+            self.slo.on_status(old, status)
         if refresh:
             self._set(self._marked(status))
         else:
@@ -227,6 +239,9 @@ class GlobalScheduler:
                                if i in self._views and self.takes_prefill(i)}
         else:
             ctx.prefix_hits = None
+        if self.slo is not None:
+            cls = self.config.slo.resolve(req.slo_class, req.priority)
+            ctx.slo = SLODispatch(self.slo, cls, req.priority, req.num_prompt_tokens)
         iid = FALLBACK if self._index is None else self._index.pick(self._views, ctx)
         if iid == FALLBACK:
             views = self.view()
@@ -239,6 +254,8 @@ class GlobalScheduler:
         if keys and self.prefix_index is not None:
             self.prefix_index.record(iid, keys, self.statuses[iid].num_total_blocks, now)
         self.sent[iid] = self.sent.get(iid, 0) + 1
+        if self.slo is not None:
+            self.slo.on_dispatch(now, req.num_prompt_tokens)
         self.pending.add(iid, req, self.statuses[iid].block_size, now)
         self._refresh(iid)
         return iid
@@ -263,7 +280,11 @@ class GlobalScheduler:
         views = self.view()
         if self.roles:  # PD: prefill instances hand requests off instead (cluster/pd.py)
             views = [v for v in views if self.roles.get(v.instance_id, "mixed") in DECODES]
-        return pair_migrations(views, cfg.rescheduling, cfg.freeness)
+        orders = pair_migrations(views, cfg.rescheduling, cfg.freeness)
+        if self.slo is not None and cfg.slo.rescue:
+            taken = {i for o in orders for i in (o.src_instance_id, o.dst_instance_id)}
+            orders += rescue_orders(views, self.slo, now, cfg.rescheduling, taken)
+        return orders
 
     def record_freeness(self, now: float) -> float:
         """Sample the average normal-priority freeness for auto-scaling (0.0 and no

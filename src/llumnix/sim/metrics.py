@@ -25,6 +25,7 @@ import numpy as np
 from llumnix.core.batch import RequestMetrics, RequestOutput
 from llumnix.core.request import Priority
 from llumnix.migration.protocol import MigrationReport
+from llumnix.policy.slo import SLOConfig
 
 PRIORITY_NAMES = {int(p): p.name.lower() for p in Priority}
 """Class label in ``by_priority``: high, normal (other levels by number)."""
@@ -103,6 +104,9 @@ class MetricsCollector:
     """(time, number of instances up or starting) at every change."""
     slo: SLO | None = None
     """The objectives of ``summary``'s ``slo`` section (None: none reported)."""
+    slo_classes: SLOConfig | None = None
+    """The SLO classes of ``summary``'s ``by_slo_class``: each request in the class of the
+    priority the trace gave it (``SLOConfig.for_priority``; None: not reported)."""
     token_gaps: array = field(default_factory=lambda: array("d"))  # type: ignore[type-arg]
     """Every inter-token gap of every request (seconds)."""
     _last_token: dict[str, float] = field(default_factory=dict)
@@ -177,6 +181,23 @@ class MetricsCollector:
             "downtime": summarize(downtimes),
         }
 
+    def class_attainment(self, classes: SLOConfig, attainment: float = 0.9) -> dict[str, Any]:
+        """Per SLO class (those with requests): its objectives, finished requests, the share
+        meeting both, and whether that share reaches ``attainment`` (a rate counts toward
+        goodput when every class's does)."""
+        met: dict[str, list[int]] = {}
+        for r, c in zip(self.requests, self.classes, strict=True):
+            cls = classes.for_priority(c)
+            counts = met.setdefault(cls.name, [0, 0])
+            counts[0] += 1
+            counts[1] += cls.is_met(r.ttft, r.decode_per_token)
+        out: dict[str, Any] = {}
+        for name, (n, ok) in met.items():
+            cls = classes.get(name)
+            out[name] = {"ttft_s": cls.ttft_s, "tpot_s": cls.tpot_s, "num_finished": n,
+                         "attainment": ok / n, "meets": ok / n >= attainment}
+        return out
+
     def _class_summary(self, priority_class: int) -> dict[str, Any]:
         arr = self.request_arrays(priority_class)
         out: dict[str, Any] = {"num_finished": int(arr["e2e"].size)}
@@ -194,6 +215,8 @@ class MetricsCollector:
         if self.slo is not None:
             out["slo"] = {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s, "target": self.slo.attainment,
                           "attainment": slo_attainment(self.requests, self.slo)}
+        if self.slo_classes is not None:
+            out["by_slo_class"] = self.class_attainment(self.slo_classes)
         out["num_preemptions"] = int(arr["num_preemptions"].sum())
         out["num_preempted_requests"] = int((arr["num_preemptions"] > 0).sum())
         out["by_priority"] = {PRIORITY_NAMES.get(c, str(c)): self._class_summary(c)

@@ -55,10 +55,11 @@ def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dic
         model = dataclasses.replace(model, step_overhead_s=spec.step_overhead_s)  # type: ignore[type-var]
     if spec.seq_overhead_s is not None:
         model = dataclasses.replace(model, seq_overhead_s=spec.seq_overhead_s)  # type: ignore[type-var]
-    sim = Simulator(spec.cluster, model,
-                    make_policy(spec.system, spec.cluster, seed=spec.seed), trace, progress=progress,
-                    priorities=spec.system.priorities)
+    policy = make_policy(spec.system, spec.cluster, seed=spec.seed)
+    policy.seed_predictor(model)
+    sim = Simulator(spec.cluster, model, policy, trace, progress=progress, priorities=spec.system.priorities)
     sim.metrics.slo = spec.slo or SLOS.get(spec.latency_model)
+    sim.metrics.slo_classes = policy.config.slo
     summary = sim.run()
     record: dict[str, Any] = {"system": spec.system.name, "trace": spec.trace.name, "rate": spec.rate,
                               "seed": spec.seed, "num_requests": len(trace),
