@@ -15,6 +15,7 @@ tracks a machine that is slower (or busier) than its calibration.
 """
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -96,11 +97,18 @@ class StepTimeModel:
     def predict(self, batch: StepBatch) -> float:
         return max(0.0, sum(c * x for c, x in zip(self.coef, batch.features, strict=True)))
 
+    # predict() of a prefill-only or decode-only batch, written out: dispatch asks these per
+    # candidate and per queued request
     def prefill_s(self, lens: Sequence[int]) -> float:
-        return self.predict(StepBatch(prefill_lens=tuple(lens))) if lens else 0.0
+        if not lens:
+            return 0.0
+        a, _, c, d, e, _ = self.coef
+        t = a + c * _SCALE[2] * sum(lens) + d * _SCALE[3] * sum(n * n for n in lens) + e * _SCALE[4] * len(lens)
+        return max(0.0, t)
 
     def decode_s(self, num_seqs: int, num_context_tokens: int) -> float:
-        return self.predict(StepBatch(num_decode_seqs=num_seqs, num_context_tokens=num_context_tokens))
+        _, b, _, _, e, f = self.coef
+        return max(0.0, b + e * _SCALE[4] * num_seqs + f * _SCALE[5] * num_context_tokens)
 
     def observe(self, batch: StepBatch, seconds: float) -> None:
         """One measured step: an RLS update on relative error (features and target over the
@@ -148,9 +156,13 @@ class OutputLengths:
         self.prior_mean = prior_mean
         self._seen: deque[int] = deque(maxlen=window)
         self._min = min_samples
+        self._sorted: list[int] | None = None
+        self._tail_sums: list[int] = []
+        """Sums of the sorted lengths from each index on (rebuilt after an observation)."""
 
     def observe(self, num_output_tokens: int) -> None:
         self._seen.append(num_output_tokens)
+        self._sorted = None
 
     @property
     def mean(self) -> float:
@@ -159,8 +171,15 @@ class OutputLengths:
     def remaining(self, made: int) -> float:
         """E[L - made | L > made]: empirical when enough finished requests ran longer,
         else the prior's mean less what was made, at least a quarter of it."""
-        longer = [n - made for n in self._seen if n > made]
-        if len(longer) >= self._min:
-            return sum(longer) / len(longer)
+        if self._sorted is None:  # once per batch of observations, not per question
+            self._sorted = sorted(self._seen)
+            sums = [0] * (len(self._sorted) + 1)
+            for i in range(len(self._sorted) - 1, -1, -1):
+                sums[i] = sums[i + 1] + self._sorted[i]
+            self._tail_sums = sums
+        i = bisect.bisect_right(self._sorted, made)
+        n = len(self._sorted) - i
+        if n >= self._min:
+            return (self._tail_sums[i] - made * n) / n
         m = self.mean
         return max(m - made, m / 4)
