@@ -6,7 +6,7 @@ import pytest
 from llumnix.core.request import Priority
 from llumnix.policy import DispatchRequest, GlobalScheduler, PolicyConfigError, SchedulingConfig
 from llumnix.policy.slo import SLOConfig
-from llumnix.policy.slo_dispatch import MEETS, SLODispatch, candidate_score, should_shed
+from llumnix.policy.slo_dispatch import MEETS, RequestShedError, SLODispatch, candidate_score, should_shed
 from llumnix.policy.slo_predict import SLOPredictor
 from llumnix.policy.slo_rescue import rescue_orders, tpot_rescues, ttft_rescues
 from tests.policy.snapshots import inst, run, wait
@@ -124,3 +124,18 @@ def test_rescue_is_an_ablation_switch_in_reschedule() -> None:
     assert off.reschedule(0.5) == []
     assert rescue_orders([a, b], SLOPredictor(SLOConfig()), 0.5, SchedulingConfig().rescheduling,
                          taken={"a"}) == []  # a freeness order holds a: no rescue touches it
+
+
+def test_a_class_that_may_shed_is_refused_when_none_meets_and_only_up_to_its_share() -> None:
+    gs = GlobalScheduler(SchedulingConfig.from_dict({
+        "dispatch": {"policy": "slo"},
+        "slo": {"classes": {"interactive": {"ttft_s": 1, "tpot_s": 0.1, "priority": "high", "shed_share": 0.5},
+                            "batch": {"ttft_s": 10, "tpot_s": 0.3}}}}))
+    gs.add_instance(_busy("a", 2, NORMAL, 100, waiting=[wait(f"q{i}", 3000, HIGH) for i in range(8)]))
+    assert gs.dispatch(DispatchRequest("x0", 500, HIGH), 0.0) == "a"  # 1 of 1 would pass the 50% share: queued
+    with pytest.raises(RequestShedError) as e:
+        gs.dispatch(DispatchRequest("x1", 500, HIGH), 0.0)
+    assert e.value.slo_class == "interactive" and e.value.retry_after_s >= 1 and "slo_class" in str(e.value)
+    assert gs.dispatch(DispatchRequest("x2", 500, HIGH), 0.0) == "a"  # 2 of 3 would pass it
+    assert gs.dispatch(DispatchRequest("y", 500, NORMAL), 0.0) == "a"  # batch has no shed share
+    assert gs.shed.num_shed == {"interactive": 1} and gs.shed.num_seen == {"interactive": 3, "batch": 1}

@@ -19,7 +19,7 @@ from llumnix.policy.pending import PendingDispatches
 from llumnix.policy.pipeline import DispatchContext
 from llumnix.policy.prefix_affinity import PrefixIndex, affinity_choice, block_keys
 from llumnix.policy.scaling import ScaleAction, scaling_decision
-from llumnix.policy.slo_dispatch import SLODispatch
+from llumnix.policy.slo_dispatch import ShedBook, SLODispatch
 from llumnix.policy.slo_predict import SLOPredictor
 from llumnix.policy.slo_rescue import rescue_orders
 
@@ -71,6 +71,8 @@ class GlobalScheduler:
             self._ctx.prefix_options = prefix
         self.slo = SLOPredictor(self.config.slo) if self.config.dispatch.policy == "slo" else None
         """The latency predictor of the ``slo`` policy (dispatch by predicted attainment, rescue)."""
+        self.shed = ShedBook()
+        """Requests the ``slo`` policy shed, per class (``RequestShedError``)."""
         self.roles: dict[str, str] = {}
         """PD roles (``policy/pd.py``) of the instances that are not ``mixed``: dispatch
         takes only prefill-taking ones, rescheduling pairs only within the decode pool."""
@@ -225,7 +227,9 @@ class GlobalScheduler:
 
     def dispatch(self, req: DispatchRequest, now: float) -> str | None:
         """The instance for ``req``, or None if no instance can take it now (all
-        unschedulable or terminating): the caller keeps it in its DispatchQueue."""
+        unschedulable or terminating): the caller keeps it in its DispatchQueue. The ``slo``
+        policy raises ``RequestShedError`` for a request of a class that may shed when no
+        instance meets its objectives."""
         if self._stale_views or self._stale_keys:
             self._refresh_stale()
         ctx = self._ctx
@@ -251,6 +255,8 @@ class GlobalScheduler:
             iid = self._with_affinity(iid, ctx)
         if iid is None:
             return None
+        if ctx.slo is not None:  # a class that may shed is refused here rather than queued past its objective
+            self.shed.check(ctx.slo, self._views[iid], now)
         if keys and self.prefix_index is not None:
             self.prefix_index.record(iid, keys, self.statuses[iid].num_total_blocks, now)
         self.sent[iid] = self.sent.get(iid, 0) + 1

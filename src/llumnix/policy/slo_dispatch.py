@@ -11,8 +11,10 @@ with a ``shed_share`` may be refused instead, ``should_shed``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from llumnix.core.errors import LlumnixError
 from llumnix.core.status import InstanceStatus
 from llumnix.policy.slo import SLOClass
 from llumnix.policy.slo_predict import SLOPredictor
@@ -50,6 +52,37 @@ def slo_scores(cands: list[InstanceStatus], req: SLODispatch | None, now: float)
     if req is None:
         return [1.0] * len(cands)
     return [candidate_score(s, req, now) for s in cands]
+
+
+class RequestShedError(LlumnixError):
+    """Dispatch refused a request early: no instance meets its class's objectives and the
+    class may shed (the gateway answers 429 with ``Retry-After``)."""
+
+    def __init__(self, slo_class: str, retry_after_s: int) -> None:
+        super().__init__(f"no instance can meet slo_class {slo_class!r} now; retry after {retry_after_s} s")
+        self.slo_class = slo_class
+        self.retry_after_s = retry_after_s
+
+
+class ShedBook:
+    """Per class: requests dispatch saw and those it shed, for the class's shed share."""
+
+    def __init__(self) -> None:
+        self.num_seen: dict[str, int] = {}
+        self.num_shed: dict[str, int] = {}
+
+    def check(self, req: SLODispatch, chosen: InstanceStatus, now: float) -> None:
+        """Count the request; raise ``RequestShedError`` if it is to be shed rather than sent to ``chosen``."""
+        name = req.slo_class.name
+        seen, shed = self.num_seen.get(name, 0), self.num_shed.get(name, 0)
+        self.num_seen[name] = seen + 1
+        if req.slo_class.shed_share <= 0.0 or not should_shed(candidate_score(chosen, req, now), req.slo_class,
+                                                               shed, seen):
+            return
+        self.num_shed[name] = shed + 1
+        pred = req.predictor
+        wait = pred.ttft(pred.load(chosen), req.num_prompt_tokens, req.priority)
+        raise RequestShedError(name, max(1, math.ceil(wait - req.slo_class.ttft_s)))
 
 
 def should_shed(best_score: float, slo_class: SLOClass, num_shed: int, num_seen: int) -> bool:

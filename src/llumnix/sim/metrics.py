@@ -107,6 +107,8 @@ class MetricsCollector:
     slo_classes: SLOConfig | None = None
     """The SLO classes of ``summary``'s ``by_slo_class``: each request in the class of the
     priority the trace gave it (``SLOConfig.for_priority``; None: not reported)."""
+    num_shed: dict[int, int] = field(default_factory=dict)
+    """Requests the policy shed (refused early), by the priority class the trace gave them."""
     token_gaps: array = field(default_factory=lambda: array("d"))  # type: ignore[type-arg]
     """Every inter-token gap of every request (seconds)."""
     _last_token: dict[str, float] = field(default_factory=dict)
@@ -128,6 +130,9 @@ class MetricsCollector:
     def on_finished(self, m: RequestMetrics, priority_class: int | None = None) -> None:
         self.requests.append(m)
         self.classes.append(m.priority if priority_class is None else priority_class)
+
+    def on_shed(self, priority_class: int) -> None:
+        self.num_shed[priority_class] = self.num_shed.get(priority_class, 0) + 1
 
     def on_migration(self, report: MigrationReport) -> None:
         self.migrations.append(report)
@@ -182,10 +187,15 @@ class MetricsCollector:
         }
 
     def class_attainment(self, classes: SLOConfig, attainment: float = 0.9) -> dict[str, Any]:
-        """Per SLO class (those with requests): its objectives, finished requests, the share
-        meeting both, and whether that share reaches ``attainment`` (a rate counts toward
-        goodput when every class's does)."""
+        """Per SLO class (those with requests): its objectives, finished and shed requests,
+        the share meeting both (a shed request meets neither), and whether that share
+        reaches ``attainment`` (a rate counts toward goodput when every class's does)."""
         met: dict[str, list[int]] = {}
+        shed: dict[str, int] = {}
+        for c, n in self.num_shed.items():
+            name = classes.for_priority(c).name
+            shed[name] = shed.get(name, 0) + n
+            met.setdefault(name, [0, 0])
         for r, c in zip(self.requests, self.classes, strict=True):
             cls = classes.for_priority(c)
             counts = met.setdefault(cls.name, [0, 0])
@@ -194,8 +204,9 @@ class MetricsCollector:
         out: dict[str, Any] = {}
         for name, (n, ok) in met.items():
             cls = classes.get(name)
+            share = ok / (n + shed.get(name, 0))
             out[name] = {"ttft_s": cls.ttft_s, "tpot_s": cls.tpot_s, "num_finished": n,
-                         "attainment": ok / n, "meets": ok / n >= attainment}
+                         "num_shed": shed.get(name, 0), "attainment": share, "meets": share >= attainment}
         return out
 
     def _class_summary(self, priority_class: int) -> dict[str, Any]:
