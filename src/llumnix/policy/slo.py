@@ -151,4 +151,4 @@ class SLOConfig:
 
     @property
     def tightest_tpot_s(self) -> float:
-        return min(c.tpot_s for c in self.classes.values())
+        return float(min(c.tpot_s for c in self.classes.values()))
