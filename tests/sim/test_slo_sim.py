@@ -56,3 +56,22 @@ def test_shed_requests_count_as_misses_of_their_class() -> None:
     n = inter["num_finished"] + inter["num_shed"] + r["by_slo_class"]["batch"]["num_finished"]
     assert n + r["num_rejected"] == 160
     assert inter["attainment"] <= inter["num_finished"] / (inter["num_finished"] + inter["num_shed"])
+
+
+def test_slo_records_carry_the_predictor_ttft_error() -> None:
+    r = _run(_slo())
+    err = r["slo_predictor"]
+    assert err["num"] == r["num_finished"]  # every finished request was predicted at dispatch
+    assert 0.0 <= err["ttft_rel_error_p50"] <= err["ttft_rel_error_p90"]
+    assert "slo_predictor" not in _run(SystemSpec("infaas++", "infaas++"))
+
+
+def test_ttft_errors_match_predictions_to_requests_by_arrival() -> None:
+    from llumnix.core.batch import RequestMetrics
+    from llumnix.sim.runner import ttft_errors
+
+    def req(arrival: float, ttft: float) -> RequestMetrics:
+        return RequestMetrics(arrival, arrival, arrival + ttft, arrival + 1, 10, 5, 0, 0.0, 0)
+
+    out = ttft_errors([(0.0, 1.5), (1.0, 0.5), (2.0, 9.0)], [req(0.0, 1.0), req(1.0, 1.0)])  # 2.0 never finished
+    assert out == {"num": 2, "ttft_rel_error_p50": 0.5, "ttft_rel_error_p90": 0.5, "ttft_signed_p50": 0.0}

@@ -14,6 +14,7 @@ predictor follows from dispatches): a prefill-first engine stalls every decode f
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from llumnix.core.status import InstanceStatus
@@ -21,6 +22,8 @@ from llumnix.policy.freeness import blocks_for
 from llumnix.policy.predictor import OutputLengths, StepTimeModel
 from llumnix.policy.slo import SLOConfig
 
+LOG_SIZE = 100_000
+"""Dispatches whose predicted TTFT is kept (``ttft_log``)."""
 _MAX_SHARE = 0.6
 """Cap on the prefill share (beyond it the instance is overloaded and TPOT predictions
 stop meaning much; the cap keeps them finite)."""
@@ -68,8 +71,16 @@ class SLOPredictor:
         self._first = 0.0
         self.num_instances = 1
         self._loads: dict[str, tuple[InstanceStatus, InstanceLoad]] = {}
+        self.ttft_log: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        """Per dispatched request id: (arrival time, TTFT predicted on the instance chosen),
+        the last ``LOG_SIZE``: what the predictor's TTFT error is measured on."""
 
     # -- what it follows -------------------------------------------------------------
+    def record_ttft(self, request_id: str, arrival_time: float, predicted_s: float) -> None:
+        self.ttft_log[request_id] = (arrival_time, predicted_s)
+        if len(self.ttft_log) > LOG_SIZE:
+            self.ttft_log.popitem(last=False)
+
     def on_dispatch(self, now: float, num_prompt_tokens: int) -> None:
         if not self._prefills:
             self._first = now

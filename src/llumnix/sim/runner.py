@@ -10,13 +10,16 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from llumnix.bench.machine import RESULTS_DIR
+from llumnix.core.batch import RequestMetrics
 from llumnix.sim.cluster import ClusterConfig
 from llumnix.sim.config import ConfigError, ExperimentConfig, SystemSpec, load_config
 from llumnix.sim.latency import get_latency_model
@@ -61,6 +64,8 @@ def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dic
     sim.metrics.slo = spec.slo or SLOS.get(spec.latency_model)
     sim.metrics.slo_classes = policy.config.slo
     summary = sim.run()
+    if policy.gs.slo is not None:
+        summary["slo_predictor"] = ttft_errors(policy.gs.slo.ttft_log.values(), sim.metrics.requests)
     record: dict[str, Any] = {"system": spec.system.name, "trace": spec.trace.name, "rate": spec.rate,
                               "seed": spec.seed, "num_requests": len(trace),
                               "num_instances": spec.cluster.num_instances, **summary}
@@ -68,6 +73,18 @@ def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dic
         arrays = sim.metrics.request_arrays()
         record["_samples"] = {k: arrays[k].tolist() for k in KEEP_SAMPLES}
     return record
+
+
+def ttft_errors(predicted: Iterable[tuple[float, float]], requests: list[RequestMetrics]) -> dict[str, float]:
+    """The slo policy's TTFT predictions (arrival time, predicted TTFT) against the TTFTs the
+    run measured: relative error P50 and P90, and the signed median (> 0: predicted late)."""
+    actual = {r.arrival_time: r.ttft for r in requests if r.ttft}
+    rel = [(p - actual[t]) / actual[t] for t, p in predicted if t in actual]
+    if not rel:
+        return {"num": 0}
+    a = np.abs(np.asarray(rel))
+    return {"num": len(rel), "ttft_rel_error_p50": float(np.percentile(a, 50)),
+            "ttft_rel_error_p90": float(np.percentile(a, 90)), "ttft_signed_p50": float(np.median(rel))}
 
 
 def plan(cfg: ExperimentConfig, seeds: int | None = None) -> list[RunSpec]:
