@@ -139,3 +139,16 @@ def test_a_class_that_may_shed_is_refused_when_none_meets_and_only_up_to_its_sha
     assert gs.dispatch(DispatchRequest("x2", 500, HIGH), 0.0) == "a"  # 2 of 3 would pass it
     assert gs.dispatch(DispatchRequest("y", 500, NORMAL), 0.0) == "a"  # batch has no shed share
     assert gs.shed.num_shed == {"interactive": 1} and gs.shed.num_seen == {"interactive": 3, "batch": 1}
+
+
+def test_rank_freeness_orders_the_candidates_that_meet_by_freeness() -> None:
+    # both meet a batch request; a has more free blocks per running request, b the smaller decode batch
+    a = inst("a", total=4000, running=[run(f"a{i}", 10, 160) for i in range(20)])
+    b = inst("b", total=1000, running=[run(f"b{i}", 10, 160) for i in range(10)])
+    for rank, want in (("slack", "b"), ("freeness", "a")):
+        gs = GlobalScheduler(SchedulingConfig.from_dict({"dispatch": {"policy": "slo", "params": {"rank": rank}}}))
+        for s in (a, b):
+            gs.add_instance(s)
+        assert gs.dispatch(DispatchRequest("x", 100, NORMAL), 0.0) == want
+    with pytest.raises(PolicyConfigError, match="dispatch.params.rank"):
+        SchedulingConfig.from_dict({"dispatch": {"policy": "slo", "params": {"rank": "speed"}}})

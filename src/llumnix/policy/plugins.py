@@ -91,6 +91,12 @@ def predicted_slo(cands: list[InstanceStatus], ctx: DispatchContext) -> list[flo
     return slo_scores(cands, ctx.slo, ctx.now)
 
 
+@register(SCORERS, "predicted-slo-freeness")
+def predicted_slo_freeness(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
+    """``predicted-slo``, the candidates that meet the objectives ranked by queue-aware freeness."""
+    return slo_scores(cands, ctx.slo, ctx.now, ctx.freeness)
+
+
 @register(PICKERS, "max-score")
 def max_score(cands: list[InstanceStatus], scores: list[float], ctx: DispatchContext) -> InstanceStatus:
     best = max(scores)

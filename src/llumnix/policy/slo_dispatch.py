@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from llumnix.core.errors import LlumnixError
 from llumnix.core.status import InstanceStatus
+from llumnix.policy.config import FreenessConfig
+from llumnix.policy.freeness import queue_aware_freeness
 from llumnix.policy.slo import SLOClass
 from llumnix.policy.slo_predict import SLOPredictor
 
@@ -47,11 +49,23 @@ def candidate_score(s: InstanceStatus, req: SLODispatch, now: float) -> float:
     return MEETS / (1.0 - min(0.0, own) - min(0.0, others))
 
 
-def slo_scores(cands: list[InstanceStatus], req: SLODispatch | None, now: float) -> list[float]:
-    """One score per candidate (all 1 without an SLO context: the scorer then does not decide)."""
+def slo_scores(cands: list[InstanceStatus], req: SLODispatch | None, now: float,
+               freeness: FreenessConfig | None = None) -> list[float]:
+    """One score per candidate (all 1 without an SLO context: the scorer then does not decide).
+    With ``freeness``, the candidates that meet every objective rank by queue-aware freeness
+    instead of slack (0.5 + half the min-max normalized freeness)."""
     if req is None:
         return [1.0] * len(cands)
-    return [candidate_score(s, req, now) for s in cands]
+    scores = [candidate_score(s, req, now) for s in cands]
+    if freeness is None:
+        return scores
+    meets = [i for i, v in enumerate(scores) if v >= MEETS]
+    if len(meets) > 1:
+        fs = [queue_aware_freeness(cands[i], freeness) for i in meets]
+        lo, hi = min(fs), max(fs)
+        for i, f in zip(meets, fs, strict=True):
+            scores[i] = MEETS + 0.5 * ((f - lo) / (hi - lo) if hi > lo else 1.0)
+    return scores
 
 
 class RequestShedError(LlumnixError):
