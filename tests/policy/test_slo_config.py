@@ -15,7 +15,6 @@ def test_default_classes_are_interactive_and_batch() -> None:
     slo = SystemConfig().scheduling.slo
     assert slo.get("interactive") == SLOClass("interactive", 1.0, 0.1, 0.0, int(Priority.HIGH))
     assert slo.get("batch") == SLOClass("batch", 10.0, 0.3, 0.0, int(Priority.NORMAL))
-    assert slo.tightest_tpot_s == 0.1
 
 
 def test_priorities_map_onto_classes() -> None:

@@ -128,10 +128,6 @@ class SLOConfig:
         if isinstance(self.output_tokens, bool) or not isinstance(self.output_tokens, int) or self.output_tokens < 1:
             raise bad_value("slo.output_tokens", f"must be an integer >= 1, got {self.output_tokens!r}")
 
-    @property
-    def by_name(self) -> dict[str, SLOClass]:
-        return self.classes
-
     def get(self, name: str) -> SLOClass:
         """The class called ``name``; an unknown name raises an error naming ``slo_class``."""
         cls = self.classes.get(name)
@@ -148,7 +144,3 @@ class SLOConfig:
 
     def resolve(self, name: str | None, priority: int) -> SLOClass:
         return self.for_priority(priority) if name is None else self.get(name)
-
-    @property
-    def tightest_tpot_s(self) -> float:
-        return float(min(c.tpot_s for c in self.classes.values()))
