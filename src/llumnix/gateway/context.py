@@ -11,6 +11,7 @@ from llumnix.gateway.backend import Backend
 from llumnix.gateway.formatting import LogprobFormat
 from llumnix.gateway.metrics import GatewayMetrics
 from llumnix.gateway.request_log import RequestLog
+from llumnix.policy.slo import SLOConfig
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class GatewayConfig:
     """/metrics, /docs, /redoc and /openapi.json need the API key too (when one is set)."""
     model_root: str | None = None
     """The model the served name stands for (/v1/models' ``root``); None: the served name."""
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    """The SLO classes a request may name (``slo_class``), and ``/metrics``' ``llumnix:slo_*``
+    count against (the system's ``scheduling.slo``; the defaults for ``llumnix gateway``)."""
 
 
 @dataclass
