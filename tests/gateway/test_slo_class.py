@@ -56,3 +56,16 @@ def test_metrics_count_requests_and_attainment_per_class(backend) -> None:
     assert 'llumnix:slo_met_total{model_name="fake",slo_class="chat"} 2.0' in text
     assert 'llumnix:slo_requests_total{model_name="fake",slo_class="never"} 2.0' in text
     assert 'llumnix:slo_met_total{model_name="fake",slo_class="never"}' not in text
+
+
+def test_a_shed_request_is_a_429_with_retry_after(client, backend) -> None:
+    from llumnix.policy.slo_dispatch import RequestShedError
+
+    def shed(request):
+        raise RequestShedError(request.slo_class or "batch", 3)
+
+    backend.generate = shed
+    r = client.post("/v1/completions", json={**BODY, "slo_class": "interactive"})
+    assert r.status_code == 429 and r.headers["retry-after"] == "3"
+    err = r.json()["error"]
+    assert err["param"] == "slo_class" and "interactive" in err["message"] and "Traceback" not in r.text
