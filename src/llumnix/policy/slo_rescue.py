@@ -15,7 +15,9 @@ already in one of its orders; at most one rescue order per instance a round:
   room to reserve it whose own requests (and the moved one) still meet their TPOT
   objectives after it joins, with the lowest predicted TPOT.
 
-The ablation switch is ``scheduling.slo.rescue``.
+The ablation switch is ``scheduling.slo.rescue``. The simulator moves the request an order
+names (``sim/policy_bridge.py``); the serving cluster's rounds do not read the name yet, and
+its source's llumlet selects as for any order.
 """
 from __future__ import annotations
 
