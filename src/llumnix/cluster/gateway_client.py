@@ -199,7 +199,8 @@ class ClusterBackend:
         if self.gs is None or not self.links:
             return None
         iid = self.gs.dispatch(DispatchRequest(request.request_id, len(request.prompt_token_ids), request.priority,
-                                               request.arrival_time, request.prompt_token_ids), time.time())
+                                               request.arrival_time, request.prompt_token_ids, request.slo_class),
+                               time.time())
         link = self.links.get(iid) if iid is not None else None
         if link is None or not link.is_open:
             return None

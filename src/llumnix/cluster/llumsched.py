@@ -369,7 +369,7 @@ class LlumSchedActor:
         unknown here (the gateway adds the request itself); None when nothing can take it."""
         iid = self.dispatch(DispatchRequest(request.request_id, len(request.prompt_token_ids),
                                             request.priority, request.arrival_time,
-                                            request.prompt_token_ids))
+                                            request.prompt_token_ids, request.slo_class))
         if iid is None:
             return None
         handle = self.handles.get(iid)

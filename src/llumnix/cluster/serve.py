@@ -155,7 +155,8 @@ def main_serve(args: argparse.Namespace) -> int:
         loading = pool.submit(_tokenizer, cfg.model, system.deployment.chat_template)
         cluster = start_cluster(cfg, progress=lambda text: _say(progress, text, args, cfg.namespace))
         tokenizer = loading.result()
-    return _run_gateway(progress, cluster, tokenizer, args, sock, system.deployment.served_model_name, cfg.model)
+    return _run_gateway(progress, cluster, tokenizer, args, sock, system.deployment.served_model_name, cfg.model,
+                        slo=system.scheduling.slo)
 
 
 def _say(progress: Progress, text: str, args: argparse.Namespace, namespace: str) -> None:
@@ -202,7 +203,7 @@ def main_gateway(args: argparse.Namespace) -> int:
 
 
 def _run_gateway(progress: Progress, cluster: Any, tokenizer: Any, args: argparse.Namespace, sock: Any,
-                 served_name: str | None, root: str) -> int:
+                 served_name: str | None, root: str, slo: Any = None) -> int:
     """The OpenAI gateway over ``cluster`` on ``sock``, until SIGINT/SIGTERM; ``root`` is
     the model the served name stands for. With an internal pool in ``--config``, the
     cluster is that pool of a ``MixedBackend``."""
@@ -215,6 +216,8 @@ def _run_gateway(progress: Progress, cluster: Any, tokenizer: Any, args: argpars
         info["model"] = served_name
     backend: Any = ClusterBackend(cluster.llumsched, cluster.instances, info, tokenizer)
     app_kw = {"admin_requires_key": not is_loopback(args.host), "model_root": root, **gateway_fields(args)}
+    if slo is not None:  # the system's SLO classes (`llumnix gateway` knows only the defaults)
+        app_kw["slo"] = slo
     if wants_mixed(args):  # the instances as one pool beside the config file's external ones
         from llumnix.lite.app import lite_app
         from llumnix.lite.serve import build_mixed

@@ -26,6 +26,8 @@ class GenerateRequest:
     model: str = ""
     """The model the client named, where it is not the served one ("": the served model);
     a backend that serves several routes by it."""
+    slo_class: str | None = None
+    """The SLO class the client named (``slo_class`` / ``X-SLO-Class``; None: its priority's)."""
     final_only: bool = False
     """The consumer reads only the finished output (a response answered whole): an
     instance may merge the request's outputs and send them once, at its end, or when it

@@ -63,13 +63,15 @@ class Reply:
 
 
 def make_choices(response_id: str, prompt_ids: list[int], params: SamplingParams, n: int,
-                 priority: int, arrival_time: float, final_only: bool = False) -> list[GenerateRequest]:
+                 priority: int, arrival_time: float, final_only: bool = False,
+                 slo_class: str | None = None) -> list[GenerateRequest]:
     """One engine request per choice; with a seed, choice i samples with seed + i."""
     if n == 1:
-        return [GenerateRequest(response_id, prompt_ids, params, priority, arrival_time, final_only=final_only)]
+        return [GenerateRequest(response_id, prompt_ids, params, priority, arrival_time, final_only=final_only,
+                                slo_class=slo_class)]
     return [GenerateRequest(f"{response_id}-{i}", prompt_ids,
                             params if params.seed is None else dataclasses.replace(params, seed=params.seed + i),
-                            priority, arrival_time, final_only=final_only)
+                            priority, arrival_time, final_only=final_only, slo_class=slo_class)
             for i in range(n)]
 
 
@@ -117,6 +119,10 @@ class _Progress:
         e2e = None if last is None else last - gen.arrival_time
         decode = None if first is None or last is None else last - first
         self.ctx.metrics.observe_finished(m, n_prompt, step.num_output_tokens, ttft, decode, e2e)
+        n_out = step.num_output_tokens
+        tpot = decode / (n_out - 1) if decode is not None and n_out > 1 else None
+        cls = self.ctx.config.slo.resolve(gen.slo_class, gen.priority)
+        self.ctx.metrics.observe_slo(cls.name, cls.is_met(ttft, tpot))
         self.ctx.metrics.params_max_tokens.observe(gen.params.max_tokens)
         self.ctx.request_log.on_finished(FinishedRequest(
             gen.request_id, m.instance_id if m else "", n_prompt, step.num_cached_tokens,

@@ -13,6 +13,7 @@ from llumnix.gateway.formatting import LogprobFormat
 from llumnix.gateway.metrics import GatewayMetrics
 from llumnix.gateway.request_log import RequestLog
 from llumnix.policy.fair_share import FairConfig
+from llumnix.policy.slo import SLOConfig
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class GatewayConfig:
     fair_share: int | None = None
     """At most this many choices in flight from this gateway, the rest waiting in a per-client
     virtual-token-counter queue (``gateway/fair.py``); None: every choice goes at once."""
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    """The SLO classes a request may name (``slo_class``), and ``/metrics``' ``llumnix:slo_*``
+    count against (the system's ``scheduling.slo``; the defaults for ``llumnix gateway``)."""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError, UpstreamError
 from llumnix.gateway.context import context
+from llumnix.policy.slo_dispatch import RequestShedError
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ def public_error(exc: Exception) -> tuple[int, str, str | None]:
     if isinstance(inner, LlumnixError) and not _from_ray(inner):  # our own words
         if isinstance(inner, InvalidRequestError):
             return 400, _first_line(inner), inner.param
+        if isinstance(inner, RequestShedError):  # shed early: its class's objectives cannot be met now
+            return 429, _first_line(inner), "slo_class"
         log.warning("request failed: %s: %s", type(inner).__name__, _first_line(inner))
         # The engine failed on this very request: retrying it elsewhere would fail again.
         # An engine we do not own answered badly (lite mode): a bad gateway, 502.
@@ -125,9 +128,15 @@ def failure_body(exc: Exception, during: str = "") -> tuple[int, dict[str, Any]]
     return status, error_body(message, param=param)
 
 
+def retry_headers(exc: Exception) -> dict[str, str] | None:
+    """``Retry-After`` for a shed request (429), else None."""
+    inner = unwrap(exc)
+    return {"Retry-After": str(inner.retry_after_s)} if isinstance(inner, RequestShedError) else None
+
+
 async def on_error(_: Request, exc: Exception) -> JSONResponse:
     status, body = failure_body(exc)
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=retry_headers(exc))
 
 
 async def on_invalid_request(request: Request, exc: Exception) -> JSONResponse:

@@ -107,6 +107,11 @@ class GatewayMetrics:
                                "(client gone, or an error).", labels, registry=r)
         self.rejected = Counter("llumnix:requests_rejected", "Requests refused with a 4xx.",
                                 labels + ["status"], registry=r)
+        self.slo_requests = Counter("llumnix:slo_requests", "Finished requests per SLO class (scheduling.slo).",
+                                    labels + ["slo_class"], registry=r)
+        self.slo_met = Counter("llumnix:slo_met", "Finished requests that met both their SLO class's TTFT "
+                               "and TPOT objectives (attainment: this over llumnix:slo_requests).",
+                               labels + ["slo_class"], registry=r)
         self.prompt_tokens = count("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = count("vllm:generation_tokens", "Number of generation tokens processed.")
         self.prompt_tokens_cached = count("llumnix:prompt_tokens_cached", "Prompt tokens of finished "
@@ -154,6 +159,12 @@ class GatewayMetrics:
         if child is None:
             child = self._children[key] = metric.labels(self.model_name, *more)
         return child
+
+    def observe_slo(self, slo_class: str, met: bool) -> None:
+        """A finished request of ``slo_class``, and whether it met both its objectives."""
+        self.slo_requests.labels(self.model_name, slo_class).inc()
+        if met:
+            self.slo_met.labels(self.model_name, slo_class).inc()
 
     def observe_finished(self, m: RequestMetrics | None, num_prompt_tokens: int, num_output_tokens: int,
                          ttft: float | None, decode: float | None, e2e: float | None) -> None:

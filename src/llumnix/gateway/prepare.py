@@ -18,6 +18,7 @@ from llumnix.gateway.fair import client_key
 from llumnix.gateway.protocol import ChatCompletionRequest, CompletionRequest, new_id, parse_priority
 
 PRIORITY_HEADER = "x-llumnix-priority"
+SLO_CLASS_HEADER = "x-slo-class"
 
 
 def check_model(ctx: GatewayContext, name: str) -> JSONResponse | None:
@@ -59,10 +60,15 @@ def prepare(ctx: GatewayContext, body: CompletionRequest | ChatCompletionRequest
     params = sampling_params(ctx, body, prompt_ids)
     header = request.headers.get(PRIORITY_HEADER)
     priority = parse_priority(header if header is not None else body.priority)
+    slo_class = request.headers.get(SLO_CLASS_HEADER, body.slo_class)
+    if slo_class is not None:
+        cls = ctx.config.slo.get(slo_class)  # an unknown class: a 400 naming slo_class
+        if header is None and body.priority is None:  # a class runs at its priority
+            priority = cls.priority
     chat = isinstance(body, ChatCompletionRequest)
     response_id = new_id("chatcmpl" if chat else "cmpl")
     gens = make_choices(response_id, prompt_ids, params, body.n, priority, time.monotonic(),
-                        final_only=not body.stream)
+                        final_only=not body.stream, slo_class=slo_class)
     if body.model != ctx.model_name:  # another model the backend serves: it routes by the name
         gens = [dataclasses.replace(g, model=body.model) for g in gens]
     if ctx.fair is not None:

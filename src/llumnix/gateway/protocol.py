@@ -132,6 +132,8 @@ class _SamplingFields(_Named):
     logit_bias: dict[str, StrictFloat] | None = None
     """OpenAI's: token ids (as strings, JSON's keys) mapped to a bias added to their logits."""
     priority: str | int | None = None
+    slo_class: str | None = None
+    """Llumnix's: the request's SLO class (``scheduling.slo``); None: its priority's class."""
     user: str | None = None
 
     @field_validator("n")

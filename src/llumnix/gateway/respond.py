@@ -10,7 +10,7 @@ from starlette.requests import Request
 from llumnix.gateway.choices import Reply, merge_choices
 from llumnix.gateway.context import GatewayContext
 from llumnix.gateway.disconnect import ClientWatch
-from llumnix.gateway.errors import failure_body
+from llumnix.gateway.errors import failure_body, retry_headers
 from llumnix.gateway.formatting import (
     EchoLogprob,
     TokenLogprob,
@@ -58,7 +58,7 @@ async def complete(ctx: GatewayContext, reply: Reply) -> Response:
             reasons[i], n_outs[i] = step.finish_reason, step.num_output_tokens
     except Exception as e:  # noqa: BLE001 - answered as the error handlers would, the detail logged
         status, error = failure_body(e, "the request failed: ")
-        return JSONResponse(error, status_code=status)
+        return JSONResponse(error, status_code=status, headers=retry_headers(e))
     choices = [_choice(ctx, reply, i, "".join(pieces[i]), reasons[i], lps[i], prompt_lps[i]) for i in range(n)]
     body = response_body(reply.response_id, reply.model or ctx.model_name, now_s(), choices, chat=reply.chat)
     body["usage"] = usage(len(reply.gens[0].prompt_token_ids), sum(n_outs), n_cached)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from llumnix.core.errors import InvalidRequestError
 from llumnix.core.request import Priority
 from llumnix.policy.pd import PDConfig
+from llumnix.policy.slo import SLOConfig
 
 T = TypeVar("T")
 
@@ -73,7 +74,7 @@ class FreenessConfig:
 
 
 DISPATCH_POLICIES = ("llumnix", "infaas++", "round-robin", "least-requests", "random", "power-of-two",
-                     "llm-d", "custom")
+                     "llm-d", "slo", "custom")
 SELECTIONS = ("paper", "SR", "LR", "FCW", "freed")
 SCALING_SIGNALS = ("mean", "cluster", "demand")
 DEFRAGS = ("paper", "hol")
@@ -85,7 +86,7 @@ DST_QUEUES = ("head", "all")
 @dataclass(frozen=True)
 class DispatchConfig:
     policy: str = "llumnix"
-    """llumnix | infaas++ | round-robin | random | least-requests | power-of-two | llm-d | custom."""
+    """llumnix | infaas++ | round-robin | random | least-requests | power-of-two | llm-d | slo | custom."""
     params: dict[str, Any] = field(default_factory=dict)
     """Policy-specific parameters (see ``dispatch.POLICY_PARAMS``); unknown keys are an error."""
     staleness_s: float = 2.0
@@ -234,7 +235,7 @@ class ScalingConfig:
 
 
 _SECTIONS = {"freeness": FreenessConfig, "dispatch": DispatchConfig,
-             "rescheduling": ReschedulingConfig, "scaling": ScalingConfig, "pd": PDConfig}
+             "rescheduling": ReschedulingConfig, "scaling": ScalingConfig, "pd": PDConfig, "slo": SLOConfig}
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,8 @@ class SchedulingConfig:
     """Auto-scaling."""
     pd: PDConfig = field(default_factory=PDConfig)
     """Prefill-decode disaggregation: off (co-located), static roles or adaptive (``policy/pd.py``)."""
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    """SLO classes (``policy/slo.py``): what the ``slo`` dispatch policy and rescue by migration aim at."""
 
     def __post_init__(self) -> None:
         # Validate the dispatch policy's params now, not at the first request.

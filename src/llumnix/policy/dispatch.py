@@ -11,8 +11,17 @@ random           -                                                     random
 power-of-two     fewest-requests                                       power-of-two
 llm-d            queue-depth (queue_weight), kv-utilization (kv_weight) max-score
                  and, with prefix_weight > 0, prefix-match (prefix_weight)
+slo              predicted-slo (``scheduling.slo``'s classes); ``rank:     max-score
+                 freeness``: predicted-slo-freeness
 custom           ``params``: filters, scorers [{name, weight}], picker ``params``
 ================ ===================================================== ==============
+
+``slo`` (issue 47; ``policy/slo_dispatch.py``) places a request where it is predicted to meet
+its SLO class's objectives without pushing the requests already there past their TPOT
+objectives; among those, with the most slack (``rank: slack``, the default) or the highest
+queue-aware freeness (``rank: freeness``); when none meets, at the least-bad one (or it is
+shed, for a class with a shed share). With rescheduling on it also rescues requests by
+migration (``scheduling.slo.rescue``, ``policy/slo_rescue.py``).
 
 max-score breaks ties by the lowest instance id (``tie_break: random``: by the RNG).
 Every policy filters with schedulable, not-terminating and fresh.
@@ -67,6 +76,7 @@ POLICY_PARAMS: dict[str, tuple[str, ...]] = {
     "random": (),
     "power-of-two": (),
     "llm-d": ("queue_weight", "kv_weight", "prefix_weight", *_TIE),
+    "slo": ("rank", *_TIE),
     "custom": ("filters", "scorers", "picker"),
 }
 """The params each policy accepts; anything else is a configuration error."""
@@ -150,6 +160,12 @@ def make_pipeline(name: str, params: dict[str, Any] | None = None) -> Pipeline:
         return Pipeline(scorers=(), picker="random")
     if name == "power-of-two":
         return Pipeline(scorers=(("fewest-requests", 1.0),), picker="power-of-two")
+    if name == "slo":
+        rank = p.get("rank", "slack")
+        if rank not in ("slack", "freeness"):
+            raise bad_value("dispatch.params.rank", f"must be 'slack' or 'freeness', got {rank!r}")
+        scorer = "predicted-slo" if rank == "slack" else "predicted-slo-freeness"
+        return Pipeline(scorers=((scorer, 1.0),), picker=_picker(p))
     if name == "llm-d":
         scorers = [("queue-depth", _weight(p, "queue_weight")), ("kv-utilization", _weight(p, "kv_weight"))]
         prefix_weight = _weight(p, "prefix_weight") if "prefix_weight" in p else 0.0

@@ -19,6 +19,8 @@ class DispatchRequest:
     prompt_token_ids: Sequence[int] | None = None
     """The prompt itself, for prefix affinity (``policy/prefix_affinity.py``); None where
     the caller has no tokens (the simulator's traces are lengths only)."""
+    slo_class: str | None = None
+    """The request's SLO class by name (None: its priority's, ``policy/slo.py``)."""
 
 
 def dispatch_order(req: DispatchRequest) -> tuple[int, float]:

@@ -19,6 +19,9 @@ from llumnix.policy.pending import PendingDispatches
 from llumnix.policy.pipeline import DispatchContext
 from llumnix.policy.prefix_affinity import PrefixIndex, affinity_choice, block_keys
 from llumnix.policy.scaling import ScaleAction, scaling_decision
+from llumnix.policy.slo_dispatch import ShedBook, SLODispatch
+from llumnix.policy.slo_predict import SLOPredictor
+from llumnix.policy.slo_rescue import rescue_orders
 
 __all__ = ["DispatchQueue", "DispatchRequest", "GlobalScheduler"]
 
@@ -68,6 +71,10 @@ class GlobalScheduler:
         self._index = DispatchIndex(base) if DispatchIndex.supports(base) else None
         if prefix is not None:
             self._ctx.prefix_options = prefix
+        self.slo = SLOPredictor(self.config.slo) if self.config.dispatch.policy == "slo" else None
+        """The latency predictor of the ``slo`` policy (dispatch by predicted attainment, rescue)."""
+        self.shed = ShedBook()
+        """Requests the ``slo`` policy shed, per class (``RequestShedError``)."""
 
     @property
     def statuses(self) -> MutableMapping[str, InstanceStatus]:
@@ -93,6 +100,8 @@ class GlobalScheduler:
         self.cluster.admit(status.instance_id, status.timestamp)
         self.sent.setdefault(status.instance_id, 0)
         self._set(self._marked(status))
+        if self.slo is not None:
+            self.slo.num_instances = len(self.statuses)
 
     def remove_instance(self, instance_id: str) -> None:
         """Gone: no dispatch, no migration, and its late reports add nothing (the caller
@@ -107,6 +116,9 @@ class GlobalScheduler:
         if self.prefix_index is not None:
             self.prefix_index.remove(instance_id)
         self.sent.pop(instance_id, None)
+        if self.slo is not None:
+            self.slo.forget(instance_id)
+            self.slo.num_instances = len(self.statuses)
 
     def mark_terminating(self, instance_id: str) -> None:
         """Scale-in: no more dispatches there, and it is a migration source until empty,
@@ -159,6 +171,8 @@ class GlobalScheduler:
         if status.evicted_prefix_keys and self.prefix_index is not None and self.config.dispatch.prefix_evictions:
             self.prefix_index.forget_evicted(status.instance_id, status.evicted_prefix_keys, old.timestamp)
         cluster.pending.on_status(status, self.config.dispatch.pending_grace_s)
+        if self.slo is not None:
+            self.slo.on_status(old, status)
         if refresh:
             self._set(self._marked(status))
         else:
@@ -224,7 +238,9 @@ class GlobalScheduler:
 
     def dispatch(self, req: DispatchRequest, now: float) -> str | None:
         """The instance for ``req``, or None if no instance can take it now (all
-        unschedulable or terminating): the caller keeps it in its DispatchQueue."""
+        unschedulable or terminating): the caller keeps it in its DispatchQueue. The ``slo``
+        policy raises ``RequestShedError`` for a request of a class that may shed when no
+        instance meets its objectives."""
         if self._stale_views or self._stale_keys:
             self._refresh_stale()
         ctx = self._ctx
@@ -238,6 +254,9 @@ class GlobalScheduler:
                                if i in self._views and self.takes_prefill(i)}
         else:
             ctx.prefix_hits = None
+        if self.slo is not None:
+            cls = self.config.slo.resolve(req.slo_class, req.priority)
+            ctx.slo = SLODispatch(self.slo, cls, req.priority, req.num_prompt_tokens)
         iid = FALLBACK if self._index is None else self._index.pick(self._views, ctx)
         if iid == FALLBACK:
             views = self.view()
@@ -248,9 +267,16 @@ class GlobalScheduler:
             iid = self._with_affinity(iid, ctx)
         if iid is None:
             return None
+        if ctx.slo is not None:  # a class that may shed is refused here rather than queued past its objective
+            self.shed.check(ctx.slo, self._views[iid], now)
+            slo = ctx.slo.predictor
+            ttft = slo.ttft(slo.load(self._views[iid]), req.num_prompt_tokens, req.priority)
+            slo.record_ttft(req.request_id, req.arrival_time, now - req.arrival_time + ttft)
         if keys and self.prefix_index is not None:
             self.prefix_index.record(iid, keys, self.cluster.statuses[iid].num_total_blocks, now)
         self.sent[iid] = self.sent.get(iid, 0) + 1
+        if self.slo is not None:
+            self.slo.on_dispatch(now, req.num_prompt_tokens)
         self.cluster.pending.add(iid, req, self.cluster.statuses[iid].block_size, now)
         self._refresh(iid)
         return iid
@@ -275,7 +301,11 @@ class GlobalScheduler:
         views = self.view()
         if self.cluster.is_split:  # PD: prefill instances hand requests off instead (cluster/pd.py)
             views = [v for v in views if self.cluster.in_decode_pool(v.instance_id)]
-        return pair_migrations(views, cfg.rescheduling, cfg.freeness)
+        orders = pair_migrations(views, cfg.rescheduling, cfg.freeness)
+        if self.slo is not None and cfg.slo.rescue:
+            taken = {i for o in orders for i in (o.src_instance_id, o.dst_instance_id)}
+            orders += rescue_orders(views, self.slo, now, cfg.rescheduling, taken)
+        return orders
 
     def record_freeness(self, now: float) -> float:
         """Sample the average normal-priority freeness for auto-scaling (0.0 and no

@@ -72,6 +72,9 @@ class MigrationOrder:
 
     src_instance_id: str
     dst_instance_id: str
+    request_id: str | None = None
+    """The request to move first, when the rescheduler chose it (rescue by migration,
+    ``policy/slo_rescue.py``); None: the source's llumlet selects."""
 
 
 def is_source(status: InstanceStatus, f: float, cfg: ReschedulingConfig) -> bool:

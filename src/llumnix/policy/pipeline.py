@@ -19,11 +19,14 @@ import operator
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import FreenessConfig, PolicyConfigError
 from llumnix.policy.prefix_affinity import PrefixOptions
+
+if TYPE_CHECKING:
+    from llumnix.policy.slo_dispatch import SLODispatch
 
 _by_id = operator.attrgetter("instance_id")
 
@@ -47,6 +50,9 @@ class DispatchContext:
     """Per instance id: leading blocks of the request's prompt sent there before (only
     instances with a match; None without prefix affinity), for the ``prefix-affinity`` picker."""
     prefix_options: PrefixOptions = field(default_factory=PrefixOptions)
+    slo: SLODispatch | None = None
+    """The request's SLO class and the latency predictor (the ``predicted-slo`` scorer; None
+    for the other policies)."""
 
     def metric(self, name: str, status: InstanceStatus, fn: Callable[[InstanceStatus], float]) -> float:
         """``fn(status)``, computed once per status object (statuses are immutable)."""

@@ -13,6 +13,7 @@ from llumnix.policy.pipeline import (
     register_key,
 )
 from llumnix.policy.prefix_affinity import affinity_pick
+from llumnix.policy.slo_dispatch import slo_scores
 
 
 @register(FILTERS, "schedulable")
@@ -80,6 +81,20 @@ def prefix_match(cands: list[InstanceStatus], ctx: DispatchContext) -> list[floa
     if not hits or not n:
         return [0.0] * len(cands)
     return [min(1.0, hits.get(s.instance_id, 0) * s.block_size / n) for s in cands]
+
+
+@register(SCORERS, "predicted-slo")
+def predicted_slo(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
+    """Where the request meets its SLO class's objectives with the most slack, without
+    pushing the requests already there past theirs (``policy/slo_dispatch.py``; absolute:
+    >= 0.5 meets, below misses, the least-bad highest)."""
+    return slo_scores(cands, ctx.slo, ctx.now)
+
+
+@register(SCORERS, "predicted-slo-freeness")
+def predicted_slo_freeness(cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:
+    """``predicted-slo``, the candidates that meet the objectives ranked by queue-aware freeness."""
+    return slo_scores(cands, ctx.slo, ctx.now, ctx.freeness)
 
 
 @register(PICKERS, "max-score")

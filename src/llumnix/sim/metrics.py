@@ -25,6 +25,7 @@ import numpy as np
 from llumnix.core.batch import RequestMetrics, RequestOutput
 from llumnix.core.request import Priority
 from llumnix.migration.protocol import MigrationReport
+from llumnix.policy.slo import SLOConfig
 
 PRIORITY_NAMES = {int(p): p.name.lower() for p in Priority}
 """Class label in ``by_priority``: high, normal (other levels by number)."""
@@ -103,6 +104,11 @@ class MetricsCollector:
     """(time, number of instances up or starting) at every change."""
     slo: SLO | None = None
     """The objectives of ``summary``'s ``slo`` section (None: none reported)."""
+    slo_classes: SLOConfig | None = None
+    """The SLO classes of ``summary``'s ``by_slo_class``: each request in the class of the
+    priority the trace gave it (``SLOConfig.for_priority``; None: not reported)."""
+    num_shed: dict[int, int] = field(default_factory=dict)
+    """Requests the policy shed (refused early), by the priority class the trace gave them."""
     token_gaps: array = field(default_factory=lambda: array("d"))  # type: ignore[type-arg]
     """Every inter-token gap of every request (seconds)."""
     _last_token: dict[str, float] = field(default_factory=dict)
@@ -124,6 +130,9 @@ class MetricsCollector:
     def on_finished(self, m: RequestMetrics, priority_class: int | None = None) -> None:
         self.requests.append(m)
         self.classes.append(m.priority if priority_class is None else priority_class)
+
+    def on_shed(self, priority_class: int) -> None:
+        self.num_shed[priority_class] = self.num_shed.get(priority_class, 0) + 1
 
     def on_migration(self, report: MigrationReport) -> None:
         self.migrations.append(report)
@@ -177,6 +186,29 @@ class MetricsCollector:
             "downtime": summarize(downtimes),
         }
 
+    def class_attainment(self, classes: SLOConfig, attainment: float = 0.9) -> dict[str, Any]:
+        """Per SLO class (those with requests): its objectives, finished and shed requests,
+        the share meeting both (a shed request meets neither), and whether that share
+        reaches ``attainment`` (a rate counts toward goodput when every class's does)."""
+        met: dict[str, list[int]] = {}
+        shed: dict[str, int] = {}
+        for c, n in self.num_shed.items():
+            name = classes.for_priority(c).name
+            shed[name] = shed.get(name, 0) + n
+            met.setdefault(name, [0, 0])
+        for r, c in zip(self.requests, self.classes, strict=True):
+            cls = classes.for_priority(c)
+            counts = met.setdefault(cls.name, [0, 0])
+            counts[0] += 1
+            counts[1] += cls.is_met(r.ttft, r.decode_per_token)
+        out: dict[str, Any] = {}
+        for name, (n, ok) in met.items():
+            cls = classes.get(name)
+            share = ok / (n + shed.get(name, 0))
+            out[name] = {"ttft_s": cls.ttft_s, "tpot_s": cls.tpot_s, "num_finished": n,
+                         "num_shed": shed.get(name, 0), "attainment": share, "meets": share >= attainment}
+        return out
+
     def _class_summary(self, priority_class: int) -> dict[str, Any]:
         arr = self.request_arrays(priority_class)
         out: dict[str, Any] = {"num_finished": int(arr["e2e"].size)}
@@ -194,6 +226,8 @@ class MetricsCollector:
         if self.slo is not None:
             out["slo"] = {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s, "target": self.slo.attainment,
                           "attainment": slo_attainment(self.requests, self.slo)}
+        if self.slo_classes is not None:
+            out["by_slo_class"] = self.class_attainment(self.slo_classes)
         out["num_preemptions"] = int(arr["num_preemptions"].sum())
         out["num_preempted_requests"] = int((arr["num_preemptions"] > 0).sum())
         out["by_priority"] = {PRIORITY_NAMES.get(c, str(c)): self._class_summary(c)

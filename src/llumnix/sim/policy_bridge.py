@@ -13,6 +13,7 @@ A system in an experiment config::
       dispatch_params: {}          # DispatchConfig.params
       prefix_evictions: true       # DispatchConfig.prefix_evictions
       scaling: {enabled: true, scale_out_below: 10, scale_in_above: 60}
+      slo: {rescue: false}         # SLO classes (policy/slo.py): the slo policy's, and every record's by_slo_class
 
 or in `llumnix serve --config`'s spelling (``llumnix.config.SystemConfig``; ``sim/config.py``).
 """
@@ -32,6 +33,7 @@ from llumnix.policy import (
 )
 from llumnix.policy.cluster_view import Role
 from llumnix.policy.config import PolicyConfigError
+from llumnix.policy.predictor import LatencyLike, StepTimeModel
 from llumnix.policy.rounds import scaling_round
 from llumnix.policy.trigger import Reactions
 
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     from llumnix.sim.config import SystemSpec
     from llumnix.sim.instance import SimInstance
 
-_SECTIONS = ("freeness", "rescheduling", "scaling", "pd")
+_SECTIONS = ("freeness", "rescheduling", "scaling", "pd", "slo")
 
 
 def scheduling_config(spec: SystemSpec) -> SchedulingConfig:
@@ -70,7 +72,7 @@ def scheduling_config(spec: SystemSpec) -> SchedulingConfig:
             dispatch[key] = opts[key]
     return _checked(SchedulingConfig.from_dict({"freeness": opts.get("freeness"), "dispatch": dispatch,
                                                 "rescheduling": resched, "scaling": opts.get("scaling"),
-                                                "pd": opts.get("pd")}))
+                                                "pd": opts.get("pd"), "slo": opts.get("slo")}))
 
 
 def _checked(sched: SchedulingConfig) -> SchedulingConfig:
@@ -118,10 +120,19 @@ class PolicyBridge:
         self.reactions = Reactions(config.rescheduling, config.freeness)
         """Every status's rescheduling marks, as LlumSched keeps them: triggers, reaction times."""
         self.track_reactions = False
+        self._named: dict[tuple[str, str], str] = {}
+        """The request each order of the last round named (rescue), by (source, destination)."""
         self.scaling_interval_s = scaling_interval_s if config.scaling.enabled else 0.0
 
     def bind(self, clock: Clock) -> None:
         self.clock = clock
+
+    def seed_predictor(self, model: LatencyLike) -> None:
+        """Seed the ``slo`` policy's step-time model from the latency model the simulator runs
+        (as a cluster seeds it from its calibration profile); no-op for other policies."""
+        for gs in {id(g): g for g in (self.gs, self.gs_decode)}.values():
+            if gs.slo is not None:
+                gs.slo.steps = StepTimeModel.from_latency(model)
 
     def _now(self) -> float:
         assert self.clock is not None, "bind the bridge to the simulator's clock first"
@@ -205,10 +216,16 @@ class PolicyBridge:
 
     # -- migration -----------------------------------------------------------------
     def pair_migrations(self) -> list[tuple[str, str]]:
-        return [(o.src_instance_id, o.dst_instance_id) for o in self.gs_decode.reschedule(self._now())]
+        orders = self.gs_decode.reschedule(self._now())
+        # an order that names its request (rescue, policy/slo_rescue.py) moves that one first
+        self._named = {(o.src_instance_id, o.dst_instance_id): o.request_id for o in orders if o.request_id}
+        return [(o.src_instance_id, o.dst_instance_id) for o in orders]
 
     def select_request(self, src: SimInstance, dst: SimInstance) -> str | None:
         now = self._now()
+        named = self._named.pop((src.instance_id, dst.instance_id), None)
+        if named is not None and named not in src.llumlet.migrating_out:
+            return named
         dst_status = dst.llumlet.report(now) if src.llumlet.reads_destination else None
         picked = src.llumlet.select_requests_to_migrate(now, 1, dst_status)
         return picked[0] if picked else None

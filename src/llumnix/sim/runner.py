@@ -10,13 +10,16 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from llumnix.bench.machine import RESULTS_DIR
+from llumnix.core.batch import RequestMetrics
 from llumnix.sim.cluster import ClusterConfig
 from llumnix.sim.config import ConfigError, ExperimentConfig, SystemSpec, load_config
 from llumnix.sim.latency import get_latency_model
@@ -58,10 +61,11 @@ def make_simulator(spec: RunSpec, progress: Callable[[int], None] | None = None)
         model = dataclasses.replace(model, step_overhead_s=spec.step_overhead_s)  # type: ignore[type-var]
     if spec.seq_overhead_s is not None:
         model = dataclasses.replace(model, seq_overhead_s=spec.seq_overhead_s)  # type: ignore[type-var]
-    sim = Simulator(spec.cluster, model,
-                    make_policy(spec.system, spec.cluster, seed=spec.seed), trace, progress=progress,
-                    priorities=spec.system.priorities)
+    policy = make_policy(spec.system, spec.cluster, seed=spec.seed)
+    policy.seed_predictor(model)
+    sim = Simulator(spec.cluster, model, policy, trace, progress=progress, priorities=spec.system.priorities)
     sim.metrics.slo = spec.slo or SLOS.get(spec.latency_model)
+    sim.metrics.slo_classes = policy.config.slo
     return sim
 
 
@@ -74,11 +78,27 @@ def record_of(spec: RunSpec, num_requests: int, summary: dict[str, Any]) -> dict
 def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """One simulation; returns its metrics record (plus ``_samples`` if asked)."""
     sim = make_simulator(spec, progress)
-    record = record_of(spec, len(sim.trace), sim.run())
+    summary = sim.run()
+    slo = getattr(getattr(sim.policy, "gs", None), "slo", None)  # the slo dispatch policy's predictor
+    if slo is not None:
+        summary["slo_predictor"] = ttft_errors(slo.ttft_log.values(), sim.metrics.requests)
+    record = record_of(spec, len(sim.trace), summary)
     if spec.keep_samples:
         arrays = sim.metrics.request_arrays()
         record["_samples"] = {k: arrays[k].tolist() for k in KEEP_SAMPLES}
     return record
+
+
+def ttft_errors(predicted: Iterable[tuple[float, float]], requests: list[RequestMetrics]) -> dict[str, float]:
+    """The slo policy's TTFT predictions (arrival time, predicted TTFT) against the TTFTs the
+    run measured: relative error P50 and P90, and the signed median (> 0: predicted late)."""
+    actual = {r.arrival_time: r.ttft for r in requests if r.ttft}
+    rel = [(p - actual[t]) / actual[t] for t, p in predicted if t in actual]
+    if not rel:
+        return {"num": 0}
+    a = np.abs(np.asarray(rel))
+    return {"num": len(rel), "ttft_rel_error_p50": float(np.percentile(a, 50)),
+            "ttft_rel_error_p90": float(np.percentile(a, 90)), "ttft_signed_p50": float(np.median(rel))}
 
 
 def plan(cfg: ExperimentConfig, seeds: int | None = None) -> list[RunSpec]:

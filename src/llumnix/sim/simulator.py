@@ -34,6 +34,7 @@ from llumnix.core.request import Priority
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.policy.lifecycle import InstanceState
 from llumnix.policy.rounds import pairs_to_start
+from llumnix.policy.slo_dispatch import RequestShedError
 from llumnix.policy.trigger import PassTimer
 from llumnix.sim.cluster import Cluster, ClusterConfig
 from llumnix.sim.events import Event, EventKind
@@ -196,7 +197,12 @@ class Simulator:
         priority = self._priority(i)
         num_prompt = int(trace.prompt_lens[i])
         tokens = trace.prompt_token_ids(i)
-        iid = self.policy.dispatch(f"req-{i}", num_prompt, float(trace.arrival_times[i]), priority, tokens)
+        try:
+            iid = self.policy.dispatch(f"req-{i}", num_prompt, float(trace.arrival_times[i]), priority, tokens)
+        except RequestShedError:  # the slo policy refused it early (a class with a shed share)
+            self.metrics.on_shed(int(trace.priorities[i]))
+            self._count_done(1)
+            return []
         if iid is None:
             self._queue(i)
             return []

@@ -1,0 +1,165 @@
+"""A request's predicted TTFT and TPOT on one instance, from its status and the step-time
+model (``policy/predictor.py``); what the ``predicted-slo`` scorer and rescue read.
+
+TTFT on a candidate = what is left of the step under way (half a decode step), the wait
+for memory when the queue ahead and the request need more blocks than are free (until
+the running requests expected to end first have freed enough), and the prefills of the
+queue ahead (equal or higher priority: the engine serves by priority, then arrival) and
+of the request itself.
+
+TPOT = the decode step of the batch after the request joins (running, queued and the
+request, their contexts), stretched by the share of the instance's time that prefills
+take (``prefill_share``: the cluster's prefill work per second per instance, which the
+predictor follows from dispatches): a prefill-first engine stalls every decode for it.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from llumnix.core.status import InstanceStatus
+from llumnix.policy.freeness import blocks_for
+from llumnix.policy.predictor import OutputLengths, StepTimeModel
+from llumnix.policy.slo import SLOConfig
+
+LOG_SIZE = 100_000
+"""Dispatches whose predicted TTFT is kept (``ttft_log``)."""
+_MAX_SHARE = 0.6
+"""Cap on the prefill share (beyond it the instance is overloaded and TPOT predictions
+stop meaning much; the cap keeps them finite)."""
+
+
+@dataclass(frozen=True)
+class InstanceLoad:
+    """What predictions read of one status, computed once per status object."""
+
+    num_running: int
+    num_context_tokens: int
+    """Context tokens of the running requests (and of those sent since the report)."""
+    queued: tuple[tuple[int, int], ...]
+    """(priority, prompt tokens) of each queued request, in service order."""
+    num_free_blocks: int
+    """Free blocks beyond the watermark."""
+    release: tuple[tuple[float, int], ...]
+    """(expected remaining output tokens, blocks) per running request, soonest first."""
+    tightest_tpot_s: float | None
+    """The tightest TPOT objective among the running requests' classes (None: none run)."""
+    block_size: int
+
+
+def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths) -> InstanceLoad:
+    ctx = sum(r.num_tokens for r in s.running)
+    release = sorted((lengths.remaining(r.num_output_tokens), r.num_blocks) for r in s.running)
+    tpots = {slo.for_priority(r.priority).tpot_s for r in s.running}
+    return InstanceLoad(len(s.running), ctx, tuple((w.priority, w.num_tokens) for w in s.waiting),
+                        s.num_free_blocks - s.num_watermark_blocks, tuple(release),
+                        min(tpots) if tpots else None, s.block_size)
+
+
+class SLOPredictor:
+    """Step-time model, output lengths and the cluster's prefill load, with predictions
+    per (instance load, request). One per global scheduler; ``now`` always comes in."""
+
+    def __init__(self, slo: SLOConfig, steps: StepTimeModel | None = None, *, window_s: float = 10.0) -> None:
+        self.slo = slo
+        self.steps = steps or StepTimeModel()
+        self.lengths = OutputLengths(slo.output_tokens)
+        self.window_s = window_s
+        self._prefills: list[tuple[float, float]] = []
+        """(dispatch time, predicted prefill seconds) over the last ``window_s``."""
+        self._prefill_sum = 0.0
+        self._first = 0.0
+        self.num_instances = 1
+        self._loads: dict[str, tuple[InstanceStatus, InstanceLoad]] = {}
+        self.ttft_log: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        """Per dispatched request id: (arrival time, TTFT predicted on the instance chosen),
+        the last ``LOG_SIZE``: what the predictor's TTFT error is measured on."""
+
+    # -- what it follows -------------------------------------------------------------
+    def record_ttft(self, request_id: str, arrival_time: float, predicted_s: float) -> None:
+        self.ttft_log[request_id] = (arrival_time, predicted_s)
+        if len(self.ttft_log) > LOG_SIZE:
+            self.ttft_log.popitem(last=False)
+
+    def on_dispatch(self, now: float, num_prompt_tokens: int) -> None:
+        if not self._prefills:
+            self._first = now
+        t = self.steps.prefill_s((num_prompt_tokens,))
+        self._prefills.append((now, t))
+        self._prefill_sum += t
+        horizon = now - self.window_s
+        i = 0
+        while i < len(self._prefills) and self._prefills[i][0] < horizon:
+            self._prefill_sum -= self._prefills[i][1]
+            i += 1
+        if i:
+            del self._prefills[:i]
+
+    def on_status(self, old: InstanceStatus, new: InstanceStatus) -> None:
+        """Requests running in ``old`` and gone from ``new`` without migrating finished:
+        their output lengths (as of ``old``) teach the output-length estimate."""
+        if len(old.running) <= len(new.running) and old.step_id == new.step_id:
+            return
+        still = {r.request_id for r in (*new.running, *new.waiting)}  # preempted ones wait
+        for r in old.running:
+            if r.request_id not in still and not r.is_migrating and r.num_output_tokens:
+                self.lengths.observe(r.num_output_tokens)
+
+    def prefill_share(self, now: float) -> float:
+        """Share of an instance's time its prefills take (cluster-wide prefill seconds per
+        second over the window, per instance), capped."""
+        span = min(self.window_s, max(1.0, now - self._first))
+        return min(_MAX_SHARE, self._prefill_sum / span / max(1, self.num_instances))
+
+    def load(self, s: InstanceStatus) -> InstanceLoad:
+        entry = self._loads.get(s.instance_id)
+        if entry is not None and entry[0] is s:
+            return entry[1]
+        load = instance_load(s, self.slo, self.lengths)
+        self._loads[s.instance_id] = (s, load)
+        return load
+
+    def forget(self, instance_id: str) -> None:
+        self._loads.pop(instance_id, None)
+
+    # -- predictions -------------------------------------------------------------------
+    def ttft(self, load: InstanceLoad, num_prompt_tokens: int, priority: int) -> float:
+        step = self.steps.decode_s(load.num_running, load.num_context_tokens) if load.num_running else 0.0
+        ahead = [n for p, n in load.queued if p >= priority]
+        prefill = self.steps.prefill_s((num_prompt_tokens,)) + sum(self.steps.prefill_s((n,)) for n in ahead)
+        need = sum(blocks_for(n + 1, load.block_size) for n in (*ahead, num_prompt_tokens))
+        return step / 2 + self.memory_wait(load, need - load.num_free_blocks, step) + prefill
+
+    def ttft_queued(self, load: InstanceLoad, index: int) -> float:
+        """What is left of the wait of the request queued ``index``-th on ``load``, to its first token."""
+        priority, tokens = load.queued[index]
+        ahead = load.queued[:index]
+        return self.ttft(InstanceLoad(load.num_running, load.num_context_tokens, ahead, load.num_free_blocks,
+                                      load.release, load.tightest_tpot_s, load.block_size), tokens, priority)
+
+    def memory_wait(self, load: InstanceLoad, deficit: int, step_s: float) -> float:
+        """Until the running requests expected to end first have freed ``deficit`` blocks."""
+        if deficit <= 0:
+            return 0.0
+        freed = 0
+        for remaining, blocks in load.release:
+            freed += blocks
+            if freed >= deficit:
+                return remaining * step_s
+        last = load.release[-1][0] if load.release else self.lengths.mean
+        return 2 * last * max(step_s, self.steps.decode_s(1, 1))  # more than all it runs: a long wait
+
+    def tpot(self, load: InstanceLoad, num_prompt_tokens: int, now: float) -> float:
+        """TPOT of a request joining ``load`` (and, the same, of those already there after it joins)."""
+        batch = load.num_running + len(load.queued) + 1
+        ctx = load.num_context_tokens + sum(n for _, n in load.queued) + num_prompt_tokens
+        ctx += int(self.lengths.mean / 2)  # its context grows by half its output on average
+        return self.steps.decode_s(batch, ctx) / (1.0 - self.prefill_share(now))
+
+    def tpot_now(self, load: InstanceLoad, now: float) -> float:
+        """TPOT of the requests running on ``load`` as it is (no newcomer)."""
+        if not load.num_running:
+            return 0.0
+        ctx = load.num_context_tokens + sum(n for _, n in load.queued)
+        return (self.steps.decode_s(load.num_running + len(load.queued), ctx)
+                / (1.0 - self.prefill_share(now)))

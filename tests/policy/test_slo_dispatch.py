@@ -1,0 +1,154 @@
+"""The slo dispatch policy and rescue by migration, on literal snapshots."""
+from __future__ import annotations
+
+import pytest
+
+from llumnix.core.request import Priority
+from llumnix.policy import DispatchRequest, GlobalScheduler, PolicyConfigError, SchedulingConfig
+from llumnix.policy.slo import SLOConfig
+from llumnix.policy.slo_dispatch import MEETS, RequestShedError, SLODispatch, candidate_score, should_shed
+from llumnix.policy.slo_predict import SLOPredictor
+from llumnix.policy.slo_rescue import rescue_orders, tpot_rescues, ttft_rescues
+from tests.policy.snapshots import inst, run, wait
+
+HIGH, NORMAL = int(Priority.HIGH), int(Priority.NORMAL)
+
+
+def _gs(rescue: bool = True, **resched) -> GlobalScheduler:
+    return GlobalScheduler(SchedulingConfig.from_dict({
+        "dispatch": {"policy": "slo"}, "slo": {"rescue": rescue},
+        "rescheduling": {"out_threshold": -1e9, "in_threshold": -1e9, **resched}}))  # no freeness pairs
+
+
+def _busy(iid: str, n: int, prio: int, tokens: int, total: int = 4000, waiting=()) -> object:
+    return inst(iid, total=total, running=[run(f"{iid}-r{i}", -(-tokens // 16), tokens, prio) for i in range(n)],
+                waiting=waiting)
+
+
+def test_interactive_request_goes_where_its_ttft_holds() -> None:
+    # a: few running, but ten 2,000-token prompts queued ahead (~2 s of prefill);
+    # b: more running, nothing queued
+    a = _busy("a", 4, NORMAL, 300, waiting=[wait(f"q{i}", 2000, HIGH) for i in range(10)])
+    b = _busy("b", 20, NORMAL, 300)
+    gs = _gs()
+    for s in (a, b):
+        gs.add_instance(s)
+    assert gs.dispatch(DispatchRequest("x", 200, HIGH), 0.0) == "b"
+    pred = gs.slo
+    assert pred is not None and pred.ttft(pred.load(a), 200, HIGH) > 1.0 > pred.ttft(pred.load(b), 200, HIGH)
+
+
+def test_batch_request_does_not_push_interactive_requests_past_tpot() -> None:
+    # a runs interactive requests at a TPOT just under 0.1 s; one more long request breaks it
+    a = _busy("a", 40, HIGH, 740, total=8000)
+    b = _busy("b", 70, NORMAL, 1600, total=8000)
+    pred = SLOPredictor(SLOConfig())
+    la, lb = pred.load(a), pred.load(b)
+    assert pred.tpot_now(la, 0.0) < 0.1 < pred.tpot(la, 1600, 0.0)  # the join breaks a's requests
+    assert pred.tpot(lb, 1600, 0.0) < 0.3 and pred.ttft(la, 1600, NORMAL) < pred.ttft(lb, 1600, NORMAL)
+    gs = _gs()
+    for s in (a, b):
+        gs.add_instance(s)
+    assert gs.dispatch(DispatchRequest("x", 1600, NORMAL), 0.0) == "b"
+
+
+def test_when_none_meets_the_least_bad_is_chosen() -> None:
+    # both queues are far past 1 s of prefill work; b's is shorter
+    a = _busy("a", 2, NORMAL, 100, waiting=[wait(f"a{i}", 3000, HIGH) for i in range(12)])
+    b = _busy("b", 2, NORMAL, 100, waiting=[wait(f"b{i}", 3000, HIGH) for i in range(6)])
+    pred = SLOPredictor(SLOConfig())
+    req = SLODispatch(pred, SLOConfig().get("interactive"), HIGH, 500)
+    sa, sb = candidate_score(a, req, 0.0), candidate_score(b, req, 0.0)
+    assert sa < sb < MEETS
+    gs = _gs()
+    for s in (a, b):
+        gs.add_instance(s)
+    assert gs.dispatch(DispatchRequest("x", 500, HIGH), 0.0) == "b"
+
+
+def test_named_class_wins_over_priority_and_unknown_class_is_refused() -> None:
+    gs = _gs()
+    gs.add_instance(_busy("a", 1, NORMAL, 100))
+    assert gs.dispatch(DispatchRequest("x", 100, NORMAL, slo_class="interactive"), 0.0) == "a"
+    assert gs._ctx.slo is not None and gs._ctx.slo.slo_class.name == "interactive"
+    with pytest.raises(PolicyConfigError, match="slo_class"):
+        gs.dispatch(DispatchRequest("y", 100, NORMAL, slo_class="gold"), 0.0)
+
+
+def test_other_policies_carry_no_predictor() -> None:
+    assert GlobalScheduler(SchedulingConfig()).slo is None
+
+
+def test_should_shed_keeps_to_the_share() -> None:
+    batch = SLOConfig(classes={"batch": {"ttft_s": 10, "tpot_s": 0.3, "shed_share": 0.1}}).get("batch")
+    assert not should_shed(MEETS, batch, 0, 100)  # an instance meets it: never shed
+    assert should_shed(0.2, batch, 0, 100)
+    assert not should_shed(0.2, batch, 10, 100)  # 11 of 101 would pass the 10%
+    assert not should_shed(0.2, SLOConfig().get("batch"), 0, 100)  # no shed share: queue
+
+
+def test_ttft_rescue_moves_the_queued_request_that_would_miss() -> None:
+    # q0 has waited 0.5 s of its 1 s behind 1.5 s of prefill work on a; b is nearly idle.
+    # p0 and p1 would miss too, but their own 0.75 s prefill misses anywhere: they stay
+    a = _busy("a", 2, NORMAL, 100, waiting=[wait("p0", 3000, HIGH, 0.4), wait("p1", 3000, HIGH, 0.4),
+                                            wait("q0", 200, HIGH, 0.5)])
+    b = _busy("b", 1, NORMAL, 100)
+    pred = SLOPredictor(SLOConfig())
+    busy: set[str] = set()
+    orders = ttft_rescues([a, b], pred, 1.0, SchedulingConfig().rescheduling, busy)
+    assert [(o.src_instance_id, o.dst_instance_id, o.request_id) for o in orders] == [("a", "b", "q0")]
+    assert busy == {"a", "b"}
+    # past its objective already: too late, nothing moves
+    assert ttft_rescues([a, b], pred, 5.0, SchedulingConfig().rescheduling, set()) == []
+
+
+def test_tpot_rescue_moves_work_off_an_instance_past_its_objective() -> None:
+    # a: interactive requests and batch ones, predicted TPOT past 0.1 s; b: light, meets after the move
+    a = inst("a", total=8000, running=[run(f"i{i}", 100, 1600, HIGH) for i in range(30)]
+             + [run(f"n{i}", 100, 1600, NORMAL) for i in range(30)])
+    b = _busy("b", 2, NORMAL, 100)
+    pred = SLOPredictor(SLOConfig())
+    assert pred.tpot_now(pred.load(a), 0.0) > 0.1
+    orders = tpot_rescues([a, b], pred, 0.0, SchedulingConfig().rescheduling)
+    assert [(o.src_instance_id, o.dst_instance_id, o.request_id) for o in orders] == [("a", "b", None)]
+
+
+def test_rescue_is_an_ablation_switch_in_reschedule() -> None:
+    a = _busy("a", 2, NORMAL, 100, waiting=[wait("p0", 3000, HIGH, 0.0), wait("q", 200, HIGH, 0.0)])
+    b = _busy("b", 1, NORMAL, 100)
+    on, off = _gs(), _gs(rescue=False)
+    for gs in (on, off):
+        for s in (a, b):
+            gs.add_instance(s)
+    assert [o.request_id for o in on.reschedule(0.5)] == ["q"]
+    assert off.reschedule(0.5) == []
+    assert rescue_orders([a, b], SLOPredictor(SLOConfig()), 0.5, SchedulingConfig().rescheduling,
+                         taken={"a"}) == []  # a freeness order holds a: no rescue touches it
+
+
+def test_a_class_that_may_shed_is_refused_when_none_meets_and_only_up_to_its_share() -> None:
+    gs = GlobalScheduler(SchedulingConfig.from_dict({
+        "dispatch": {"policy": "slo"},
+        "slo": {"classes": {"interactive": {"ttft_s": 1, "tpot_s": 0.1, "priority": "high", "shed_share": 0.5},
+                            "batch": {"ttft_s": 10, "tpot_s": 0.3}}}}))
+    gs.add_instance(_busy("a", 2, NORMAL, 100, waiting=[wait(f"q{i}", 3000, HIGH) for i in range(8)]))
+    assert gs.dispatch(DispatchRequest("x0", 500, HIGH), 0.0) == "a"  # 1 of 1 would pass the 50% share: queued
+    with pytest.raises(RequestShedError) as e:
+        gs.dispatch(DispatchRequest("x1", 500, HIGH), 0.0)
+    assert e.value.slo_class == "interactive" and e.value.retry_after_s >= 1 and "slo_class" in str(e.value)
+    assert gs.dispatch(DispatchRequest("x2", 500, HIGH), 0.0) == "a"  # 2 of 3 would pass it
+    assert gs.dispatch(DispatchRequest("y", 500, NORMAL), 0.0) == "a"  # batch has no shed share
+    assert gs.shed.num_shed == {"interactive": 1} and gs.shed.num_seen == {"interactive": 3, "batch": 1}
+
+
+def test_rank_freeness_orders_the_candidates_that_meet_by_freeness() -> None:
+    # both meet a batch request; a has more free blocks per running request, b the smaller decode batch
+    a = inst("a", total=4000, running=[run(f"a{i}", 10, 160) for i in range(20)])
+    b = inst("b", total=1000, running=[run(f"b{i}", 10, 160) for i in range(10)])
+    for rank, want in (("slack", "b"), ("freeness", "a")):
+        gs = GlobalScheduler(SchedulingConfig.from_dict({"dispatch": {"policy": "slo", "params": {"rank": rank}}}))
+        for s in (a, b):
+            gs.add_instance(s)
+        assert gs.dispatch(DispatchRequest("x", 100, NORMAL), 0.0) == want
+    with pytest.raises(PolicyConfigError, match="dispatch.params.rank"):
+        SchedulingConfig.from_dict({"dispatch": {"policy": "slo", "params": {"rank": "speed"}}})
