@@ -70,7 +70,9 @@ class SLOPredictor:
         self._prefill_sum = 0.0
         self._first = 0.0
         self.num_instances = 1
-        self._loads: dict[str, tuple[InstanceStatus, InstanceLoad]] = {}
+        self._memo: dict[str, tuple[InstanceStatus, InstanceLoad]] = {}
+        """What ``load`` derived from each instance's status object, valid while that object is
+        the view's (a cache of ``ClusterView``'s status, not a record of its own)."""
         self.ttft_log: OrderedDict[str, tuple[float, float]] = OrderedDict()
         """Per dispatched request id: (arrival time, TTFT predicted on the instance chosen),
         the last ``LOG_SIZE``: what the predictor's TTFT error is measured on."""
@@ -112,15 +114,15 @@ class SLOPredictor:
         return min(_MAX_SHARE, self._prefill_sum / span / max(1, self.num_instances))
 
     def load(self, s: InstanceStatus) -> InstanceLoad:
-        entry = self._loads.get(s.instance_id)
+        entry = self._memo.get(s.instance_id)
         if entry is not None and entry[0] is s:
             return entry[1]
         load = instance_load(s, self.slo, self.lengths)
-        self._loads[s.instance_id] = (s, load)
+        self._memo[s.instance_id] = (s, load)
         return load
 
     def forget(self, instance_id: str) -> None:
-        self._loads.pop(instance_id, None)
+        self._memo.pop(instance_id, None)
 
     # -- predictions -------------------------------------------------------------------
     def ttft(self, load: InstanceLoad, num_prompt_tokens: int, priority: int) -> float:
