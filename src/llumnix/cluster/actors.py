@@ -400,27 +400,42 @@ class InstanceActor:
             self._drop_if_broken(rep, dst_instance_id, transport)
         return dataclasses.asdict(rep)
 
-    def migrate_out(self, dst_instance_id: str, dst: Any) -> list[dict[str, Any]]:
+    def migrate_out(self, dst_instance_id: str, dst: Any,
+                    overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Migrate requests to ``dst`` one at a time while the pairing holds (the paper's
-        rule, ``policy.rounds.keep_migrating``, as in the simulator); returns the reports."""
-        from llumnix.migration.driver import migrate
+        rule, ``policy.rounds.keep_migrating``, as in the simulator); returns the reports.
+        ``overrides``: MigrationConfig fields for this round (benchmarks)."""
+        from llumnix.migration.driver import migrate, migrate_next
 
+        marks = {"order_received": time.monotonic()}  # the report's clock: where its start's wait began
         if not self._migrating.acquire(blocking=False):
             return []  # one migration out at a time
         try:
+            cfg = dataclasses.replace(self.migration_config, **(overrides or {}))
             sender = self._sender(dst_instance_id, dst)
             remote = _RemoteDestination(dst_instance_id, dst)
             reports: list[dict[str, Any]] = []
             picked: list[str] = []
             dst_status = ray.get(dst.status.remote(), timeout=30) if self.llumlet.reads_destination else None
+            num_in: int | None = None  # after a migration: others coming in at dst (keep migrating?)
             while True:
-                def pick(d: InstanceStatus | None = dst_status) -> list[str]:
-                    return self.llumlet.select_requests_to_migrate(time.time(), 1, d)
+                marks["dst_read"] = time.monotonic()
 
-                picked = self.server.call(pick)
-                if not picked:
+                def pick(d: InstanceStatus | None = dst_status, n: int | None = num_in) -> list[str]:
+                    now = time.time()
+                    if n is not None and d is not None and not self.llumlet.should_keep_migrating(now, d, n):
+                        return []
+                    return self.llumlet.select_requests_to_migrate(now, 1, d)
+
+                if cfg.start_at_one_boundary:  # keep?, pick and start at one source boundary
+                    got = migrate_next(pick, self.server, remote, sender, cfg, marks=marks)
+                    picked = [] if got is None else [got.request_id]
+                else:  # each at a boundary of its own
+                    picked = self.server.call(pick)
+                    got = migrate(picked[0], self.server, remote, sender, cfg, marks=marks) if picked else None
+                if got is None:
                     break
-                rep = migrate(picked[0], self.server, remote, sender, self.migration_config)
+                rep, marks = got, {}
                 reports.append(dataclasses.asdict(rep))
                 with contextlib.suppress(Exception):  # now, not at the round's end (seconds later in a drain);
                     self._llumsched.migration_reported.remote(reports[-1])  # the round's return is the record
@@ -428,12 +443,6 @@ class InstanceActor:
                 if not rep.committed:
                     break
                 dst_status, num_in = ray.get([dst.status.remote(), dst.mig_num_reservations.remote()], timeout=30)
-
-                def keep(d: InstanceStatus = dst_status, n: int = num_in) -> bool:
-                    return self.llumlet.should_keep_migrating(time.time(), d, n)
-
-                if not self.server.call(keep):
-                    break
             return reports
         except Exception as e:  # noqa: BLE001 - a failed round is reported, never fatal
             for old in self._senders.values():

@@ -86,9 +86,40 @@ class Destination(Protocol):
 
 
 def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
-            config: MigrationConfig, now: Callable[[], float] = time.monotonic) -> MigrationReport:
+            config: MigrationConfig, now: Callable[[], float] = time.monotonic,
+            marks: dict[str, float] | None = None) -> MigrationReport:
+    """``marks``: instants before the migration began (the driver's clock), kept on its report."""
     eng = src.engine
-    proto, preemptions0, first = _open(request_id, src, dst, config, now)
+    state, first = src.call(lambda: _start(eng, request_id, config, now))
+    return _run(request_id, src, dst, sender, config, now, state, first, marks)
+
+
+def migrate_next(pick: Callable[[], list[str]], src: SourceServer, dst: Destination, sender: KVSender,
+                 config: MigrationConfig, now: Callable[[], float] = time.monotonic,
+                 marks: dict[str, float] | None = None) -> MigrationReport | None:
+    """Migrate the request ``pick`` names (its first), picked at the very source boundary that
+    begins its migration: one step's wait from the order to the first stage, not two (a pick
+    at one boundary and the start at the next). None if ``pick`` names none."""
+    eng = src.engine
+
+    def pick_and_start() -> tuple[str, Any, Any] | None:
+        picked = pick()
+        return None if not picked else (picked[0], *_start(eng, picked[0], config, now))
+
+    got = src.call(pick_and_start)
+    if got is None:
+        return None
+    request_id, state, first = got
+    return _run(request_id, src, dst, sender, config, now, state, first, marks)
+
+
+def _run(request_id: str, src: SourceServer, dst: Destination, sender: KVSender, config: MigrationConfig,
+         now: Callable[[], float], state: tuple[RequestStatus, int] | None, first: _First,
+         marks: dict[str, float] | None) -> MigrationReport:
+    """The migration from its first source boundary on (``_start``'s ``state`` and ``first``)."""
+    eng = src.engine
+    proto, preemptions0 = _open(request_id, src, dst, config, now, state)
+    proto.marks.update(marks or {})
     if proto.phase.is_done:
         return proto.report()
     src.llumlet.on_migration_started(request_id)
@@ -107,6 +138,8 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
                 proto.begin_stage([], now())  # nothing to pre-copy: straight to PAUSE
             snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, first.taken)
             paused = snapshot is not None
+        elif isinstance(first, _Chunk):
+            ahead = first if proto.phase == P.RESERVE else None  # read at the first boundary: none more
         else:
             _first_stage_with_cache(request_id, eng, dst, proto, first, now)
         while not proto.phase.is_done:
@@ -129,6 +162,8 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
                                    KVSource(eng.executor, proto.pending_blocks)):
                     proto.abort("the destination refused the KV", now(), reasons.KV_REFUSED)
                     continue
+                if len(proto.stages) == 1:
+                    proto.marks["first_sent"] = now()
                 if config.follow_prefill:  # the post-stage check is the wait for the next chunk
                     ahead = _next_blocks(request_id, eng, src, proto, alive, now, len(proto.pending_blocks))
                     if ahead is None:
@@ -164,14 +199,10 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
 
 
 def _open(request_id: str, src: SourceServer, dst: Destination, config: MigrationConfig, now: Callable[[], float],
-          ) -> tuple[MigrationProtocol, int, tuple[list[int], list[int], list[int]] | _Paused | None]:
-    """The migration's first source boundary (``_start``): its protocol (aborted if the
-    request is gone), the request's preemption count then, and what its first stage
-    starts from."""
+          state: tuple[RequestStatus, int] | None) -> tuple[MigrationProtocol, int]:
+    """After the migration's first source boundary (``_start``, ``state``): its protocol
+    (aborted if the request is gone) and the request's preemption count then."""
     eng = src.engine
-    # following a prefill, the request may be paused there: its first token is just out
-    # with prompt work waiting (the hand-off was started while its last chunk computed)
-    state, first = src.call(lambda: _start(eng, request_id, config.follow_prefill, now))
     status0, preemptions0 = state if state is not None else (RequestStatus.RUNNING, 0)
     proto = MigrationProtocol(request_id, src.instance_id, dst.instance_id, config, now(),
                               has_kv=status0 == RequestStatus.RUNNING,
@@ -181,7 +212,7 @@ def _open(request_id: str, src: SourceServer, dst: Destination, config: Migratio
         # the two. Nothing was started on either side.
         proto.abort(f"the request finished before its migration began ({request_id} is not on "
                     f"{src.instance_id})", now(), reasons.SOURCE_FINISHED)
-    return proto, preemptions0, first
+    return proto, preemptions0
 
 
 @dataclass(frozen=True)
@@ -233,6 +264,10 @@ def _next_blocks(request_id: str, eng: Any, src: SourceServer, proto: MigrationP
         return None
 
 
+_First = tuple[list[int], list[int], list[int]] | _Paused | _Chunk | None
+"""What a migration's first stage starts from, read at its first source boundary (``_start``)."""
+
+
 def _prompt_work_waits(eng: Any, req: Request) -> bool:
     sched = eng.scheduler
     return bool(sched.waiting) or any(r is not req and not r.output_token_ids for r in sched.running)
@@ -276,18 +311,23 @@ def _after_stage(eng: Any, request_id: str, proto: MigrationProtocol) -> tuple[b
     return True, unsent, not eng.requests[request_id].output_token_ids
 
 
-def _start(eng: Any, request_id: str, follow: bool, now: Callable[[], float],
-           ) -> tuple[tuple[RequestStatus, int] | None, tuple[list[int], list[int], list[int]] | _Paused | None]:
+def _start(eng: Any, request_id: str, config: MigrationConfig, now: Callable[[], float],
+           ) -> tuple[tuple[RequestStatus, int] | None, _First]:
     """At the migration's first source boundary: the request's state, and what its first
-    stage starts from (``_cache_snapshot``, or ``_Paused`` following a prefill whose first
-    token is just out with prompt work waiting)."""
+    stage starts from (``_cache_snapshot``; ``_Paused`` following a prefill whose first
+    token is just out with prompt work waiting; else a running request's first stage,
+    ``_Chunk``)."""
     state = _state(eng, request_id)
     req = eng.requests.get(request_id)
+    follow = config.follow_prefill
     if follow and state is not None and state[0] == RequestStatus.RUNNING and req.output_token_ids \
             and _prompt_work_waits(eng, req):
         taken = _pause_at_boundary(eng, request_id, 0, lambda: True, now)
         assert taken is not None
         return state, _Paused(taken)
+    if config.start_at_one_boundary and not follow and eng.kv.prefix is None and state is not None and state[0] == RequestStatus.RUNNING:
+        blocks = eng.blocks_since(request_id, 0, full_only=True)  # _plain_blocks' first, a boundary sooner
+        return state, _Chunk(blocks, len(blocks), False, 0)
     return state, _cache_snapshot(eng, request_id)
 
 

@@ -56,6 +56,11 @@ class MigrationConfig:
     the source, the request is paused at the step boundary right after its first token and
     the last stage copies only the tail; without, the tail is pre-copied while it decodes
     (a PD hand-off). False: a prefilling request migrates as any running one."""
+    start_at_one_boundary: bool = True
+    """A migration reads its request and its first stage's blocks at its first source step
+    boundary, and a round out of a source (``driver.migrate_next``) picks each request
+    there too. False: the pick, the start and the first stage's blocks at three boundaries
+    in a row, a step apart under load (the old way, the benchmarks' baseline)."""
 
     def __post_init__(self) -> None:
         if self.max_stages < 1:
@@ -113,8 +118,11 @@ class MigrationReport:
     start_time: float = 0.0
     end_time: float = 0.0
     marks: dict[str, float] = field(default_factory=dict)
-    """Instants recorded on the way: ``paused`` and ``resumed`` (the downtime's ends, the
-    driver's clock) and the driver's own (e.g. where the last stage's time went)."""
+    """Instants recorded on the way, on the driver's clock: ``paused`` and ``resumed`` (the
+    downtime's ends); the first stage's ``first_stage`` (begun), ``first_reserved``,
+    ``first_sent`` (its KV written) and ``first_copied`` (after the source's post-stage
+    check); the driver's own (where the last stage's time went) and its caller's before
+    the start (``order_received``, ``dst_read``: from the order to ``start_time``)."""
     was_queued: bool = False
     """The request had no KV yet (it waited in the source's queue): moved as metadata."""
     abort_code: str | None = None
@@ -204,6 +212,8 @@ class MigrationProtocol:
         self._pending_blocks = list(new_src_blocks)
         self.stages.append(StageRecord(len(self.stages), len(new_src_blocks), self.is_last_stage, now,
                                        src_block_ids=list(new_src_blocks)))
+        if len(self.stages) == 1:
+            self.marks["first_stage"] = now
         return self.phase
 
     def on_reserved(self, dst_block_ids: list[int] | None, now: float) -> MigrationPhase:
@@ -214,6 +224,8 @@ class MigrationProtocol:
         if len(dst_block_ids) != len(self._pending_blocks):
             return self.abort("destination reserved the wrong number of blocks", now)
         self.stages[-1].dst_block_ids = list(dst_block_ids)
+        if len(self.stages) == 1:
+            self.marks["first_reserved"] = now
         self.phase = MigrationPhase.COPY
         return self.phase
 
@@ -226,6 +238,8 @@ class MigrationProtocol:
         self._expect(MigrationPhase.COPY)
         stage = self.stages[-1]
         stage.end_time = now
+        if stage.index == 0:
+            self.marks["first_copied"] = now
         self.num_blocks_sent += stage.num_blocks
         self._pending_blocks = []
         if self.is_last_stage:
