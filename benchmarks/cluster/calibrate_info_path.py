@@ -98,7 +98,7 @@ def _steps_in(log: list[tuple[float, ...]], t0: float, t1: float | None) -> dict
 
 def sample(cluster: Any, k: int, ages: list[float], one_boundary: bool = True) -> dict[str, Any]:
     """One order from instance k % 2 to the other, on a decoding source (``one_boundary``: the
-    migration config's ``start_at_one_boundary``, this round's)."""
+    migration config's ``merge_boundaries``, this round's)."""
     import ray
 
     from llumnix.core.sampling_params import SamplingParams
@@ -115,7 +115,7 @@ def sample(cluster: Any, k: int, ages: list[float], one_boundary: bool = True) -
     end = time.monotonic() + random.uniform(0.05, 0.3)  # some decode steps in, off any step's phase
     _poll(cluster, ages, lambda i: time.monotonic() >= end)
     t0 = time.monotonic()
-    reports = ray.get(handles[src].migrate_out.remote(dst, handles[dst], {"start_at_one_boundary": one_boundary}),
+    reports = ray.get(handles[src].migrate_out.remote(dst, handles[dst], {"merge_boundaries": one_boundary}),
                       timeout=60)
     t1 = time.monotonic()
     _poll(cluster, ages, _idle)
@@ -160,7 +160,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="the JSON (default: llumnix-results/calibrate_info_path.json)")
     ap.add_argument("--compare", action="store_true",
                     help="alternate, two samples each, the start at one source boundary with the old way, at three "
-                         "(migration start_at_one_boundary false); the simulator's figures from the first")
+                         "(migration merge_boundaries false); the simulator's figures from the first")
     a = ap.parse_args()
     if a.samples < 1:
         raise SystemExit("calibrate_info_path: --samples must be >= 1")

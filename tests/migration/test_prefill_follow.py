@@ -128,13 +128,13 @@ class _Counting:
         return getattr(self.endpoint, name)
 
 
-@pytest.mark.parametrize("config", [MigrationConfig(start_at_one_boundary=False), FOLLOW])
+@pytest.mark.parametrize("config", [MigrationConfig(merge_boundaries=False), FOLLOW])
 def test_a_request_that_ends_before_its_first_stage_reserves_nothing_at_the_destination(config):
     """tests/cluster/test_pd_handoff.py's refused-reservation test saw 3 of 4 decode blocks
     free right after its request finished (1 run in 14): a request that ended between its
     migration's start and first stage went to the last stage, whose top-up reserved one
     block for it before finding it gone; the abort freed it moments later. (With
-    ``start_at_one_boundary``, the default, nothing lies between the two: the next test.)"""
+    ``merge_boundaries``, the default, nothing lies between the two: the next test.)"""
     with Pair(slow_s=0.02) as pair:
         pair.add("x", PROMPT[:29], SamplingParams(max_tokens=100))
         time.sleep(0.05)

@@ -38,8 +38,11 @@ class Boundaries:
 
 
 def test_the_pick_starts_the_migration_and_its_first_stage_at_one_boundary():
-    params = SamplingParams(max_tokens=150)
-    with Pair() as pair:
+    """Two source boundaries in all: the pick with the start and the first stage's blocks;
+    the post-stage check with the pause (the whole table and a block reserved ahead)."""
+    params = SamplingParams(max_tokens=100)
+    # 50 ms a step: a block of 4 tokens in 0.2 s, so the first stage leaves the last stage's 1-2
+    with Pair(slow_s=0.05) as pair:
         pair.add("x", PROMPT, params)
         time.sleep(0.05)
         src = Boundaries(pair.src)
@@ -55,9 +58,11 @@ def test_the_pick_starts_the_migration_and_its_first_stage_at_one_boundary():
         assert len(picks) == 1
         m = rep.marks
         assert m["order_received"] <= rep.start_time <= m["first_stage"] <= m["first_reserved"] \
-            <= m["first_sent"] <= m["first_copied"] <= m["paused"]
+            <= m["first_sent"] <= m["paused"] <= m["first_copied"] <= m["boundary_done"]
+        assert rep.num_stages == 2 and rep.downtime is not None
         assert src.before(m["first_stage"]) == 1  # no second boundary before the first stage began
-        assert src.before(m["first_copied"]) == 2  # its post-stage check
+        assert src.before(m["paused"]) == 1  # paused at the next: its post-stage check
+        assert src.before(m["boundary_done"]) == 2
         assert pair.collect("x") == reference(PROMPT, params)
         assert sorted(i for i, _ in pair.tokens["x"]) == list(range(1, params.max_tokens + 1))
         pair.check_drained()
@@ -89,15 +94,17 @@ def test_nothing_picked_starts_nothing():
         pair.check_drained()
 
 
-def test_the_old_way_reads_the_first_stage_a_boundary_later():
-    """``start_at_one_boundary`` false, the benchmarks' baseline: the request at one
-    boundary, its first stage's blocks at the next."""
-    with Pair() as pair:
+def test_the_old_way_takes_a_boundary_for_each():
+    """``merge_boundaries`` false, the benchmarks' baseline: the request at one
+    boundary, its first stage's blocks at the next; the post-stage check, the top-up's
+    reading and the pause at three more."""
+    with Pair(slow_s=0.05) as pair:
         pair.add("x", PROMPT, SamplingParams(max_tokens=150))
         time.sleep(0.05)
         src = Boundaries(pair.src)
-        rep = migrate("x", src, pair.endpoint, pair.sender, MigrationConfig(start_at_one_boundary=False))
+        rep = migrate("x", src, pair.endpoint, pair.sender, MigrationConfig(merge_boundaries=False))
         assert rep.committed, rep
         assert src.before(rep.start_time) == 1 and src.before(rep.marks["first_stage"]) == 2
+        assert rep.num_stages == 2 and src.before(rep.marks["boundary_done"]) >= 5
         pair.collect("x")
         pair.check_drained()

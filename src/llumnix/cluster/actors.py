@@ -427,7 +427,7 @@ class InstanceActor:
                         return []
                     return self.llumlet.select_requests_to_migrate(now, 1, d)
 
-                if cfg.start_at_one_boundary:  # keep?, pick and start at one source boundary
+                if cfg.merge_boundaries:  # keep?, pick and start at one source boundary
                     got = migrate_next(pick, self.server, remote, sender, cfg, marks=marks)
                     picked = [] if got is None else [got.request_id]
                 else:  # each at a boundary of its own

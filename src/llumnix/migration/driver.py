@@ -31,6 +31,7 @@ reservation on abort).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -174,13 +175,18 @@ def _run(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
                         paused, ahead = snapshot is not None, None
                     if not isinstance(ahead, _Chunk):
                         continue
-                    ok, unsent, prefilling = True, len(ahead.blocks) + ahead.unsent, ahead.is_prefilling
+                    ok, unsent, prefilling, taken = True, len(ahead.blocks) + ahead.unsent, ahead.is_prefilling, None
                 else:
-                    ok, unsent, prefilling = src.call(lambda: _after_stage(eng, request_id, proto) if alive()
-                                                      else (False, 0, False))
+                    ok, unsent, prefilling, taken = src.call(functools.partial(
+                        _check_or_pause, eng, request_id, proto, len(spare), alive, now))
+                    paused = taken is not None  # an abort from here on resumes it
                 if proto.on_copied(now(), request_alive=ok, num_unsent_blocks=unsent,
                                    is_prefilling=prefilling) == P.PAUSE:
                     ahead = None  # the last stage lists the rest itself
+                    if taken is not None:  # paused at the check's boundary
+                        snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, taken)
+                        paused = snapshot is not None
+                        continue
                     if unsent + 1 > len(spare):
                         spare += dst.try_reserve(request_id, unsent + 1 - len(spare)) or []
             elif proto.phase == P.PAUSE:
@@ -311,6 +317,22 @@ def _after_stage(eng: Any, request_id: str, proto: MigrationProtocol) -> tuple[b
     return True, unsent, not eng.requests[request_id].output_token_ids
 
 
+def _check_or_pause(eng: Any, request_id: str, proto: MigrationProtocol, num_spare: int, alive: Callable[[], bool],
+                    now: Callable[[], float]) -> tuple[bool, int, bool, tuple[float, list[int], Any, Request] | None]:
+    """The post-stage check at a source boundary, as ``_after_stage`` (``(False, 0, False)``
+    if the request is gone), and ``merge_boundaries``: when the next stage is the last and
+    the blocks reserved ahead hold the rest, that stage's pause at this very boundary
+    (``_pause_at_boundary``'s work), not at a later one after a top-up."""
+    if not alive():
+        return False, 0, False, None
+    ok, unsent, prefilling = _after_stage(eng, request_id, proto)
+    if not (proto.config.merge_boundaries and not prefilling and unsent <= num_spare
+            and proto.is_last_next(unsent)):
+        return ok, unsent, prefilling, None
+    done = proto.num_blocks_done + len(proto.pending_blocks)  # this stage's blocks are the destination's now
+    return ok, unsent, prefilling, _pause_at_boundary(eng, request_id, done, alive, now)
+
+
 def _start(eng: Any, request_id: str, config: MigrationConfig, now: Callable[[], float],
            ) -> tuple[tuple[RequestStatus, int] | None, _First]:
     """At the migration's first source boundary: the request's state, and what its first
@@ -325,9 +347,11 @@ def _start(eng: Any, request_id: str, config: MigrationConfig, now: Callable[[],
         taken = _pause_at_boundary(eng, request_id, 0, lambda: True, now)
         assert taken is not None
         return state, _Paused(taken)
-    if config.start_at_one_boundary and not follow and eng.kv.prefix is None and state is not None and state[0] == RequestStatus.RUNNING:
+    if config.merge_boundaries and not follow and eng.kv.prefix is None and state is not None and state[0] == RequestStatus.RUNNING:
+        # the whole table and a block reserved at once, so the post-stage check can pause it
+        need = len(eng.kv.block_table(request_id)) + 1
         blocks = eng.blocks_since(request_id, 0, full_only=True)  # _plain_blocks' first, a boundary sooner
-        return state, _Chunk(blocks, len(blocks), False, 0)
+        return state, _Chunk(blocks, need, False, need - 1 - len(blocks))
     return state, _cache_snapshot(eng, request_id)
 
 

@@ -56,11 +56,14 @@ class MigrationConfig:
     the source, the request is paused at the step boundary right after its first token and
     the last stage copies only the tail; without, the tail is pre-copied while it decodes
     (a PD hand-off). False: a prefilling request migrates as any running one."""
-    start_at_one_boundary: bool = True
-    """A migration reads its request and its first stage's blocks at its first source step
-    boundary, and a round out of a source (``driver.migrate_next``) picks each request
-    there too. False: the pick, the start and the first stage's blocks at three boundaries
-    in a row, a step apart under load (the old way, the benchmarks' baseline)."""
+    merge_boundaries: bool = True
+    """The source's work shares step boundaries (each costs up to a step's wait, 0.1-0.3 s
+    on a loaded CPU): a round out of a source (``driver.migrate_next``) picks a request at
+    the boundary that starts its migration and reads its first stage's blocks, reserving
+    at the destination the whole table and a block; the post-stage check that finds the
+    next stage the last pauses the request there when those blocks hold the rest. False:
+    each at a boundary of its own (pick, start, first blocks; check, top-up, pause), the
+    old way, the benchmarks' baseline."""
 
     def __post_init__(self) -> None:
         if self.max_stages < 1:
@@ -190,6 +193,12 @@ class MigrationProtocol:
         """Seconds until ``is_timed_out`` without further progress."""
         return max(0.0, self._progress_time + self.config.timeout_s - now)
 
+    def is_last_next(self, num_unsent_blocks: int) -> bool:
+        """During a pre-copy stage (not following a prefill): whether ``on_copied`` with this
+        many blocks unsent will go to the last stage (PAUSE)."""
+        return (num_unsent_blocks <= self.config.last_stage_max_blocks
+                or len(self.stages) - self.num_prefill_stages + 1 >= self.config.max_stages)
+
     # -- transitions ----------------------------------------------------------
     def on_cached(self, num_blocks: int) -> None:
         """Before the first stage: the destination adopted this many of the request's
@@ -251,8 +260,7 @@ class MigrationProtocol:
             self.num_prefill_stages += 1
             self._progress_time = now
             self.phase = MigrationPhase.RESERVE  # the next chunk's blocks
-        elif (num_unsent_blocks <= self.config.last_stage_max_blocks
-              or len(self.stages) - self.num_prefill_stages + 1 >= self.config.max_stages):
+        elif self.is_last_next(num_unsent_blocks):
             self.phase = MigrationPhase.PAUSE
         else:
             self.phase = MigrationPhase.RESERVE
