@@ -2,7 +2,7 @@
 LlumSched's statuses are when it reads them, and how long a migration order takes to
 start its migration. Measured, never fitted to the outcomes the simulator predicts.
 
-    python -m benchmarks.cluster.calibrate_info_path [--samples 6] [--out F.json]
+    python -m benchmarks.cluster.calibrate_info_path [--samples 6] [--compare] [--out F.json]
 
 (About 20 s to start the cluster and 5-20 s a sample on a 2-core VM, by its load: 6 samples
 stay under 3 minutes unless the machine is loaded; the committed run took 10 at load 14-23, 4 minutes.)
@@ -16,8 +16,18 @@ the clock the source's migration report stamps its ``start_time`` with. Meanwhil
 LlumSched's view every ~20 ms (``cluster_info``: each status's ``age_s``, LlumSched's clock
 less the instance's push).
 
+Where the order's time goes (``where_it_goes``, issue 45): the migration report's marks cut
+it into spans (``_breakdown``: the Ray call's way to the source actor, the destination's
+status read, the source's step boundaries before the first stage, the first stage's
+reservation, KV write and post-stage check), beside the source's step time meanwhile and
+its wall over CPU time (the load). ``--compare`` alternates, two samples each, the
+migration config's ``merge_boundaries`` on (the default) and off (the old way: the pick, the
+start, the first stage's blocks, the check, the top-up and the pause each at a boundary of
+its own), in one cluster; the simulator's figures come from the samples with it on.
+
 What the simulator takes (``sim_vs_real --calibration``): ``ClusterConfig.migration_start_s``
-= the median from order to first stage; ``ClusterConfig.status_delay_s`` = the median age
+= the median from the order to the first stage's begin (the report's ``first_stage``
+mark; the committed 0.47 s of 2026-11-28 stopped at ``start_time``, a boundary earlier); ``ClusterConfig.status_delay_s`` = the median age
 of a busy instance's status at LlumSched less half the simulator's report interval (0.05 s:
 a simulated status is that old on average at a random read without any delay); the
 migration cost's ``stage_overhead_s`` = the median of a committed migration's duration over
@@ -125,6 +135,7 @@ def sample(cluster: Any, k: int, ages: list[float], one_boundary: bool = True) -
     return {"src": src, "one_boundary": one_boundary, "returned_s": t1 - t0, "num_reports": len(reports),
             "breakdown_s": None if first is None else _breakdown(t0, first), **steps,
             "start_s": None if first is None else first["start_time"] - t0,
+            "first_stage_s": None if first is None or "first_stage" not in marks else marks["first_stage"] - t0,
             "committed": None if first is None else first["committed"],
             "abort_reason": None if first is None else first.get("abort_reason"),
             "num_stages": None if first is None else first["num_stages"],
@@ -148,6 +159,8 @@ def _where_it_goes(samples: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [s["breakdown_s"] for s in samples if s["breakdown_s"]]
     return {"count": len(rows), **{f"{name}_p50_s": med([r[name] for r in rows]) for name in STEPS},
             "start_p50_s": med([s["start_s"] for s in samples]),
+            "first_stage_p50_s": med([s["first_stage_s"] for s in samples]),
+            "duration_p50_s": med([s["duration_s"] for s in samples if s["committed"]]),
             "step_p50_s": med([s["step_p50_s"] for s in samples]),
             "wall_over_cpu_p50": med([s["wall_over_cpu"] for s in samples])}
 
@@ -185,7 +198,7 @@ def main() -> None:
     where = {way: _where_it_goes([s for s in samples if s["one_boundary"] == (way == "one_boundary")])
              for way in ("one_boundary", "three_boundaries")}
     samples_all, samples = samples, [s for s in samples if s["one_boundary"]]
-    starts = [s["start_s"] for s in samples if s["start_s"] is not None]
+    starts = [s["first_stage_s"] for s in samples if s["first_stage_s"] is not None]
     age = _stats(ages)
     start = _stats(starts)
     # a stage of a few blocks is its fixed cost (the reservation call, the boundary waits):
