@@ -119,8 +119,7 @@ def _run(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
          marks: dict[str, float] | None) -> MigrationReport:
     """The migration from its first source boundary on (``_start``'s ``state`` and ``first``)."""
     eng = src.engine
-    proto, preemptions0 = _open(request_id, src, dst, config, now, state)
-    proto.marks.update(marks or {})
+    proto, preemptions0 = _open(request_id, src, dst, config, now, state, marks)
     if proto.phase.is_done:
         return proto.report()
     src.llumlet.on_migration_started(request_id)
@@ -128,11 +127,8 @@ def _run(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
     snapshot: Request | None = None  # taken at the last stage's boundary
     spare: list[int] = []  # reserved ahead for later stages, so they need no reserve round trip
     ahead: _Chunk | _Paused | None = None  # following a prefill: the next stage, read after the last copy
-
-    def alive() -> bool:
-        st = _state(eng, request_id)
-        return st is not None and st[1] == preemptions0 and st[0] in (RequestStatus.RUNNING, RequestStatus.PAUSED)
-
+    taken: tuple[float, list[int], Any, Request] | None = None  # the last stage's boundary work, done at a check
+    alive = _is_alive(eng, request_id, preemptions0)
     try:
         if isinstance(first, _Paused):
             if proto.phase == P.RESERVE:
@@ -163,8 +159,7 @@ def _run(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
                                    KVSource(eng.executor, proto.pending_blocks)):
                     proto.abort("the destination refused the KV", now(), reasons.KV_REFUSED)
                     continue
-                if len(proto.stages) == 1:
-                    proto.marks["first_sent"] = now()
+                proto.marks.setdefault("first_sent", now())  # the first stage's KV written
                 if config.follow_prefill:  # the post-stage check is the wait for the next chunk
                     ahead = _next_blocks(request_id, eng, src, proto, alive, now, len(proto.pending_blocks))
                     if ahead is None:
@@ -183,15 +178,12 @@ def _run(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
                 if proto.on_copied(now(), request_alive=ok, num_unsent_blocks=unsent,
                                    is_prefilling=prefilling) == P.PAUSE:
                     ahead = None  # the last stage lists the rest itself
-                    if taken is not None:  # paused at the check's boundary
-                        snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, taken)
-                        paused = snapshot is not None
-                        continue
-                    if unsent + 1 > len(spare):
+                    if taken is None and unsent + 1 > len(spare):
                         spare += dst.try_reserve(request_id, unsent + 1 - len(spare)) or []
             elif proto.phase == P.PAUSE:
-                spare += _top_up(request_id, eng, src, dst, proto, len(spare), alive)
-                snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now)
+                if taken is None:  # else paused at the check's boundary, with room for the rest
+                    spare += _top_up(request_id, eng, src, dst, proto, len(spare), alive)
+                snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, taken)
                 paused = snapshot is not None
             elif proto.phase == P.COMMIT:
                 _commit(request_id, src, dst, proto, snapshot, now)
@@ -204,15 +196,27 @@ def _run(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
     return proto.report()
 
 
+def _is_alive(eng: Any, request_id: str, preemptions0: int) -> Callable[[], bool]:
+    """At a source boundary: whether the request still runs (or is paused) as when its
+    migration began, never preempted since."""
+    def alive() -> bool:
+        st = _state(eng, request_id)
+        return st is not None and st[1] == preemptions0 and st[0] in (RequestStatus.RUNNING, RequestStatus.PAUSED)
+
+    return alive
+
+
 def _open(request_id: str, src: SourceServer, dst: Destination, config: MigrationConfig, now: Callable[[], float],
-          state: tuple[RequestStatus, int] | None) -> tuple[MigrationProtocol, int]:
+          state: tuple[RequestStatus, int] | None, marks: dict[str, float] | None) -> tuple[MigrationProtocol, int]:
     """After the migration's first source boundary (``_start``, ``state``): its protocol
-    (aborted if the request is gone) and the request's preemption count then."""
+    (aborted if the request is gone; with the caller's ``marks``) and the request's
+    preemption count then."""
     eng = src.engine
     status0, preemptions0 = state if state is not None else (RequestStatus.RUNNING, 0)
     proto = MigrationProtocol(request_id, src.instance_id, dst.instance_id, config, now(),
                               has_kv=status0 == RequestStatus.RUNNING,
                               bytes_per_block=eng.executor.bytes_per_block)
+    proto.marks.update(marks or {})
     if state is None:
         # Picked at one boundary, gone by the next: it finished (or was aborted) between
         # the two. Nothing was started on either side.
