@@ -435,7 +435,7 @@ class InstanceActor:
                     got = migrate(picked[0], self.server, remote, sender, cfg, marks=marks) if picked else None
                 if got is None:
                     break
-                rep, marks = got, {}
+                rep, marks = got, {"order_received": time.monotonic()}  # the next one's wait begins
                 reports.append(dataclasses.asdict(rep))
                 with contextlib.suppress(Exception):  # now, not at the round's end (seconds later in a drain);
                     self._llumsched.migration_reported.remote(reports[-1])  # the round's return is the record
