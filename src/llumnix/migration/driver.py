@@ -99,8 +99,9 @@ def migrate_next(pick: Callable[[], list[str]], src: SourceServer, dst: Destinat
                  config: MigrationConfig, now: Callable[[], float] = time.monotonic,
                  marks: dict[str, float] | None = None) -> MigrationReport | None:
     """Migrate the request ``pick`` names (its first), picked at the very source boundary that
-    begins its migration: one step's wait from the order to the first stage, not two (a pick
-    at one boundary and the start at the next). None if ``pick`` names none."""
+    begins its migration and reads its first stage's blocks (``merge_boundaries``): one
+    boundary's wait from the order to the first stage, not three (the pick, the start, the
+    blocks, each up to a step apart). None if ``pick`` names none."""
     eng = src.engine
 
     def pick_and_start() -> tuple[str, Any, Any] | None:
