@@ -2,7 +2,7 @@
 LlumSched's statuses are when it reads them, and how long a migration order takes to
 start its migration. Measured, never fitted to the outcomes the simulator predicts.
 
-    python -m benchmarks.cluster.calibrate_info_path [--samples 6] [--out F.json]
+    python -m benchmarks.cluster.calibrate_info_path [--samples 6] [--compare] [--out F.json]
 
 (About 20 s to start the cluster and 5-20 s a sample on a 2-core VM, by its load: 6 samples
 stay under 3 minutes unless the machine is loaded; the committed run took 10 at load 14-23, 4 minutes.)
@@ -16,8 +16,18 @@ the clock the source's migration report stamps its ``start_time`` with. Meanwhil
 LlumSched's view every ~20 ms (``cluster_info``: each status's ``age_s``, LlumSched's clock
 less the instance's push).
 
+Where the order's time goes (``where_it_goes``, issue 45): the migration report's marks cut
+it into spans (``_breakdown``: the Ray call's way to the source actor, the destination's
+status read, the source's step boundaries before the first stage, the first stage's
+reservation, KV write and post-stage check), beside the source's step time meanwhile and
+its wall over CPU time (the load). ``--compare`` alternates, two samples each, the
+migration config's ``merge_boundaries`` on (the default) and off (the old way: the pick, the
+start, the first stage's blocks, the check, the top-up and the pause each at a boundary of
+its own), in one cluster; the simulator's figures come from the samples with it on.
+
 What the simulator takes (``sim_vs_real --calibration``): ``ClusterConfig.migration_start_s``
-= the median from order to first stage; ``ClusterConfig.status_delay_s`` = the median age
+= the median from the order to the first stage's begin (the report's ``first_stage``
+mark; the committed 0.47 s of 2026-11-28 stopped at ``start_time``, a boundary earlier); ``ClusterConfig.status_delay_s`` = the median age
 of a busy instance's status at LlumSched less half the simulator's report interval (0.05 s:
 a simulated status is that old on average at a random read without any delay); the
 migration cost's ``stage_overhead_s`` = the median of a committed migration's duration over
@@ -66,8 +76,39 @@ def _idle(info: dict[str, Any]) -> bool:
             and not info["migrations"]["in_flight"])
 
 
-def sample(cluster: Any, k: int, ages: list[float]) -> dict[str, Any]:
-    """One order from instance k % 2 to the other, on a decoding source."""
+STEPS = ("dispatch", "dst_read", "boundary", "first_blocks", "first_reserve", "first_send", "first_check")
+"""Where the time from the order to the first stage's end goes (``_breakdown``)."""
+
+
+def _breakdown(t0: float, rep: dict[str, Any]) -> dict[str, float | None]:
+    """The report's marks (the source's monotonic clock, this host's) as consecutive spans:
+    ``dispatch`` the Ray call's way to the actor's thread (``order_received``); ``dst_read``
+    the destination's status read over Ray; ``boundary`` from then to ``start_time``: the
+    source's step boundaries that pick and start the request; ``first_blocks`` to the
+    first stage's begin (a boundary more, the old way, to read its blocks); the first stage's
+    ``first_reserve`` (a Ray call to the destination, which reserves at its own boundary),
+    ``first_send`` (its KV written) and ``first_check`` (the source's post-stage boundary)."""
+    m = {**(rep.get("marks") or {}), "order": t0, "start": rep.get("start_time")}
+    ends = (("order", "order_received"), ("order_received", "dst_read"), ("dst_read", "start"),
+            ("start", "first_stage"), ("first_stage", "first_reserved"), ("first_reserved", "first_sent"), ("first_sent", "first_copied"))
+    return {name: None if m.get(a) is None or m.get(b) is None else m[b] - m[a]
+            for name, (a, b) in zip(STEPS, ends, strict=True)}
+
+
+def _steps_in(log: list[tuple[float, ...]], t0: float, t1: float | None) -> dict[str, float | int | None]:
+    """The source's steps between the order and the first stage's end: their median wall
+    time (a boundary wait is up to one step) and their wall over CPU seconds (above 1: the
+    step thread waited for a core or the GIL, i.e. load)."""
+    steps = [s for s in log if t1 is not None and s[0] >= t0 and s[1] <= t1]
+    wall = sum(s[1] - s[0] for s in steps)
+    cpu = sum(s[3] for s in steps)
+    return {"num_steps": len(steps), "step_p50_s": statistics.median([s[1] - s[0] for s in steps]) if steps else None,
+            "wall_over_cpu": wall / cpu if cpu > 0 else None}
+
+
+def sample(cluster: Any, k: int, ages: list[float], one_boundary: bool = True) -> dict[str, Any]:
+    """One order from instance k % 2 to the other, on a decoding source (``one_boundary``: the
+    migration config's ``merge_boundaries``, this round's)."""
     import ray
 
     from llumnix.core.sampling_params import SamplingParams
@@ -84,12 +125,17 @@ def sample(cluster: Any, k: int, ages: list[float]) -> dict[str, Any]:
     end = time.monotonic() + random.uniform(0.05, 0.3)  # some decode steps in, off any step's phase
     _poll(cluster, ages, lambda i: time.monotonic() >= end)
     t0 = time.monotonic()
-    reports = ray.get(handles[src].migrate_out.remote(dst, handles[dst]), timeout=60)
+    reports = ray.get(handles[src].migrate_out.remote(dst, handles[dst], {"merge_boundaries": one_boundary}),
+                      timeout=60)
     t1 = time.monotonic()
     _poll(cluster, ages, _idle)
     first = reports[0] if reports else None
-    return {"src": src, "returned_s": t1 - t0, "num_reports": len(reports),
+    marks = (first or {}).get("marks") or {}
+    steps = _steps_in(ray.get(handles[src].step_log.remote(cpu=True), timeout=30), t0, marks.get("first_copied"))
+    return {"src": src, "one_boundary": one_boundary, "returned_s": t1 - t0, "num_reports": len(reports),
+            "breakdown_s": None if first is None else _breakdown(t0, first), **steps,
             "start_s": None if first is None else first["start_time"] - t0,
+            "first_stage_s": None if first is None or "first_stage" not in marks else marks["first_stage"] - t0,
             "committed": None if first is None else first["committed"],
             "abort_reason": None if first is None else first.get("abort_reason"),
             "num_stages": None if first is None else first["num_stages"],
@@ -104,12 +150,30 @@ def _stats(xs: list[float]) -> dict[str, float | int | None]:
     return {"count": len(xs), "min": min(xs), "p50": statistics.median(xs), "p90": q[8], "max": max(xs)}
 
 
+def _where_it_goes(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per span of ``_breakdown``, and the source's steps meanwhile: their median over the samples."""
+    def med(xs: list[Any]) -> float | None:
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
+
+    rows = [s["breakdown_s"] for s in samples if s["breakdown_s"]]
+    return {"count": len(rows), **{f"{name}_p50_s": med([r[name] for r in rows]) for name in STEPS},
+            "start_p50_s": med([s["start_s"] for s in samples]),
+            "first_stage_p50_s": med([s["first_stage_s"] for s in samples]),
+            "duration_p50_s": med([s["duration_s"] for s in samples if s["committed"]]),
+            "step_p50_s": med([s["step_p50_s"] for s in samples]),
+            "wall_over_cpu_p50": med([s["wall_over_cpu"] for s in samples])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=6)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="the JSON (default: llumnix-results/calibrate_info_path.json)")
+    ap.add_argument("--compare", action="store_true",
+                    help="alternate, two samples each, the start at one source boundary with the old way, at three "
+                         "(migration merge_boundaries false); the simulator's figures from the first")
     a = ap.parse_args()
     if a.samples < 1:
         raise SystemExit("calibrate_info_path: --samples must be >= 1")
@@ -126,12 +190,15 @@ def main() -> None:
     samples = []
     try:
         t_ready = time.monotonic()
-        for k in range(a.samples):
-            samples.append(sample(cluster, k, ages))
+        for k in range(a.samples):  # by twos, so each way has orders from both instances
+            samples.append(sample(cluster, k, ages, one_boundary=not (a.compare and k // 2 % 2)))
             print(f"sample {k}: {samples[-1]}", flush=True)
     finally:
         cluster.shutdown()
-    starts = [s["start_s"] for s in samples if s["start_s"] is not None]
+    where = {way: _where_it_goes([s for s in samples if s["one_boundary"] == (way == "one_boundary")])
+             for way in ("one_boundary", "three_boundaries")}
+    samples_all, samples = samples, [s for s in samples if s["one_boundary"]]
+    starts = [s["first_stage_s"] for s in samples if s["first_stage_s"] is not None]
     age = _stats(ages)
     start = _stats(starts)
     # a stage of a few blocks is its fixed cost (the reservation call, the boundary waits):
@@ -141,9 +208,10 @@ def main() -> None:
            "load_1m": {"before": load_before, "after": os.getloadavg()[0]},
            "settings": {"model": a.model, "engine": ENGINE, "requests_per_sample": REQUESTS_PER_SAMPLE,
                         "prompt_tokens": PROMPT_TOKENS, "max_tokens": MAX_TOKENS, "samples": a.samples,
-                        "reschedule_interval_s": 0.5, "rescheduling": {"pairing": "even", "min_tokens_left": 4}},
+                        "reschedule_interval_s": 0.5, "rescheduling": {"pairing": "even", "min_tokens_left": 4},
+                        "compare": a.compare},
            "wall_s": {"start_cluster": t_ready - t_start, "total": time.monotonic() - t_start},
-           "status_age_s": age, "migration_start_s": start,
+           "status_age_s": age, "migration_start_s": start, "where_it_goes": where,
            "migrations": {"started": len(starts), "committed": sum(bool(s["committed"]) for s in samples),
                           "aborted": [s["abort_reason"] for s in samples if s["committed"] is False],
                           "duration_s": _stats([s["duration_s"] for s in samples if s["committed"]]),
@@ -151,12 +219,15 @@ def main() -> None:
                           "num_stages": [s["num_stages"] for s in samples if s["committed"]]},
            "simulator": {"status_delay_s": None if age["p50"] is None else max(0.0, float(age["p50"]) - SIM_REPORT_S / 2),
                          "migration_start_s": start["p50"], "stage_overhead_s": stage["p50"]},
-           "samples": samples}
+           "samples": samples_all}
     out = a.out or Path(RESULTS_DIR) / "calibrate_info_path.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"status age at LlumSched P50 {age['p50']} s (n={age['count']}); order to first stage P50 "
           f"{start['p50']} s (n={start['count']}); simulator: {doc['simulator']}; {out}")
+    for way, w in where.items():
+        if w["count"]:
+            print(f"{way}: " + ", ".join(f"{k} {v:.3f}" for k, v in w.items() if isinstance(v, float)), flush=True)
 
 
 if __name__ == "__main__":

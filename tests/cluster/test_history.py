@@ -52,3 +52,17 @@ def test_each_migration_is_one_log_line_with_its_downtime(caplog):
         "migration of r1 instance-0 -> instance-1 committed: 4 blocks (0 adopted) in 2 stages in 0.050 s, "
         "downtime 7.1 ms",
         f"migration of r2 instance-0 -> instance-1 aborted ({h.reports[-1]['abort_code']})"]
+
+
+def test_a_reports_start_marks_are_shown_as_spans():
+    h = MigrationHistory()
+    marks = {"order_received": 10.0, "dst_read": 10.01, "first_stage": 10.25, "first_reserved": 10.26,
+             "first_sent": 10.27, "first_copied": 10.45}
+    h.add([{"request_id": "a", "committed": True, "downtime": 0.01, "start_time": 10.2, "marks": marks},
+           {"request_id": "b", "committed": True, "was_queued": True, "start_time": 11.0,
+            "marks": {"order_received": 10.9}}])
+    s = h.summary(())
+    a, b = s["recent"]
+    assert abs(a["start_wait_s"] - 0.25) < 1e-9 and abs(a["first_stage_s"] - 0.2) < 1e-9
+    assert b["start_wait_s"] is None and b["first_stage_s"] is None  # no stage: no span
+    assert s["start_wait_s"] == [a["start_wait_s"]]

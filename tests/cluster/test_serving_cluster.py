@@ -688,6 +688,10 @@ def test_drain_migrates_running_requests_and_streams_survive(server, cluster):
         time.sleep(0.1)
     assert info["migrations"]["committed"] >= 1, info
     assert info["migrations"]["blocks_sent"] >= 1, info  # their KV moved: counted from the reports
+    # LlumSched's orders (migrate_out): each one's wait from the order to its first stage, shown
+    moved = [m for m in info["migrations"]["recent"] if m["committed"] and not m["was_queued"]]
+    assert moved and all(m["start_wait_s"] >= 0 and m["first_stage_s"] >= 0 for m in moved), moved
+    assert moved[-1]["start_wait_s"] in info["migrations"]["start_wait_s"]  # the last 20 of them
     text = httpx.get(f"{url}/metrics").text
     assert 'llumnix:migrations_total{model_name=' in text and "llumnix:migration_downtime_seconds_count" in text
     assert 'llumnix:instance_freeness{instance_id="instance-0"' in text

@@ -59,6 +59,10 @@ class MigrationHistory:
             self.reports.append(m)
             log.info("%s", migration_line(m))  # LlumSched's log: one line per migration
 
+    def start_waits(self) -> list[float]:
+        """The recent reports' ``start_wait_s`` (``start_spans``), oldest first."""
+        return [w for w in (start_spans(m)["start_wait_s"] for m in self.reports) if w is not None]
+
     def summary(self, in_flight: Iterable[str]) -> dict[str, Any]:
         """``/admin/cluster``'s migrations. A queued request moves as metadata and never
         stalls: its migrations are counted apart, and only running ones have a downtime."""
@@ -74,10 +78,26 @@ class MigrationHistory:
                 "blocks_sent": self.num_blocks_sent,
                 "blocks_adopted": self.num_blocks_adopted,
                 "downtime_s": downtimes[-20:],
+                # from the order's arrival at the source to the first stage's begin (issue 45)
+                "start_wait_s": self.start_waits()[-20:],
                 "recent_downtimes_s": downtimes,
                 "recent": [{k: m.get(k) for k in ("request_id", "src_instance_id", "dst_instance_id", "committed",
                                                   "abort_reason", "abort_code", "end_time", "downtime",
-                                                  "was_queued", "reported_at")} for m in recent]}
+                                                  "was_queued", "reported_at")} | start_spans(m) for m in recent]}
+
+
+def start_spans(m: dict[str, Any]) -> dict[str, float | None]:
+    """A report's way from its order to its first stage's end, by its marks (all on its
+    source's clock): ``start_wait_s`` from the order's arrival at the source (the instance
+    actor's ``migrate_out``) to the first stage's begin, ``first_stage_s`` the first stage
+    (reservation, KV write, post-stage check). None where a mark is missing (a migration
+    named by a benchmark, a queued request's)."""
+    marks = m.get("marks") or {}
+
+    def span(a: str, b: str) -> float | None:
+        return marks[b] - marks[a] if a in marks and b in marks else None
+
+    return {"start_wait_s": span("order_received", "first_stage"), "first_stage_s": span("first_stage", "first_copied")}
 
 
 REACTION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

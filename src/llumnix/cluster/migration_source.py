@@ -15,6 +15,7 @@ from typing import Any
 import ray
 
 from llumnix.core.status import InstanceStatus
+from llumnix.migration.protocol import MigrationConfig
 from llumnix.policy import Llumlet
 
 
@@ -89,15 +90,19 @@ class MigrationSource:
             self._drop_if_broken(rep, dst_instance_id, transport)
         return dataclasses.asdict(rep)
 
-    def migrate_out(self, dst_instance_id: str, dst: Any) -> list[dict[str, Any]]:
+    def migrate_out(self, dst_instance_id: str, dst: Any,
+                    overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Migrate requests to ``dst`` one at a time while the pairing holds (the paper's
-        rule, ``policy.rounds.keep_migrating``, as in the simulator); returns the reports."""
+        rule, ``policy.rounds.keep_migrating``, as in the simulator); returns the reports.
+        ``overrides``: MigrationConfig fields for this round (benchmarks)."""
+        marks = {"order_received": time.monotonic()}  # the report's clock: where its start's wait began
         if not self._migrating.acquire(blocking=False):
             return []  # one migration out at a time
         reports: list[dict[str, Any]] = []
         picked: list[str] = []
         try:
-            self._round(dst_instance_id, dst, reports, picked)
+            cfg = dataclasses.replace(self.migration_config, **(overrides or {}))
+            self._round(dst_instance_id, dst, reports, picked, cfg, marks)
             return reports
         except Exception as e:  # noqa: BLE001 - a failed round is reported, never fatal
             for old in self._senders.values():
@@ -110,30 +115,38 @@ class MigrationSource:
         finally:
             self._migrating.release()
 
-    def _round(self, dst_instance_id: str, dst: Any, reports: list[dict[str, Any]], picked: list[str]) -> None:
-        """The moves of one round, appended to ``reports`` (``picked``: the one under way)."""
-        from llumnix.migration.driver import migrate
+    def _round(self, dst_instance_id: str, dst: Any, reports: list[dict[str, Any]], picked: list[str],
+               cfg: MigrationConfig, marks: dict[str, float]) -> None:
+        """The moves of one round, appended to ``reports`` (``picked``: the one under way).
+        With ``cfg.merge_boundaries`` the keep-migrating test, the pick and the start happen
+        at one source boundary (``driver.migrate_next``); else each at a boundary of its own."""
+        from llumnix.migration.driver import migrate, migrate_next
 
         sender = self._sender(dst_instance_id, dst)
         remote = RemoteDestination(dst_instance_id, dst)
         dst_status = ray.get(dst.status.remote(), timeout=30) if self.llumlet.reads_destination else None
+        num_in: int | None = None  # after a migration: others coming in at dst (keep migrating?)
         while True:
-            def pick(d: InstanceStatus | None = dst_status) -> list[str]:
-                return self.llumlet.select_requests_to_migrate(time.time(), 1, d)
+            marks["dst_read"] = time.monotonic()
 
-            picked[:] = self.server.call(pick)
-            if not picked:
+            def pick(d: InstanceStatus | None = dst_status, n: int | None = num_in) -> list[str]:
+                now = time.time()
+                if n is not None and d is not None and not self.llumlet.should_keep_migrating(now, d, n):
+                    return []
+                return self.llumlet.select_requests_to_migrate(now, 1, d)
+
+            if cfg.merge_boundaries:
+                got = migrate_next(pick, self.server, remote, sender, cfg, marks=marks)
+                picked[:] = [] if got is None else [got.request_id]
+            else:
+                picked[:] = self.server.call(pick)
+                got = migrate(picked[0], self.server, remote, sender, cfg, marks=marks) if picked else None
+            if got is None:
                 return
-            rep = migrate(picked[0], self.server, remote, sender, self.migration_config)
+            rep, marks = got, {"order_received": time.monotonic()}  # the next one's wait begins
             reports.append(dataclasses.asdict(rep))
             self._on_report(reports[-1])
             self._drop_if_broken(rep, dst_instance_id)
             if not rep.committed:
                 return
             dst_status, num_in = ray.get([dst.status.remote(), dst.mig_num_reservations.remote()], timeout=30)
-
-            def keep(d: InstanceStatus = dst_status, n: int = num_in) -> bool:
-                return self.llumlet.should_keep_migrating(time.time(), d, n)
-
-            if not self.server.call(keep):
-                return

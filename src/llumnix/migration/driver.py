@@ -31,6 +31,7 @@ reservation on abort).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -86,9 +87,40 @@ class Destination(Protocol):
 
 
 def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSender,
-            config: MigrationConfig, now: Callable[[], float] = time.monotonic) -> MigrationReport:
+            config: MigrationConfig, now: Callable[[], float] = time.monotonic,
+            marks: dict[str, float] | None = None) -> MigrationReport:
+    """``marks``: instants before the migration began (the driver's clock), kept on its report."""
     eng = src.engine
-    proto, preemptions0, first = _open(request_id, src, dst, config, now)
+    state, first = src.call(lambda: _start(eng, request_id, config, now))
+    return _run(request_id, src, dst, sender, config, now, state, first, marks)
+
+
+def migrate_next(pick: Callable[[], list[str]], src: SourceServer, dst: Destination, sender: KVSender,
+                 config: MigrationConfig, now: Callable[[], float] = time.monotonic,
+                 marks: dict[str, float] | None = None) -> MigrationReport | None:
+    """Migrate the request ``pick`` names (its first), picked at the very source boundary that
+    begins its migration and reads its first stage's blocks (``merge_boundaries``): one
+    boundary's wait from the order to the first stage, not three (the pick, the start, the
+    blocks, each up to a step apart). None if ``pick`` names none."""
+    eng = src.engine
+
+    def pick_and_start() -> tuple[str, Any, Any] | None:
+        picked = pick()
+        return None if not picked else (picked[0], *_start(eng, picked[0], config, now))
+
+    got = src.call(pick_and_start)
+    if got is None:
+        return None
+    request_id, state, first = got
+    return _run(request_id, src, dst, sender, config, now, state, first, marks)
+
+
+def _run(request_id: str, src: SourceServer, dst: Destination, sender: KVSender, config: MigrationConfig,
+         now: Callable[[], float], state: tuple[RequestStatus, int] | None, first: _First,
+         marks: dict[str, float] | None) -> MigrationReport:
+    """The migration from its first source boundary on (``_start``'s ``state`` and ``first``)."""
+    eng = src.engine
+    proto, preemptions0 = _open(request_id, src, dst, config, now, state, marks)
     if proto.phase.is_done:
         return proto.report()
     src.llumlet.on_migration_started(request_id)
@@ -96,17 +128,16 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
     snapshot: Request | None = None  # taken at the last stage's boundary
     spare: list[int] = []  # reserved ahead for later stages, so they need no reserve round trip
     ahead: _Chunk | _Paused | None = None  # following a prefill: the next stage, read after the last copy
-
-    def alive() -> bool:
-        st = _state(eng, request_id)
-        return st is not None and st[1] == preemptions0 and st[0] in (RequestStatus.RUNNING, RequestStatus.PAUSED)
-
+    taken: tuple[float, list[int], Any, Request] | None = None  # the last stage's boundary work, done at a check
+    alive = _is_alive(eng, request_id, preemptions0)
     try:
         if isinstance(first, _Paused):
             if proto.phase == P.RESERVE:
                 proto.begin_stage([], now())  # nothing to pre-copy: straight to PAUSE
             snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, first.taken)
             paused = snapshot is not None
+        elif isinstance(first, _Chunk):
+            ahead = first if proto.phase == P.RESERVE else None  # read at the first boundary: none more
         else:
             _first_stage_with_cache(request_id, eng, dst, proto, first, now)
         while not proto.phase.is_done:
@@ -129,6 +160,7 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
                                    KVSource(eng.executor, proto.pending_blocks)):
                     proto.abort("the destination refused the KV", now(), reasons.KV_REFUSED)
                     continue
+                proto.marks.setdefault("first_sent", now())  # the first stage's KV written
                 if config.follow_prefill:  # the post-stage check is the wait for the next chunk
                     ahead = _next_blocks(request_id, eng, src, proto, alive, now, len(proto.pending_blocks))
                     if ahead is None:
@@ -139,18 +171,20 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
                         paused, ahead = snapshot is not None, None
                     if not isinstance(ahead, _Chunk):
                         continue
-                    ok, unsent, prefilling = True, len(ahead.blocks) + ahead.unsent, ahead.is_prefilling
+                    ok, unsent, prefilling, taken = True, len(ahead.blocks) + ahead.unsent, ahead.is_prefilling, None
                 else:
-                    ok, unsent, prefilling = src.call(lambda: _after_stage(eng, request_id, proto) if alive()
-                                                      else (False, 0, False))
+                    ok, unsent, prefilling, taken = src.call(functools.partial(
+                        _check_or_pause, eng, request_id, proto, len(spare), alive, now))
+                    paused = taken is not None  # an abort from here on resumes it
                 if proto.on_copied(now(), request_alive=ok, num_unsent_blocks=unsent,
                                    is_prefilling=prefilling) == P.PAUSE:
                     ahead = None  # the last stage lists the rest itself
-                    if unsent + 1 > len(spare):
+                    if taken is None and unsent + 1 > len(spare):
                         spare += dst.try_reserve(request_id, unsent + 1 - len(spare)) or []
             elif proto.phase == P.PAUSE:
-                spare += _top_up(request_id, eng, src, dst, proto, len(spare), alive)
-                snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now)
+                if taken is None:  # else paused at the check's boundary, with room for the rest
+                    spare += _top_up(request_id, eng, src, dst, proto, len(spare), alive)
+                snapshot = _last_stage(request_id, src, dst, sender, proto, spare, alive, now, taken)
                 paused = snapshot is not None
             elif proto.phase == P.COMMIT:
                 _commit(request_id, src, dst, proto, snapshot, now)
@@ -163,25 +197,33 @@ def migrate(request_id: str, src: SourceServer, dst: Destination, sender: KVSend
     return proto.report()
 
 
+def _is_alive(eng: Any, request_id: str, preemptions0: int) -> Callable[[], bool]:
+    """At a source boundary: whether the request still runs (or is paused) as when its
+    migration began, never preempted since."""
+    def alive() -> bool:
+        st = _state(eng, request_id)
+        return st is not None and st[1] == preemptions0 and st[0] in (RequestStatus.RUNNING, RequestStatus.PAUSED)
+
+    return alive
+
+
 def _open(request_id: str, src: SourceServer, dst: Destination, config: MigrationConfig, now: Callable[[], float],
-          ) -> tuple[MigrationProtocol, int, tuple[list[int], list[int], list[int]] | _Paused | None]:
-    """The migration's first source boundary (``_start``): its protocol (aborted if the
-    request is gone), the request's preemption count then, and what its first stage
-    starts from."""
+          state: tuple[RequestStatus, int] | None, marks: dict[str, float] | None) -> tuple[MigrationProtocol, int]:
+    """After the migration's first source boundary (``_start``, ``state``): its protocol
+    (aborted if the request is gone; with the caller's ``marks``) and the request's
+    preemption count then."""
     eng = src.engine
-    # following a prefill, the request may be paused there: its first token is just out
-    # with prompt work waiting (the hand-off was started while its last chunk computed)
-    state, first = src.call(lambda: _start(eng, request_id, config.follow_prefill, now))
     status0, preemptions0 = state if state is not None else (RequestStatus.RUNNING, 0)
     proto = MigrationProtocol(request_id, src.instance_id, dst.instance_id, config, now(),
                               has_kv=status0 == RequestStatus.RUNNING,
                               bytes_per_block=eng.executor.bytes_per_block)
+    proto.marks.update(marks or {})
     if state is None:
         # Picked at one boundary, gone by the next: it finished (or was aborted) between
         # the two. Nothing was started on either side.
         proto.abort(f"the request finished before its migration began ({request_id} is not on "
                     f"{src.instance_id})", now(), reasons.SOURCE_FINISHED)
-    return proto, preemptions0, first
+    return proto, preemptions0
 
 
 @dataclass(frozen=True)
@@ -233,6 +275,10 @@ def _next_blocks(request_id: str, eng: Any, src: SourceServer, proto: MigrationP
         return None
 
 
+_First = tuple[list[int], list[int], list[int]] | _Paused | _Chunk | None
+"""What a migration's first stage starts from, read at its first source boundary (``_start``)."""
+
+
 def _prompt_work_waits(eng: Any, req: Request) -> bool:
     sched = eng.scheduler
     return bool(sched.waiting) or any(r is not req and not r.output_token_ids for r in sched.running)
@@ -276,18 +322,41 @@ def _after_stage(eng: Any, request_id: str, proto: MigrationProtocol) -> tuple[b
     return True, unsent, not eng.requests[request_id].output_token_ids
 
 
-def _start(eng: Any, request_id: str, follow: bool, now: Callable[[], float],
-           ) -> tuple[tuple[RequestStatus, int] | None, tuple[list[int], list[int], list[int]] | _Paused | None]:
+def _check_or_pause(eng: Any, request_id: str, proto: MigrationProtocol, num_spare: int, alive: Callable[[], bool],
+                    now: Callable[[], float]) -> tuple[bool, int, bool, tuple[float, list[int], Any, Request] | None]:
+    """The post-stage check at a source boundary, as ``_after_stage`` (``(False, 0, False)``
+    if the request is gone), and ``merge_boundaries``: when the next stage is the last and
+    the blocks reserved ahead hold the rest, that stage's pause at this very boundary
+    (``_pause_at_boundary``'s work), not at a later one after a top-up."""
+    if not alive():
+        return False, 0, False, None
+    ok, unsent, prefilling = _after_stage(eng, request_id, proto)
+    if not (proto.config.merge_boundaries and not prefilling and unsent <= num_spare
+            and proto.is_last_next(unsent)):
+        return ok, unsent, prefilling, None
+    done = proto.num_blocks_done + len(proto.pending_blocks)  # this stage's blocks are the destination's now
+    return ok, unsent, prefilling, _pause_at_boundary(eng, request_id, done, alive, now)
+
+
+def _start(eng: Any, request_id: str, config: MigrationConfig, now: Callable[[], float],
+           ) -> tuple[tuple[RequestStatus, int] | None, _First]:
     """At the migration's first source boundary: the request's state, and what its first
-    stage starts from (``_cache_snapshot``, or ``_Paused`` following a prefill whose first
-    token is just out with prompt work waiting)."""
+    stage starts from (``_cache_snapshot``; ``_Paused`` following a prefill whose first
+    token is just out with prompt work waiting; else a running request's first stage,
+    ``_Chunk``)."""
     state = _state(eng, request_id)
     req = eng.requests.get(request_id)
+    follow = config.follow_prefill
     if follow and state is not None and state[0] == RequestStatus.RUNNING and req.output_token_ids \
             and _prompt_work_waits(eng, req):
         taken = _pause_at_boundary(eng, request_id, 0, lambda: True, now)
         assert taken is not None
         return state, _Paused(taken)
+    if config.merge_boundaries and not follow and eng.kv.prefix is None and state is not None and state[0] == RequestStatus.RUNNING:
+        # the whole table and a block reserved at once, so the post-stage check can pause it
+        need = len(eng.kv.block_table(request_id)) + 1
+        blocks = eng.blocks_since(request_id, 0, full_only=True)  # _plain_blocks' first, a boundary sooner
+        return state, _Chunk(blocks, need, False, need - 1 - len(blocks))
     return state, _cache_snapshot(eng, request_id)
 
 

@@ -56,6 +56,14 @@ class MigrationConfig:
     the source, the request is paused at the step boundary right after its first token and
     the last stage copies only the tail; without, the tail is pre-copied while it decodes
     (a PD hand-off). False: a prefilling request migrates as any running one."""
+    merge_boundaries: bool = True
+    """The source's work shares step boundaries (each costs up to a step's wait, 0.1-0.3 s
+    on a loaded CPU): a round out of a source (``driver.migrate_next``) picks a request at
+    the boundary that starts its migration and reads its first stage's blocks, reserving
+    at the destination the whole table and a block; the post-stage check that finds the
+    next stage the last pauses the request there when those blocks hold the rest. False:
+    each at a boundary of its own (pick, start, first blocks; check, top-up, pause), the
+    old way, the benchmarks' baseline."""
 
     def __post_init__(self) -> None:
         if self.max_stages < 1:
@@ -113,8 +121,11 @@ class MigrationReport:
     start_time: float = 0.0
     end_time: float = 0.0
     marks: dict[str, float] = field(default_factory=dict)
-    """Instants recorded on the way: ``paused`` and ``resumed`` (the downtime's ends, the
-    driver's clock) and the driver's own (e.g. where the last stage's time went)."""
+    """Instants recorded on the way, on the driver's clock: ``paused`` and ``resumed`` (the
+    downtime's ends); the first stage's ``first_stage`` (begun), ``first_reserved``,
+    ``first_sent`` (its KV written) and ``first_copied`` (after the source's post-stage
+    check); the driver's own (where the last stage's time went) and its caller's before
+    the start (``order_received``, ``dst_read``: from the order to ``start_time``)."""
     was_queued: bool = False
     """The request had no KV yet (it waited in the source's queue): moved as metadata."""
     abort_code: str | None = None
@@ -182,6 +193,12 @@ class MigrationProtocol:
         """Seconds until ``is_timed_out`` without further progress."""
         return max(0.0, self._progress_time + self.config.timeout_s - now)
 
+    def is_last_next(self, num_unsent_blocks: int) -> bool:
+        """During a pre-copy stage (not following a prefill): whether ``on_copied`` with this
+        many blocks unsent will go to the last stage (PAUSE)."""
+        return (num_unsent_blocks <= self.config.last_stage_max_blocks
+                or len(self.stages) - self.num_prefill_stages + 1 >= self.config.max_stages)
+
     # -- transitions ----------------------------------------------------------
     def on_cached(self, num_blocks: int) -> None:
         """Before the first stage: the destination adopted this many of the request's
@@ -204,6 +221,8 @@ class MigrationProtocol:
         self._pending_blocks = list(new_src_blocks)
         self.stages.append(StageRecord(len(self.stages), len(new_src_blocks), self.is_last_stage, now,
                                        src_block_ids=list(new_src_blocks)))
+        if len(self.stages) == 1:
+            self.marks["first_stage"] = now
         return self.phase
 
     def on_reserved(self, dst_block_ids: list[int] | None, now: float) -> MigrationPhase:
@@ -214,6 +233,8 @@ class MigrationProtocol:
         if len(dst_block_ids) != len(self._pending_blocks):
             return self.abort("destination reserved the wrong number of blocks", now)
         self.stages[-1].dst_block_ids = list(dst_block_ids)
+        if len(self.stages) == 1:
+            self.marks["first_reserved"] = now
         self.phase = MigrationPhase.COPY
         return self.phase
 
@@ -226,6 +247,8 @@ class MigrationProtocol:
         self._expect(MigrationPhase.COPY)
         stage = self.stages[-1]
         stage.end_time = now
+        if stage.index == 0:
+            self.marks["first_copied"] = now
         self.num_blocks_sent += stage.num_blocks
         self._pending_blocks = []
         if self.is_last_stage:
@@ -237,8 +260,7 @@ class MigrationProtocol:
             self.num_prefill_stages += 1
             self._progress_time = now
             self.phase = MigrationPhase.RESERVE  # the next chunk's blocks
-        elif (num_unsent_blocks <= self.config.last_stage_max_blocks
-              or len(self.stages) - self.num_prefill_stages + 1 >= self.config.max_stages):
+        elif self.is_last_next(num_unsent_blocks):
             self.phase = MigrationPhase.PAUSE
         else:
             self.phase = MigrationPhase.RESERVE
