@@ -47,6 +47,9 @@ class LocalScheduler:
         and hits, cumulative)."""
         self.num_prefix_hit_tokens = 0
         self._waiting_keys: list[tuple[int, float, int]] = []
+        self.waiting_version = 0
+        """Counts the changes to ``waiting`` (a queued request's tokens and blocks do not
+        change while it waits), so a status can reuse the briefs of an unchanged queue."""
         self._seq = itertools.count()
         self._blocked: tuple[Request, int] | None = None
         """The head of line the last admission left waiting for memory, and the free
@@ -63,9 +66,11 @@ class LocalScheduler:
         i = bisect.bisect(self._waiting_keys, key)
         self._waiting_keys.insert(i, key)
         self.waiting.insert(i, req)
+        self.waiting_version += 1
 
     def _pop_waiting_head(self) -> Request:
         self._waiting_keys.pop(0)
+        self.waiting_version += 1
         return self.waiting.pop(0)
 
     def remove(self, req: Request) -> None:
@@ -74,6 +79,7 @@ class LocalScheduler:
             i = self.waiting.index(req)
             del self.waiting[i]
             del self._waiting_keys[i]
+            self.waiting_version += 1
             self._forget_blocked(req)
         elif req.status == RequestStatus.RUNNING:
             self.running.remove(req)
@@ -109,8 +115,7 @@ class LocalScheduler:
         admitted = self._admit(self.config.max_num_batched_tokens)
         if admitted:
             return SchedulerOutput([self._entry(r) for r, _ in admitted], is_prefill=True)
-        preempted = self._grow_running()
-        return SchedulerOutput(self._decode_entries(), is_prefill=False, preempted_request_ids=preempted)
+        return self._decode_step()
 
     def _schedule_chunked(self) -> SchedulerOutput:
         """Decodes, then prefills within the token budget: per priority level, highest
@@ -239,6 +244,41 @@ class LocalScheduler:
                 kv.grow(req.request_id, need)
             return []
         return self._grow_with_preemption()
+
+    def _decode_step(self) -> SchedulerOutput:
+        """Every running request decodes: ``_grow_running`` and ``_decode_entries`` in one
+        pass over the batch (every step's hottest loop). The entries hold the live block
+        tables, so growing them afterwards is what the executor sees; if the blocks do not
+        suffice, the entries are dropped and built again after the preemptions."""
+        kv = self.kv
+        block_size = kv.block_size
+        tables = kv.tables
+        growing: list[tuple[str, int]] = []
+        total = 0
+        entries: list[ScheduledRequest] = []
+        add = entries.append
+        for req in self.running:
+            rid = req.request_id
+            p = req.sampling_params
+            out = req.output_token_ids
+            prompt = req.prompt_token_ids
+            n_out = len(out)
+            n_prompt = len(prompt)
+            table = tables[rid]
+            need = -(-(n_prompt + n_out) // block_size) - len(table)
+            if need > 0:
+                growing.append((rid, need))
+                total += need
+            start = req.num_computed_tokens
+            tokens = out[start - n_prompt:] if start >= n_prompt else prompt[start:] + out
+            banned = req.banned_under_min_tokens if n_out < p.min_tokens else ()
+            add(ScheduledRequest(rid, tokens, start, table, p, req.seed, n_out, prompt, out, banned, True))
+        if total <= kv.num_free_blocks:
+            for rid, need in growing:
+                kv.grow(rid, need)
+            return SchedulerOutput(entries, is_prefill=False)
+        preempted = self._grow_with_preemption()
+        return SchedulerOutput(self._decode_entries(), is_prefill=False, preempted_request_ids=preempted)
 
     def _grow_with_preemption(self) -> list[str]:
         """Serve requests in service order; when blocks run out, preempt from the back."""

@@ -46,6 +46,23 @@ def _briefs(engine: EngineCore, reqs: Iterable[Request], *, running: bool,
     return out
 
 
+def _waiting_briefs(engine: EngineCore, migrating: Collection[str]) -> tuple[RequestBrief, ...]:
+    """The queue's briefs, reused while the queue and the ids flagged migrating are those
+    of the last status (briefs are immutable). A queued request's tokens do not change,
+    and it holds no blocks (``EngineCore.check_invariants``: none but a reservation,
+    which an engine never makes for a request it holds)."""
+    sched = engine.scheduler
+    if not sched.waiting:
+        return ()
+    flagged = frozenset(migrating)
+    cached = engine.waiting_briefs
+    if cached is not None and cached[0] == sched.waiting_version and cached[1] == flagged:
+        return cached[2]
+    briefs = tuple(_briefs(engine, sched.waiting, running=False, migrating=flagged))
+    engine.waiting_briefs = (sched.waiting_version, flagged, briefs)
+    return briefs
+
+
 def build_status(engine: EngineCore, *, migrating: Collection[str] = (), **fields: Any) -> InstanceStatus:
     """The engine's snapshot. ``migrating``: ids the caller knows are migrating out (a
     paused request always is); ``fields`` set or override InstanceStatus fields the
@@ -63,7 +80,7 @@ def build_status(engine: EngineCore, *, migrating: Collection[str] = (), **field
         "block_size": kv.block_size,
         "max_num_seqs": engine.config.scheduler.max_num_seqs,
         "running": tuple(running),
-        "waiting": tuple(_briefs(engine, sched.waiting, running=False, migrating=migrating)),
+        "waiting": _waiting_briefs(engine, migrating),
         "head_of_line_demand": sched.head_of_line_demand(),
         "num_preemptions": sched.num_preemptions,
         "num_prefix_cache_queries": sched.num_prefix_queried_tokens,
