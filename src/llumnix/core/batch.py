@@ -45,8 +45,11 @@ NO_TOKEN = -1
 """The sampled token of an entry that samples none (``ScheduledRequest.sample`` False)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class SchedulerOutput:
+    """One step's work. Treated as immutable; slotted, not frozen, as ``ScheduledRequest``
+    and ``RequestOutput``: one is built per step, and a frozen one costs three times as much."""
+
     scheduled: list[ScheduledRequest]
     is_prefill: bool
     """The step computes a prefill (or a chunk of one); with ``is_mixed``, beside decodes."""
@@ -85,8 +88,11 @@ PromptLogprob = tuple[int, float, list[tuple[int, float]] | None]
 likely tokens at its position with their logprobs, most likely first."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ModelOutput:
+    """What one step computed (treated as immutable; slotted, not frozen, as
+    ``SchedulerOutput``)."""
+
     sampled_token_ids: list[int]
     """One token per scheduled request, in the order of SchedulerOutput.scheduled
     (``NO_TOKEN`` for an entry that samples none)."""
