@@ -175,6 +175,8 @@ class LocalScheduler:
         admitted: list[tuple[Request, int]] = []
         num_tokens = 0
         caching = self.kv.prefix is not None
+        if chunked is None and not caching and self._is_still_blocked(min_priority):
+            return admitted
         while self.waiting:
             req = self.waiting[0]
             if min_priority is not None and req.priority < min_priority:
@@ -224,6 +226,21 @@ class LocalScheduler:
             num_tokens += n
         self.running.extend(r for r, _ in admitted)
         return admitted
+
+    def _is_still_blocked(self, min_priority: int | None) -> bool:
+        """The head of line that memory stopped at the last admission is still first, may
+        be admitted as far as the batch size and ``min_priority`` go, and still does not
+        fit: what ``_admit`` would find (without chunks or prefix caching, its demand is
+        its token count's blocks, which do not change while it waits), at the cost of a
+        comparison. A queue blocked for many steps is the common case under load."""
+        blocked = self._blocked
+        if blocked is None or not self.waiting or self.waiting[0] is not blocked[0]:
+            return False
+        if min_priority is not None and blocked[0].priority < min_priority:
+            return False
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        return self.kv.num_free_blocks - blocked[1] < self.kv.num_watermark_blocks
 
     def _grow_running(self) -> list[str]:
         """Give every running request a slot for its next token, preempting as needed."""
