@@ -155,7 +155,7 @@ class EngineCore(MigrationOpsMixin):
         its own (bisection: a few extra steps for one bad request in a large batch), and
         fail those alone. Running an entry again is safe: it writes its KV at its own
         slots from its own tokens, and its draw is a function of (seed, output index)."""
-        if len(batch.scheduled) == 1:
+        if batch.num_entries == 1:
             return [self._fail(batch.scheduled[0].request_id, exc)]
         outputs: list[RequestOutput] = []
         for half in batch.halves():
@@ -195,15 +195,17 @@ class EngineCore(MigrationOpsMixin):
         caching = self.kv.prefix is not None
         max_len = self.config.max_model_len
         length = RequestStatus.FINISHED_LENGTH
-        for i, (entry, token) in enumerate(zip(batch.scheduled, output.sampled_token_ids, strict=True)):
-            req = requests.get(entry.request_id)
+        # A decode step's entries all sample; its DecodeBatch is read without building them.
+        entries = None if batch.decode is not None else batch.scheduled
+        for i, (rid, token) in enumerate(zip(batch.request_ids, output.sampled_token_ids, strict=True)):
+            req = requests.get(rid)
             if req is None or req.status != running:
                 continue  # aborted or paused while the step ran
-            if not entry.sample:  # a prefill chunk short of the sequence's end
-                req.num_computed_tokens = entry.context_len
+            if entries is not None and not entries[i].sample:  # a prefill chunk short of the sequence's end
+                req.num_computed_tokens = entries[i].context_len
                 if caching:
                     self.kv.cache_computed(req.request_id, req.prompt_token_ids, req.output_token_ids,
-                                           entry.context_len)
+                                           req.num_computed_tokens)
                 continue
             out_ids = req.output_token_ids
             n_prompt = len(req.prompt_token_ids)

@@ -21,7 +21,7 @@ import bisect
 import itertools
 from collections.abc import Callable
 
-from llumnix.core.batch import ScheduledRequest, SchedulerOutput
+from llumnix.core.batch import DecodeBatch, ScheduledRequest, SchedulerOutput
 from llumnix.core.config import SchedulerConfig
 from llumnix.core.request import Request, RequestStatus
 from llumnix.kv.kv_manager import KVManager
@@ -263,39 +263,40 @@ class LocalScheduler:
         return self._grow_with_preemption()
 
     def _decode_step(self) -> SchedulerOutput:
-        """Every running request decodes: ``_grow_running`` and ``_decode_entries`` in one
-        pass over the batch (every step's hottest loop). The entries hold the live block
-        tables, so growing them afterwards is what the executor sees; if the blocks do not
-        suffice, the entries are dropped and built again after the preemptions."""
+        """Every running request decodes: the batch's growth and its ``DecodeBatch`` in one
+        pass (every step's hottest loop; the entries are built only if an executor reads
+        them). The tables are the live ones, so growing them afterwards is what the
+        executor sees; if the blocks do not suffice, the pass is dropped and the batch
+        taken again after the preemptions."""
         kv = self.kv
         block_size = kv.block_size
         tables = kv.tables
         growing: list[tuple[str, int]] = []
         total = 0
-        entries: list[ScheduledRequest] = []
-        add = entries.append
+        held: list[list[int]] = []
+        starts: list[int] = []
+        outs: list[int] = []
         for req in self.running:
             rid = req.request_id
-            p = req.sampling_params
-            out = req.output_token_ids
-            prompt = req.prompt_token_ids
-            n_out = len(out)
-            n_prompt = len(prompt)
+            n_out = len(req.output_token_ids)
             table = tables[rid]
-            need = -(-(n_prompt + n_out) // block_size) - len(table)
+            need = -(-(len(req.prompt_token_ids) + n_out) // block_size) - len(table)
             if need > 0:
                 growing.append((rid, need))
                 total += need
-            start = req.num_computed_tokens
-            tokens = out[start - n_prompt:] if start >= n_prompt else prompt[start:] + out
-            banned = req.banned_under_min_tokens if n_out < p.min_tokens else ()
-            add(ScheduledRequest(rid, tokens, start, table, p, req.seed, n_out, prompt, out, banned, True))
+            held.append(table)
+            starts.append(req.num_computed_tokens)
+            outs.append(n_out)
         if total <= kv.num_free_blocks:
             for rid, need in growing:
                 kv.grow(rid, need)
-            return SchedulerOutput(entries, is_prefill=False)
+            return SchedulerOutput(None, is_prefill=False, decode=DecodeBatch(list(self.running), held, starts, outs))
         preempted = self._grow_with_preemption()
-        return SchedulerOutput(self._decode_entries(), is_prefill=False, preempted_request_ids=preempted)
+        running = self.running
+        return SchedulerOutput(None, is_prefill=False, preempted_request_ids=preempted,
+                               decode=DecodeBatch(list(running), [tables[r.request_id] for r in running],
+                                                  [r.num_computed_tokens for r in running],
+                                                  [len(r.output_token_ids) for r in running]))
 
     def _grow_with_preemption(self) -> list[str]:
         """Serve requests in service order; when blocks run out, preempt from the back."""
@@ -327,24 +328,6 @@ class LocalScheduler:
             req.preempted_at = self._now()
         self.num_preemptions += 1
         self.enqueue(req)
-
-    def _decode_entries(self) -> list[ScheduledRequest]:
-        """``_entry`` of every running request in a decode step (each computes its last
-        token and samples), without the per-call work a prefill chunk needs."""
-        tables = self.kv.tables
-        entries: list[ScheduledRequest] = []
-        add = entries.append
-        for req in self.running:
-            p = req.sampling_params
-            out = req.output_token_ids
-            n_out = len(out)
-            banned = req.banned_under_min_tokens if n_out < p.min_tokens else ()
-            start = req.num_computed_tokens
-            n_prompt = len(req.prompt_token_ids)
-            tokens = out[start - n_prompt:] if start >= n_prompt else req.prompt_token_ids[start:] + out
-            add(ScheduledRequest(req.request_id, tokens, start, tables[req.request_id], p, req.seed, n_out,
-                                 req.prompt_token_ids, out, banned, True))
-        return entries
 
     def _entry(self, req: Request, num_tokens: int | None = None) -> ScheduledRequest:
         """The step's work for ``req``: its tokens from ``num_computed_tokens`` on, or the
