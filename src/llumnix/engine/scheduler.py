@@ -112,7 +112,7 @@ class LocalScheduler:
     def schedule(self) -> SchedulerOutput:
         if self.config.chunked_prefill:
             return self._schedule_chunked()
-        admitted = self._admit(self.config.max_num_batched_tokens)
+        admitted = self._admit(self.config.max_num_batched_tokens) if self.waiting else None
         if admitted:
             return SchedulerOutput([self._entry(r) for r, _ in admitted], is_prefill=True)
         return self._decode_step()
@@ -224,7 +224,8 @@ class LocalScheduler:
                 req.first_scheduled_time = self._now()
             admitted.append((req, n))
             num_tokens += n
-        self.running.extend(r for r, _ in admitted)
+        if admitted:
+            self.running.extend(r for r, _ in admitted)
         return admitted
 
     def _is_still_blocked(self, min_priority: int | None) -> bool:

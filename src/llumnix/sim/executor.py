@@ -103,7 +103,7 @@ class SimExecutor:
         self.num_steps += 1
         self.busy_time += t
         self.last_elapsed = t
-        return ModelOutput(sampled_token_ids=[PLACEHOLDER_TOKEN] * n, elapsed=t)
+        return ModelOutput([PLACEHOLDER_TOKEN] * n, None, None, t)  # (tokens, logprobs, top_logprobs, elapsed)
 
     def step_done(self) -> None:
         """The step that ``execute`` timed has ended (or its instance went away)."""
