@@ -6,8 +6,8 @@ Vidur (``pip install vidur==0.0.26``, into a venv of its own: it pulls in stream
 sklearn) is run in that venv's Python; nothing here imports it in ours. Both simulate the
 same requests: ``speed.yaml``'s trace (M-M at 7.6 req/s, 10,000 requests; ``--num-requests``
 for fewer) written as a CSV for Vidur's trace-replay generator, on 16 instances of 862
-blocks of 16 tokens (Vidur: 8x the blocks, ``--vidur-blocks``: with fewer, its vLLM scheduler's
-preemption fails an assertion in 0.0.26), vLLM-style scheduling (a prefill step or a decode
+blocks of 16 tokens (Vidur: 32x the blocks, ``--vidur-blocks``: with 1x-8x, its vLLM scheduler's
+preemption fails an assertion in 0.0.26, so Vidur runs without memory pressure), vLLM-style scheduling (a prefill step or a decode
 step) with 12,800 batched tokens and 256 sequences at most.
 
 Vidur's step times come from regression models it trains on profiles it downloads from
@@ -214,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vidur-python", required=True, help="the Python of a venv with vidur==0.0.26")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--src", type=Path, default=ROOT / "src", help="our source tree to time")
-    ap.add_argument("--vidur-blocks", type=int, default=8 * NUM_BLOCKS,
-                    help="Vidur's blocks per replica (default 8x ours: with 862 or 3,448 its vLLM "
-                         "scheduler's preemption fails an assertion, request.py:300 in 0.0.26)")
+    ap.add_argument("--vidur-blocks", type=int, default=32 * NUM_BLOCKS,
+                    help="Vidur's blocks per replica (default 32x ours: with 1x-8x its vLLM scheduler's "
+                         "preemption fails an assertion on this trace, request.py:300 in 0.0.26)")
     ap.add_argument("--num-requests", type=int, default=10_000)
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "vidur_side_by_side.json")
     args = ap.parse_args(argv)
