@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from llumnix.core.request import Request
 from llumnix.core.sampling_params import SamplingParams
 
 
@@ -45,15 +46,84 @@ NO_TOKEN = -1
 """The sampled token of an entry that samples none (``ScheduledRequest.sample`` False)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
+class DecodeBatch:
+    """A decode step's requests, as the scheduler left them: every one computes its last
+    token and samples. Its ``ScheduledRequest`` entries are built from this only when an
+    executor reads ``SchedulerOutput.scheduled``; an executor that needs only the batch's
+    size and context (the simulator's latency model) never builds one per request per step.
+    The counts are taken at scheduling, so the entries are those of that moment even if
+    built later (the block tables are the live ones, as in every entry)."""
+
+    requests: list[Request]
+    tables: list[list[int]]
+    starts: list[int]
+    """Each request's ``num_computed_tokens``: its entry's ``start_pos``."""
+    num_outputs: list[int]
+    """Each request's output tokens: its entry's ``output_index``."""
+
+    @property
+    def num_context_tokens(self) -> int:
+        """Context tokens of the step: each request's ``start_pos`` plus the one it computes."""
+        return sum(self.starts) + len(self.starts)
+
+    def entries(self) -> list[ScheduledRequest]:
+        out: list[ScheduledRequest] = []
+        for req, table, start, n_out in zip(self.requests, self.tables, self.starts, self.num_outputs, strict=True):
+            p = req.sampling_params
+            prompt, outs = req.prompt_token_ids, req.output_token_ids
+            n_prompt = len(prompt)
+            tokens = outs[start - n_prompt:n_out] if start >= n_prompt else prompt[start:] + outs[:n_out]
+            banned = req.banned_under_min_tokens if n_out < p.min_tokens else ()
+            out.append(ScheduledRequest(req.request_id, tokens, start, table, p, req.seed, n_out, prompt, outs,
+                                        banned, True))
+        return out
+
+
+@dataclass(slots=True, init=False)
 class SchedulerOutput:
-    scheduled: list[ScheduledRequest]
+    """One step's work. Treated as immutable; slotted, not frozen, as ``ScheduledRequest``
+    and ``RequestOutput``: one is built per step, and a frozen one costs three times as much.
+    A decode step of the paper's engine carries its ``DecodeBatch`` and builds ``scheduled``
+    from it when first read."""
+
     is_prefill: bool
     """The step computes a prefill (or a chunk of one); with ``is_mixed``, beside decodes."""
-    preempted_request_ids: list[str] = field(default_factory=list)
-    num_decodes: int = 0
+    preempted_request_ids: list[str]
+    num_decodes: int
     """With chunked prefill, how many entries are decodes (one token each); they come
     first in ``scheduled``. Without it a step is all prefill or all decode and this is 0."""
+    decode: DecodeBatch | None
+    _scheduled: list[ScheduledRequest] | None = field(repr=False, compare=False)
+
+    def __init__(self, scheduled: list[ScheduledRequest] | None, is_prefill: bool,
+                 preempted_request_ids: list[str] | None = None, num_decodes: int = 0,
+                 decode: DecodeBatch | None = None) -> None:
+        if (scheduled is None) == (decode is None):
+            raise ValueError("a SchedulerOutput has either its entries or a DecodeBatch")
+        self._scheduled = scheduled
+        self.is_prefill = is_prefill
+        self.preempted_request_ids = [] if preempted_request_ids is None else preempted_request_ids
+        self.num_decodes = num_decodes
+        self.decode = decode
+
+    @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        if self._scheduled is None:
+            assert self.decode is not None
+            self._scheduled = self.decode.entries()
+        return self._scheduled
+
+    @property
+    def request_ids(self) -> list[str]:
+        """The entries' request ids, in order (without building a decode step's entries)."""
+        if self.decode is not None:
+            return [r.request_id for r in self.decode.requests]
+        return [r.request_id for r in self.scheduled]
+
+    @property
+    def num_entries(self) -> int:
+        return len(self.decode.requests) if self.decode is not None else len(self.scheduled)
 
     @property
     def is_mixed(self) -> bool:
@@ -66,7 +136,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return self.num_entries == 0
 
     def halves(self) -> tuple[SchedulerOutput, SchedulerOutput]:
         """The first and second half of the entries as batches of their own (decodes stay
@@ -85,8 +155,11 @@ PromptLogprob = tuple[int, float, list[tuple[int, float]] | None]
 likely tokens at its position with their logprobs, most likely first."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ModelOutput:
+    """What one step computed (treated as immutable; slotted, not frozen, as
+    ``SchedulerOutput``)."""
+
     sampled_token_ids: list[int]
     """One token per scheduled request, in the order of SchedulerOutput.scheduled
     (``NO_TOKEN`` for an entry that samples none)."""

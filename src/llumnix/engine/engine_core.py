@@ -13,7 +13,7 @@ from llumnix.core.config import EngineConfig
 from llumnix.core.errors import InvalidRequestError, RequestTooLongError, UnknownRequestError
 from llumnix.core.request import Priority, Request, RequestStatus
 from llumnix.core.sampling_params import SamplingParams
-from llumnix.core.status import InstanceStatus
+from llumnix.core.status import InstanceStatus, RequestBrief
 from llumnix.core.stop import Detokenizer, find_stop, stop_floor
 from llumnix.engine.migration_ops import MigrationOpsMixin
 from llumnix.engine.scheduler import LocalScheduler
@@ -62,6 +62,9 @@ class EngineCore(MigrationOpsMixin):
         """Requests ended with an error because a step failed on them."""
         self._failed_steps_in_row = 0
         self._first_step_hooks: dict[str, Callable[[float | None], None]] = {}
+        self.waiting_briefs: tuple[int, frozenset[str], tuple[RequestBrief, ...]] | None = None
+        """The last status's queue briefs, with the queue version and the migrating ids
+        they were built for (``status_builder``)."""
 
     # -- requests ------------------------------------------------------------
     def add_request(
@@ -152,7 +155,7 @@ class EngineCore(MigrationOpsMixin):
         its own (bisection: a few extra steps for one bad request in a large batch), and
         fail those alone. Running an entry again is safe: it writes its KV at its own
         slots from its own tokens, and its draw is a function of (seed, output index)."""
-        if len(batch.scheduled) == 1:
+        if batch.num_entries == 1:
             return [self._fail(batch.scheduled[0].request_id, exc)]
         outputs: list[RequestOutput] = []
         for half in batch.halves():
@@ -184,51 +187,72 @@ class EngineCore(MigrationOpsMixin):
         self.step_id += 1
         now = self.clock.now()
         outputs: list[RequestOutput] = []
+        add = outputs.append
         logprobs = output.logprobs
-        tops = output.top_logprobs
         prompt_lps = output.prompt_logprobs
         requests = self.requests
         running = RequestStatus.RUNNING
         caching = self.kv.prefix is not None
-        for i, (entry, token) in enumerate(zip(batch.scheduled, output.sampled_token_ids, strict=True)):
-            req = requests.get(entry.request_id)
+        max_len = self.config.max_model_len
+        length = RequestStatus.FINISHED_LENGTH
+        # A decode step's entries all sample; its DecodeBatch is read without building them.
+        entries = None if batch.decode is not None else batch.scheduled
+        for i, (rid, token) in enumerate(zip(batch.request_ids, output.sampled_token_ids, strict=True)):
+            req = requests.get(rid)
             if req is None or req.status != running:
                 continue  # aborted or paused while the step ran
-            if not entry.sample:  # a prefill chunk short of the sequence's end
-                req.num_computed_tokens = entry.context_len
+            if entries is not None and not entries[i].sample:  # a prefill chunk short of the sequence's end
+                req.num_computed_tokens = entries[i].context_len
                 if caching:
                     self.kv.cache_computed(req.request_id, req.prompt_token_ids, req.output_token_ids,
-                                           entry.context_len)
+                                           req.num_computed_tokens)
                 continue
             out_ids = req.output_token_ids
-            req.num_computed_tokens = len(req.prompt_token_ids) + len(out_ids)  # not the new token
+            n_prompt = len(req.prompt_token_ids)
+            n_out = len(out_ids) + 1  # with the new token
+            req.num_computed_tokens = n_prompt + n_out - 1  # not the new token
             if caching:
                 self.kv.cache_computed(req.request_id, req.prompt_token_ids, out_ids, req.num_computed_tokens)
             out_ids.append(token)
             lp = top = None
             if logprobs is not None:
-                lp = [logprobs[i]]
-                req.output_logprobs.extend(lp)
-                num_top = req.sampling_params.logprobs
-                if tops is not None and num_top:
-                    top = [tops[i][:num_top]]
+                lp, top = self._logprobs_of(req, output, i)
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.preempted_at is not None:
                 req.preemption_loss += now - req.preempted_at
                 req.preempted_at = None
-            status = self._check_stop(req, token)
+            params = req.sampling_params
+            # Most tokens can end their request only by its length (no EOS, stop id or
+            # stop string can match): checked here; the rest in _check_stop (same outcome).
+            if n_out >= params.min_tokens and ((token == req.eos_token_id and not params.ignore_eos)
+                                               or token in params.stop_token_set or params.stop):
+                status = self._check_stop(req, token)
+            elif n_out >= params.max_tokens or n_prompt + n_out >= max_len:
+                status = length
+            else:
+                status = None
             if status is None:
-                ro = RequestOutput(req.request_id, [token], len(out_ids), None, lp, req.stop_reason,
+                ro = RequestOutput(req.request_id, [token], n_out, None, lp, req.stop_reason,
                                    None, req.client, req.epoch, top)
             else:
                 metrics = self._finish(req, status, now)
-                ro = RequestOutput(req.request_id, [token], len(out_ids), status.finish_reason,
+                ro = RequestOutput(req.request_id, [token], n_out, status.finish_reason,
                                    lp, req.stop_reason, metrics, req.client, req.epoch, top)
             if prompt_lps is not None:
                 ro.prompt_logprobs = prompt_lps[i]
-            outputs.append(ro)
+            add(ro)
         return outputs
+
+    @staticmethod
+    def _logprobs_of(req: Request, output: ModelOutput, i: int) -> tuple[list[float], list[Any] | None]:
+        """Entry ``i``'s sampled-token logprob (kept on the request) and its alternatives."""
+        assert output.logprobs is not None
+        lp = [output.logprobs[i]]
+        req.output_logprobs.extend(lp)
+        num_top = req.sampling_params.logprobs
+        top = [output.top_logprobs[i][:num_top]] if output.top_logprobs is not None and num_top else None
+        return lp, top
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         params = req.sampling_params
@@ -277,7 +301,7 @@ class EngineCore(MigrationOpsMixin):
 
     def get_status(self, *, migrating: Collection[str] = (), **fields: Any) -> InstanceStatus:
         """The status snapshot; see ``build_status`` for the arguments."""
-        return build_status(self, migrating=migrating, **fields)
+        return build_status(self, migrating=migrating, fields=fields)
 
     def take_evicted_prefix_keys(self) -> list[bytes]:
         """Prefix-cache keys this engine evicted since the last call (``Llumlet.push``)."""

@@ -141,8 +141,8 @@ class MigrationOpsMixin:
     def run_first_step_hooks(self, batch: SchedulerOutput) -> None:
         """At the start of a step: tell the installed requests in ``batch`` that they run."""
         now = self.clock.now()
-        for entry in batch.scheduled:
-            hook = self._first_step_hooks.pop(entry.request_id, None)
+        for rid in batch.request_ids:
+            hook = self._first_step_hooks.pop(rid, None)
             if hook is not None:
                 hook(now)
 

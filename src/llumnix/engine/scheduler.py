@@ -21,7 +21,7 @@ import bisect
 import itertools
 from collections.abc import Callable
 
-from llumnix.core.batch import ScheduledRequest, SchedulerOutput
+from llumnix.core.batch import DecodeBatch, ScheduledRequest, SchedulerOutput
 from llumnix.core.config import SchedulerConfig
 from llumnix.core.request import Request, RequestStatus
 from llumnix.kv.kv_manager import KVManager
@@ -47,6 +47,9 @@ class LocalScheduler:
         and hits, cumulative)."""
         self.num_prefix_hit_tokens = 0
         self._waiting_keys: list[tuple[int, float, int]] = []
+        self.waiting_version = 0
+        """Counts the changes to ``waiting`` (a queued request's tokens and blocks do not
+        change while it waits), so a status can reuse the briefs of an unchanged queue."""
         self._seq = itertools.count()
         self._blocked: tuple[Request, int] | None = None
         """The head of line the last admission left waiting for memory, and the free
@@ -63,9 +66,11 @@ class LocalScheduler:
         i = bisect.bisect(self._waiting_keys, key)
         self._waiting_keys.insert(i, key)
         self.waiting.insert(i, req)
+        self.waiting_version += 1
 
     def _pop_waiting_head(self) -> Request:
         self._waiting_keys.pop(0)
+        self.waiting_version += 1
         return self.waiting.pop(0)
 
     def remove(self, req: Request) -> None:
@@ -74,6 +79,7 @@ class LocalScheduler:
             i = self.waiting.index(req)
             del self.waiting[i]
             del self._waiting_keys[i]
+            self.waiting_version += 1
             self._forget_blocked(req)
         elif req.status == RequestStatus.RUNNING:
             self.running.remove(req)
@@ -106,11 +112,10 @@ class LocalScheduler:
     def schedule(self) -> SchedulerOutput:
         if self.config.chunked_prefill:
             return self._schedule_chunked()
-        admitted = self._admit(self.config.max_num_batched_tokens)
+        admitted = self._admit(self.config.max_num_batched_tokens) if self.waiting else None
         if admitted:
             return SchedulerOutput([self._entry(r) for r, _ in admitted], is_prefill=True)
-        preempted = self._grow_running()
-        return SchedulerOutput(self._decode_entries(), is_prefill=False, preempted_request_ids=preempted)
+        return self._decode_step()
 
     def _schedule_chunked(self) -> SchedulerOutput:
         """Decodes, then prefills within the token budget: per priority level, highest
@@ -170,6 +175,8 @@ class LocalScheduler:
         admitted: list[tuple[Request, int]] = []
         num_tokens = 0
         caching = self.kv.prefix is not None
+        if chunked is None and not caching and self._is_still_blocked(min_priority):
+            return admitted
         while self.waiting:
             req = self.waiting[0]
             if min_priority is not None and req.priority < min_priority:
@@ -217,8 +224,24 @@ class LocalScheduler:
                 req.first_scheduled_time = self._now()
             admitted.append((req, n))
             num_tokens += n
-        self.running.extend(r for r, _ in admitted)
+        if admitted:
+            self.running.extend(r for r, _ in admitted)
         return admitted
+
+    def _is_still_blocked(self, min_priority: int | None) -> bool:
+        """The head of line that memory stopped at the last admission is still first, may
+        be admitted as far as the batch size and ``min_priority`` go, and still does not
+        fit: what ``_admit`` would find (without chunks or prefix caching, its demand is
+        its token count's blocks, which do not change while it waits), at the cost of a
+        comparison. A queue blocked for many steps is the common case under load."""
+        blocked = self._blocked
+        if blocked is None or not self.waiting or self.waiting[0] is not blocked[0]:
+            return False
+        if min_priority is not None and blocked[0].priority < min_priority:
+            return False
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        return self.kv.num_free_blocks - blocked[1] < self.kv.num_watermark_blocks
 
     def _grow_running(self) -> list[str]:
         """Give every running request a slot for its next token, preempting as needed."""
@@ -239,6 +262,42 @@ class LocalScheduler:
                 kv.grow(req.request_id, need)
             return []
         return self._grow_with_preemption()
+
+    def _decode_step(self) -> SchedulerOutput:
+        """Every running request decodes: the batch's growth and its ``DecodeBatch`` in one
+        pass (every step's hottest loop; the entries are built only if an executor reads
+        them). The tables are the live ones, so growing them afterwards is what the
+        executor sees; if the blocks do not suffice, the pass is dropped and the batch
+        taken again after the preemptions."""
+        kv = self.kv
+        block_size = kv.block_size
+        tables = kv.tables
+        growing: list[tuple[str, int]] = []
+        total = 0
+        held: list[list[int]] = []
+        starts: list[int] = []
+        outs: list[int] = []
+        for req in self.running:
+            rid = req.request_id
+            n_out = len(req.output_token_ids)
+            table = tables[rid]
+            need = -(-(len(req.prompt_token_ids) + n_out) // block_size) - len(table)
+            if need > 0:
+                growing.append((rid, need))
+                total += need
+            held.append(table)
+            starts.append(req.num_computed_tokens)
+            outs.append(n_out)
+        if total <= kv.num_free_blocks:
+            for rid, need in growing:
+                kv.grow(rid, need)
+            return SchedulerOutput(None, is_prefill=False, decode=DecodeBatch(list(self.running), held, starts, outs))
+        preempted = self._grow_with_preemption()
+        running = self.running
+        return SchedulerOutput(None, is_prefill=False, preempted_request_ids=preempted,
+                               decode=DecodeBatch(list(running), [tables[r.request_id] for r in running],
+                                                  [r.num_computed_tokens for r in running],
+                                                  [len(r.output_token_ids) for r in running]))
 
     def _grow_with_preemption(self) -> list[str]:
         """Serve requests in service order; when blocks run out, preempt from the back."""
@@ -270,24 +329,6 @@ class LocalScheduler:
             req.preempted_at = self._now()
         self.num_preemptions += 1
         self.enqueue(req)
-
-    def _decode_entries(self) -> list[ScheduledRequest]:
-        """``_entry`` of every running request in a decode step (each computes its last
-        token and samples), without the per-call work a prefill chunk needs."""
-        tables = self.kv.tables
-        entries: list[ScheduledRequest] = []
-        add = entries.append
-        for req in self.running:
-            p = req.sampling_params
-            out = req.output_token_ids
-            n_out = len(out)
-            banned = req.banned_under_min_tokens if n_out < p.min_tokens else ()
-            start = req.num_computed_tokens
-            n_prompt = len(req.prompt_token_ids)
-            tokens = out[start - n_prompt:] if start >= n_prompt else req.prompt_token_ids[start:] + out
-            add(ScheduledRequest(req.request_id, tokens, start, tables[req.request_id], p, req.seed, n_out,
-                                 req.prompt_token_ids, out, banned, True))
-        return entries
 
     def _entry(self, req: Request, num_tokens: int | None = None) -> ScheduledRequest:
         """The step's work for ``req``: its tokens from ``num_computed_tokens`` on, or the

@@ -63,10 +63,10 @@ class SimExecutor:
         self.num_copying -= 1
 
     def execute(self, batch: SchedulerOutput) -> ModelOutput:
-        sched = batch.scheduled
-        n = len(sched)
+        n = batch.num_entries
         overhead = self._overhead + self._seq_overhead * n
         if batch.is_prefill:
+            sched = batch.scheduled
             model = self.model
             nd = batch.num_decodes
             prefills = sched[nd:] if nd else sched
@@ -87,7 +87,9 @@ class SimExecutor:
                 t += (max(0.0, model.prefill_time([1] * nd) - model.prefill_time(()))
                       + max(0.0, model.decode_time(nd, _decode_context(sched[:nd])) - model.decode_time(0, 0)))
         else:
-            t = self.model.decode_time(n, _decode_context(sched)) + overhead
+            # A decode step's context from its DecodeBatch: no entry is built for the model.
+            ctx = batch.decode.num_context_tokens if batch.decode is not None else _decode_context(batch.scheduled)
+            t = self.model.decode_time(n, ctx) + overhead
             self.last_slowed = bool(self.num_copying or self._copy_started)
             if self.last_slowed:
                 t *= self._slowdown
@@ -101,7 +103,7 @@ class SimExecutor:
         self.num_steps += 1
         self.busy_time += t
         self.last_elapsed = t
-        return ModelOutput(sampled_token_ids=[PLACEHOLDER_TOKEN] * n, elapsed=t)
+        return ModelOutput([PLACEHOLDER_TOKEN] * n, None, None, t)  # (tokens, logprobs, top_logprobs, elapsed)
 
     def step_done(self) -> None:
         """The step that ``execute`` timed has ended (or its instance went away)."""

@@ -80,7 +80,7 @@ class SimInstance:
         if self._batch is not None or not self.is_up:
             return None
         batch = self.engine.schedule()
-        if not batch.scheduled:
+        if batch.is_empty:
             if batch.preempted_request_ids:
                 self.load_changed = True
             return None
