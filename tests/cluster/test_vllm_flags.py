@@ -63,8 +63,8 @@ def test_an_unknown_flag_is_one_line_with_the_nearest_flag(capsys, monkeypatch, 
 
 
 def test_an_unknown_flag_of_another_command_too(capsys):
-    assert main(["simulate", "x.yaml", "--seedz", "3"]) == 2
-    assert capsys.readouterr().err.strip() == ("llumnix simulate: error: --seedz is not a flag of this command; "
+    assert main(["simulate", "x.yaml", "--seedss", "3"]) == 2
+    assert capsys.readouterr().err.strip() == ("llumnix simulate: error: --seedss is not a flag of this command; "
                                                "nearest: --seeds (--help lists every flag)")
 
 

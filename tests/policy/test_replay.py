@@ -4,7 +4,7 @@ whether each chain keeps going, scale-out and scale-in (and the victim), and whe
 scale-in victim is drained.
 
 Both sides run their real call sites over llumlets whose engines report the literal
-snapshots below: the simulator's ``Simulator.on_reschedule`` / ``on_scaling`` and its
+snapshots below: the simulator's ``Simulator.on_reschedule`` / ``scaling.on_scaling`` and its
 ``PolicyBridge`` (a chain's first move is recorded instead of simulated), and the
 cluster's ``LlumSchedActor`` round code, whose pure parts live in ``policy/rounds.py``
 (``pairs_to_start``, ``scaling_round``, ``victims_to_stop``; Ray only carries them) with
@@ -138,7 +138,7 @@ class SimSide:
         self.chains = self.first_moves
         before = set(instances)
         terminating = {i for i, x in instances.items() if x.is_terminating}
-        sim.on_scaling(Event(t, EventKind.SCALING))
+        sim.scaling.on_scaling(t)
         new, stopped_at_once = set(instances) - before, before - set(instances)  # an empty victim
         victims = {i for i, x in instances.items() if x.is_terminating} - terminating | stopped_at_once
         scaling = ("out", None) if new else ("in", victims.pop()) if victims else ("none", None)

@@ -46,6 +46,7 @@ from llumnix.sim.migration import MigrationRun, OrderInFlight
 from llumnix.sim.pd_flow import PDFlow
 from llumnix.sim.policy_bridge import PolicyBridge
 from llumnix.sim.policy_port import PolicyPort
+from llumnix.sim.scaling_flow import ScalingFlow
 from llumnix.sim.workloads import Trace
 
 _INF = float("inf")
@@ -73,6 +74,9 @@ class Simulator:
         if isinstance(policy, PolicyBridge) and policy.config.pd.is_on:
             self.pd = PDFlow(policy, self.cluster, config.migration, latency.migration,
                              self._on_handoff_started, self._on_handoff_done)
+        self.scaling = ScalingFlow(config, self.cluster, policy, self.metrics, report=self._report, retire=self._retire,
+                                   drain_gateway=self._drain_gateway, is_done=lambda: self.is_done)
+        """Auto-scaling: the policy's decisions, instances started and retired."""
         self.gateway: list[tuple[int, float, int]] = []
         """Requests no instance could take yet: a heap in dispatch order (higher priority
         first, FCFS within a priority) of (-priority, arrival time, trace index)."""
@@ -82,10 +86,8 @@ class Simulator:
         """The loop's CPU time: on a shared machine a steadier measure of its speed than wall time."""
         self._round = 0
         self._resched_n = 1
-        self._scale_n = 1
         self._next_arrival = _INF
         self._next_reschedule = _INF
-        self._next_scaling = _INF
         self._num_migrating = 0
         self._starting: set[str] = set()
         """Sources whose migration order is on its way (``migration_start_s``)."""
@@ -107,8 +109,8 @@ class Simulator:
         loop.on(EventKind.STATUS_REPORT, self.on_status_round)
         loop.on(EventKind.RESCHEDULE, self.on_reschedule)
         loop.on(EventKind.MIGRATION_STAGE, lambda ev: ev.target.on_stage_done(self.clock.now()))
-        loop.on(EventKind.INSTANCE_UP, self.on_instance_up)
-        loop.on(EventKind.SCALING, self.on_scaling)
+        loop.on(EventKind.INSTANCE_UP, lambda ev: self.scaling.on_instance_up(ev.target, self.clock.now()))
+        loop.on(EventKind.SCALING, lambda ev: self.scaling.on_scaling(self.clock.now()))
 
     # -- running -----------------------------------------------------------------------
     @property
@@ -131,9 +133,8 @@ class Simulator:
         if self.policy.enable_migration:
             self._next_reschedule = self.config.status_interval_s * self.config.reschedule_every
             self.loop.push(Event(self._next_reschedule, EventKind.RESCHEDULE))
-        if self.policy.scaling_interval_s:
-            self._next_scaling = self.policy.scaling_interval_s
-            self.loop.push(Event(self._next_scaling, EventKind.SCALING))
+        for ev in self.scaling.start():
+            self.loop.push(ev)
         start, cpu = time.perf_counter(), time.process_time()
         # Past the last request, in-flight migrations still run to their end (an abort).
         num_requests = len(self.trace)
@@ -295,7 +296,7 @@ class Simulator:
         # and scaling at t run after it and read that round's reports.
         # With the trigger on, every report is read: by the trigger. A delayed report
         # (status_delay_s) may be read after t: none is skipped.
-        return (self._next_arrival <= t or self._next_reschedule < t or self._next_scaling < t
+        return (self._next_arrival <= t or self._next_reschedule < t or self.scaling.next_at < t
                 or bool(self.gateway) or self.pd is not None or self._timer is not None
                 or self.config.status_delay_s > 0)
 
@@ -434,37 +435,6 @@ class Simulator:
         self._maybe_report(run.src)
         self._maybe_report(run.dst)
         return []
-
-    # -- scaling -----------------------------------------------------------------------
-    def on_scaling(self, ev: Event) -> list[Event]:
-        if self.is_done:
-            return []
-        now = self.clock.now()
-        self._scale_n += 1
-        self._next_scaling = self._scale_n * self.policy.scaling_interval_s
-        events = [Event(self._next_scaling, EventKind.SCALING)]
-        active = sum(1 for i in self.cluster.instances.values() if not i.is_terminating)
-        kind, victim = self.policy.scale(active)
-        if kind == "out":
-            inst = self.cluster.new_instance(up=False)
-            events.append(Event(now + self.config.instance_startup_s, EventKind.INSTANCE_UP, inst))
-            self.metrics.on_instances(now, self.cluster.num_live)
-        elif kind == "in" and victim in self.cluster.instances:
-            inst = self.cluster.instances[victim]
-            inst.move(InstanceState.TERMINATING)
-            self.policy.on_terminating(inst)
-            self._report(inst)
-            if self.policy.is_drained(inst):
-                events += self._retire(inst)
-        return events
-
-    def on_instance_up(self, ev: Event) -> list[Event]:
-        inst: SimInstance = ev.target
-        inst.move(InstanceState.SERVING)
-        inst.up_since = self.clock.now()
-        self.policy.add_instance(inst)
-        self._report(inst)
-        return self._drain_gateway()
 
     def _retire(self, inst: SimInstance) -> list[Event]:
         if inst.instance_id not in self.cluster.instances:
