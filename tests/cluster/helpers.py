@@ -144,16 +144,22 @@ def stream_and_migrate(url: str, body: dict[str, Any], instances: dict[str, Any]
 
 
 STEP_SLEEP_ENV = "LLUMNIX_TEST_STEP_SLEEP_S"
-"""Seconds every engine step sleeps first in the Ray workers of a cluster started with
-``SLOW_STEPS_HOOK`` (read in the worker: the ``ray start`` nodes' environment carries it)."""
+"""Seconds every engine step sleeps first in the Ray workers of a job started with
+``SLOW_STEPS_HOOK``: the value this variable has in the driver when it calls ``ray.init``."""
 SLOW_STEPS_HOOK = "tests.cluster.helpers.slow_steps_runtime_env"
-"""``RAY_RUNTIME_ENV_HOOK`` for a ``ray.init``: the job's workers run ``sleep_in_steps``."""
+"""``RAY_RUNTIME_ENV_HOOK`` for a ``ray.init``: the job's workers run ``sleep_in_steps``
+(they must be able to import ``tests``: the repository on their ``PYTHONPATH``)."""
 
 
 def slow_steps_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
     """Ray's runtime-env hook (``RAY_RUNTIME_ENV_HOOK``, called by ``ray.init`` in the
-    driver): the job's every worker runs ``sleep_in_steps`` before its actor starts."""
-    return {**(runtime_env or {}), "worker_process_setup_hook": "tests.cluster.helpers.sleep_in_steps"}
+    driver): the job's every worker gets ``$LLUMNIX_TEST_STEP_SLEEP_S`` and runs
+    ``sleep_in_steps`` before its actor starts."""
+    import os
+
+    env = runtime_env or {}
+    return {**env, "env_vars": {**env.get("env_vars", {}), STEP_SLEEP_ENV: os.environ[STEP_SLEEP_ENV]},
+            "worker_process_setup_hook": "tests.cluster.helpers.sleep_in_steps"}
 
 
 def sleep_in_steps() -> None:

@@ -116,9 +116,8 @@ class TwoNodes:
 def node_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "LLUMNIX_MIGRATION_HOST"}
     env["RAY_AUTH_MODE"] = "token"  # a joining `ray start` does not turn it on by itself
-    # the nodes' workers import the step hook (tests.cluster.helpers) and read its rate
+    # the nodes' workers can import tests.cluster.helpers (the cluster fixture's step hook)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env[STEP_SLEEP_ENV] = str(STEP_S)
     return env
 
 
@@ -159,11 +158,14 @@ def cluster(nodes, tiny_model_dir) -> Iterator[Any]:
         # This process joins as a user's would: no auth mode set, the token in its default place.
         mp.delenv("RAY_AUTH_MODE", raising=False)
         mp.delenv("LLUMNIX_MIGRATION_HOST", raising=False)
-        mp.setenv("RAY_RUNTIME_ENV_HOOK", SLOW_STEPS_HOOK)  # read by this process's ray.init, in the launcher
+        # the instances' steps sleep STEP_S first: read by this process's ray.init (in the launcher)
+        mp.setenv("RAY_RUNTIME_ENV_HOOK", SLOW_STEPS_HOOK)
+        mp.setenv(STEP_SLEEP_ENV, str(STEP_S))
         with running_cluster(tiny_model_dir, "two-nodes", ray_address=nodes.address, instance_resources={SLOT: 1},
                              scheduling={"rescheduling": {"enabled": False}},
                              replace_lost_instances=False) as c:
             mp.delenv("RAY_RUNTIME_ENV_HOOK")  # not for the processes the tests start
+            mp.delenv(STEP_SLEEP_ENV)
             yield c
 
 
