@@ -141,3 +141,44 @@ def stream_and_migrate(url: str, body: dict[str, Any], instances: dict[str, Any]
                 break
     assert report is not None, "the request was never found on an instance"
     return report
+
+
+STEP_SLEEP_ENV = "LLUMNIX_TEST_STEP_SLEEP_S"
+"""Seconds every engine step sleeps first in the Ray workers of a job started with
+``SLOW_STEPS_HOOK``: the value this variable has in the driver when it calls ``ray.init``."""
+SLOW_STEPS_HOOK = "tests.cluster.helpers.slow_steps_runtime_env"
+"""``RAY_RUNTIME_ENV_HOOK`` for a ``ray.init``: the job's workers run ``sleep_in_steps``
+(they must be able to import ``tests``: the repository on their ``PYTHONPATH``)."""
+
+
+def slow_steps_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
+    """Ray's runtime-env hook (``RAY_RUNTIME_ENV_HOOK``, called by ``ray.init`` in the
+    driver): the job's every worker gets ``$LLUMNIX_TEST_STEP_SLEEP_S`` and runs
+    ``sleep_in_steps`` before its actor starts."""
+    import os
+
+    env = runtime_env or {}
+    return {**env, "env_vars": {**env.get("env_vars", {}), STEP_SLEEP_ENV: os.environ[STEP_SLEEP_ENV]},
+            "worker_process_setup_hook": "tests.cluster.helpers.sleep_in_steps"}
+
+
+def sleep_in_steps() -> None:
+    """A rate the test sets: each engine step of this process sleeps ``$LLUMNIX_TEST_STEP_SLEEP_S``
+    first, so a request of N tokens decodes for at least N times that however fast the tiny
+    model is (1 ms a token: 400 tokens end within a migration on a loaded machine). What the
+    step computes is unchanged."""
+    import os
+
+    from llumnix.engine.engine_core import EngineCore
+
+    pause = float(os.environ.get(STEP_SLEEP_ENV, "0"))
+    step = EngineCore.step
+    if pause <= 0 or getattr(step, "sleeps_first", False):
+        return
+
+    def slow_step(self: EngineCore) -> Any:
+        time.sleep(pause)
+        return step(self)
+
+    slow_step.sleeps_first = True  # type: ignore[attr-defined]
+    EngineCore.step = slow_step  # type: ignore[method-assign]

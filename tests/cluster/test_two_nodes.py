@@ -7,6 +7,11 @@ finish on the first.
 
 Both nodes are on one machine, over loopback: what crosses "nodes" here is real Ray
 node placement and real sockets between different addresses, not a network.
+
+Every engine step of the instances sleeps ``STEP_S`` first (``helpers.sleep_in_steps``, a
+Ray worker setup hook): the tiny model makes a token a millisecond, so a 400-token request
+used to end within a migration on a loaded machine (at load 10-13 the migration test failed
+4 runs in 4, the request finished before the test looked); at ``STEP_S`` it lasts 4 s or more.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ from llumnix.cluster.startup import free_port  # noqa: E402
 from llumnix.core.sampling_params import SamplingParams  # noqa: E402
 from llumnix.core.wire import GenerateRequest  # noqa: E402
 from tests.cluster.helpers import (  # noqa: E402
+    SLOW_STEPS_HOOK,
+    STEP_SLEEP_ENV,
     StreamResult,
     running_cluster,
     serve_cluster,
@@ -50,6 +57,8 @@ SLOT = "llumnix_slot"
 SECOND_IP = "127.0.0.2"
 PROMPT = [(i * 37 + 11) % 250 for i in range(48)]
 N_TOKENS = 450  # the tiny model's context is 512
+STEP_S = 0.01  # every step's sleep in the instances (see the module's docstring)
+REPO = Path(__file__).resolve().parents[2]
 
 
 class RayNode:
@@ -107,6 +116,8 @@ class TwoNodes:
 def node_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "LLUMNIX_MIGRATION_HOST"}
     env["RAY_AUTH_MODE"] = "token"  # a joining `ray start` does not turn it on by itself
+    # the nodes' workers can import tests.cluster.helpers (the cluster fixture's step hook)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -147,9 +158,14 @@ def cluster(nodes, tiny_model_dir) -> Iterator[Any]:
         # This process joins as a user's would: no auth mode set, the token in its default place.
         mp.delenv("RAY_AUTH_MODE", raising=False)
         mp.delenv("LLUMNIX_MIGRATION_HOST", raising=False)
+        # the instances' steps sleep STEP_S first: read by this process's ray.init (in the launcher)
+        mp.setenv("RAY_RUNTIME_ENV_HOOK", SLOW_STEPS_HOOK)
+        mp.setenv(STEP_SLEEP_ENV, str(STEP_S))
         with running_cluster(tiny_model_dir, "two-nodes", ray_address=nodes.address, instance_resources={SLOT: 1},
                              scheduling={"rescheduling": {"enabled": False}},
                              replace_lost_instances=False) as c:
+            mp.delenv("RAY_RUNTIME_ENV_HOOK")  # not for the processes the tests start
+            mp.delenv(STEP_SLEEP_ENV)
             yield c
 
 
@@ -245,8 +261,10 @@ def test_migration_across_nodes_and_back_keeps_the_greedy_tokens(cluster, transp
     actors = cluster.instances
     out = Outputs(list(actors.values()))
     place = {iid: n for n, iid in enumerate(actors)}
+    t0 = time.monotonic()
     add(actors[here], f"ref-{transport}", 400)
     reference = out.result(f"ref-{transport}")
+    assert time.monotonic() - t0 >= 400 * STEP_S, "the steps do not sleep: the request can end within a migration"
     rid = f"x-{transport}"
     add(actors[here], rid, 400)
     for k, (src, dst) in enumerate(((here, there), (there, here))):

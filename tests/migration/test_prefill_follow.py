@@ -12,8 +12,9 @@ import pytest
 
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.migration import MigrationConfig
+from llumnix.migration.destination import DestinationEndpoint
 from llumnix.migration.driver import migrate
-from tests.migration.test_live_migration import Pair, reference
+from tests.migration.test_live_migration import OPTIONS, TOKEN, Pair, open_sender, reference
 
 PROMPT = [(7 * i) % 900 + 1 for i in range(128)]  # 32 blocks of 4, 16 chunks of 8 tokens: 0.5 s of prefill
 FOLLOW = MigrationConfig(follow_prefill=True)
@@ -23,10 +24,105 @@ def _free(srv) -> int:
     return srv.call(lambda: srv.engine.kv.num_free_blocks)
 
 
-def _wait_for_chunk(pair: Pair, rid: str, num_tokens: int = 8) -> None:
+class _PacedPrefill:
+    """The source as ``migrate`` sees it, with ``rid``'s progress there held to the
+    migration's pace. A step with a prefill chunk of ``rid`` short of the prompt's end runs
+    if no such chunk has run since the last copy (``sender.send``) began; any step with
+    ``rid`` (its last chunk, a decode) runs while a caller waits for a source boundary
+    (``call``, ``call_until``: the next chunk the driver waits for, or a boundary a held
+    step would keep from coming). So its first chunk computes before the migration starts,
+    one more while each copy runs, its first token comes while the driver waits at the
+    boundary for it, and it cannot end on the source within a stage, however the threads
+    are scheduled: under load a starved test or migration thread let the 0.5 s prefill end
+    within the first stage (``num_prefill_stages`` 1). Other requests are never held;
+    nothing the step thread waits for needs it, and a hold longer than ``timeout_s`` lets
+    the step go and is recorded (``waited_out``), so the test fails, never hangs.
+
+    The pair's destination is replaced by one whose reservations outlive 30 s without a
+    write (the cluster's default is twice the migration timeout), not ``Pair``'s 2 s: a
+    followed prefill writes once per stage, and at load 10+ a gap of 2 s between two of
+    them (a starved thread) had the watchdog free the reservation (``kv_refused``), with
+    or without the pace."""
+
+    def __init__(self, pair: Pair, rid: str, timeout_s: float = 20.0) -> None:
+        pair.sender.close()
+        pair.endpoint.close()
+        pair.endpoint = DestinationEndpoint(pair.dst, TOKEN, reservation_timeout_s=30.0, options=OPTIONS)
+        pair.sender = open_sender("tcp", pair.endpoint)
+        self.srv = pair.src
+        self.instance_id, self.engine, self.llumlet = self.srv.instance_id, self.srv.engine, self.srv.llumlet
+        self.num_sends = self.num_held = self._num_waiting = self._chunks_since_send = 0
+        self.waited_out = False
+        self._cv = threading.Condition()
+        send, execute = pair.sender.send, self.engine.executor.execute
+
+        def counted_send(*args, **kw):
+            with self._cv:
+                self.num_sends += 1
+                self._chunks_since_send = 0
+                self._cv.notify_all()
+            return send(*args, **kw)
+
+        def paced_execute(batch):
+            mine = next((e for e in batch.scheduled if e.request_id == rid), None)
+            if mine is not None:
+                def free() -> bool:
+                    return self._num_waiting > 0 or (not mine.sample and self._chunks_since_send == 0)
+
+                with self._cv:
+                    if not free():
+                        self.num_held += 1
+                        if not self._cv.wait_for(free, timeout_s):
+                            self.waited_out = True
+                    self._chunks_since_send += not mine.sample
+            return execute(batch)
+
+        pair.sender.send = counted_send
+        self.engine.executor.execute = paced_execute
+
+    def _waiting(self, fn, once: bool):
+        """``fn`` counted as waited for from now until it has run (``once``) or returned
+        something other than False at a boundary; and the closing call, for the caller's
+        ``finally``."""
+        is_open = [True]
+
+        def close() -> None:
+            with self._cv:
+                if is_open[0]:
+                    is_open[0] = False
+                    self._num_waiting -= 1
+
+        def run():
+            got = fn()
+            if once or got is not False:
+                close()
+            return got
+
+        with self._cv:
+            self._num_waiting += 1
+            self._cv.notify_all()
+        return run, close
+
+    def call(self, fn, timeout: float = 30.0):
+        run, close = self._waiting(fn, once=True)
+        try:
+            return self.srv.call(run, timeout)
+        finally:
+            close()
+
+    def call_until(self, fn, timeout: float):
+        run, close = self._waiting(fn, once=False)
+        try:
+            return self.srv.call_until(run, timeout)
+        finally:
+            close()
+
+
+def _wait_for_chunk(pair: Pair, rid: str, num_tokens: int = 8, src=None) -> None:
     deadline = time.time() + 10
-    eng = pair.src.engine
-    while pair.src.call(lambda: eng.requests[rid].num_computed_tokens) < num_tokens:
+    src = src or pair.src
+    eng = src.engine
+    while src.call(lambda: eng.requests[rid].num_computed_tokens) < num_tokens:
         assert time.time() < deadline, "no chunk computed"
         time.sleep(0.002)
 
@@ -34,10 +130,12 @@ def _wait_for_chunk(pair: Pair, rid: str, num_tokens: int = 8) -> None:
 def test_a_followed_prefill_sends_its_chunks_early_and_only_the_tail_after_its_first_token():
     params = SamplingParams(max_tokens=40)
     with Pair(chunk_tokens=8, slow_s=0.03) as pair:
+        paced = _PacedPrefill(pair, "x")
         pair.add("x", PROMPT, params)
-        _wait_for_chunk(pair, "x")
-        rep = migrate("x", pair.src, pair.endpoint, pair.sender, FOLLOW)
+        _wait_for_chunk(pair, "x", src=paced)
+        rep = migrate("x", paced, pair.endpoint, pair.sender, FOLLOW)
         assert rep.committed, rep.abort_reason
+        assert not paced.waited_out and paced.num_held > 0  # the pace held the prefill, never for good
         assert rep.num_prefill_stages >= 2  # chunks copied while the next ones computed
         assert rep.num_last_stage_blocks < 16  # the tail, not the 32-block prompt
         assert rep.num_blocks >= 32 and rep.downtime is not None
@@ -53,11 +151,13 @@ def test_behind_prompt_work_a_followed_request_is_paused_at_the_boundary_after_i
     tail copied at once."""
     params = SamplingParams(max_tokens=30)
     with Pair(chunk_tokens=8, slow_s=0.03, num_blocks=128) as pair:
-        pair.add("x", PROMPT, params)
-        pair.add("y", PROMPT[::-1], params)  # queued behind x's chunks (FCFS)
-        _wait_for_chunk(pair, "x")
-        rep = migrate("x", pair.src, pair.endpoint, pair.sender, FOLLOW)
+        paced = _PacedPrefill(pair, "x")
+        paced.call(lambda: (pair.src.engine.add_request("x", PROMPT, params),
+                            pair.src.engine.add_request("y", PROMPT[::-1], params)))  # y queued behind x's chunks
+        _wait_for_chunk(pair, "x", src=paced)
+        rep = migrate("x", paced, pair.endpoint, pair.sender, FOLLOW)
         assert rep.committed, rep.abort_reason
+        assert not paced.waited_out and paced.num_held > 0
         assert rep.num_prefill_stages >= 2 and rep.num_last_stage_blocks < 16
         made_here = [o for o in pair.src.get_outputs(0.05) if o.request_id == "x"]
         assert [o.num_output_tokens for o in made_here] == [1]
