@@ -147,3 +147,18 @@ def headless_page(exe: str, profile: Path, width: int = 1280, height: int = 1400
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def wait_for(check: Any, timeout_s: float, what: str, every_s: float = 0.05) -> Any:
+    """``check()``'s first truthy value, polled every ``every_s``; the test fails naming
+    ``what`` if none comes within ``timeout_s``."""
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout_s} s")
+        time.sleep(every_s)

@@ -13,24 +13,13 @@ import httpx
 import pytest
 
 from tests.cluster.helpers import ADMIN, ADMIN_KEY, running_cluster, serve_cluster
-from tests.devtools import DevTools, chromium, headless_page
+from tests.devtools import DevTools, chromium, headless_page, wait_for
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 ROWS = "[...document.querySelectorAll('#migrations tbody tr')].map(r => ({...r.dataset}))"
 STATES = "[...document.querySelectorAll('#instances tbody tr')].map(r => [r.dataset.instanceId, r.cells[1].textContent])"
-
-
-def wait_for(check: Any, timeout_s: float, what: str, every_s: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout_s} s")
-        time.sleep(every_s)
 
 
 def complete(url: str, model: str) -> None:

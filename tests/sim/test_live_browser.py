@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.devtools import chromium, headless_page
+from tests.devtools import chromium, headless_page, wait_for
 from tests.sim.test_live import read_until
 
 pytestmark = pytest.mark.slow
@@ -35,21 +35,10 @@ SPEED = 4.0
 ROWS = "[...document.querySelectorAll('#migrations tbody tr')].map(r => r.dataset.requestId)"
 
 
-def wait_for(check, timeout_s: float, what: str, every_s: float = 0.02):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout_s} s")
-        time.sleep(every_s)
-
-
 def update_lag(page, url: str) -> float:  # type: ignore[no-untyped-def]
     """Seconds from the server publishing a document to the page showing it (or a later one)."""
     sim = httpx.get(f"{url}/admin/cluster").json()["sim"]
-    wait_for(lambda: float(page.evaluate("document.body.dataset.simTime || -1")) >= sim["time_s"], 5.0, "an update")
+    wait_for(lambda: float(page.evaluate("document.body.dataset.simTime || -1")) >= sim["time_s"], 5.0, "an update", every_s=0.02)
     return time.time() - sim["published_at"]
 
 
@@ -73,7 +62,7 @@ def test_64_simulated_instances_on_the_dashboard(tmp_path: Path):
                                       if m["committed"]], 60, "a committed migration")
             listed = time.monotonic()
             rid = moved[0]["request_id"]
-            wait_for(lambda: rid in page.evaluate(ROWS), 2.0, f"migration of {rid} on the page")
+            wait_for(lambda: rid in page.evaluate(ROWS), 2.0, f"migration of {rid} on the page", every_s=0.02)
             shown = time.monotonic() - listed
             lags, renders = [], []
             for _ in range(10):
