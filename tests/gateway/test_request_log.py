@@ -78,10 +78,13 @@ def test_a_throughput_line_while_there_is_traffic_and_none_while_idle(caplog):
         time.sleep(5 * interval)
         assert throughput_lines() == busy  # idle: nothing more
         assert len(busy) >= 2
+        # one client, one request at a time: it is running, or waiting at the instance for its
+        # first step, or done, when a line reads the status
         line = re.compile(r"Avg prompt throughput: (\d+\.\d) tokens/s, Avg generation throughput: (\d+\.\d) "
-                          r"tokens/s, Running: [01] reqs, Waiting: 0 reqs, KV cache usage: \d+\.\d%, "
+                          r"tokens/s, Running: ([01]) reqs, Waiting: ([01]) reqs, KV cache usage: \d+\.\d%, "
                           r"Migrations: 0, Instances: 1$")
         assert all(line.match(b) for b in busy), busy
+        assert all(int(m.group(3)) + int(m.group(4)) <= 1 for m in map(line.match, busy)), busy
         assert float(line.match(busy[0]).group(2)) > 0
         # traffic again: the lines come back
         _complete(url, n=1, max_tokens=8)
