@@ -3,20 +3,23 @@ dashboard's address and a line per migration, and ends with a summary of committ
 migrations and their stall; its bad flags are one line."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from llumnix.cluster.startup import free_port
+from tests.cluster.helpers import SLOW_STEPS_HOOK, STEP_SLEEP_ENV
 
 pytest.importorskip("ray")
 
 
-def demo(*flags: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def demo(*flags: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llumnix.cli", "demo", *flags], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -64,8 +67,15 @@ def test_the_contrast_preempts_under_round_robin(tiny_model_dir):
     which preempts while the other never does; Llumnix spreads them by freeness and migrates.
     (How many each preempts depends on the machine's speed: on a loaded one both clusters
     are overloaded, so the counts are not compared, only where the preemptions happen.)"""
+    # The tiny model makes a token a millisecond: on a quiet machine a 400-token request ends
+    # before the next arrives and nothing is ever full. Every engine step sleeps 10 ms first
+    # (the clusters' Ray workers, through a runtime-env hook), so a long request holds its
+    # KV for >= 4 s on any machine, as a real model's would.
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "RAY_RUNTIME_ENV_HOOK": SLOW_STEPS_HOOK, STEP_SLEEP_ENV: "0.01",
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     r = demo("--contrast", "--model", str(tiny_model_dir), "--port", "0", "--duration", "20", "--every", "0.4",
-             "--max-tokens", "400", timeout=600)
+             "--max-tokens", "400", timeout=600, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     for system in ("llumnix", "round-robin"):
         assert re.search(rf"^  {system} +http://127\.0\.0\.1:\d+/dashboard\?key=\S+ +\(llumnix top --url ", r.stdout,
