@@ -4,6 +4,7 @@ the flags we honour from vLLM (--block-size, --num-gpu-blocks-override) set the 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 
@@ -102,6 +103,9 @@ def test_the_try_line_carries_the_api_key_header(monkeypatch):
     monkeypatch.setenv("LLUMNIX_API_KEY", "from-env")  # not printed: the shell has it
     line = try_command("http://h:1", "m", "from-env")
     assert ' -H "Authorization: Bearer $LLUMNIX_API_KEY" ' in line and "from-env" not in line
+    # greedy, so a new user's first answer is the model's best, not a sample at temperature 1
+    body = json.loads(line.split(" -d '", 1)[1].rstrip("'"))
+    assert body["temperature"] == 0 and body["model"] == "m"
 
 
 def test_configure_logging_installs_one_handler_and_levels(monkeypatch):

@@ -265,4 +265,4 @@ def try_command(url: str, model: str, api_key: str | None) -> str:
         auth = f' -H "Authorization: Bearer ${env}"' if env else " -H " + shlex.quote(f"Authorization: Bearer {api_key}")
     return (f"curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
             f"-d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", "
-            f"\"content\": \"What is the capital of France?\"}}], \"max_tokens\": 30}}'")
+            f"\"content\": \"What is the capital of France?\"}}], \"max_tokens\": 30, \"temperature\": 0}}'")
