@@ -93,31 +93,46 @@ def _cluster(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     if args.url is not None:
         yield args.url.rstrip("/"), args.key
         return
+    folder = Path(tempfile.mkdtemp(prefix="llumnix-demo-"))
+    print(f"starting {args.instances} instances of {args.model} (a minute or two on CPU); "
+          f"serve log: {folder / 'serve.log'}", flush=True)
+    flags = ["--model", args.model, "--instances", str(args.instances), "--kv-cache-mib", str(args.kv_cache_mib)]
+    with serve_processes({"serve": (args.port, flags)}, folder) as started:
+        yield started["serve"]
+
+
+@contextlib.contextmanager
+def serve_processes(runs: dict[str, tuple[int, list[str]]], folder: Path) -> Iterator[dict[str, tuple[str, str]]]:
+    """`llumnix serve` started here for each of ``runs`` (name -> its port and flags), all at
+    once, each with an admin key of its own, rescheduling every 0.1 s and its output in
+    ``folder/NAME.log`` (its last lines in the error if it never gets healthy); yields name
+    -> (url, admin key), and stops them all at the end (the demo and its ``--contrast``)."""
     from llumnix.cluster.startup import wait_until_healthy
 
-    key = secrets.token_hex(12)
-    url = f"http://127.0.0.1:{args.port}"
-    log = Path(tempfile.mkdtemp(prefix="llumnix-demo-")) / "serve.log"
-    cmd = [sys.executable, "-m", "llumnix.cli", "serve", "--model", args.model, "--port", str(args.port),
-           "--instances", str(args.instances), "--kv-cache-mib", str(args.kv_cache_mib), "--admin-key", key,
-           "--reschedule-interval", "0.1", "--shutdown-grace", "2"]
-    print(f"starting {args.instances} instances of {args.model} (a minute or two on CPU); serve log: {log}",
-          flush=True)
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    procs: dict[str, tuple[subprocess.Popen[bytes], str, str, Path]] = {}
     try:
-        try:
-            wait_until_healthy(url, proc, 600.0, "llumnix serve")
-        except LlumnixError as e:
-            raise LlumnixError(f"{e}; its last lines:\n{_tail(log)}") from None
-        yield url, key
+        for name, (port, flags) in runs.items():
+            key, log = secrets.token_hex(12), folder / f"{name}.log"
+            cmd = [sys.executable, "-m", "llumnix.cli", "serve", "--port", str(port), "--admin-key", key,
+                   "--reschedule-interval", "0.1", "--shutdown-grace", "2", *flags]
+            with log.open("w") as out:
+                procs[name] = (subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL),
+                               f"http://127.0.0.1:{port}", key, log)
+        for name, (proc, url, _, log) in procs.items():
+            try:
+                wait_until_healthy(url, proc, 600.0, "llumnix serve" if len(runs) == 1 else f"llumnix serve ({name})")
+            except LlumnixError as e:
+                raise LlumnixError(f"{e}; its last lines:\n{_tail(log)}") from None
+        yield {name: (url, key) for name, (_, url, key, _) in procs.items()}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        for proc, *_ in procs.values():
+            proc.terminate()
+        for proc, *_ in procs.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def _tail(path: Path, n: int = 15) -> str:

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import secrets
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -56,39 +53,19 @@ def main_demo_contrast(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _clusters(args: argparse.Namespace) -> Iterator[dict[str, tuple[str, str]]]:
-    """Both `llumnix serve` started at once (each its own Ray), ready, and stopped at the end."""
-    from llumnix.cluster.startup import free_port, wait_until_healthy
-    from llumnix.demo import _tail
+    """Both clusters, started at once (``demo.serve_processes``) and stopped at the end."""
+    from llumnix.cluster.startup import free_port
+    from llumnix.demo import serve_processes
 
     folder = Path(tempfile.mkdtemp(prefix="llumnix-contrast-"))
     print(f"starting 2 clusters of 2 instances of {args.model}, Llumnix and round-robin side by side "
           f"(a minute or two on CPU); logs in {folder}", flush=True)
-    procs: dict[str, tuple[subprocess.Popen[bytes], str, str, Path]] = {}
-    try:
-        for i, (name, flags) in enumerate(SYSTEMS.items()):
-            port = args.port + i if args.port else free_port()
-            key, log = secrets.token_hex(12), folder / f"{name}.log"
-            cmd = [sys.executable, "-m", "llumnix.cli", "serve", "--model", args.model, "--port", str(port),
-                   "--instances", "2", "--num-gpu-blocks-override", str(args.num_blocks), "--admin-key", key,
-                   "--reschedule-interval", "0.1", "--shutdown-grace", "2", *flags]
-            with log.open("w") as out:
-                procs[name] = (subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL),
-                               f"http://127.0.0.1:{port}", key, log)
-        for name, (proc, url, _, log) in procs.items():
-            try:
-                wait_until_healthy(url, proc, 600.0, f"llumnix serve ({name})")
-            except LlumnixError as e:
-                raise LlumnixError(f"{e}; its last lines:\n{_tail(log)}") from None
-        yield {name: (url, key) for name, (_, url, key, _) in procs.items()}
-    finally:
-        for proc, *_ in procs.values():
-            proc.terminate()
-        for proc, *_ in procs.values():
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    runs = {name: (args.port + i if args.port else free_port(),
+                   ["--model", args.model, "--instances", "2", "--num-gpu-blocks-override", str(args.num_blocks),
+                    *flags])
+            for i, (name, flags) in enumerate(SYSTEMS.items())}
+    with serve_processes(runs, folder) as gateways:
+        yield gateways
 
 
 def drive(gateways: dict[str, tuple[str, str]], args: argparse.Namespace) -> dict[str, int]:
