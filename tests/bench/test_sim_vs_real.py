@@ -9,6 +9,21 @@ from llumnix.bench.cluster_bench import ClusterBenchSettings, make_requests
 from llumnix.bench.sim_vs_real import InfoPath, compare, paired_interval, ratio_of_sums, sim_trace
 
 
+def recorded_simulators(monkeypatch) -> list:
+    """Every ``Simulator`` made from now on, in order (the class is patched where it is looked up)."""
+    import llumnix.sim.simulator as simulator
+
+    made: list[simulator.Simulator] = []
+
+    class Recorded(simulator.Simulator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(simulator, "Simulator", Recorded)
+    return made
+
+
 def _pairs():
     rng = np.random.default_rng(7)
     return rng.integers(4, 32, 500), rng.integers(4, 64, 500)
@@ -46,18 +61,10 @@ def test_the_information_path_follows_the_cluster_config():
 
 def test_the_simulator_runs_the_clusters_trigger(monkeypatch):
     """A triggered cluster's prediction runs the simulator with its gap: passes between the rounds."""
-    import llumnix.sim.simulator as simulator
     from llumnix.bench.sim_vs_real import simulate
     from llumnix.sim.latency import get_latency_model
 
-    made: list[simulator.Simulator] = []
-
-    class Recorded(simulator.Simulator):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(simulator, "Simulator", Recorded)
+    made = recorded_simulators(monkeypatch)
     s = ClusterBenchSettings()
     latency = get_latency_model("a10-llama7b-serving")
     out = simulate(s, "llumnix", _pairs(), 40, 12.0, 0, latency)
@@ -104,18 +111,10 @@ def test_a_calibration_sets_the_information_paths_delays():
 
 
 def test_the_simulator_runs_the_calibrated_delays(monkeypatch):
-    import llumnix.sim.simulator as simulator
     from llumnix.bench.sim_vs_real import simulate
     from llumnix.sim.latency import get_latency_model
 
-    made: list[simulator.Simulator] = []
-
-    class Recorded(simulator.Simulator):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(simulator, "Simulator", Recorded)
+    made = recorded_simulators(monkeypatch)
     latency = get_latency_model("a10-llama7b-serving")
     prompt = simulate(ClusterBenchSettings(), "llumnix", _pairs(), 40, 12.0, 0, latency)
     late = simulate(ClusterBenchSettings(), "llumnix", _pairs(), 40, 12.0, 0, latency, calibration=CALIBRATION)
