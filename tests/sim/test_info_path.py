@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 import yaml
 
@@ -14,19 +13,12 @@ from llumnix.sim.config import ConfigError, SystemSpec, parse_config
 from llumnix.sim.latency import get_latency_model
 from llumnix.sim.policy_bridge import make_policy
 from llumnix.sim.simulator import Simulator
-from llumnix.sim.workloads import Trace
+from tests.sim.test_trigger import overloaded
 
 
 def _sim(**info: Any) -> Simulator:
-    """An overloaded 4-instance cluster (10 KV blocks each): sources appear all the time."""
-    n, rate = 60, 16.0
-    rng = np.random.default_rng(0)
-    arrivals = np.cumsum(rng.exponential(1 / rate, n))
-    arrivals[0] = 0.0
-    trace = Trace("t", rate, 0, arrivals, rng.integers(8, 32, n), rng.integers(16, 64, n), np.zeros(n, np.int64))
-    cluster = ClusterConfig(num_instances=4, num_blocks=10, block_size=16, max_num_seqs=32, chunked_prefill=True,
-                            max_model_len=160, status_interval_s=0.05, reschedule_every=10, trigger_gap_s=0.03,
-                            **info)
+    """The overloaded cluster of the trigger's tests, triggered (0.03 s gap), with ``info``'s delays."""
+    trace, cluster = overloaded(trigger_gap_s=0.03, **info)
     policy = make_policy(SystemSpec("llumnix", "llumnix", enable_migration=True), cluster, seed=0)
     return Simulator(cluster, get_latency_model("a10-llama7b-serving"), policy, trace)
 

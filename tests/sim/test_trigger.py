@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,16 +26,22 @@ ROUND_S = 0.5  # status_interval_s 0.05 x reschedule_every 10: LlumSched's perio
 GAP_S = 0.03
 
 
-def _run(gap: float | None) -> tuple[dict, list[tuple[float, float | None]], float]:
-    """An overloaded 4-instance cluster (10 KV blocks each): sources appear all the time.
-    Returns the summary, each migration order's (time, reaction time), and one step's bound."""
+def overloaded(**fields: Any) -> tuple[Trace, ClusterConfig]:
+    """An overloaded 4-instance cluster (10 KV blocks each; ``fields`` set more of its config)
+    and its trace: sources appear all the time."""
     n, rate = 60, 16.0
     rng = np.random.default_rng(0)
     arrivals = np.cumsum(rng.exponential(1 / rate, n))
     arrivals[0] = 0.0
     trace = Trace("t", rate, 0, arrivals, rng.integers(8, 32, n), rng.integers(16, 64, n), np.zeros(n, np.int64))
-    cluster = ClusterConfig(num_instances=4, num_blocks=10, block_size=16, max_num_seqs=32, chunked_prefill=True,
-                            max_model_len=160, status_interval_s=0.05, reschedule_every=10, trigger_gap_s=gap)
+    return trace, ClusterConfig(num_instances=4, num_blocks=10, block_size=16, max_num_seqs=32, chunked_prefill=True,
+                                max_model_len=160, status_interval_s=0.05, reschedule_every=10, **fields)
+
+
+def _run(gap: float | None) -> tuple[dict, list[tuple[float, float | None]], float]:
+    """The overloaded cluster with the trigger's ``gap``: the summary, each migration order's
+    (time, reaction time), and one step's bound."""
+    trace, cluster = overloaded(trigger_gap_s=gap)
     policy = make_policy(SystemSpec("llumnix", "llumnix", enable_migration=True), cluster, seed=0)
     orders: list[tuple[float, float | None]] = []
     on_order = policy.on_order
