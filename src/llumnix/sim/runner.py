@@ -77,11 +77,12 @@ def record_of(spec: RunSpec, num_requests: int, summary: dict[str, Any]) -> dict
 
 def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """One simulation; returns its metrics record (plus ``_samples`` if asked)."""
+    from llumnix.sim.policy_bridge import PolicyBridge
+
     sim = make_simulator(spec, progress)
     summary = sim.run()
-    slo = getattr(getattr(sim.policy, "gs", None), "slo", None)  # the slo dispatch policy's predictor
-    if slo is not None:
-        summary["slo_predictor"] = ttft_errors(slo.ttft_log.values(), sim.metrics.requests)
+    if isinstance(sim.policy, PolicyBridge) and sim.policy.gs.slo is not None:  # the slo policy's predictor
+        summary["slo_predictor"] = ttft_errors(sim.policy.gs.slo.ttft_log.values(), sim.metrics.requests)
     record = record_of(spec, len(sim.trace), summary)
     if spec.keep_samples:
         arrays = sim.metrics.request_arrays()
