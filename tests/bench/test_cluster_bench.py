@@ -225,3 +225,37 @@ def test_sim_calibration_needs_with_sim_and_a_file(tmp_path):
         settings_from_args(_args("--sim-calibration", str(cal)))
     with pytest.raises(LlumnixError, match="--sim-calibration .*: no such file"):
         settings_from_args(_args("--with-sim", "a10-llama7b-serving", "--sim-calibration", str(tmp_path / "none")))
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_systems_run_one_after_the_other_or_alternated_point_by_point(monkeypatch, tmp_path, interleave):
+    """With ``--interleave`` every system's cluster is up at once and the runs alternate
+    (the order reversed every other point), so a drifting machine load weighs on each
+    alike; without it, one system's runs all come before the next's. Either way each
+    system's record holds its own runs, and the probe runs once."""
+    from llumnix.bench import cluster_bench, cluster_probe, cluster_report
+
+    s = settings_from_args(_args("--systems", "infaas++,llumnix", "--seeds", "0,1", "--loads", "0.6",
+                                 "--burst-size", "0", *(["--interleave"] if interleave else [])))
+    opened: list[str] = []
+    ran: list[tuple[str, int]] = []
+
+    def open_system(s_, name, out, stack):
+        opened.append(name)
+        stack.callback(opened.append, f"closed {name}")
+        return name, 0.1, None
+
+    monkeypatch.setattr(cluster_bench, "_open_system", open_system)
+    monkeypatch.setattr(cluster_probe, "probe_capacity", lambda *a: {"capacity_req_s": 2.0, "rule": "test"})
+    monkeypatch.setattr(cluster_bench, "run_once", lambda server, reqs, trace=None: server)
+    monkeypatch.setattr(cluster_report, "run_record",
+                        lambda s_, server, load, seed, rate: (ran.append((server, seed)), {"line": "x", "seed": seed})[1])
+    recs = cluster_bench.run_systems(s, ["infaas++", "llumnix"], tmp_path, PAIRS, 256, None, log=lambda m: None)
+    assert [r["system"] for r in recs] == ["infaas++", "llumnix"]
+    assert [[run["seed"] for run in r["runs"]] for r in recs] == [[0, 1], [0, 1]]
+    if interleave:
+        assert opened == ["infaas++", "llumnix", "closed llumnix", "closed infaas++"]
+        assert ran == [("infaas++", 0), ("llumnix", 0), ("llumnix", 1), ("infaas++", 1)]
+    else:
+        assert opened == ["infaas++", "closed infaas++", "llumnix", "closed llumnix"]
+        assert ran == [("infaas++", 0), ("infaas++", 1), ("llumnix", 0), ("llumnix", 1)]

@@ -1,6 +1,6 @@
 """Dispatch moved from LlumSched's actor to the gateway (issue 30): on one recorded
 trace of statuses and requests, the gateway's call sites (statuses from its request
-channels, ``_dispatch_here``) decide exactly what LlumSched's did (``update_status``,
+channels, ``_dispatch_here``) decide exactly what LlumSched's did (statuses off its feed,
 ``submit``'s dispatch), with and without prefix affinity, through a burst between
 reports, a drained instance and an unschedulable one. No Ray: the actor's class is
 driven directly, the gateway over fake channels."""
@@ -83,7 +83,7 @@ def _decisions(trace: list[tuple[str, object]], scheduling: dict, monkeypatch: p
             if item.instance_id not in sched.gs.statuses:
                 sched.register(item, handle=object())
             else:
-                sched.update_status(item)
+                sched._on_fed_statuses(item.instance_id, [item])  # noqa: SLF001 - the feed's road
             backend.on_statuses(item.instance_id, [item])
         else:
             rid, prompt, priority, now = item  # type: ignore[misc]

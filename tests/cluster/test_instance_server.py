@@ -215,37 +215,36 @@ def test_a_final_only_request_that_leaves_the_engine_sends_what_it_made_and_an_a
         srv.stop()
 
 
-def test_a_status_the_receiver_held_back_is_reported_again_though_the_engine_went_idle():
-    """The actor's push to LlumSched is throttled (``StatusPusher.push`` returns False
-    for a held-back status). The last status before a quiet spell must still get through
-    soon, not with the next idle heartbeat a second later (``/metrics`` read the prefix
-    hits of a finished request as 0)."""
+def test_a_change_of_lifecycle_is_marked_for_the_lines_that_want_it_at_once():
+    """A drain or a failed health flips a status's lifecycle without changing its load or
+    its rescheduling marks. LlumSched's line (``urgent_marks``) must still get that status
+    at once, not a gap later: it is the one road a status takes to LlumSched, and the
+    dispatch and the rescheduling read the lifecycle."""
     eng = make_engine()
     eng.clock = __import__("llumnix.core.clock", fromlist=["WallClock"]).WallClock()
-    taken: list[tuple[float, int]] = []
-    state = {"hold": False}
-
-    def receive(status):
-        if state["hold"]:
-            return False
-        taken.append((time.monotonic(), len(status.running)))
-        return True
-
-    srv = InstanceServer(eng, Llumlet(eng.instance_id, eng, ReschedulingConfig(), FreenessConfig()),
-                         on_status=receive, status_interval_s=0.02, idle_status_interval_s=5.0)
+    statuses: list = []
+    # never a destination, and a source only when terminating: a health flip leaves the
+    # marks as they were
+    llumlet = Llumlet(eng.instance_id, eng, ReschedulingConfig(in_threshold=1e9), FreenessConfig())
+    srv = InstanceServer(eng, llumlet, on_status=statuses.append, status_interval_s=0.01)
     srv.start()
     try:
-        state["hold"] = True  # every status of the request's life is held back
-        srv.call(lambda: srv.engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=4)))
-        _collect(srv, 1)
-        n, t_held = len(taken), time.monotonic()
-        time.sleep(0.1)
-        state["hold"] = False
-        deadline = time.monotonic() + 2.0
-        while len(taken) == n and time.monotonic() < deadline:
+        srv.track_marks()
+        srv.call(lambda: srv.engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=240)))
+        deadline = time.time() + 5
+        while not any(s.num_running for s in statuses) and time.time() < deadline:
             time.sleep(0.01)
-        assert len(taken) > n, "the held-back status was never reported again"
-        assert taken[-1][1] == 0 and taken[-1][0] - t_held < 1.0  # the idle state, long before the 5 s heartbeat
+        seqs = []
+        for flag, value in (("is_schedulable", False), ("is_schedulable", True),
+                            ("is_terminating", True), ("is_terminating", False)):
+            before = srv.marks_seq
+            srv.call(lambda flag=flag, value=value: setattr(srv.llumlet, flag, value))
+            deadline = time.time() + 2
+            while srv.marks_seq == before and time.time() < deadline:
+                time.sleep(0.005)
+            seqs.append(srv.marks_seq > before)
+        assert seqs == [True, True, True, True]
+        assert [s for s in statuses if not s.is_schedulable] and [s for s in statuses if s.is_terminating]
     finally:
         srv.stop()
 

@@ -20,6 +20,7 @@ aggregates over seeds and writes the plot.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import os
 import time
@@ -105,6 +106,11 @@ class ClusterBenchSettings:
     reschedule_interval_s: float | None = None
     """LlumSched's round (serve's ``deployment.reschedule_interval_s``; its status feed reads
     at twice that rate), for every system; None: serve's default (0.5 s)."""
+    interleave: bool = False
+    """Every system's cluster up at once, their runs alternated (seed by seed, load by load,
+    the order reversed every other point): a machine whose load drifts (other work, a
+    thermal limit) then weighs on every system alike, where one system after the other
+    gives the drift to one of them. The idle clusters cost a few % of a core each."""
 
     def system_doc(self, name: str) -> dict[str, Any]:
         doc: dict[str, Any] = copy.deepcopy(SYSTEMS[name])  # a caller's edit must not reach SYSTEMS
@@ -198,15 +204,12 @@ def requests_per_run(s: ClusterBenchSettings, capacity_req_s: float) -> int:
     return max(s.num_requests, round(s.run_seconds * capacity_req_s))
 
 
-def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.ndarray, np.ndarray],
-               vocab: int, capacity: dict[str, Any] | None, log: Any = print,
-               on_run: Any = None) -> dict[str, Any]:
-    """Every (load, seed) on one system's cluster; the probe first when ``capacity`` is None;
-    ``on_run(record so far)`` after each run."""
+def _open_system(s: ClusterBenchSettings, name: str, out: Path, stack: contextlib.ExitStack[Any]
+                 ) -> tuple[ServeProcess, float, Path | None]:
+    """``name``'s `llumnix serve` (its config written to ``out``), open until ``stack``
+    closes; with the seconds it took to start and its trace file (``--trace``)."""
     import yaml
 
-    from llumnix.bench.cluster_probe import probe_capacity, probe_line
-    from llumnix.bench.cluster_report import run_record
     from llumnix.bench.cluster_server import ServeProcess
 
     cfg = out / f"system-{name}.yaml"
@@ -221,29 +224,59 @@ def run_system(s: ClusterBenchSettings, name: str, out: Path, pairs: tuple[np.nd
         env = {ENV: str(trace_file), "PYTHONPATH": os.pathsep.join(
             x for x in (site_dir(), os.environ.get("PYTHONPATH", "")) if x)}
     t0 = time.perf_counter()
-    with ServeProcess(cfg, out / f"serve-{name}.log", env=env) as server:
-        started = time.perf_counter() - t0
-        if capacity is None:
-            capacity = probe_capacity(s, server, pairs, vocab)
-            log(f"  capacity {capacity['capacity_req_s']:.2f} req/s ({capacity['rule']}); meanwhile "
-                + probe_line(capacity))
-        runs: list[dict[str, Any]] = []
-        sys_rec = {"system": name, "startup_s": started, "capacity": capacity, "runs": runs,
-                   "config": s.system_doc(name)}
-        n_poisson = requests_per_run(s, capacity["capacity_req_s"])
-        for seed in s.seeds:
+    server = stack.enter_context(ServeProcess(cfg, out / f"serve-{name}.log", env=env))
+    return server, time.perf_counter() - t0, trace_file
+
+
+def run_systems(s: ClusterBenchSettings, names: list[str], out: Path, pairs: tuple[np.ndarray, np.ndarray],
+                vocab: int, capacity: dict[str, Any] | None, log: Any = print,
+                on_run: Any = None) -> list[dict[str, Any]]:
+    """Every (load, seed) on each system's cluster: one system after the other, or with
+    ``s.interleave`` all up at once and their runs alternated. The probe first (on the
+    first system) when ``capacity`` is None; ``on_run(records so far)`` after each run."""
+    from llumnix.bench.cluster_probe import probe_capacity, probe_line
+    from llumnix.bench.cluster_report import run_record
+
+    done: list[dict[str, Any]] = []
+    groups = [names] if s.interleave else [[n] for n in names]
+    for group in groups:
+        with contextlib.ExitStack() as stack:
+            recs: list[dict[str, Any]] = []
+            servers: list[ServeProcess] = []
+            traces: list[Path | None] = []
+            for name in group:
+                if not s.interleave or len(names) == 1:
+                    log(f"bench cluster: {name}")
+                server, started, trace_file = _open_system(s, name, out, stack)
+                if capacity is None:
+                    capacity = probe_capacity(s, server, pairs, vocab)
+                    log(f"  capacity {capacity['capacity_req_s']:.2f} req/s ({capacity['rule']}); meanwhile "
+                        + probe_line(capacity))
+                recs.append({"system": name, "startup_s": started, "capacity": capacity,
+                             "runs": [], "config": s.system_doc(name)})
+                servers.append(server)
+                traces.append(trace_file)
+            if s.interleave:
+                log(f"bench cluster: {', '.join(group)}, interleaved")
+            assert capacity is not None
+            n_poisson = requests_per_run(s, capacity["capacity_req_s"])
             loads: tuple[float | str, ...] = (*s.loads, "burst") if s.burst_size else s.loads
-            for load in loads:
+            points = [(seed, load) for seed in s.seeds for load in loads]
+            for k, (seed, load) in enumerate(points):
                 rate = None if isinstance(load, str) else load * capacity["capacity_req_s"]
                 n = s.burst_size if load == "burst" else n_poisson
                 reqs = make_requests(s, pairs, n, rate, seed, vocab)
-                rec = run_record(s, run_once(server, reqs, trace=None if trace_file is None else str(trace_file)),
-                                 load, seed, rate)
-                runs.append(rec)
-                log(f"  {name:>15} load {load!s:>5} seed {seed}: {rec['line']}")
-                if on_run is not None:
-                    on_run(sys_rec)
-    return sys_rec
+                order = range(len(group)) if k % 2 == 0 else range(len(group) - 1, -1, -1)
+                for i in order:
+                    trace = traces[i]
+                    rec = run_record(s, run_once(servers[i], reqs, trace=None if trace is None else str(trace)),
+                                     load, seed, rate)
+                    recs[i]["runs"].append(rec)
+                    log(f"  {group[i]:>15} load {load!s:>5} seed {seed}: {rec['line']}")
+                    if on_run is not None:
+                        on_run([*done, *recs])
+            done += recs
+    return done
 
 
 def default_out() -> Path:
@@ -295,6 +328,9 @@ def add_cluster_bench_args(p: Any) -> None:
     g.add_argument("--sim-calibration", default=None, metavar="FILE",
                    help="with --with-sim: the information path's delays the simulator takes "
                         "(benchmarks/cluster/calibrate_info_path.py's JSON)")
+    g.add_argument("--interleave", action="store_true",
+                   help="every system's cluster up at once, their runs alternated point by point (a drifting "
+                        "machine load then weighs on every system alike); the idle clusters cost a little CPU")
     g.add_argument("--reschedule-interval", type=float, default=None, metavar="S",
                    help="LlumSched's rescheduling round, s, for every system (default: serve's, 0.5)")
 
@@ -336,6 +372,7 @@ def settings_from_args(args: Any) -> ClusterBenchSettings:
                              slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, systems=systems, extra=extra,
                              trace=bool(getattr(args, "trace", False)), rescheduling=_rescheduling(args),
                              reschedule_interval_s=getattr(args, "reschedule_interval", None),
+                             interleave=bool(getattr(args, "interleave", False)),
                              probe_requests=args.probe_requests, probe_concurrency=args.probe_concurrency)
     if s.run_seconds is not None and not s.run_seconds > 0:
         raise LlumnixError(f"bench cluster: --run-seconds must be > 0, got {s.run_seconds:g}")
@@ -371,7 +408,6 @@ def main_cluster_bench(args: Any) -> int:
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     capacity = None if args.capacity is None else {"capacity_req_s": args.capacity, "rule": "--capacity"}
-    systems: list[dict[str, Any]] = []
     machine = machine_info(with_torch=False)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -391,12 +427,9 @@ def main_cluster_bench(args: Any) -> int:
         tmp.replace(out / "cluster.json")
         return data
 
-    for name in s.systems:
-        print(f"bench cluster: {name}")
-        rec = run_system(s, name, out, pairs, vocab, capacity,
-                         on_run=lambda cur: record([*systems, cur], partial=True))
-        capacity = rec["capacity"]
-        systems.append(rec)
+    systems = run_systems(s, list(s.systems), out, pairs, vocab, capacity,
+                          on_run=lambda cur: record(cur, partial=True))
+    capacity = systems[0]["capacity"]
     data = record(systems, partial=False)
     rep.print_table(data["aggregate"])
     rep.plot(data, out / "cluster.png")

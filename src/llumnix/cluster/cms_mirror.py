@@ -32,13 +32,13 @@ class CmsMirror:
     def resume(self, relearn: Callable[[str, InstanceStatus, Any], None]) -> int:
         """A (re)started LlumSched over a shared store takes its members and their latest
         statuses from it (``relearn`` each, under the lock): it schedules at once, without
-        waiting for every instance's next push. Members whose actor is gone are dropped."""
+        waiting for every instance's next announcement. Members whose actor is gone are dropped."""
         if self._cms is None or self._writer is None:
             return 0
         try:
             members, statuses = self._cms.members(), self._cms.all_statuses()
-        except Exception as e:  # noqa: BLE001 - unreachable: relearn from the pushes instead
-            log.warning("meta store %s unreachable at start (%s); instances are learnt from their pushes",
+        except Exception as e:  # noqa: BLE001 - unreachable: relearn from the announcements instead
+            log.warning("meta store %s unreachable at start (%s); instances are learnt from their announcements",
                         self._cms.url, type(e).__name__)
             return 0
         found = 0

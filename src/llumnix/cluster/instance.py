@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 class InstanceServer:
     def __init__(self, engine: EngineCore, llumlet: Llumlet,
-                 on_status: Callable[[InstanceStatus], bool | None] | None = None,
+                 on_status: Callable[[InstanceStatus], None] | None = None,
                  status_interval_s: float = 0.05, idle_status_interval_s: float = 1.0,
                  on_step: Callable[[list[RequestOutput], bool], None] | None = None) -> None:
         self.engine = engine
@@ -68,8 +68,6 @@ class InstanceServer:
         self._thread = threading.Thread(target=self._loop, name=f"engine-{self.instance_id}", daemon=True)
         self._last_report = 0.0
         self._report_due = False
-        self._push_held = False
-        """``on_status`` held the last status back (returned False): report at the busy cadence."""
         """Commands ran since the last status: the next delivery carries one."""
         self.last_step_time = time.monotonic()
         self.step_log: collections.deque[tuple[float, float, int, float, bool]] = collections.deque(maxlen=4096)
@@ -154,12 +152,14 @@ class InstanceServer:
             self._box(client).ack(upto)
 
     def track_marks(self) -> None:
-        """Mark each status whose rescheduling marks changed (``marks_seq``): a reader asked
-        for those at once. One freeness per status on the step thread, from then on."""
+        """Mark each status whose rescheduling marks or lifecycle (terminating, schedulable)
+        changed (``marks_seq``): a reader asked for those at once. One freeness per status
+        on the step thread, from then on."""
         from llumnix.policy.trigger import marks_of
 
         llumlet = self.llumlet
-        self._marks_of = lambda st: marks_of(st, llumlet.rescheduling, llumlet.freeness_cfg)
+        self._marks_of = lambda st: int(marks_of(st, llumlet.rescheduling, llumlet.freeness_cfg)) \
+            | st.is_terminating << 8 | (not st.is_schedulable) << 9
 
     def wait_outputs(self, client: str, after: int | None, timeout: float, status_after: int | None = None,
                      wake: Callable[[], bool] | None = None,
@@ -309,8 +309,7 @@ class InstanceServer:
         self._deliver([out for rid in gone if (out := self._held.pop(rid, None)) is not None], force_report=False)
 
     def _report_interval(self) -> float:
-        busy = self.engine.has_unfinished_requests() or self._push_held
-        return self._status_interval if busy else self._idle_status_interval
+        return self._status_interval if self.engine.has_unfinished_requests() else self._idle_status_interval
 
     def _until_report(self) -> float:
         return max(0.0, self._last_report + self._report_interval() - time.monotonic())
@@ -350,9 +349,7 @@ class InstanceServer:
             if published:  # a step whose outputs were all held wakes no channel writer
                 self._outbox_cv.notify_all()
         if status is not None and self._on_status is not None:
-            # a receiver that held this status back (a throttle) gets another at the busy
-            # cadence until one goes through, even if the engine is idle from now on
-            self._push_held = self._on_status(status) is False
+            self._on_status(status)
 
     _IDLE_CLIENT_S = 120.0
 

@@ -1,7 +1,7 @@
 """The instance actor: one engine and its llumlet in a Ray actor, reached by LlumSched
 (registration, commands, migration rounds), gateways (request channels, resumes) and other
 instances (a migration's destination side). Thin: the engine loop is ``InstanceServer``,
-migrations out ``MigrationSource``, the status pushes ``StatusPusher``."""
+migrations out ``MigrationSource``, its announcements to LlumSched ``Announcer``."""
 from __future__ import annotations
 
 import contextlib
@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import ray
 
+from llumnix.cluster.announce import Announcer
 from llumnix.cluster.migration_source import MigrationSource
-from llumnix.cluster.status_feed import CLIENT as FEED_CLIENT
-from llumnix.cluster.status_push import StatusPusher
 from llumnix.config.sections import LiveMigrationConfig
 from llumnix.core.batch import RequestOutput
 from llumnix.core.status import InstanceStatus
@@ -71,11 +70,10 @@ class InstanceActor:
         self._cms = self._open_cms(instance_id)
         self.role: str | None = None
         """This instance's PD role (``policy/pd.py``) once LlumSched has assigned it (``set_role``)."""
-        self.channel: ChannelServer | None = None  # opened below (a push before then goes by Ray)
-        self.pusher = StatusPusher(self._llumsched, ray.get_runtime_context().current_actor, self._cms,
-                                   fed=lambda: self.channel is not None and self.channel.has_client(FEED_CLIENT),
+        self.channel: ChannelServer | None = None  # opened below: where every status goes
+        self.announcer = Announcer(self._llumsched, ray.get_runtime_context().current_actor, self._cms,
                                    role=lambda: self.role)
-        self.server = InstanceServer(self.llm.engine, self.llumlet, on_status=self.pusher.push)
+        self.server = InstanceServer(self.llm.engine, self.llumlet, on_status=self.announcer.on_status)
         self.handoff = self._handoff_worker(cfg.pd) if cfg.pd.is_on else None
         self.server.start()
         mig = migration or LiveMigrationConfig()

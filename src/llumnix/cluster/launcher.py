@@ -164,7 +164,7 @@ def start_cluster(cfg: ClusterConfig, progress: Progress | None = None) -> Clust
     sched_cfg, mig_cfg = scheduling_of(cfg), migration_of(cfg)  # built once, passed whole
     check_pd(cfg, sched_cfg)
     init_ray(cfg, progress)
-    # Ray restarts LlumSched if it dies; instances re-register through their next status push.
+    # Ray restarts LlumSched if it dies; instances re-register through their next announcement.
     token = secrets.token_bytes(32)  # authenticates KV transfers inside this cluster
     # What LlumSched needs to start more instances (auto-scaling scale-out).
     gpus = instance_gpus(cfg.engine, cfg.gpus_per_instance)

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 def _was_restarted() -> bool:
     """This actor is a restart (Ray reconstructed it after it died), not a fresh start."""
+    if not ray.is_initialized():  # outside Ray (tests): asking would start a local Ray session
+        return False
     try:
         with warnings.catch_warnings():  # Ray's property reads its own deprecated actor_id:
             warnings.simplefilter("ignore", DeprecationWarning)  # a warning in every quick start
@@ -44,7 +46,7 @@ def _was_restarted() -> bool:
 
 
 # threaded; gateways' membership watches wait in their own group, never taking the
-# threads that dispatch, status pushes and hand-offs use
+# threads that dispatch, announcements and hand-offs use
 @ray.remote(max_concurrency=8, concurrency_groups={"watch": 64})  # type: ignore[call-overload]
 class LlumSchedActor:
     def __init__(self, scheduling: SchedulingConfig | None, cms_url: str | None = None, seed: int = 0,
@@ -72,8 +74,9 @@ class LlumSchedActor:
         # (the one that makes a source): every status would cost per request.
         self.feed = None if not token else StatusFeed(token, self._on_fed_statuses, reschedule_interval_s / 2,
                                                       urgent_marks=self.rescheduler.is_triggered)
-        """Lines to the instances' channels, where this actor reads their statuses
-        (``status_feed``); None without the cluster's token (statuses come by push)."""
+        """Lines to the instances' channels, the one road by which this actor reads their
+        statuses (``status_feed``); None without the cluster's token (a benchmark's or a
+        test's LlumSched that schedules nothing: it keeps the registration status)."""
         self.num_resumed_from_cms = self.cms.resume(self._relearn)
         threading.Thread(target=self._reschedule_loop, daemon=True, name="rescheduler").start()
 
@@ -174,11 +177,11 @@ class LlumSchedActor:
     def _handle_for_admin(self, instance_id: str) -> Any:
         """The instance's actor, or a one-line error the gateway answers with a 503: an
         instance a gateway lists but LlumSched does not know yet (LlumSched restarted and
-        relearns instances from their next status push)."""
+        relearns instances from their next announcement)."""
         handle = self.handles.get(instance_id)
         if handle is None:
             raise LlumnixError(f"LlumSched does not know instance {instance_id!r} (yet: after a restart it "
-                               "learns each instance from its next status push); try again in a few seconds")
+                               "learns each instance from its next announcement); try again in a few seconds")
         return handle
 
     def undrain(self, instance_id: str) -> dict[str, Any]:
@@ -203,7 +206,7 @@ class LlumSchedActor:
 
     # -- the periodic round ---------------------------------------------------------------
     def _health_check(self) -> None:
-        """Pull, as a fallback to the pushes: an instance silent for too long is asked
+        """Pull, as a fallback to the feed: an instance silent for too long is asked
         directly; if it does not answer in time it is marked unschedulable, and if its
         actor is gone it is removed."""
         now = time.time()
@@ -260,32 +263,40 @@ class LlumSchedActor:
         with self._lock:
             self.rescheduler.on_report(report)
 
-    # -- statuses -----------------------------------------------------------------------
-    def update_status(self, status: InstanceStatus, handle: Any = None, role: str | None = None) -> None:
-        if handle is None and status.instance_id not in self.gs.statuses:
-            handle = self._named_instance(status.instance_id)  # pushes carry the handle only now and then
+    # -- statuses: one road, the instances' channels (``status_feed``) ----------------------
+    def announce(self, instance_id: str, handle: Any, role: str | None = None) -> None:
+        """An instance's announcement (``announce.Announcer``, every two seconds): its
+        actor handle and PD role, never a status. One this actor does not know (it was
+        restarted) is relearnt: its current status asked once, as a registration does, and
+        a line opened to its channel, where every later status comes from."""
         with self._lock:
-            if self.lifecycle.is_gone(status.instance_id):
-                return  # a late push of a dead or stopped instance
-            if status.instance_id not in self.gs.statuses:
-                if handle is None:
-                    return
-                self._relearn(status.instance_id, status, handle)  # first push after a restart of this actor
-                if role is not None and self.pd.config.is_on:  # a role it was given before
-                    self._learn_role(status.instance_id, role)
-            self.gs.update_status(status)
-            self.rescheduler.on_status(status.instance_id)
-            self.pd.on_status(status.instance_id)
-            fix = self.pd.reconcile(status.instance_id, role, time.time())
-            target = self.handles.get(status.instance_id) if fix is not None else None
-        if target is not None:
-            with contextlib.suppress(Exception):  # the next push says whether it took it
-                target.set_role.remote(fix)
+            if self.lifecycle.is_gone(instance_id):
+                return  # a late word of a dead or stopped instance
+            known = instance_id in self.gs.statuses
+            fix = self.pd.reconcile(instance_id, role, time.time()) if known else None
+        if not known:
+            self._relearn_announced(instance_id, handle, role)
+        elif fix is not None:
+            with contextlib.suppress(Exception):  # the next announcement says whether it took it
+                handle.set_role.remote(fix)
+
+    def _relearn_announced(self, instance_id: str, handle: Any, role: str | None) -> None:
+        try:
+            status = ray.get(handle.status.remote(), timeout=10)
+        except Exception as e:  # noqa: BLE001 - dead or busy: its next announcement tries again
+            log.info("could not relearn instance %s (%s)", instance_id, type(e).__name__)
+            return
+        with self._lock:
+            if self.lifecycle.is_gone(instance_id) or instance_id in self.gs.statuses:
+                return
+            self._relearn(instance_id, status, handle)
+            if role is not None and self.pd.config.is_on:  # a role it was given before
+                self._learn_role(instance_id, role)
+            self.membership.note()
 
     def _on_fed_statuses(self, instance_id: str, statuses: list[InstanceStatus]) -> None:
-        """Statuses read on the line to ``instance_id``'s channel (the feed's thread): as a
-        push's, for an instance this actor knows (a push or a registration brings new
-        ones, with their handles)."""
+        """Statuses read on the line to ``instance_id``'s channel (the feed's thread), the
+        only road a status takes into this actor's view after registration."""
         with self._lock:
             if self.lifecycle.is_gone(instance_id) or instance_id not in self.gs.statuses:
                 return
@@ -296,7 +307,7 @@ class LlumSchedActor:
 
     def _feed_from(self, instance_id: str, handle: Any) -> None:
         """Open the feed's line to a newly known instance (its channel's address asked off
-        the caller's path; an instance that cannot say keeps pushing over Ray)."""
+        the caller's path)."""
         feed = self.feed
         if feed is None:
             return
@@ -304,23 +315,13 @@ class LlumSchedActor:
         def resolve() -> None:
             try:
                 host, port = ray.get(handle.channel_address.remote(), timeout=30)
-            except Exception as e:  # noqa: BLE001 - dead, or an older instance: statuses come by push
+            except Exception as e:  # noqa: BLE001 - dead: the health check removes it
                 log.info("status feed: no channel address for %s (%s)", instance_id, type(e).__name__)
                 return
             if not self.lifecycle.is_gone(instance_id):
                 feed.watch(instance_id, (str(host), int(port)))
 
         threading.Thread(target=resolve, daemon=True, name="feed-resolve").start()
-
-    def _named_instance(self, instance_id: str) -> Any:
-        """The actor of an instance this LlumSched does not know yet (after a restart), by
-        the name the launcher gave it; None if there is none (or it is gone)."""
-        if self.lifecycle.is_gone(instance_id):
-            return None
-        try:
-            return ray.get_actor(f"{self._name}-{instance_id}")
-        except Exception:  # noqa: BLE001 - not a named instance of this cluster: its next handle
-            return None
 
     # -- PD (cluster/pd.py) ----------------------------------------------------------
     def pd_destination(self, src_id: str, request_id: str, num_blocks: int) -> tuple[str, Any] | None:
@@ -351,7 +352,7 @@ class LlumSchedActor:
                 told.append((change, self.handles[change.instance_id]))
         for change, handle in told:
             log.warning("PD: %s -> %s (%s)", change.instance_id, change.role, change.reason)
-            with contextlib.suppress(Exception):  # its next push carries the role it took
+            with contextlib.suppress(Exception):  # its next announcement carries the role it took
                 ray.get(handle.set_role.remote(change.role), timeout=10)
 
     # -- dispatch -----------------------------------------------------------------------

@@ -34,7 +34,7 @@ class SchedState:
     @property
     def lifecycle(self) -> Lifecycles:
         """Every instance's state (starting, serving, terminating, retired, failed): a gone
-        one's late push revives nothing, and a scale-in victim is stopped once drained."""
+        one's late announcement revives nothing, and a scale-in victim is stopped once drained."""
         return self.gs.cluster.lifecycle
 
     def is_terminating(self, instance_id: str) -> bool:

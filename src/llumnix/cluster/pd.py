@@ -102,8 +102,8 @@ class PDBook:
         self.cluster.promised.pop(instance_id, None)
 
     def reconcile(self, instance_id: str, reported: str | None, now: float, grace_s: float = 1.0) -> str | None:
-        """The role to tell an instance again whose push reports another than this book's
-        (its ``set_role`` was lost or timed out), or None. A push sent before a change it
+        """The role to tell an instance again whose announcement reports another than this book's
+        (its ``set_role`` was lost or timed out), or None. An announcement sent before a change it
         has not heard yet reports the old role: changes younger than ``grace_s`` are let be."""
         role = self.cluster.roles.get(instance_id)
         if not self.config.is_on or reported is None or role is None:

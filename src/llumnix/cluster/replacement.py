@@ -230,7 +230,7 @@ class Replacement:
         for iid, handle in ask:
             try:
                 victim = handle is not None and bool(ray.get(handle.is_scaling_in.remote(), timeout=2))
-            except Exception:  # noqa: BLE001 - not answering: asked again after its next push
+            except Exception:  # noqa: BLE001 - not answering: asked again next round
                 with st.lock:
                     self._relearn.add(iid)
                 continue

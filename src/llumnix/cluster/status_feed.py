@@ -1,18 +1,18 @@
-"""LlumSched's lines to the instances' request channels (``channel.py``): it reads the
-statuses there, as the gateways do, instead of taking a Ray call for each.
+"""LlumSched's lines to the instances' request channels (``channel.py``): the one road by
+which a status reaches LlumSched, as it reaches the gateways (issue 44). Ray calls carry
+registration (an instance's handle and role, ``announce.py``) and commands only.
 
 A Ray call costs LlumSched about a millisecond of CPU (1.0-1.2 ms a push, measured); a
 status read here about a third of that. The line asks for a status at most twice a
 rescheduling round (one a second idle, as every channel): a round decides on statuses
-at most half a round old, at a cadence LlumSched sets, where the pushes came every
-quarter second whatever the rounds. With ``urgent_marks`` (triggered rescheduling) it
-also gets at once each status whose marks (``policy/trigger.py``: source, blocked,
-destination) differ from the status before: the one that makes a source comes within
-the step that made it. Every status instead would cost per request (an engine reports on
-each finished request): at 32 clients 0.17 ms a request against 0.005
-(``benchmarks/reaction.py``). The instances still
-push over Ray now and then: that carries their actor handle and PD role (a restarted
-LlumSched learns them from it), and every status while LlumSched has no line to them.
+at most half a round old, at a cadence LlumSched sets. With ``urgent_marks`` (triggered
+rescheduling) it also gets at once each status whose marks (``policy/trigger.py``:
+source, blocked, destination) or lifecycle (terminating, schedulable) differ from the
+status before: the one that makes a source comes within the step that made it. Every
+status instead would cost per request (an engine reports on each finished request): at
+32 clients 0.17 ms a request against 0.005 (``benchmarks/reaction.py``). A status carries
+the evicted prefix keys of every status since the last one the line took
+(``InstanceServer.newest_status``).
 
 One thread serves every line: a selector over non-blocking sockets, each connection's
 bytes cut into frames by a ``ClientEnd``. A line is reopened when it breaks or falls
