@@ -13,11 +13,15 @@
 # two start-ups); the profile first (a few minutes).
 #
 #   benchmarks/cluster/paper_scale.sh OUT_DIR
+# Both systems' clusters run at once with their runs alternated (--interleave), and Ray's
+# workers (the instances: what is measured) at nice 0, not Ray's default 15, so that other
+# work on the machine drifts both arms alike and never outranks the engines.
 set -euo pipefail
+export RAY_worker_niceness=${RAY_worker_niceness:-0}
 out=${1:-$HOME/.cache/llumnix/bench/paper-scale}
 py=${PYTHON:-.venv/bin/python}
 mkdir -p "$out"
 [ -f "$out/profile.json" ] || $py -m llumnix.cli profile --out "$out/profile.json"
 $py -m llumnix.cli bench cluster --instances 4 --systems infaas++,llumnix --seeds 0,1,2,3,4,5,6,7,8,9 \
   --loads 0.6,0.85 --burst-size 0 --length-scale 0.25 --prompt-cap 64 --output-cap 128 --num-blocks 48 \
-  --requests-per-run 24 --probe-requests 130 --probe-concurrency 64 --with-sim "$out/profile.json" --out "$out"
+  --requests-per-run 24 --interleave --probe-requests 130 --probe-concurrency 64 --with-sim "$out/profile.json" --out "$out"

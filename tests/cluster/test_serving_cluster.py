@@ -405,9 +405,14 @@ def test_a_hung_redis_does_not_stall_dispatch(cluster):
     from llumnix.policy import DispatchRequest
     from tests.cluster.conftest import redis_server
 
+    @ray.remote(num_cpus=0)
+    class Stub:  # answers the health check that a status falling silent brings on
+        def health(self) -> bool:
+            return True
+
     with redis_server() as (url, proc):
         sched = LlumSchedActor.options(num_cpus=0).remote(None, url, reschedule_interval_s=0.05)
-        ray.get(sched.register.remote(InstanceStatus("i0", time.time(), 100, 0, 1, 16, 8)))
+        ray.get(sched.register.remote(InstanceStatus("i0", time.time(), 100, 0, 1, 16, 8), Stub.remote()))
         ray.get([sched.register.remote(InstanceStatus(f"x{i}", time.time(), 1, 0, 1, 16, 8)) for i in range(10)])
         os.kill(proc.pid, signal.SIGSTOP)
         try:
