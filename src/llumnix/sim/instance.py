@@ -34,6 +34,8 @@ class SimInstance:
         self.is_up = True
         """Started and not gone: it steps, reports and may be paired (kept with ``state``:
         read for every instance at every status round)."""
+        self.is_terminating = False
+        """Draining for scale-in (kept with ``state``: read at every step end)."""
         self.state = InstanceState.SERVING
         self.migrations_out: dict[str, MigrationRun] = {}
         self.migrations_in: dict[str, MigrationRun] = {}
@@ -60,10 +62,7 @@ class SimInstance:
     def state(self, to: InstanceState) -> None:
         self._state = to
         self.is_up = to in (InstanceState.SERVING, InstanceState.TERMINATING)
-
-    @property
-    def is_terminating(self) -> bool:
-        return self.state == InstanceState.TERMINATING
+        self.is_terminating = to == InstanceState.TERMINATING
 
     def move(self, to: InstanceState) -> None:
         if not can_move(self.state, to):
@@ -79,7 +78,8 @@ class SimInstance:
         """Schedule and execute the next batch; its end is the returned event. None: idle."""
         if self._batch is not None or not self.is_up:
             return None
-        batch = self.engine.schedule()
+        engine = self.engine
+        batch = engine.schedule()
         if batch.is_empty:
             if batch.preempted_request_ids:
                 self.load_changed = True
@@ -89,7 +89,8 @@ class SimInstance:
         self._batch = batch
         self._output = out = self.executor.execute(batch)
         elapsed = out.elapsed or 0.0
-        self.block_seconds += self.engine.kv.num_used_blocks * elapsed
+        kv = engine.kv
+        self.block_seconds += (kv.pool.num_blocks - kv.num_free_blocks) * elapsed  # KVManager.num_used_blocks
         return Event(now + elapsed, EventKind.STEP_END, self)
 
     def finish_step(self, now: float) -> tuple[list[RequestOutput], list[Event]]:
