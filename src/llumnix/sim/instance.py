@@ -49,6 +49,10 @@ class SimInstance:
         """The request set changed since the last status report (a push is due)."""
         self._batch: SchedulerOutput | None = None
         self._output: ModelOutput | None = None
+        self._step_end = Event(0.0, EventKind.STEP_END, self)
+        """The event of the step in flight, one object reused for every step: a step's end
+        has been popped before the next step starts (only ``finish_step`` clears
+        ``_batch``), and the loop keeps no event it has handled."""
         self._num_requests = 0
         self.block_seconds = 0.0
         """Integral of the KV blocks in use over time (blocks held during each step)."""
@@ -91,7 +95,9 @@ class SimInstance:
         elapsed = out.elapsed or 0.0
         kv = engine.kv
         self.block_seconds += (kv.pool.num_blocks - kv.num_free_blocks) * elapsed  # KVManager.num_used_blocks
-        return Event(now + elapsed, EventKind.STEP_END, self)
+        ev = self._step_end
+        ev.time = now + elapsed
+        return ev
 
     def finish_step(self, now: float) -> tuple[list[RequestOutput], list[Event]]:
         """Apply the step's outputs, run step-boundary actions; returns the outputs and
