@@ -30,7 +30,7 @@ def diff(a: Any, b: Any, path: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         out: list[str] = []
         for k in sorted(set(a) | set(b)):
-            if path.endswith("sim") and k in TIMING:
+            if path.endswith(".sim") and k in TIMING:
                 continue
             if k not in a or k not in b:
                 out.append(f"{path}.{k}: only in {'after' if k not in a else 'before'}")
@@ -46,11 +46,13 @@ def diff(a: Any, b: Any, path: str = "") -> list[str]:
     return []
 
 
-def count_fields(a: Any) -> int:
+def count_fields(a: Any, path: str = "") -> int:
+    """Leaves ``diff`` compares (timing fields not counted)."""
     if isinstance(a, dict):
-        return sum(count_fields(v) for v in a.values())
+        return sum(count_fields(v, f"{path}.{k}") for k, v in a.items()
+                   if not (path.endswith(".sim") and k in TIMING))
     if isinstance(a, list):
-        return sum(count_fields(v) for v in a)
+        return sum(count_fields(v, path) for v in a)
     return 1
 
 
