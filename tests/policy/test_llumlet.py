@@ -203,3 +203,20 @@ def test_a_request_about_to_end_is_not_migrated():
 def test_min_tokens_left_is_checked():
     with pytest.raises(Exception, match="min_tokens_left"):
         ReschedulingConfig(min_tokens_left=-1)
+
+
+def test_push_is_report_plus_the_evicted_keys():
+    """``push`` writes ``report``'s call out (speed): it must carry every field alike."""
+    import dataclasses
+
+    eng = make_engine(num_blocks=32, block_size=4)
+    lm = Llumlet("i3", eng, ReschedulingConfig(), NO_HEADROOM)
+    for rid in ("a", "b"):
+        eng.add_request(rid, list(range(9)), SamplingParams(max_tokens=8, temperature=0.0))
+    eng.step()
+    lm.is_terminating, lm.is_schedulable = True, False
+    lm.on_migration_started("a")
+    pushed, reported = lm.push(0.5), lm.report(0.5)
+    assert dataclasses.asdict(pushed) == dataclasses.asdict(reported)
+    assert (pushed.num_migrating_out, pushed.is_terminating, pushed.is_schedulable) == (1, True, False)
+    assert [r.is_migrating for r in pushed.running] == [True, False]

@@ -70,6 +70,8 @@ class KVManager:
 
     @property
     def num_reserved_blocks(self) -> int:
+        if not self._reserved:  # read by every status report; most engines hold none
+            return 0
         return sum(len(self._tables[r]) for r in self._reserved)
 
     def num_blocks_for(self, num_tokens: int) -> int:

@@ -74,9 +74,15 @@ def virtual_usages(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = 
 
 def total_virtual_usage(status: InstanceStatus, cfg: FreenessConfig, *, fake: bool = True) -> float:
     """Sum of V, counting blocks held for incoming migrations as used and each block that
-    running requests share (prefix caching) once."""
-    return sum(_other_usages(status, fake), _running_usage(status, cfg)) + status.num_reserved_blocks \
-        - status.num_shared_block_holds
+    running requests share (prefix caching) once. The queued requests' V summed without
+    their list (``_other_usages``: the head of line's demand, zeros, the fake one), in the
+    same order: every pairing round reads it for every instance."""
+    usage = _running_usage(status, cfg)
+    if status.waiting:
+        usage += float(head_of_line_demand(status))
+    if fake and status.is_terminating:
+        usage += math.inf
+    return usage + status.num_reserved_blocks - status.num_shared_block_holds
 
 
 def _running_usage(status: InstanceStatus, cfg: FreenessConfig) -> float:
@@ -98,8 +104,16 @@ def per_request(free: float, num_requests: int) -> float:
 
 
 def freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
-    """F = (M - sum V) / max(B, 1); -inf for a terminating instance."""
-    return freeness_after(status, cfg, 0, 0)
+    """F = (M - sum V) / max(B, 1); -inf for a terminating instance. ``freeness_after``
+    with nothing joining, its sum written out (every pairing round reads it for every
+    instance): the same operations in the same order, less the ``- 0``."""
+    usage = _running_usage(status, cfg)
+    if status.waiting:
+        usage += float(head_of_line_demand(status))
+    if status.is_terminating:
+        usage += math.inf
+    return per_request(status.num_total_blocks - (usage + status.num_reserved_blocks - status.num_shared_block_holds),
+                       len(status.running))
 
 
 def freeness_after(status: InstanceStatus, cfg: FreenessConfig, blocks: float, requests: int = 1) -> float:

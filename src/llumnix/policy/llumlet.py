@@ -74,8 +74,13 @@ class Llumlet:
     def push(self, now: float) -> InstanceStatus:
         """The report for the global scheduler: ``report`` plus the prefix-cache keys the
         engine evicted since the previous push. Only the one path that delivers reports
-        to the global scheduler may call it (any other caller would swallow evictions)."""
-        return self.report(now, evicted_prefix_keys=tuple(self.engine.take_evicted_prefix_keys()))
+        to the global scheduler may call it (any other caller would swallow evictions).
+        ``report``'s call written out: one per instance per status round."""
+        return self.engine.get_status(
+            migrating=self.migrating_out, instance_id=self.instance_id, timestamp=now,
+            is_terminating=self.is_terminating, is_schedulable=self.is_schedulable,
+            num_migrating_out=len(self.migrating_out),
+            evicted_prefix_keys=tuple(self.engine.take_evicted_prefix_keys()))
 
     def freeness(self, now: float) -> float:
         return freeness(self.report(now), self.freeness_cfg)

@@ -54,16 +54,16 @@ class DispatchContext:
     """The request's SLO class and the latency predictor (the ``predicted-slo`` scorer; None
     for the other policies)."""
 
-    def metric(self, name: str, status: InstanceStatus, fn: Callable[[InstanceStatus], float]) -> float:
-        """``fn(status)``, computed once per status object (statuses are immutable)."""
+    def metric(self, key: KeyMetric, status: InstanceStatus) -> float:
+        """``key.fn(status, self)``, computed once per status object (statuses are immutable)."""
         entry = self.memo.get(status.instance_id)
         if entry is not None and entry[0] is status:
-            v = entry[1].get(name)
+            v = entry[1].get(key.name)
             if v is not None:
                 return v
         else:
             entry = self.memo[status.instance_id] = (status, {})
-        v = entry[1][name] = fn(status)
+        v = entry[1][key.name] = key.fn(status, self)
         return v
 
 
@@ -85,8 +85,8 @@ class KeyMetric:
     """A function of the status alone: computed once per status object (``ctx.metric``)."""
 
     def value(self, s: InstanceStatus, ctx: DispatchContext) -> float:
-        if self.per_status:
-            return ctx.metric(self.name, s, lambda st: self.fn(st, ctx))
+        if self.per_status:  # no closure per call: once per instance per dispatch key
+            return ctx.metric(self, s)
         return self.fn(s, ctx)
 
     def score(self, cands: list[InstanceStatus], ctx: DispatchContext) -> list[float]:

@@ -63,33 +63,18 @@ class SimExecutor:
         self.num_copying -= 1
 
     def execute(self, batch: SchedulerOutput) -> ModelOutput:
-        n = batch.num_entries
-        overhead = self._overhead + self._seq_overhead * n
         if batch.is_prefill:
-            sched = batch.scheduled
-            model = self.model
-            nd = batch.num_decodes
-            prefills = sched[nd:] if nd else sched
-            t = model.prefill_time([r.start_pos + len(r.token_ids) for r in prefills]) + overhead
-            cached = [r.start_pos for r in prefills if r.start_pos]
-            if cached:
-                # Prefix-cache hits and the chunks after a prefill's first: only the tokens
-                # after start_pos are computed. Their cost is the model's marginal one,
-                # prefill(start + new) - prefill(start): the linear term of the new tokens
-                # and the attention of the new tokens over the whole context.
-                t -= max(0.0, model.prefill_time(cached) - model.prefill_time(()))
-            if nd:
-                # A step that mixes decodes into a prefill (chunked prefill) pays their
-                # marginal cost: their tokens through the linear layers as prefill tokens,
-                # and the decode model's per-sequence and context (KV read) terms; its
-                # fixed cost (the weights read once) is the prefill's. Not calibrated:
-                # the paper's engine had no mixed steps.
-                t += (max(0.0, model.prefill_time([1] * nd) - model.prefill_time(()))
-                      + max(0.0, model.decode_time(nd, _decode_context(sched[:nd])) - model.decode_time(0, 0)))
+            n = batch.num_entries
+            t = self._prefill_time(batch, n)
         else:
-            # A decode step's context from its DecodeBatch: no entry is built for the model.
-            ctx = batch.decode.num_context_tokens if batch.decode is not None else _decode_context(batch.scheduled)
-            t = self.model.decode_time(n, ctx) + overhead
+            decode = batch.decode
+            if decode is not None:  # a decode step's size and context: no entry is built for the model
+                n = len(decode.requests)
+                ctx = decode.num_context_tokens
+            else:
+                n = len(batch.scheduled)
+                ctx = _decode_context(batch.scheduled)
+            t = self.model.decode_time(n, ctx) + (self._overhead + self._seq_overhead * n)
             self.last_slowed = bool(self.num_copying or self._copy_started)
             if self.last_slowed:
                 t *= self._slowdown
@@ -104,6 +89,31 @@ class SimExecutor:
         self.busy_time += t
         self.last_elapsed = t
         return ModelOutput([PLACEHOLDER_TOKEN] * n, None, None, t)  # (tokens, logprobs, top_logprobs, elapsed)
+
+    def _prefill_time(self, batch: SchedulerOutput, n: int) -> float:
+        """A step with prefill chunks (and, chunked, decodes): ``n`` entries in all."""
+        sched = batch.scheduled
+        model = self.model
+        nd = batch.num_decodes
+        prefills = sched[nd:] if nd else sched
+        t = model.prefill_time([r.start_pos + len(r.token_ids) for r in prefills]) + (
+            self._overhead + self._seq_overhead * n)
+        cached = [r.start_pos for r in prefills if r.start_pos]
+        if cached:
+            # Prefix-cache hits and the chunks after a prefill's first: only the tokens
+            # after start_pos are computed. Their cost is the model's marginal one,
+            # prefill(start + new) - prefill(start): the linear term of the new tokens
+            # and the attention of the new tokens over the whole context.
+            t -= max(0.0, model.prefill_time(cached) - model.prefill_time(()))
+        if nd:
+            # A step that mixes decodes into a prefill (chunked prefill) pays their
+            # marginal cost: their tokens through the linear layers as prefill tokens,
+            # and the decode model's per-sequence and context (KV read) terms; its
+            # fixed cost (the weights read once) is the prefill's. Not calibrated:
+            # the paper's engine had no mixed steps.
+            t += (max(0.0, model.prefill_time([1] * nd) - model.prefill_time(()))
+                  + max(0.0, model.decode_time(nd, _decode_context(sched[:nd])) - model.decode_time(0, 0)))
+        return t
 
     def step_done(self) -> None:
         """The step that ``execute`` timed has ended (or its instance went away)."""

@@ -34,6 +34,8 @@ class SimInstance:
         self.is_up = True
         """Started and not gone: it steps, reports and may be paired (kept with ``state``:
         read for every instance at every status round)."""
+        self.is_terminating = False
+        """Draining for scale-in (kept with ``state``: read at every step end)."""
         self.state = InstanceState.SERVING
         self.migrations_out: dict[str, MigrationRun] = {}
         self.migrations_in: dict[str, MigrationRun] = {}
@@ -47,6 +49,10 @@ class SimInstance:
         """The request set changed since the last status report (a push is due)."""
         self._batch: SchedulerOutput | None = None
         self._output: ModelOutput | None = None
+        self._step_end = Event(0.0, EventKind.STEP_END, self)
+        """The event of the step in flight, one object reused for every step: a step's end
+        has been popped before the next step starts (only ``finish_step`` clears
+        ``_batch``), and the loop keeps no event it has handled."""
         self._num_requests = 0
         self.block_seconds = 0.0
         """Integral of the KV blocks in use over time (blocks held during each step)."""
@@ -60,10 +66,7 @@ class SimInstance:
     def state(self, to: InstanceState) -> None:
         self._state = to
         self.is_up = to in (InstanceState.SERVING, InstanceState.TERMINATING)
-
-    @property
-    def is_terminating(self) -> bool:
-        return self.state == InstanceState.TERMINATING
+        self.is_terminating = to == InstanceState.TERMINATING
 
     def move(self, to: InstanceState) -> None:
         if not can_move(self.state, to):
@@ -79,7 +82,8 @@ class SimInstance:
         """Schedule and execute the next batch; its end is the returned event. None: idle."""
         if self._batch is not None or not self.is_up:
             return None
-        batch = self.engine.schedule()
+        engine = self.engine
+        batch = engine.schedule()
         if batch.is_empty:
             if batch.preempted_request_ids:
                 self.load_changed = True
@@ -89,8 +93,11 @@ class SimInstance:
         self._batch = batch
         self._output = out = self.executor.execute(batch)
         elapsed = out.elapsed or 0.0
-        self.block_seconds += self.engine.kv.num_used_blocks * elapsed
-        return Event(now + elapsed, EventKind.STEP_END, self)
+        kv = engine.kv
+        self.block_seconds += (kv.pool.num_blocks - kv.num_free_blocks) * elapsed  # KVManager.num_used_blocks
+        ev = self._step_end
+        ev.time = now + elapsed
+        return ev
 
     def finish_step(self, now: float) -> tuple[list[RequestOutput], list[Event]]:
         """Apply the step's outputs, run step-boundary actions; returns the outputs and

@@ -49,19 +49,22 @@ class EventLoop:
         heap, handlers, clock = self._heap, self.handlers, self.clock
         pop, push, seq = heapq.heappop, heapq.heappush, self._seq
         budget = max_events if max_events is not None else -1
-        while heap and budget != 0:
-            t, _, _, event = heap[0]
-            if until is not None and t > until:
-                break
-            pop(heap)
-            clock.advance_to(t)
-            self.num_events += 1
-            budget -= 1
-            caused = handlers[event.kind](event)
-            if caused:
-                for e in caused:
-                    if e.time < t:
-                        raise ValueError(f"{e.kind.name} at {e.time} scheduled in the past ({t})")
-                    push(heap, (e.time, e.kind, next(seq), e))
-            if stop is not None and stop():
-                break
+        num_events = self.num_events  # counted locally (once per event), stored on the way out
+        try:
+            while heap and budget != 0:
+                if until is not None and heap[0][0] > until:
+                    break
+                t, _, _, event = pop(heap)
+                clock.advance_to(t)
+                num_events += 1
+                budget -= 1
+                caused = handlers[event.kind](event)
+                if caused:
+                    for e in caused:
+                        if e.time < t:
+                            raise ValueError(f"{e.kind.name} at {e.time} scheduled in the past ({t})")
+                        push(heap, (e.time, e.kind, next(seq), e))
+                if stop is not None and stop():
+                    break
+        finally:
+            self.num_events = num_events

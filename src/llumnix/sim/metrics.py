@@ -113,19 +113,26 @@ class MetricsCollector:
     """Every inter-token gap of every request (seconds)."""
     _last_token: dict[str, float] = field(default_factory=dict)
 
-    def on_outputs(self, outputs: list[RequestOutput], now: float) -> None:
-        """One step's outputs: the gap since each request's previous token."""
+    def on_outputs(self, outputs: list[RequestOutput], now: float) -> list[RequestOutput]:
+        """One step's outputs: the gap since each request's previous token. Returns the
+        outputs that finished a request with its metrics (an engine sets ``metrics`` only
+        on a finishing output, ``finish_reason`` set), so the caller needs no second pass."""
         last, gaps = self._last_token, self.token_gaps
+        done: list[RequestOutput] = []
         for out in outputs:
-            if not out.new_token_ids:
-                continue
-            prev = last.get(out.request_id)
-            if prev is not None:
-                gaps.append(now - prev)
-            if out.finish_reason is None:
-                last[out.request_id] = now
-            elif prev is not None:
-                del last[out.request_id]
+            if out.new_token_ids:
+                rid = out.request_id
+                prev = last.get(rid)
+                if prev is not None:
+                    gaps.append(now - prev)
+                if out.finish_reason is None:
+                    last[rid] = now
+                    continue
+                if prev is not None:
+                    del last[rid]
+            if out.metrics is not None:
+                done.append(out)
+        return done
 
     def on_finished(self, m: RequestMetrics, priority_class: int | None = None) -> None:
         self.requests.append(m)

@@ -239,14 +239,12 @@ class Simulator:
         inst: SimInstance = ev.target
         now = self.clock.now()
         outputs, events = inst.finish_step(now)
-        self.metrics.on_outputs(outputs, now)
-        finished = 0
-        for out in outputs:
-            if out.metrics is not None:
-                self.metrics.on_finished(out.metrics, self._trace_class(out.request_id))
-                finished += 1
+        finished = self.metrics.on_outputs(outputs, now)
         if finished:
-            self._count_done(finished)
+            for out in finished:
+                assert out.metrics is not None
+                self.metrics.on_finished(out.metrics, self._trace_class(out.request_id))
+            self._count_done(len(finished))
         if self.config.check_invariants:
             inst.engine.check_invariants()
         if inst.load_changed:
