@@ -19,7 +19,11 @@ import bisect
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from operator import mul
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from llumnix.core.status import StepSample
 
 _SCALE = (1.0, 1.0, 1e-3, 1e-6, 1e-2, 1e-4)
 """Feature scales (tokens in thousands, squares in millions...): a well-conditioned RLS."""
@@ -62,6 +66,14 @@ class StepBatch:
         seqs = float(len(self.prefill_lens) + self.num_decode_seqs)
         raw = (pre, 1.0 - pre, tokens, square, seqs, float(self.num_context_tokens))
         return tuple(x * s for x, s in zip(raw, _SCALE, strict=True))
+
+
+def sample_features(s: StepSample) -> tuple[float, ...]:
+    """``StepBatch.features`` of a step report (a chunk's attention counted as its work)."""
+    pre = 1.0 if s.num_prefill_seqs else 0.0
+    raw = (pre, 1.0 - pre, float(s.num_prefill_tokens), float(s.prefill_attention),
+           float(s.num_prefill_seqs + s.num_decode_seqs), float(s.num_context_tokens))
+    return tuple(x * k for x, k in zip(raw, _SCALE, strict=True))
 
 
 class StepTimeModel:
@@ -110,20 +122,39 @@ class StepTimeModel:
         _, b, _, _, e, f = self.coef
         return max(0.0, b + e * _SCALE[4] * num_seqs + f * _SCALE[5] * num_context_tokens)
 
+    def predict_features(self, features: Sequence[float]) -> float:
+        t: float = sum(map(mul, self.coef, features))
+        return max(0.0, t)
+
     def observe(self, batch: StepBatch, seconds: float) -> None:
+        self.observe_features(batch.features, seconds)
+
+    def observe_features(self, features: Sequence[float], seconds: float) -> None:
         """One measured step: an RLS update on relative error (features and target over the
         measured time), older steps discounted by ``forgetting``."""
         if seconds <= 0:
             return
-        x = [v / seconds for v in batch.features]
-        p, lam = self._p, self.forgetting
-        px = [sum(row[j] * x[j] for j in range(len(x))) for row in p]
-        denom = lam + sum(x[i] * px[i] for i in range(len(x)))
+        # written for speed (the simulator fits one per step): map(mul) and plain zips, a
+        # quarter of the generator sums' and strict zips' time
+        inv = 1.0 / seconds
+        x = [v * inv for v in features]
+        p = self._p
+        px = [sum(map(mul, row, x)) for row in p]
+        denom = self.forgetting + sum(map(mul, x, px))
+        err = 1.0 - sum(map(mul, self.coef, x))
         gain = [v / denom for v in px]
-        err = 1.0 - sum(c * v for c, v in zip(self.coef, x, strict=True))
-        self.coef = [c + g * err for c, g in zip(self.coef, gain, strict=True)]
-        self._p = [[(p[i][j] - gain[i] * px[j]) / lam for j in range(len(x))] for i in range(len(x))]
+        self.coef = [c + g * err for c, g in zip(self.coef, gain, strict=False)]
+        inv_lam = 1.0 / self.forgetting
+        self._p = [[(a - g * b) * inv_lam for a, b in zip(row, px, strict=False)]
+                   for row, g in zip(p, gain, strict=False)]
         self.num_observed += 1
+
+    def copy(self) -> StepTimeModel:
+        """An independent model with this one's coefficients and confidence (a new
+        instance's start)."""
+        twin = StepTimeModel(self.coef, forgetting=self.forgetting)
+        twin._p = [list(row) for row in self._p]
+        return twin
 
 
 def least_squares(rows: Sequence[Sequence[float]], targets: Sequence[float]) -> list[float]:
