@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from llumnix.core.status import InstanceStatus
+from llumnix.core.status import InstanceStatus, StepSample
 from llumnix.policy.freeness import blocks_for
 from llumnix.policy.predictor import OutputLengths, StepTimeModel, sample_features
 from llumnix.policy.slo import SLOConfig
@@ -71,9 +71,9 @@ class SLOPredictor:
         self._models: dict[str, StepTimeModel] = {}
         self._latest = self.steps
         """The model fitted last (the cluster's prefill load is measured with it)."""
-        self.step_log: deque[tuple[float, float]] = deque(maxlen=LOG_SIZE)
-        """(predicted, measured) seconds of each step reported, predicted by its instance's
-        model before that step was fitted: the predictor's step-time error."""
+        self.step_log: deque[tuple[float, StepSample]] = deque(maxlen=LOG_SIZE)
+        """Each step reported, with the seconds its instance's model predicted for it before
+        fitting it: the predictor's step-time error (against ``StepSample.seconds``)."""
         self.lengths = OutputLengths(slo.output_tokens)
         self.window_s = window_s
         self._prefills: list[tuple[float, float]] = []
@@ -130,7 +130,7 @@ class SLOPredictor:
             log = self.step_log.append
             for sample in new.step_samples:
                 x = sample_features(sample)
-                log((m.predict_features(x), sample.seconds))
+                log((m.predict_features(x), sample))
                 m.observe_features(x, sample.seconds)
         if len(old.running) <= len(new.running) and old.step_id == new.step_id:
             return
