@@ -140,3 +140,12 @@ def test_the_simulator_fits_the_predictor_on_every_step_it_runs() -> None:
     assert num_steps > 500 and observed >= 0.95 * num_steps  # all but those after the last push
     errs = sorted(abs(p / s.seconds - 1) for p, s in pred.step_log)
     assert errs[len(errs) // 2] < 0.02 and errs[int(0.9 * len(errs))] < 0.05
+
+
+def test_every_slo_record_carries_the_step_time_error() -> None:
+    from llumnix.sim.runner import run_one
+
+    r = run_one(RunSpec(SystemSpec("slo", "slo"), TraceSpec("small", "S-S", num_requests=60), 8.0, 0,
+                        ClusterConfig(num_instances=2, num_blocks=120, max_model_len=4096), "a10-llama7b-serving"))
+    err = r["slo_predictor"]
+    assert err["num_steps"] > 100 and 0.0 <= err["step_rel_error_p50"] <= err["step_rel_error_p90"] < 0.05
