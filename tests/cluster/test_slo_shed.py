@@ -43,6 +43,10 @@ def test_a_class_that_may_not_shed_is_served(shed_server) -> None:
     r = httpx.post(f"{url}/v1/completions", json=_body(backend.model_name, "batch"), timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 4
+    time.sleep(0.2)  # the status of its steps
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    fitted = [ln for ln in metrics.splitlines() if ln.startswith("llumnix:slo_predictor_steps_total")]
+    assert fitted and float(fitted[0].split()[-1]) >= 4  # its prefill and decodes, at least
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -106,3 +106,26 @@ def test_gateway_skipping_reader_and_simulator_fit_the_same_model() -> None:
     assert skipping.gs is not None
     assert _coef(skipping.gs) == pytest.approx(_coef(every.gs), rel=1e-9)
     assert _coef(every.gs) != every.gs.slo.steps.coef  # it moved off the seed
+
+
+def test_the_step_error_reaches_metrics() -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from llumnix.gateway.cluster_metrics import ClusterCollector
+
+    srv, num_steps = _served()
+    backend = _backend()
+    backend.on_statuses("i0", [st for _, st in srv.statuses])
+    info: dict = {"instances": []}
+    backend._add_dispatch_info(info)
+    pred = info["slo_predictor"]
+    fitted = num_steps - len(srv.statuses[0][1].step_samples)
+    assert pred["num_steps_fitted"] == fitted and 0.0 <= pred["p50"] <= pred["p90"]
+    collector = ClusterCollector("m")
+    collector.update(info)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    assert f'llumnix:slo_predictor_steps_total{{model_name="m"}} {float(fitted)}' in text
+    assert f'llumnix:slo_predictor_step_error{{model_name="m",quantile="0.9"}} {pred["p90"]}' in text

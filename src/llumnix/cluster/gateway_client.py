@@ -396,6 +396,8 @@ class ClusterBackend:
         """Dispatch happens here: this gateway's count joins LlumSched's (its dispatches
         while no channel was up), and prefix affinity's memory is this gateway's."""
         info["num_dispatched"] = int(info.get("num_dispatched", 0)) + self.num_local_dispatches
+        if self.gs is not None and self.gs.slo is not None:  # the slo policy's predictor is this gateway's
+            info["slo_predictor"] = self.gs.slo.step_error()
         index = self.gs.prefix_index if self.gs is not None else None
         if index is None:
             return

@@ -71,6 +71,7 @@ class SLOPredictor:
         self._models: dict[str, StepTimeModel] = {}
         self._latest = self.steps
         """The model fitted last (the cluster's prefill load is measured with it)."""
+        self.num_steps_fitted = 0
         self.step_log: deque[tuple[float, StepSample]] = deque(maxlen=LOG_SIZE)
         """Each step reported, with the seconds its instance's model predicted for it before
         fitting it: the predictor's step-time error (against ``StepSample.seconds``)."""
@@ -132,12 +133,24 @@ class SLOPredictor:
                 x = sample_features(sample)
                 log((m.predict_features(x), sample))
                 m.observe_features(x, sample.seconds)
+            self.num_steps_fitted += len(new.step_samples)
         if len(old.running) <= len(new.running) and old.step_id == new.step_id:
             return
         still = {r.request_id for r in (*new.running, *new.waiting)}  # preempted ones wait
         for r in old.running:
             if r.request_id not in still and not r.is_migrating and r.num_output_tokens:
                 self.lengths.observe(r.num_output_tokens)
+
+    def step_error(self, last: int = 1000) -> dict[str, float]:
+        """The step-time error over the last ``last`` steps fitted: |predicted / measured - 1|
+        at P50 and P90 (what ``/metrics`` exports), and how many steps were fitted in all."""
+        n = min(last, len(self.step_log))
+        errs = sorted(abs(p / s.seconds - 1) for p, s in list(self.step_log)[len(self.step_log) - n:]
+                      if s.seconds > 0)
+        out = {"num_steps_fitted": float(self.num_steps_fitted)}
+        if errs:
+            out |= {"p50": errs[len(errs) // 2], "p90": errs[min(len(errs) - 1, int(0.9 * len(errs)))]}
+        return out
 
     def prefill_share(self, now: float) -> float:
         """Share of an instance's time its prefills take (cluster-wide prefill seconds per
