@@ -149,3 +149,28 @@ def test_every_slo_record_carries_the_step_time_error() -> None:
                         ClusterConfig(num_instances=2, num_blocks=120, max_model_len=4096), "a10-llama7b-serving"))
     err = r["slo_predictor"]
     assert err["num_steps"] > 100 and 0.0 <= err["step_rel_error_p50"] <= err["step_rel_error_p90"] < 0.05
+
+
+def test_mixed_step_shortcut_agrees_with_the_features() -> None:
+    m = StepTimeModel()
+    s = StepSample(30, 10 * 10 + 20 * 20, 2, 5, 700, 1.0)
+    assert m.mixed_s((10, 20), 5, 700) == pytest.approx(m.predict_features(sample_features(s)), rel=1e-12)
+
+
+def test_an_engine_that_mixes_prefills_into_decodes_gets_one_mixed_step_for_the_ttft() -> None:
+    from llumnix.policy.slo_predict import InstanceLoad
+
+    gs = GlobalScheduler(SLO)
+    assert gs.slo is not None
+    pred = gs.slo
+    gs.add_instance(_status("i0", 0.0, ()))
+    m = pred.model("i0")
+    load = InstanceLoad(4, 400, ((0, 50),), 100, (), None, 16, m)
+    step = m.decode_s(4, 400)
+    assert pred.ttft(load, 30, 0) == pytest.approx(step / 2 + m.prefill_s((30,)) + m.prefill_s((50,)))
+    gs.update_status(_status("i0", 1.0, (StepSample(0, 0, 0, 4, 400, 0.03),)))
+    assert not m.mixes
+    gs.update_status(_status("i0", 2.0, (StepSample(50, 2500, 1, 4, 400, 0.05),)))
+    assert m.mixes
+    step = m.decode_s(4, 400)
+    assert pred.ttft(load, 30, 0) == pytest.approx(step / 2 + m.mixed_s((50, 30), 4, 400))

@@ -92,6 +92,8 @@ class StepTimeModel:
         # steps disagree with it).
         self._p = [[(1.0 / prior_weight if i == j else 0.0) for j in range(n)] for i in range(n)]
         self.num_observed = 0
+        self.mixes = False
+        """Its engine mixes prefills into decode steps (chunked prefill): seen in a step report."""
 
     @classmethod
     def from_latency(cls, model: LatencyLike, **kwargs: float) -> StepTimeModel:
@@ -126,6 +128,13 @@ class StepTimeModel:
         t: float = sum(map(mul, self.coef, features))
         return max(0.0, t)
 
+    def mixed_s(self, lens: Sequence[int], num_decode_seqs: int, num_context_tokens: int) -> float:
+        """predict() of one step that prefills ``lens`` beside ``num_decode_seqs`` decodes."""
+        a, _, c, d, e, f = self.coef
+        t = (a + c * _SCALE[2] * sum(lens) + d * _SCALE[3] * sum(n * n for n in lens)
+             + e * _SCALE[4] * (len(lens) + num_decode_seqs) + f * _SCALE[5] * num_context_tokens)
+        return max(0.0, t)
+
     def observe(self, batch: StepBatch, seconds: float) -> None:
         self.observe_features(batch.features, seconds)
 
@@ -154,6 +163,7 @@ class StepTimeModel:
         instance's start)."""
         twin = StepTimeModel(self.coef, forgetting=self.forgetting)
         twin._p = [list(row) for row in self._p]
+        twin.mixes = self.mixes
         return twin
 
 

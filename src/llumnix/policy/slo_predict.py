@@ -5,7 +5,9 @@ TTFT on a candidate = what is left of the step under way (half a decode step), t
 for memory when the queue ahead and the request need more blocks than are free (until
 the running requests expected to end first have freed enough), and the prefills of the
 queue ahead (equal or higher priority: the engine serves by priority, then arrival) and
-of the request itself.
+of the request itself: each a prefill step of its own, or, on an engine whose step reports
+mix prefills into decode steps (chunked prefill), one step that prefills them all beside
+the running requests' decodes.
 
 TPOT = the decode step of the batch after the request joins (running, queued and the
 request, their contexts), stretched by the share of the instance's time that prefills
@@ -130,6 +132,7 @@ class SLOPredictor:
             m = self._latest = self.model(new.instance_id)
             log = self.step_log.append
             for sample in new.step_samples:
+                m.mixes = m.mixes or bool(sample.num_prefill_seqs and sample.num_decode_seqs)
                 x = sample_features(sample)
                 log((m.predict_features(x), sample))
                 m.observe_features(x, sample.seconds)
@@ -175,7 +178,10 @@ class SLOPredictor:
         steps = load.steps
         step = steps.decode_s(load.num_running, load.num_context_tokens) if load.num_running else 0.0
         ahead = [n for p, n in load.queued if p >= priority]
-        prefill = steps.prefill_s((num_prompt_tokens,)) + sum(steps.prefill_s((n,)) for n in ahead)
+        if steps.mixes and load.num_running:  # chunked prefill: one step prefills them beside the decodes
+            prefill = steps.mixed_s((*ahead, num_prompt_tokens), load.num_running, load.num_context_tokens)
+        else:
+            prefill = steps.prefill_s((num_prompt_tokens,)) + sum(steps.prefill_s((n,)) for n in ahead)
         need = sum(blocks_for(n + 1, load.block_size) for n in (*ahead, num_prompt_tokens))
         return step / 2 + self.memory_wait(load, need - load.num_free_blocks, step) + prefill
 
