@@ -129,3 +129,29 @@ def test_the_step_error_reaches_metrics() -> None:
     text = generate_latest(registry).decode()
     assert f'llumnix:slo_predictor_steps_total{{model_name="m"}} {float(fitted)}' in text
     assert f'llumnix:slo_predictor_step_error{{model_name="m",quantile="0.9"}} {pred["p90"]}' in text
+
+
+def test_the_gateway_dispatches_on_one_clock() -> None:
+    """The gateway stamps arrivals with the monotonic clock and dispatches at wall time: the
+    predicted TTFT logged counts from the arrival on the dispatch's clock (it was off by the
+    clocks' difference, ~1.7e9 s)."""
+    import dataclasses as dc
+
+    from llumnix.core.wire import GenerateRequest
+    from tests.policy.snapshots import inst
+
+    class Link:
+        instance_id, is_open = "i0", True
+
+        def add(self, request) -> None:
+            self.sent = request
+
+    backend = _backend()
+    backend.links = {"i0": Link()}  # type: ignore[dict-item]
+    backend.on_statuses("i0", [dc.replace(inst("i0"), timestamp=time.time())])
+    req = GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=4), 0, time.monotonic() - 0.5)
+    assert backend._dispatch_here(req) == "i0"
+    assert backend.gs is not None and backend.gs.slo is not None
+    arrival, predicted = backend.gs.slo.ttft_log["r1"]
+    assert abs(arrival - (time.time() - 0.5)) < 0.2
+    assert 0.5 <= predicted < 5.0

@@ -198,9 +198,10 @@ class ClusterBackend:
         channel, or no status yet: the caller goes through LlumSched)."""
         if self.gs is None or not self.links:
             return None
+        now = time.time()
+        arrival = now - (time.monotonic() - request.arrival_time)  # the gateway's clock is monotonic
         iid = self.gs.dispatch(DispatchRequest(request.request_id, len(request.prompt_token_ids), request.priority,
-                                               request.arrival_time, request.prompt_token_ids, request.slo_class),
-                               time.time())
+                                               arrival, request.prompt_token_ids, request.slo_class), now)
         link = self.links.get(iid) if iid is not None else None
         if link is None or not link.is_open:
             return None
