@@ -46,13 +46,13 @@ def errors(pairs: list[tuple[float, float]]) -> dict[str, Any]:
             "signed_p50": statistics.median(signed) if signed else None}
 
 
-def step_errors(log: list[tuple[float, Any]]) -> dict[str, Any]:
+def step_errors(log: list[tuple[float, Any, str]]) -> dict[str, Any]:
     kinds: dict[str, list[tuple[float, float]]] = {"prefill": [], "decode": [], "mixed": []}
-    for pred, s in log:
+    for pred, s, _ in log:
         kind = "mixed" if s.num_prefill_seqs and s.num_decode_seqs else "prefill" if s.num_prefill_seqs else "decode"
         kinds[kind].append((pred, s.seconds))
-    return {**errors([(p, s.seconds) for p, s in log]), "by_kind": {k: errors(v) for k, v in kinds.items() if v},
-            "mean_s": statistics.fmean(s.seconds for _, s in log) if log else None}
+    return {**errors([(p, s.seconds) for p, s, _ in log]), "by_kind": {k: errors(v) for k, v in kinds.items() if v},
+            "mean_s": statistics.fmean(s.seconds for _, s, _ in log) if log else None}
 
 
 async def one(client: Any, url: str, model: str, prompt: list[int], max_tokens: int, slo_class: str | None,
@@ -124,7 +124,7 @@ class Server:
 
 
 def run_round(server: Server, settings: Any, pairs: Any, vocab: int, load: float, seed: int,
-              capacity: float, n: int, shed_every_s: float) -> dict[str, Any]:
+              capacity: float, n: int, shed_every_s: float, raw: list[Any] | None = None) -> dict[str, Any]:
     from llumnix.bench.cluster_bench import make_requests
 
     pred = server.backend.gs.slo
@@ -134,6 +134,10 @@ def run_round(server: Server, settings: Any, pairs: Any, vocab: int, load: float
     served, shed = asyncio.run(drive(server.url, server.model, reqs, shed_every_s))
     server.wait_idle()
     steps = list(pred.step_log)[before:]
+    if raw is not None:  # every step, for replaying the predictor offline
+        raw.append({"load": load, "seed": seed, "steps": [[iid, p, *dataclasses.astuple(s)] for p, s, iid in steps],
+                    "ttft": [[r.get("id"), r.get("ttft_s")] for r in served],
+                    "ttft_pred": {r["id"]: pred.ttft_log[r["id"]] for r in served if r.get("id") in pred.ttft_log}})
     ttfts = [(pred.ttft_log[r["id"]][1], r["ttft_s"]) for r in served if r.get("id") in pred.ttft_log]
     shed_s = [r["answer_s"] for r in shed if r.get("status") == 429]
     return {"load": load, "seed": seed, "rate": load * capacity, "num_requests": n,
@@ -181,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per instance (default: the engine's)")
     p.add_argument("--probe-requests", type=int, default=64)
     p.add_argument("--shed-every-s", type=float, default=1.0)
+    p.add_argument("--raw", default=None, help="write every step and request here (large; not committed)")
     args = p.parse_args(argv)
     return run(args)
 
@@ -229,16 +234,19 @@ def run(args: argparse.Namespace) -> int:
             print(f"capacity {cap['capacity_req_s']:.2f} req/s", flush=True)
             n = max(16, round(args.run_seconds * cap["capacity_req_s"]))
             rounds: list[dict[str, Any]] = []
+            raw: list[Any] | None = [] if args.raw else None
             for k, seed in enumerate(seeds):
                 for load in loads if k % 2 == 0 else loads[::-1]:  # alternate the arms
                     r = run_round(server, settings, pairs, tok.vocab_size, load, seed, cap["capacity_req_s"], n,
-                                  args.shed_every_s)
+                                  args.shed_every_s, raw)
                     rounds.append(r)
                     print(f"load {load} seed {seed}: step p50 {r['step']['p50']:.3f} p90 {r['step']['p90']:.3f}"
                           f" | ttft p50 {r['ttft']['p50']} p90 {r['ttft']['p90']} | shed max {r['shed']['max_s']}"
                           f" | loadavg {r['loadavg_after'][0]:.1f}", flush=True)
                     record["rounds"] = rounds
                     Path(args.out).write_text(json.dumps(record, indent=1, default=str))
+                    if raw is not None:
+                        Path(args.raw).write_text(json.dumps(raw, default=str))
             record["summary"] = summarize(rounds, loads)
     finally:
         cluster.shutdown()

@@ -111,7 +111,7 @@ def test_each_instance_fits_its_own_model_on_its_samples() -> None:
     assert len(pred.step_log) == 320
     # each logged prediction was made before its step was fitted: the seed's first
     seed = StepTimeModel()
-    assert pred.step_log[0] == (pytest.approx(seed.predict_features(sample_features(slow[0]))), slow[0])
+    assert pred.step_log[0] == (pytest.approx(seed.predict_features(sample_features(slow[0]))), slow[0], "slow")
 
 
 def test_a_status_seen_again_fits_nothing() -> None:
@@ -138,7 +138,7 @@ def test_the_simulator_fits_the_predictor_on_every_step_it_runs() -> None:
     num_steps = sum(i.executor.num_steps for i in sim.cluster.instances.values())
     observed = sum(pred.model(i).num_observed for i in sim.cluster.instances)
     assert num_steps > 500 and observed >= 0.95 * num_steps  # all but those after the last push
-    errs = sorted(abs(p / s.seconds - 1) for p, s in pred.step_log)
+    errs = sorted(abs(p / s.seconds - 1) for p, s, _ in pred.step_log)
     assert errs[len(errs) // 2] < 0.02 and errs[int(0.9 * len(errs))] < 0.05
 
 

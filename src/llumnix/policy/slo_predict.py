@@ -74,9 +74,10 @@ class SLOPredictor:
         self._latest = self.steps
         """The model fitted last (the cluster's prefill load is measured with it)."""
         self.num_steps_fitted = 0
-        self.step_log: deque[tuple[float, StepSample]] = deque(maxlen=LOG_SIZE)
+        self.step_log: deque[tuple[float, StepSample, str]] = deque(maxlen=LOG_SIZE)
         """Each step reported, with the seconds its instance's model predicted for it before
-        fitting it: the predictor's step-time error (against ``StepSample.seconds``)."""
+        fitting it (against ``StepSample.seconds``: the predictor's step-time error) and the
+        instance."""
         self.lengths = OutputLengths(slo.output_tokens)
         self.window_s = window_s
         self._prefills: list[tuple[float, float]] = []
@@ -134,7 +135,7 @@ class SLOPredictor:
             for sample in new.step_samples:
                 m.mixes = m.mixes or bool(sample.num_prefill_seqs and sample.num_decode_seqs)
                 x = sample_features(sample)
-                log((m.predict_features(x), sample))
+                log((m.predict_features(x), sample, new.instance_id))
                 m.observe_features(x, sample.seconds)
             self.num_steps_fitted += len(new.step_samples)
         if len(old.running) <= len(new.running) and old.step_id == new.step_id:
@@ -148,7 +149,7 @@ class SLOPredictor:
         """The step-time error over the last ``last`` steps fitted: |predicted / measured - 1|
         at P50 and P90 (what ``/metrics`` exports), and how many steps were fitted in all."""
         n = min(last, len(self.step_log))
-        errs = sorted(abs(p / s.seconds - 1) for p, s in list(self.step_log)[len(self.step_log) - n:]
+        errs = sorted(abs(p / s.seconds - 1) for p, s, _ in list(self.step_log)[len(self.step_log) - n:]
                       if s.seconds > 0)
         out = {"num_steps_fitted": float(self.num_steps_fitted)}
         if errs:

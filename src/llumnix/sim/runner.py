@@ -84,7 +84,7 @@ def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dic
     if isinstance(sim.policy, PolicyBridge) and sim.policy.gs.slo is not None:  # the slo policy's predictor
         slo = sim.policy.gs.slo
         summary["slo_predictor"] = {**ttft_errors(slo.ttft_log.values(), sim.metrics.requests),
-                                    **step_errors((p, s.seconds) for p, s in slo.step_log)}
+                                    **step_errors((p, s.seconds) for p, s, _ in slo.step_log)}
     record = record_of(spec, len(sim.trace), summary)
     if spec.keep_samples:
         arrays = sim.metrics.request_arrays()
