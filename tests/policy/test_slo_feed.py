@@ -174,3 +174,16 @@ def test_an_engine_that_mixes_prefills_into_decodes_gets_one_mixed_step_for_the_
     assert m.mixes
     step = m.decode_s(4, 400)
     assert pred.ttft(load, 30, 0) == pytest.approx(step / 2 + m.mixed_s((50, 30), 4, 400))
+
+
+def test_one_stalled_step_does_not_lift_the_next_predictions() -> None:
+    m = StepTimeModel()
+    feats = [sample_features(StepSample(0, 0, 0, b, 100 * b, 0.0)) for b in range(1, 9)]
+    rng = __import__("random").Random(0)
+    for _ in range(300):
+        b = rng.randrange(8)
+        m.observe_features(feats[b], 0.02 + 0.005 * (b + 1))
+    before = m.predict_features(feats[3])
+    assert before == pytest.approx(0.04, rel=0.02)
+    m.observe_features(feats[3], 0.9)  # stalled 20x (a loaded machine): taught as 3x at most
+    assert m.predict_features(feats[3]) < before * 1.05  # unclipped: +14%
