@@ -55,6 +55,20 @@ def step_errors(log: list[tuple[float, Any, str]]) -> dict[str, Any]:
             "mean_s": statistics.fmean(s.seconds for _, s, _ in log) if log else None}
 
 
+def noise_floor(log: list[tuple[float, Any, str]]) -> dict[str, Any]:
+    """What no batch-shape model beats: each decode step predicted by the previous step of its
+    instance when that was a decode step of the same batch size."""
+    last: dict[str, Any] = {}
+    pairs: list[tuple[float, float]] = []
+    for _, s, iid in log:
+        prev = last.get(iid)
+        if prev is not None and not s.num_prefill_seqs and not prev.num_prefill_seqs \
+                and prev.num_decode_seqs == s.num_decode_seqs:
+            pairs.append((prev.seconds, s.seconds))
+        last[iid] = s
+    return errors(pairs)
+
+
 async def one(client: Any, url: str, model: str, prompt: list[int], max_tokens: int, slo_class: str | None,
               out: dict[str, Any]) -> None:
     """One streamed completion: its id, the client's TTFT (first token: logprobs make every
@@ -142,6 +156,7 @@ def run_round(server: Server, settings: Any, pairs: Any, vocab: int, load: float
     shed_s = [r["answer_s"] for r in shed if r.get("status") == 429]
     return {"load": load, "seed": seed, "rate": load * capacity, "num_requests": n,
             "num_served": sum(1 for r in served if r.get("status") == 200), "step": step_errors(steps),
+            "step_noise_floor": noise_floor(steps),
             "ttft": {**errors(ttfts), "measured_p50_s": pct([m for _, m in ttfts], 0.5)},
             "shed": {"n": len(shed), "num_429": len(shed_s), "max_s": max(shed_s, default=None),
                      "p50_s": pct(shed_s, 0.5), "retry_after": sorted({r.get("retry_after") for r in shed} - {None}),
