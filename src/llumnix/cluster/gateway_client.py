@@ -198,9 +198,10 @@ class ClusterBackend:
         channel, or no status yet: the caller goes through LlumSched)."""
         if self.gs is None or not self.links:
             return None
+        now = time.time()
+        arrival = now - (time.monotonic() - request.arrival_time)  # the gateway's clock is monotonic
         iid = self.gs.dispatch(DispatchRequest(request.request_id, len(request.prompt_token_ids), request.priority,
-                                               request.arrival_time, request.prompt_token_ids, request.slo_class),
-                               time.time())
+                                               arrival, request.prompt_token_ids, request.slo_class), now)
         link = self.links.get(iid) if iid is not None else None
         if link is None or not link.is_open:
             return None
@@ -396,6 +397,8 @@ class ClusterBackend:
         """Dispatch happens here: this gateway's count joins LlumSched's (its dispatches
         while no channel was up), and prefix affinity's memory is this gateway's."""
         info["num_dispatched"] = int(info.get("num_dispatched", 0)) + self.num_local_dispatches
+        if self.gs is not None and self.gs.slo is not None:  # the slo policy's predictor is this gateway's
+            info["slo_predictor"] = self.gs.slo.step_error()
         index = self.gs.prefix_index if self.gs is not None else None
         if index is None:
             return

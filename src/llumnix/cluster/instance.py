@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from llumnix.core.batch import RequestOutput
 from llumnix.core.evolve import evolve
-from llumnix.core.status import InstanceStatus
+from llumnix.core.status import MAX_STEP_SAMPLES, InstanceStatus
 from llumnix.engine import EngineCore
 from llumnix.policy.llumlet import Llumlet
 
@@ -204,9 +204,9 @@ class InstanceServer:
 
     def newest_status(self, after: int) -> tuple[int, InstanceStatus | None]:
         """The newest pushed status and its number, or ``(after, None)`` when none is
-        numbered after ``after``. It carries the evicted prefix keys of every status since
-        ``after`` (events, which the newest alone would drop; the rest is state, which it
-        supersedes)."""
+        numbered after ``after``. It carries the evicted prefix keys and the step samples of
+        every status since ``after`` (events, which the newest alone would drop; the rest
+        is state, which it supersedes)."""
         with self._outbox_cv:
             newer = [(n, st) for n, st in self.statuses if n > after]
         if not newer:
@@ -216,6 +216,9 @@ class InstanceServer:
             keys = tuple(k for _, st in newer for k in st.evicted_prefix_keys)
             if len(keys) != len(newest.evicted_prefix_keys):
                 newest = evolve(newest, evicted_prefix_keys=keys)
+            steps = tuple(x for _, st in newer for x in st.step_samples)[-MAX_STEP_SAMPLES:]
+            if len(steps) != len(newest.step_samples):
+                newest = evolve(newest, step_samples=steps)
         return seq, newest
 
     def notify_readers(self, fn: Callable[[], T], wake: bool = True) -> T:
@@ -231,6 +234,7 @@ class InstanceServer:
 
     # -- the step thread ----------------------------------------------------------
     def _loop(self) -> None:
+        cycle_from: float | None = None
         try:
             while not self._stop.is_set():
                 busy = self.engine.has_unfinished_requests() and not self._only_paused()
@@ -243,6 +247,12 @@ class InstanceServer:
                     t0, c0 = time.monotonic(), time.thread_time()
                     outputs = self.engine.step()
                     self.last_step_time = time.monotonic()
+                    if self.llumlet.records_steps and self.engine.last_batch is not None:
+                        # a busy engine's step holds it from the previous step's end (the
+                        # status, the outputs and commands at the boundary are its cost too)
+                        began = t0 if cycle_from is None else cycle_from
+                        self.llumlet.on_step(self.engine.last_batch, self.last_step_time - began)
+                    cycle_from = self.last_step_time
                     self.step_log.append((t0, self.last_step_time, len(outputs), time.thread_time() - c0,
                                           self.engine.last_step_was_prefill))
                     self._deliver(outputs, force_report=any(o.is_finished for o in outputs))
@@ -251,6 +261,7 @@ class InstanceServer:
                     if self._standing:
                         self._run_standing()
                 else:
+                    cycle_from = None
                     self._deliver([], force_report=False)
         except BaseException as e:  # noqa: BLE001 - recorded, surfaced through is_alive/health
             self.error = e

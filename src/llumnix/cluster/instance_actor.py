@@ -65,7 +65,8 @@ class InstanceActor:
         set_switch_interval()
         cfg = scheduling or SchedulingConfig()
         self.llm = LLM(model, instance_id=instance_id, **engine_kwargs)
-        self.llumlet = Llumlet(instance_id, self.llm.engine, cfg.rescheduling, cfg.freeness)
+        self.llumlet = Llumlet(instance_id, self.llm.engine, cfg.rescheduling, cfg.freeness,
+                               records_steps=cfg.dispatch.policy == "slo")  # the predictor's steps
         self._llumsched = ray.get_actor(llumsched_name)
         self._cms = self._open_cms(instance_id)
         self.role: str | None = None

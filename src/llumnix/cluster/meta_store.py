@@ -35,7 +35,7 @@ def redact_url(url: str) -> str:
 
 def status_to_json(status: InstanceStatus) -> str:
     d = dataclasses.asdict(status)
-    del d["evicted_prefix_keys"]  # an event of one report, not the instance's state
+    del d["evicted_prefix_keys"], d["step_samples"]  # events of one report, not the instance's state
     return json.dumps(d, separators=(",", ":"))
 
 

@@ -6,8 +6,15 @@ Policies are pure functions of these snapshots, so everything they read
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from llumnix.core.evolve import evolve
+
+if TYPE_CHECKING:
+    from llumnix.core.batch import SchedulerOutput
+
+MAX_STEP_SAMPLES = 64
+"""Step samples one status carries (and one reader's merge of skipped statuses): the newest."""
 
 
 @dataclass(slots=True)
@@ -26,6 +33,39 @@ class RequestBrief:
     is_running: bool
     is_migrating: bool = False
     num_output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One engine step as the latency predictor (``policy/predictor.py``) reads it: the
+    shape of its batch and the seconds it held the engine."""
+
+    num_prefill_tokens: int
+    """Tokens the step's prefills computed (whole prompts or chunks)."""
+    prefill_attention: int
+    """Their attention's work: per prefill, context after the step squared less context
+    before it squared (a whole prompt of n tokens: n * n)."""
+    num_prefill_seqs: int
+    num_decode_seqs: int
+    num_context_tokens: int
+    """Context tokens the decoding sequences read."""
+    seconds: float
+
+
+def step_sample(batch: SchedulerOutput, seconds: float) -> StepSample:
+    """The sample of one executed step (decodes first in a mixed step: ``num_decodes``)."""
+    if not batch.is_prefill:
+        ctx = (batch.decode.num_context_tokens if batch.decode is not None
+               else sum(r.context_len for r in batch.scheduled))
+        return StepSample(0, 0, 0, batch.num_entries, ctx, seconds)
+    sched = batch.scheduled
+    nd = batch.num_decodes
+    tokens = work = 0
+    for r in sched[nd:]:
+        n = len(r.token_ids)
+        tokens += n
+        work += (r.start_pos + n) ** 2 - r.start_pos ** 2
+    return StepSample(tokens, work, len(sched) - nd, nd, sum(r.context_len for r in sched[:nd]), seconds)
 
 
 @dataclass(frozen=True)
@@ -65,6 +105,10 @@ class InstanceStatus:
     """Prefix-cache keys the engine evicted since its previous pushed report (``Llumlet.
     push``; empty in any other snapshot): an event, not state, so the meta store leaves
     it out. A router that remembers where it sent prefixes forgets these."""
+    step_samples: tuple[StepSample, ...] = ()
+    """The engine's steps since its previous pushed report, the newest ``MAX_STEP_SAMPLES``
+    (``Llumlet.push``, when the ``slo`` policy's predictor reads them; an event like
+    ``evicted_prefix_keys``): what the latency predictor is fitted on."""
 
     def with_running(self, briefs: tuple[RequestBrief, ...], blocks: int) -> InstanceStatus:
         """This snapshot with ``briefs`` running too, holding ``blocks`` more blocks (what

@@ -57,6 +57,8 @@ class EngineCore(MigrationOpsMixin):
         self.step_id = 0
         self.last_step_was_prefill = False
         """Whether the last ``step()`` ran a prefill batch (for step logs)."""
+        self.last_batch: SchedulerOutput | None = None
+        """The last ``step()``'s batch (its shape feeds the latency predictor: ``Llumlet.on_step``)."""
         self._rng = random.Random(seed)
         self.num_failed_requests = 0
         """Requests ended with an error because a step failed on them."""
@@ -135,6 +137,7 @@ class EngineCore(MigrationOpsMixin):
         if batch.is_empty:
             return []
         self.last_step_was_prefill = batch.is_prefill
+        self.last_batch = batch
         try:
             output = self.executor.execute(batch)
         except Exception as exc:  # noqa: BLE001 - isolated below, never the loop's end

@@ -18,6 +18,7 @@ from llumnix.gateway.context import GatewayContext
 from llumnix.gateway.detokenizer import IncrementalDetokenizer
 from llumnix.gateway.formatting import TokenLogprob
 from llumnix.gateway.request_log import FinishedRequest
+from llumnix.policy.slo_dispatch import RequestShedError
 
 
 class Step(NamedTuple):
@@ -154,6 +155,7 @@ async def run_choice(ctx: GatewayContext, gen: GenerateRequest) -> AsyncIterator
     want_lp = gen.params.logprobs is not None
     n_cached = 0
     engine_done = False
+    placed = True
     try:
         async with _place(ctx, gen) as served:
             async for out in backend.generate(gen):
@@ -175,12 +177,16 @@ async def run_choice(ctx: GatewayContext, gen: GenerateRequest) -> AsyncIterator
                     break
                 if text or step.logprobs or step.prompt_logprobs is not None:
                     yield step
+    except RequestShedError:
+        placed = False  # refused by dispatch: no instance has it (and the 429 goes out at once)
+        raise
     finally:
         metrics.labels(metrics.in_flight).dec()
         rlog.num_in_flight -= 1
         if step is None or step.finish_reason is None:
             metrics.labels(metrics.aborted).inc()
-            await backend.abort(gen.request_id)
+            if placed:
+                await backend.abort(gen.request_id)
         else:
             if not engine_done:  # the stop string was seen here first: the engine's copy still runs
                 await backend.abort(gen.request_id)

@@ -65,6 +65,7 @@ class ClusterCollector(Collector):
         yield from _reaction(self.model_name, info.get("rescheduling"))
         yield from self._gateway(info.get("gateway"))
         yield from _pd(self.model_name, info.get("pd"), instances_of(info))
+        yield from _slo_predictor(self.model_name, info.get("slo_predictor"))
 
     def _instances(self, instances: list[dict[str, Any]]) -> Iterator[Metric]:
         name = self.model_name
@@ -193,3 +194,21 @@ def _pd(name: str, pd: dict[str, Any] | None, instances: list[dict[str, Any]]) -
         if "role" in inst:
             role.add_metric([name, inst["instance_id"], str(inst["role"])], 1.0)
     yield role
+
+
+def _slo_predictor(name: str, pred: dict[str, Any] | None) -> Iterator[Metric]:
+    """The ``slo`` policy's step-time model against the steps the engines report
+    (``SLOPredictor.step_error``): each step predicted before it was fitted."""
+    if not isinstance(pred, dict):
+        return
+    fam = CounterMetricFamily("llumnix:slo_predictor_steps", "Engine steps the slo policy's step-time model "
+                              "was fitted on (since this gateway started).", labels=["model_name"])
+    fam.add_metric([name], float(pred.get("num_steps_fitted", 0)))
+    yield fam
+    err = GaugeMetricFamily("llumnix:slo_predictor_step_error", "Relative error |predicted / measured - 1| of "
+                            "the predicted step time over the last 1000 steps, at a quantile.",
+                            labels=["model_name", "quantile"])
+    for q, key in (("0.5", "p50"), ("0.9", "p90")):
+        if key in pred:
+            err.add_metric([name, q], float(pred[key]))
+    yield err

@@ -8,15 +8,19 @@ request after request until it is no longer a source.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Collection
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from llumnix.core.status import InstanceStatus, RequestBrief
+from llumnix.core.status import MAX_STEP_SAMPLES, InstanceStatus, RequestBrief, StepSample, step_sample
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.freeness import freeness, room_for_migration, room_for_queued
 from llumnix.policy.pairing import MOVE_TESTS, accepts_move, demand_of
 from llumnix.policy.rounds import is_drained, keep_migrating
 from llumnix.policy.selection import select_requests
+
+if TYPE_CHECKING:
+    from llumnix.core.batch import SchedulerOutput
 
 
 def flag_status(status: InstanceStatus, migrating: Collection[str] = (), **fields: Any) -> InstanceStatus:
@@ -53,7 +57,7 @@ class EngineLike(Protocol):
 
 class Llumlet:
     def __init__(self, instance_id: str, engine: EngineLike, rescheduling: ReschedulingConfig,
-                 freeness_cfg: FreenessConfig) -> None:
+                 freeness_cfg: FreenessConfig, *, records_steps: bool = False) -> None:
         self.instance_id = instance_id
         self.engine = engine
         self.rescheduling = rescheduling
@@ -63,6 +67,14 @@ class Llumlet:
         self.is_schedulable = True
         """Cleared when the instance is unhealthy: no dispatch, no migration into it."""
         self.migrating_out: set[str] = set()
+        self.records_steps = records_steps
+        """Whether whoever steps the engine hands each step to ``on_step`` (the ``slo``
+        policy's predictor is fitted on them)."""
+        self._steps: deque[StepSample] = deque(maxlen=MAX_STEP_SAMPLES)
+
+    def on_step(self, batch: SchedulerOutput, seconds: float) -> None:
+        """One executed step and the seconds it held the engine: on the next push."""
+        self._steps.append(step_sample(batch, seconds))
 
     def report(self, now: float, **fields: Any) -> InstanceStatus:
         """The engine's snapshot plus what only the llumlet knows, stamped ``now``."""
@@ -73,14 +85,18 @@ class Llumlet:
 
     def push(self, now: float) -> InstanceStatus:
         """The report for the global scheduler: ``report`` plus the prefix-cache keys the
-        engine evicted since the previous push. Only the one path that delivers reports
-        to the global scheduler may call it (any other caller would swallow evictions).
-        ``report``'s call written out: one per instance per status round."""
+        engine evicted since the previous push and the steps recorded since (``on_step``).
+        Only the one path that delivers reports to the global scheduler may call it (any
+        other caller would swallow these events). ``report``'s call written out: one per
+        instance per status round."""
+        fields: dict[str, Any] = {"evicted_prefix_keys": tuple(self.engine.take_evicted_prefix_keys())}
+        if self._steps:
+            fields["step_samples"] = tuple(self._steps)
+            self._steps.clear()
         return self.engine.get_status(
             migrating=self.migrating_out, instance_id=self.instance_id, timestamp=now,
             is_terminating=self.is_terminating, is_schedulable=self.is_schedulable,
-            num_migrating_out=len(self.migrating_out),
-            evicted_prefix_keys=tuple(self.engine.take_evicted_prefix_keys()))
+            num_migrating_out=len(self.migrating_out), **fields)
 
     def freeness(self, now: float) -> float:
         return freeness(self.report(now), self.freeness_cfg)

@@ -5,7 +5,9 @@ TTFT on a candidate = what is left of the step under way (half a decode step), t
 for memory when the queue ahead and the request need more blocks than are free (until
 the running requests expected to end first have freed enough), and the prefills of the
 queue ahead (equal or higher priority: the engine serves by priority, then arrival) and
-of the request itself.
+of the request itself: each a prefill step of its own, or, on an engine whose step reports
+mix prefills into decode steps (chunked prefill), one step that prefills them all beside
+the running requests' decodes.
 
 TPOT = the decode step of the batch after the request joins (running, queued and the
 request, their contexts), stretched by the share of the instance's time that prefills
@@ -14,16 +16,17 @@ predictor follows from dispatches): a prefill-first engine stalls every decode f
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from llumnix.core.status import InstanceStatus
+from llumnix.core.status import InstanceStatus, StepSample
 from llumnix.policy.freeness import blocks_for
-from llumnix.policy.predictor import OutputLengths, StepTimeModel
+from llumnix.policy.predictor import OutputLengths, StepTimeModel, sample_features
 from llumnix.policy.slo import SLOConfig
 
 LOG_SIZE = 100_000
-"""Dispatches whose predicted TTFT is kept (``ttft_log``)."""
+"""Dispatches whose predicted TTFT is kept (``ttft_log``), and steps whose predicted time is
+(``step_log``)."""
 _MAX_SHARE = 0.6
 """Cap on the prefill share (beyond it the instance is overloaded and TPOT predictions
 stop meaning much; the cap keeps them finite)."""
@@ -45,24 +48,36 @@ class InstanceLoad:
     tightest_tpot_s: float | None
     """The tightest TPOT objective among the running requests' classes (None: none run)."""
     block_size: int
+    steps: StepTimeModel
+    """The instance's own step-time model (fitted on its step reports)."""
 
 
-def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths) -> InstanceLoad:
+def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths, steps: StepTimeModel) -> InstanceLoad:
     ctx = sum(r.num_tokens for r in s.running)
     release = sorted((lengths.remaining(r.num_output_tokens), r.num_blocks) for r in s.running)
     tpots = {slo.for_priority(r.priority).tpot_s for r in s.running}
     return InstanceLoad(len(s.running), ctx, tuple((w.priority, w.num_tokens) for w in s.waiting),
                         s.num_free_blocks - s.num_watermark_blocks, tuple(release),
-                        min(tpots) if tpots else None, s.block_size)
+                        min(tpots) if tpots else None, s.block_size, steps)
 
 
 class SLOPredictor:
-    """Step-time model, output lengths and the cluster's prefill load, with predictions
-    per (instance load, request). One per global scheduler; ``now`` always comes in."""
+    """Step-time models (one per instance, fitted on the step samples its statuses carry),
+    output lengths and the cluster's prefill load, with predictions per (instance load,
+    request). One per global scheduler; ``now`` always comes in."""
 
     def __init__(self, slo: SLOConfig, steps: StepTimeModel | None = None, *, window_s: float = 10.0) -> None:
         self.slo = slo
         self.steps = steps or StepTimeModel()
+        """The seed: each instance's model starts as a copy of it."""
+        self._models: dict[str, StepTimeModel] = {}
+        self._latest = self.steps
+        """The model fitted last (the cluster's prefill load is measured with it)."""
+        self.num_steps_fitted = 0
+        self.step_log: deque[tuple[float, StepSample, str]] = deque(maxlen=LOG_SIZE)
+        """Each step reported, with the seconds its instance's model predicted for it before
+        fitting it (against ``StepSample.seconds``: the predictor's step-time error) and the
+        instance."""
         self.lengths = OutputLengths(slo.output_tokens)
         self.window_s = window_s
         self._prefills: list[tuple[float, float]] = []
@@ -86,7 +101,7 @@ class SLOPredictor:
     def on_dispatch(self, now: float, num_prompt_tokens: int) -> None:
         if not self._prefills:
             self._first = now
-        t = self.steps.prefill_s((num_prompt_tokens,))
+        t = self._latest.prefill_s((num_prompt_tokens,))
         self._prefills.append((now, t))
         self._prefill_sum += t
         horizon = now - self.window_s
@@ -97,15 +112,49 @@ class SLOPredictor:
         if i:
             del self._prefills[:i]
 
+    def seed(self, steps: StepTimeModel) -> None:
+        """A new seed (a latency model's fit): every instance's model starts over from it."""
+        self.steps = self._latest = steps
+        self._models.clear()
+        self._memo.clear()
+
+    def model(self, instance_id: str) -> StepTimeModel:
+        m = self._models.get(instance_id)
+        if m is None:
+            m = self._models[instance_id] = self.steps.copy()
+        return m
+
     def on_status(self, old: InstanceStatus, new: InstanceStatus) -> None:
-        """Requests running in ``old`` and gone from ``new`` without migrating finished:
-        their output lengths (as of ``old``) teach the output-length estimate."""
+        """The steps ``new`` reports fit its instance's model (a status seen again, as a
+        channel's heartbeat resends the newest, fits nothing). Requests running in ``old``
+        and gone from ``new`` without migrating finished: their output lengths (as of
+        ``old``) teach the output-length estimate."""
+        if new.step_samples and new.timestamp > old.timestamp:
+            m = self._latest = self.model(new.instance_id)
+            log = self.step_log.append
+            for sample in new.step_samples:
+                m.mixes = m.mixes or bool(sample.num_prefill_seqs and sample.num_decode_seqs)
+                x = sample_features(sample)
+                log((m.predict_features(x), sample, new.instance_id))
+                m.observe_features(x, sample.seconds)
+            self.num_steps_fitted += len(new.step_samples)
         if len(old.running) <= len(new.running) and old.step_id == new.step_id:
             return
         still = {r.request_id for r in (*new.running, *new.waiting)}  # preempted ones wait
         for r in old.running:
             if r.request_id not in still and not r.is_migrating and r.num_output_tokens:
                 self.lengths.observe(r.num_output_tokens)
+
+    def step_error(self, last: int = 1000) -> dict[str, float]:
+        """The step-time error over the last ``last`` steps fitted: |predicted / measured - 1|
+        at P50 and P90 (what ``/metrics`` exports), and how many steps were fitted in all."""
+        n = min(last, len(self.step_log))
+        errs = sorted(abs(p / s.seconds - 1) for p, s, _ in list(self.step_log)[len(self.step_log) - n:]
+                      if s.seconds > 0)
+        out = {"num_steps_fitted": float(self.num_steps_fitted)}
+        if errs:
+            out |= {"p50": errs[len(errs) // 2], "p90": errs[min(len(errs) - 1, int(0.9 * len(errs)))]}
+        return out
 
     def prefill_share(self, now: float) -> float:
         """Share of an instance's time its prefills take (cluster-wide prefill seconds per
@@ -117,18 +166,23 @@ class SLOPredictor:
         entry = self._memo.get(s.instance_id)
         if entry is not None and entry[0] is s:
             return entry[1]
-        load = instance_load(s, self.slo, self.lengths)
+        load = instance_load(s, self.slo, self.lengths, self.model(s.instance_id))
         self._memo[s.instance_id] = (s, load)
         return load
 
     def forget(self, instance_id: str) -> None:
         self._memo.pop(instance_id, None)
+        self._models.pop(instance_id, None)
 
     # -- predictions -------------------------------------------------------------------
     def ttft(self, load: InstanceLoad, num_prompt_tokens: int, priority: int) -> float:
-        step = self.steps.decode_s(load.num_running, load.num_context_tokens) if load.num_running else 0.0
+        steps = load.steps
+        step = steps.decode_s(load.num_running, load.num_context_tokens) if load.num_running else 0.0
         ahead = [n for p, n in load.queued if p >= priority]
-        prefill = self.steps.prefill_s((num_prompt_tokens,)) + sum(self.steps.prefill_s((n,)) for n in ahead)
+        if steps.mixes and load.num_running:  # chunked prefill: one step prefills them beside the decodes
+            prefill = steps.mixed_s((*ahead, num_prompt_tokens), load.num_running, load.num_context_tokens)
+        else:
+            prefill = steps.prefill_s((num_prompt_tokens,)) + sum(steps.prefill_s((n,)) for n in ahead)
         need = sum(blocks_for(n + 1, load.block_size) for n in (*ahead, num_prompt_tokens))
         return step / 2 + self.memory_wait(load, need - load.num_free_blocks, step) + prefill
 
@@ -137,7 +191,8 @@ class SLOPredictor:
         priority, tokens = load.queued[index]
         ahead = load.queued[:index]
         return self.ttft(InstanceLoad(load.num_running, load.num_context_tokens, ahead, load.num_free_blocks,
-                                      load.release, load.tightest_tpot_s, load.block_size), tokens, priority)
+                                      load.release, load.tightest_tpot_s, load.block_size, load.steps),
+                         tokens, priority)
 
     def memory_wait(self, load: InstanceLoad, deficit: int, step_s: float) -> float:
         """Until the running requests expected to end first have freed ``deficit`` blocks."""
@@ -149,19 +204,19 @@ class SLOPredictor:
             if freed >= deficit:
                 return remaining * step_s
         last = load.release[-1][0] if load.release else self.lengths.mean
-        return 2 * last * max(step_s, self.steps.decode_s(1, 1))  # more than all it runs: a long wait
+        return 2 * last * max(step_s, load.steps.decode_s(1, 1))  # more than all it runs: a long wait
 
     def tpot(self, load: InstanceLoad, num_prompt_tokens: int, now: float) -> float:
         """TPOT of a request joining ``load`` (and, the same, of those already there after it joins)."""
         batch = load.num_running + len(load.queued) + 1
         ctx = load.num_context_tokens + sum(n for _, n in load.queued) + num_prompt_tokens
         ctx += int(self.lengths.mean / 2)  # its context grows by half its output on average
-        return self.steps.decode_s(batch, ctx) / (1.0 - self.prefill_share(now))
+        return load.steps.decode_s(batch, ctx) / (1.0 - self.prefill_share(now))
 
     def tpot_now(self, load: InstanceLoad, now: float) -> float:
         """TPOT of the requests running on ``load`` as it is (no newcomer)."""
         if not load.num_running:
             return 0.0
         ctx = load.num_context_tokens + sum(n for _, n in load.queued)
-        return (self.steps.decode_s(load.num_running + len(load.queued), ctx)
+        return (load.steps.decode_s(load.num_running + len(load.queued), ctx)
                 / (1.0 - self.prefill_share(now)))

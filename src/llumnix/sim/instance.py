@@ -107,6 +107,8 @@ class SimInstance:
         self._batch = self._output = None
         self.executor.step_done()
         outputs = self.engine.update(batch, out)
+        if self.llumlet is not None and self.llumlet.records_steps:  # the slo predictor's samples
+            self.llumlet.on_step(batch, out.elapsed or 0.0)
         n = len(self.engine.requests)
         if n != self._num_requests:
             self._num_requests = n

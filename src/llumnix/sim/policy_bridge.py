@@ -132,7 +132,7 @@ class PolicyBridge:
         (as a cluster seeds it from its calibration profile); no-op for other policies."""
         for gs in {id(g): g for g in (self.gs, self.gs_decode)}.values():
             if gs.slo is not None:
-                gs.slo.steps = StepTimeModel.from_latency(model)
+                gs.slo.seed(StepTimeModel.from_latency(model))
 
     def _now(self) -> float:
         assert self.clock is not None, "bind the bridge to the simulator's clock first"
@@ -140,7 +140,8 @@ class PolicyBridge:
 
     # -- membership and status --------------------------------------------------------
     def make_llumlet(self, instance_id: str, engine: EngineCore) -> Llumlet:
-        return Llumlet(instance_id, engine, self.config.rescheduling, self.config.freeness)
+        return Llumlet(instance_id, engine, self.config.rescheduling, self.config.freeness,
+                       records_steps=self.gs.slo is not None)  # SimInstance hands it each step
 
     @property
     def roles(self) -> Mapping[str, Role]:

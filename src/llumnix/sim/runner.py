@@ -82,12 +82,23 @@ def run_one(spec: RunSpec, progress: Callable[[int], None] | None = None) -> dic
     sim = make_simulator(spec, progress)
     summary = sim.run()
     if isinstance(sim.policy, PolicyBridge) and sim.policy.gs.slo is not None:  # the slo policy's predictor
-        summary["slo_predictor"] = ttft_errors(sim.policy.gs.slo.ttft_log.values(), sim.metrics.requests)
+        slo = sim.policy.gs.slo
+        summary["slo_predictor"] = {**ttft_errors(slo.ttft_log.values(), sim.metrics.requests),
+                                    **step_errors((p, s.seconds) for p, s, _ in slo.step_log)}
     record = record_of(spec, len(sim.trace), summary)
     if spec.keep_samples:
         arrays = sim.metrics.request_arrays()
         record["_samples"] = {k: arrays[k].tolist() for k in KEEP_SAMPLES}
     return record
+
+
+def step_errors(pairs: Iterable[tuple[float, float]]) -> dict[str, float]:
+    """The step-time model's (predicted, measured) step times: relative error P50 and P90."""
+    a = np.asarray([abs(p / m - 1) for p, m in pairs if m > 0])
+    if not len(a):
+        return {"num_steps": 0}
+    return {"num_steps": len(a), "step_rel_error_p50": float(np.percentile(a, 50)),
+            "step_rel_error_p90": float(np.percentile(a, 90))}
 
 
 def ttft_errors(predicted: Iterable[tuple[float, float]], requests: list[RequestMetrics]) -> dict[str, float]:
