@@ -305,7 +305,7 @@ def test_a_llumsched_with_an_empty_view_does_not_fail_a_request_the_gateway_can_
     """The soak: a request 1.3 s after a LlumSched restart got 'no instance is available'
     from the new incarnation, whose view was still empty, though two instances served."""
     class EmptyView:
-        submit = _Remote(lambda req: None)
+        submit = _Remote(lambda req, arrival=None: None)
 
     async def main(states):
         be = _backend({"a": FakeInstance(set()), "b": FakeInstance(set())})

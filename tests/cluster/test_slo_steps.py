@@ -155,3 +155,18 @@ def test_the_gateway_dispatches_on_one_clock() -> None:
     arrival, predicted = backend.gs.slo.ttft_log["r1"]
     assert abs(arrival - (time.time() - 0.5)) < 0.2
     assert 0.5 <= predicted < 5.0
+
+
+def test_llumscheds_dispatch_takes_the_arrival_on_the_wall_clock() -> None:
+    """Where LlumSched dispatches for a gateway (``submit``, and the failover's choice) the
+    gateway sends the arrival turned to the wall clock: its own stamp is on its monotonic
+    clock, which means nothing to LlumSched's process."""
+    from llumnix.cluster.llumsched import LlumSchedActor
+    from llumnix.core.wire import GenerateRequest, wall_arrival
+
+    sched = LlumSchedActor.__ray_actor_class__(None, None, reschedule_interval_s=3600)
+    seen: list = []
+    sched.dispatch = lambda req: seen.append(req)  # type: ignore[method-assign]
+    req = GenerateRequest("r1", [1, 2, 3], SamplingParams(max_tokens=4), 0, time.monotonic() - 0.5)
+    assert sched.submit(req, wall_arrival(req)) is None
+    assert abs(seen[0].arrival_time - (time.time() - 0.5)) < 0.2

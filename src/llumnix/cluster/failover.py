@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from llumnix.cluster.output_stream import OutputStream, actor_key, is_live
 from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError
-from llumnix.core.wire import GenerateRequest
+from llumnix.core.wire import GenerateRequest, wall_arrival
 from llumnix.policy import DispatchRequest
 from llumnix.policy.lifecycle import InstanceState
 
@@ -147,7 +147,7 @@ class Failover:
         with contextlib.suppress(Exception):
             first = await asyncio.wait_for(self._b.llumsched.dispatch.remote(DispatchRequest(
                 request.request_id, len(request.prompt_token_ids), request.priority,
-                request.arrival_time, request.prompt_token_ids)), timeout=self._b.dispatch_timeout_s)
+                wall_arrival(request), request.prompt_token_ids)), timeout=self._b.dispatch_timeout_s)
         rest = sorted(live, key=lambda i: (self._b.lifecycle.state(i) == InstanceState.TERMINATING, i))
         return ([first] if first in live else []) + [i for i in rest if i != first]
 

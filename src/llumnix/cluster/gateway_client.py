@@ -27,7 +27,7 @@ from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestTooLon
 from llumnix.core.evolve import evolve
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.core.status import InstanceStatus
-from llumnix.core.wire import GenerateRequest, TokenizerLike
+from llumnix.core.wire import GenerateRequest, TokenizerLike, wall_arrival
 from llumnix.policy import DispatchRequest, GlobalScheduler
 from llumnix.policy.cluster_view import ClusterView
 from llumnix.policy.lifecycle import InstanceState, Lifecycles
@@ -199,9 +199,9 @@ class ClusterBackend:
         if self.gs is None or not self.links:
             return None
         now = time.time()
-        arrival = now - (time.monotonic() - request.arrival_time)  # the gateway's clock is monotonic
         iid = self.gs.dispatch(DispatchRequest(request.request_id, len(request.prompt_token_ids), request.priority,
-                                               arrival, request.prompt_token_ids, request.slo_class), now)
+                                               wall_arrival(request, now), request.prompt_token_ids,
+                                               request.slo_class), now)
         link = self.links.get(iid) if iid is not None else None
         if link is None or not link.is_open:
             return None
@@ -323,7 +323,8 @@ class ClusterBackend:
         admit_by = time.time() + self.dispatch_timeout_s / 2
         try:
             sub = await asyncio.wait_for(self.llumsched.submit.remote(
-                dataclasses.replace(request, admit_by=admit_by)), timeout=self.dispatch_timeout_s)
+                dataclasses.replace(request, admit_by=admit_by), wall_arrival(request)),
+                timeout=self.dispatch_timeout_s)
             if sub is None:
                 # Nothing schedulable in LlumSched's view. Just after a restart that view can
                 # be empty for a moment: where this gateway knows live instances, it places

@@ -362,14 +362,16 @@ class LlumSchedActor:
             self.num_dispatched += iid is not None
             return iid
 
-    def submit(self, request: GenerateRequest) -> tuple[str, list[Any]] | None:
+    def submit(self, request: GenerateRequest, arrival: float | None = None) -> tuple[str, list[Any]] | None:
         """Dispatch and forward in one hop, so a gateway waits for one call instead of two:
         the chosen instance id and ``[ref]``, the ObjectRef of that instance's
         ``add_request`` (in a list, so Ray hands over the reference, not its value), which
         the gateway checks off its critical path. ``[]`` when the instance's handle is
-        unknown here (the gateway adds the request itself); None when nothing can take it."""
+        unknown here (the gateway adds the request itself); None when nothing can take it.
+        ``arrival``: the request's arrival on the wall clock (its own is the gateway's
+        monotonic one)."""
         iid = self.dispatch(DispatchRequest(request.request_id, len(request.prompt_token_ids),
-                                            request.priority, request.arrival_time,
+                                            request.priority, time.time() if arrival is None else arrival,
                                             request.prompt_token_ids, request.slo_class))
         if iid is None:
             return None

@@ -15,6 +15,7 @@ class GenerateRequest:
     params: SamplingParams
     priority: int
     arrival_time: float
+    """When the gateway took it, on the gateway's monotonic clock (``wall_arrival`` for dispatch)."""
     admit_by: float | None = None
     """Wall-clock time after which an instance refuses this request when LlumSched
     forwards it: a gateway that stopped waiting for LlumSched by then places the request
@@ -33,6 +34,16 @@ class GenerateRequest:
     instance may merge the request's outputs and send them once, at its end, or when it
     leaves that instance (vLLM's ``FINAL_ONLY``). A hint: outputs sent token by token are
     read the same way."""
+
+
+def wall_arrival(request: GenerateRequest, now: float | None = None) -> float:
+    """``request``'s arrival on the wall clock that dispatch runs on (``now``: the wall
+    clock's reading, if the caller has one): the gateway stamps arrivals on its monotonic
+    clock, which means nothing to another process's."""
+    import time
+
+    now = time.time() if now is None else now
+    return now - (time.monotonic() - request.arrival_time)
 
 
 class TokenizerLike(Protocol):
