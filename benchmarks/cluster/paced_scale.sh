@@ -20,14 +20,15 @@
 # - KV for >= 8 typical requests an instance: 8 x 24.5 = 196, so 200 blocks (the longest
 #   request, 1,024 tokens, is 64 of them); max_num_seqs 32, so KV binds, not the batch;
 # - 4 instances; loads 0.6 and 0.85 of the probed capacity; the probe's closed loop at 2x
-#   what the caches hold (4 x 8 x 2 = 64 in flight, 130 requests) must say "KV binds";
+#   what the caches hold (4 x 8 x 2 = 64 in flight) must say "KV binds"; 256 requests, so
+#   its rate is measured over 128 completions (with 130, as paper_scale.sh, over 2);
 # - INFaaS++ should preempt 2-10% of requests at 0.85: if the trial's rate falls outside,
 #   BLOCKS moves (fewer blocks, more preemptions) before the 10-seed study, never after it;
 # - the emulation holds where at most 5% of a run's paced steps overran the model (each
 #   run's line: "pace overran X/Y steps"); on a machine too loaded for that, PACE=
 #   a10-llama7b-serving:2 (a device half as fast; lifetimes double) is the stated fallback.
 # 64 requests a run (~30 s at 0.85 plus a ~12 s tail): 10 seeds x 2 loads x 2 systems = 40
-# runs, ~30 minutes, plus the probe (~1.5 min) and two start-ups; the simulator after.
+# runs, ~30 minutes, plus the probe (~4 min) and two start-ups; the simulator after.
 #
 #   benchmarks/cluster/paced_scale.sh OUT_DIR [SEEDS] [LOADS]    # defaults: 0..9, 0.6,0.85
 # Both systems' clusters run at once with their runs alternated (--interleave), and Ray's
@@ -46,4 +47,4 @@ $py -m benchmarks.cluster.tiny_model "$model" --context 2048
 $py -m llumnix.cli bench cluster --model "$model" --trace-tokenizer smollm2 --pace "$pace" \
   --instances 4 --systems infaas++,llumnix --seeds "$seeds" --loads "$loads" --burst-size 0 \
   --length-scale 1 --prompt-cap 512 --output-cap 512 --num-blocks "$blocks" --requests-per-run 64 \
-  --interleave --probe-requests 130 --probe-concurrency 64 --with-sim --out "$out"
+  --interleave --probe-requests 256 --probe-concurrency 64 --with-sim --out "$out"
