@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llumnix.core.batch import PromptLogprob, RequestMetrics
 from llumnix.core.clock import Clock
@@ -87,12 +87,15 @@ class LLM:
                  max_model_len: int | None = None, instance_id: str = "instance-0",
                  clock: Clock | None = None, seed: int = 0, enable_prefix_caching: bool = False,
                  chunked_prefill: bool = False, cuda_graphs: bool | None = None,
-                 gpu_memory_utilization: float | None = None, weight_format: str = "fp32") -> None:
+                 gpu_memory_utilization: float | None = None, weight_format: str = "fp32",
+                 pace: dict[str, Any] | None = None) -> None:
         """``weight_format``: fp32 (the weights as loaded, exact), or bf16, int8 or int4 packed
         for the CPU weight-only kernels (``llumnix.model.quant``).
         ``cuda_graphs``: replay decode steps from CUDA graphs (None: on a CUDA device).
         ``gpu_memory_utilization`` (CUDA only; vLLM's): size the KV cache from the device's
-        memory instead of ``kv_cache_bytes`` (``kv_bytes_for_utilization``)."""
+        memory instead of ``kv_cache_bytes`` (``kv_bytes_for_utilization``).
+        ``pace`` ({model, scale}: ``config.sections.PaceConfig``): hold every step to that
+        latency model's time (``engine/pace.py``; evaluation only)."""
         from llumnix.model import ModelExecutor, load_model, num_blocks_for_bytes
         from llumnix.model.cuda_graphs import GraphShapes
 
@@ -119,9 +122,14 @@ class LLM:
         shapes = GraphShapes(max_batch=max_num_seqs, max_len=self.config.max_model_len) if use_graphs else None
         self.executor = ModelExecutor(self.loaded.model, num_blocks, block_size, device=device,
                                       dtype=dtype, graphs=shapes)
+        pacer = None
+        if pace is not None:
+            from llumnix.engine.pace import StepPacer, pace_model
+
+            pacer = StepPacer(pace_model(pace["model"], pace.get("scale", 1.0)))
         self.engine = EngineCore(self.config, self.executor, num_blocks, clock=clock,
                                  instance_id=instance_id, eos_token_id=self.tokenizer.eos_token_id,
-                                 detokenizer=self.tokenizer, seed=seed)
+                                 detokenizer=self.tokenizer, seed=seed, pacer=pacer)
         self._ids = itertools.count()
 
     def encode_prompt(self, prompt: str, *, chat: bool = False) -> list[int]:

@@ -106,6 +106,13 @@ class ClusterBenchSettings:
     reschedule_interval_s: float | None = None
     """LlumSched's round (serve's ``deployment.reschedule_interval_s``; its status feed reads
     at twice that rate), for every system; None: serve's default (0.5 s)."""
+    pace: str | None = None
+    """Every system's engines paced (serve's ``--pace MODEL[:SCALE]``, ``engine.pace``): each
+    step held to this latency model's time, so instances sharing the CPU behave as if each
+    had its own device; ``--with-sim`` then prices the simulator's steps with the same model."""
+    trace_tokenizer: str | None = None
+    """Whose token counts of ShareGPT make the trace (None: the model's): 'smollm2' gives a
+    byte-level test model the real token lengths."""
     interleave: bool = False
     """Every system's cluster up at once, their runs alternated (seed by seed, load by load,
     the order reversed every other point): a machine whose load drifts (other work, a
@@ -119,12 +126,37 @@ class ClusterBenchSettings:
         doc["model"] = self.model
         doc["engine"] = {**doc.get("engine", {}), "device": self.device, "num_blocks": self.num_blocks,
                          "block_size": self.block_size, "max_num_seqs": self.max_num_seqs, **self.extra}
+        if self.pace is not None:
+            doc["engine"]["pace"] = pace_doc(self.pace)
         doc["deployment"] = {"instances": self.instances}
         if self.reschedule_interval_s is not None:
             doc["deployment"]["reschedule_interval_s"] = self.reschedule_interval_s
         if self.gpus_per_instance is not None:
             doc["deployment"]["gpus_per_instance"] = self.gpus_per_instance
         return doc
+
+
+def pace_doc(spec: str) -> dict[str, Any]:
+    """``MODEL[:SCALE]`` as ``engine.pace``'s mapping (serve's ``--pace``)."""
+    from llumnix.cluster.serve_args import pace_spec
+
+    model, scale = pace_spec(spec)
+    return {"model": model} if scale is None else {"model": model, "scale": scale}
+
+
+def pace_latency(spec: str) -> Any:
+    """The latency model a paced cluster emulates (``engine/pace.py``): the simulator's, by construction."""
+    from llumnix.engine.pace import pace_model
+
+    d = pace_doc(spec)
+    return pace_model(d["model"], d.get("scale", 1.0))
+
+
+def trace_pairs(s: ClusterBenchSettings) -> tuple[np.ndarray, np.ndarray]:
+    """ShareGPT's (prompt, output) lengths under the trace's tokenizer, scaled and capped."""
+    from llumnix.sim.sharegpt import sharegpt_lengths
+
+    return scaled_pairs(s, *sharegpt_lengths(s.trace_tokenizer or s.model))
 
 
 # -- the trace ----------------------------------------------------------------------------
@@ -322,9 +354,16 @@ def add_cluster_bench_args(p: Any) -> None:
                    help="llumnix's rescheduling.pairing (paper, fit, stable, even; serve's default: even)")
     g.add_argument("--in-threshold", type=float, default=None, help="llumnix's rescheduling.in_threshold")
     g.add_argument("--dst-queue", default=None, help="llumnix's rescheduling.dst_queue (head, all)")
-    g.add_argument("--with-sim", default=None, metavar="PROFILE",
+    g.add_argument("--with-sim", nargs="?", const="", default=None, metavar="PROFILE",
                    help="then predict the same runs in the simulator with this latency profile (llumnix "
-                        "profile's JSON) and print predicted against measured (sim_vs_real.json)")
+                        "profile's JSON; with --pace, none: the pace's model) and print predicted against "
+                        "measured (sim_vs_real.json)")
+    g.add_argument("--pace", default=None, metavar="MODEL[:SCALE]",
+                   help="pace every system's engines (serve's --pace): each step held to this latency model's "
+                        "time, as if each instance had its own device")
+    g.add_argument("--trace-tokenizer", default=None, metavar="NAME",
+                   help="ShareGPT's token counts under this tokenizer make the trace (default: the model's; "
+                        "smollm2 for a byte-level test model)")
     g.add_argument("--sim-calibration", default=None, metavar="FILE",
                    help="with --with-sim: the information path's delays the simulator takes "
                         "(benchmarks/cluster/calibrate_info_path.py's JSON)")
@@ -354,6 +393,24 @@ def _rescheduling(args: Any) -> dict[str, Any]:
     return out
 
 
+def _check_pace(s: ClusterBenchSettings, with_sim: str | None) -> None:
+    """A bad ``--pace`` is one line before any cluster starts; the simulator of a paced run
+    prices steps with the pace's model, never another profile."""
+    if s.pace is not None:
+        from llumnix.config.fields import SystemConfigError, build
+        from llumnix.config.sections import PaceConfig
+
+        try:
+            build(PaceConfig, pace_doc(s.pace), "pace")
+        except SystemConfigError as e:
+            raise LlumnixError(f"bench cluster: --pace {s.pace}: {e.problem}") from None
+    if with_sim and s.pace is not None:
+        raise LlumnixError(f"bench cluster: --with-sim {with_sim}: with --pace the simulator prices steps with "
+                           "the pace's model; give --with-sim alone")
+    if with_sim == "" and s.pace is None:
+        raise LlumnixError("bench cluster: --with-sim needs a latency PROFILE (or --pace, whose model it takes)")
+
+
 def settings_from_args(args: Any) -> ClusterBenchSettings:
     systems = _csv(args.systems, str, "systems")
     unknown = [x for x in systems if x not in SYSTEMS]
@@ -373,9 +430,11 @@ def settings_from_args(args: Any) -> ClusterBenchSettings:
                              trace=bool(getattr(args, "trace", False)), rescheduling=_rescheduling(args),
                              reschedule_interval_s=getattr(args, "reschedule_interval", None),
                              interleave=bool(getattr(args, "interleave", False)),
+                             pace=getattr(args, "pace", None), trace_tokenizer=getattr(args, "trace_tokenizer", None),
                              probe_requests=args.probe_requests, probe_concurrency=args.probe_concurrency)
     if s.run_seconds is not None and not s.run_seconds > 0:
         raise LlumnixError(f"bench cluster: --run-seconds must be > 0, got {s.run_seconds:g}")
+    _check_pace(s, getattr(args, "with_sim", None))
     cal = getattr(args, "sim_calibration", None)
     if cal is not None and (getattr(args, "with_sim", None) is None or not Path(cal).is_file()):
         raise LlumnixError(f"bench cluster: --sim-calibration {cal}: " + (
@@ -397,11 +456,9 @@ def main_cluster_bench(args: Any) -> int:
 
     from llumnix.bench import cluster_report as rep
     from llumnix.bench.machine import machine_info
-    from llumnix.sim.sharegpt import sharegpt_lengths
-
     s = settings_from_args(args)
     out = Path(args.out) if args.out not in (None, "benchmarks/results") else default_out()
-    pairs = scaled_pairs(s, *sharegpt_lengths(s.model))
+    pairs = trace_pairs(s)
     from llumnix.model import load_tokenizer
 
     vocab = load_tokenizer(s.model).vocab_size
@@ -434,10 +491,10 @@ def main_cluster_bench(args: Any) -> int:
     rep.print_table(data["aggregate"])
     rep.plot(data, out / "cluster.png")
     print(f"wrote {out / 'cluster.json'} and {out / 'cluster.png'} ({data['wall_s']:.0f} s)")
-    if getattr(args, "with_sim", None):
+    if getattr(args, "with_sim", None) is not None:
         from llumnix.bench import sim_vs_real
 
         cal = getattr(args, "sim_calibration", None)
-        return sim_vs_real.main([str(out / "cluster.json"), "--profile", args.with_sim,
+        return sim_vs_real.main([str(out / "cluster.json"), *(["--profile", args.with_sim] if args.with_sim else []),
                                  *(["--calibration", cal] if cal else [])])
     return 0

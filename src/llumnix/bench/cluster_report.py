@@ -77,11 +77,17 @@ def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int,
                         "max": max((u for _, u in kv), default=None), "series": kv}}
     if "trace" in raw:
         out["preemption_trace"] = raw["trace"]
+    paced = int(a.get("paced_steps", 0) - b.get("paced_steps", 0))
+    if paced:  # the emulation held where few steps overran the model (engine/pace.py)
+        out["paced_steps"] = paced
+        out["pace_overrun_steps"] = int(a.get("pace_overrun_steps", 0) - b.get("pace_overrun_steps", 0))
     t = out["ttft_s"]
     i = out["itl_s"]
     out["line"] = (f"TTFT mean {_ms(t['mean'])} P99 {_ms(t['p99'])}, ITL P99 {_ms(i['p99'])} max {_ms(i['max'])}, "
                    f"preempt {out['num_preemptions']}, migr {out['migrations_committed']}/"
                    f"{out['migrations_aborted']} aborted, {len(ok)}/{len(recs)} ok")
+    if paced:
+        out["line"] += f", pace overran {out['pace_overrun_steps']}/{paced} steps"
     if "trace" in raw:
         t_ = raw["trace"]["summary"]
         out["line"] += (f"; trace: {t_['num_preemptions']} preempt, victim migrated {t_['victim_migrated']}, "

@@ -132,6 +132,9 @@ def cluster_counters(url: str) -> dict[str, Any]:
             "migrations_aborted": m.get("llumnix:migrations_total{outcome=aborted}", 0.0),
             "aborts_by_reason": aborts_by_reason(m),
             "committed_running": mig.get("committed_running", 0),
+            # a paced cluster's (--pace): steps held to the model, and those whose real work overran it
+            "paced_steps": m.get("llumnix:paced_steps_total", 0.0),
+            "pace_overrun_steps": m.get("llumnix:pace_overrun_steps_total", 0.0),
             "downtimes_s": list(mig.get("recent_downtimes_s", ()))}
 
 

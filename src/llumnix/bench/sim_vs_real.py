@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from llumnix.bench.cluster_bench import ClusterBenchSettings, draw_trace, scaled_pairs
+from llumnix.bench.cluster_bench import ClusterBenchSettings, draw_trace, pace_latency, trace_pairs
 
 METRICS = ("num_preemptions", "ttft_p99_s", "itl_p99_s")
 """What is compared: preemptions, and the runs' TTFT and inter-token P99."""
@@ -138,10 +138,8 @@ def compare(record: dict[str, Any], latency: Any, sim_seeds: int = 40, sizing: s
     """Per load and metric: predicted (``sim_seeds`` simulated seeds), measured (the
     record's seeds, paired), the measured ratio's interval, and whether the prediction
     falls inside it. ``calibration``: ``InfoPath.of``'s."""
-    from llumnix.sim.sharegpt import sharegpt_lengths
-
     settings = settings_of(record)
-    pairs = scaled_pairs(settings, *sharegpt_lengths(settings.model))
+    pairs = trace_pairs(settings)
     capacity = float(record["capacity"]["capacity_req_s"])
     runs: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for sys_rec in record["systems"]:
@@ -193,29 +191,44 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         print(f"{r['load']:>6} {r['metric']:>16} {pred:>10} {meas:>9} {iv:>18} {r['inside_interval']}")
 
 
+def latency_of(settings: ClusterBenchSettings, profile: str | None) -> tuple[Any, str]:
+    """The simulator's latency model for a record, and its name: a paced cluster's is the
+    pace's own (the step model shared by construction), any other's the given profile."""
+    if settings.pace is not None:
+        if profile is not None:
+            raise SystemExit(f"sim_vs_real: the record's cluster was paced ({settings.pace}): its model prices "
+                             "the simulator's steps; give no --profile")
+        return pace_latency(settings.pace), f"pace {settings.pace}"
+    if profile is None:
+        raise SystemExit("sim_vs_real: --profile is needed: the record's cluster was not paced")
+    from llumnix.sim.latency import get_latency_model
+
+    return get_latency_model(profile), profile
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llumnix.bench.sim_vs_real", description=__doc__.split("\n\n")[0])
     ap.add_argument("record", type=Path, help="a bench cluster cluster.json")
-    ap.add_argument("--profile", required=True, help="latency profile JSON (llumnix profile) or a preset name")
+    ap.add_argument("--profile", help="latency profile JSON (llumnix profile) or a preset name; none for a paced "
+                    "record (bench cluster --pace): the pace's model prices the simulator's steps")
     ap.add_argument("--sim-seeds", type=int, default=40)
     ap.add_argument("--sizing", default="", help="a label for the rows (e.g. micro, paper)")
     ap.add_argument("--calibration", type=Path,
                     help="the information path's delays: benchmarks/cluster/calibrate_info_path.py's JSON")
     ap.add_argument("--out", type=Path, help="JSON (default: sim_vs_real.json beside the record)")
     a = ap.parse_args(argv)
-    from llumnix.sim.latency import get_latency_model
-
     calibration = None
     if a.calibration is not None:
         try:
             calibration = dict(json.loads(a.calibration.read_text())["simulator"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(f"sim_vs_real: --calibration {a.calibration}: not a calibration file ({e})") from None
-    rows = compare(json.loads(a.record.read_text()), get_latency_model(a.profile), a.sim_seeds, a.sizing,
-                   calibration=calibration)
+    record = json.loads(a.record.read_text())
+    latency, profile = latency_of(settings_of(record), a.profile)
+    rows = compare(record, latency, a.sim_seeds, a.sizing, calibration=calibration)
     print_rows(rows)
     out = a.out or a.record.with_name("sim_vs_real.json")
-    out.write_text(json.dumps({"record": str(a.record), "profile": a.profile, "calibration": calibration,
+    out.write_text(json.dumps({"record": str(a.record), "profile": profile, "calibration": calibration,
                                "rows": rows}, indent=1) + "\n")
     print(f"wrote {out}")
     return 0

@@ -51,7 +51,8 @@ def status_summary(status: InstanceStatus, fcfg: FreenessConfig, now: float) -> 
             # cumulative since the instance started (Prometheus counters at the gateway)
             "num_preemptions": status.num_preemptions,
             "num_prefix_cache_queries": status.num_prefix_cache_queries,
-            "num_prefix_cache_hits": status.num_prefix_cache_hits}
+            "num_prefix_cache_hits": status.num_prefix_cache_hits,
+            **status.extra}  # a paced engine's counts (engine/pace.py)
 
 
 def status_from_json(text: str | bytes) -> InstanceStatus:

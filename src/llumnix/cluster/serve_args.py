@@ -87,6 +87,18 @@ def fraction(text: str) -> float:
     return value
 
 
+def pace_spec(text: str) -> tuple[str, float | None]:
+    """An argparse type: ``MODEL[:SCALE]`` (a SCALE that is not a number is part of MODEL,
+    a path's colon; the config checks both)."""
+    model, sep, tail = text.rpartition(":")
+    if sep and model:
+        try:
+            return model, float(tail)
+        except ValueError:
+            pass
+    return text, None
+
+
 def _add_http_args(p: argparse.ArgumentParser, default_port: int) -> None:
     """The gateway's flags, the same for `serve` and `gateway`."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -241,6 +253,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="CPU weights: fp32 (exact, default) or packed once at load for torch's weight-only "
                         "kernels (benchmarks/engine_speed.md)")
     p.add_argument("--seed", type=int, default=None, help="seed of each instance's sampling RNG (default 0)")
+    p.add_argument("--pace", type=pace_spec, default=None, metavar="MODEL[:SCALE]",
+                   help="evaluation only, never for serving: hold every engine step to the time this latency "
+                   "model (a10-llama7b-serving, a10-llama7b or a profile JSON: the simulator's) gives its batch, "
+                   "times SCALE (default 1), so instances sharing a CPU behave as if each had its own device")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="replay decode steps from CUDA graphs, recorded at start (default: on with cuda)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (vLLM's; = --no-cuda-graphs)")
@@ -313,6 +329,10 @@ def flag_values(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
         out["scheduling.rescheduling.trigger_gap_s"] = ("--reschedule-trigger-gap", None if gap == "off" else gap)
     if args.prefill_instances is not None and args.pd is None:
         out["scheduling.pd.mode"] = ("--prefill-instances", "static")
+    if args.pace is not None:
+        out["engine.pace.model"] = ("--pace", args.pace[0])
+        if args.pace[1] is not None:
+            out["engine.pace.scale"] = ("--pace SCALE", args.pace[1])
     if args.chat_template is not None:
         out["deployment.chat_template"] = ("--chat-template", read_chat_template(args.chat_template))
     return out

@@ -53,6 +53,30 @@ def _check_template(text: str) -> None:
 
 
 @dataclass(frozen=True)
+class PaceConfig:
+    """Each step held to a latency model's time (``engine/pace.py``): for evaluating
+    scheduling on a shared CPU as if each instance had its own device, never for serving."""
+
+    SECTION = "pace"
+
+    model: str
+    """A latency model: a preset of ``sim/latency.py`` (a10-llama7b-serving, a10-llama7b) or a
+    profile JSON (`llumnix profile`), the simulator's own."""
+    scale: float = 1.0
+    """Its step times times this (2: a device half as fast)."""
+
+    def __post_init__(self) -> None:
+        if not self.scale > 0:
+            raise SystemConfigError("pace.scale", f"must be > 0, got {self.scale:g}")
+        from llumnix.engine.pace import pace_model
+
+        try:
+            pace_model(self.model, self.scale)
+        except ValueError as e:
+            raise SystemConfigError("pace.model", str(e)) from None
+
+
+@dataclass(frozen=True)
 class LLMConfig:
     """Each instance's engine: the keyword arguments of ``llumnix.llm.LLM``, with the
     defaults `llumnix serve` runs (chunked prefill and prefix caching on)."""
@@ -91,6 +115,8 @@ class LLMConfig:
     """On CUDA, the fraction of the device's memory an instance may use: the KV cache gets
     what is left of it after the weights, CUDA graphs and activations (vLLM's flag); None:
     kv_cache_bytes. On cpu it has no effect (the KV cache is kv_cache_bytes)."""
+    pace: PaceConfig | None = None
+    """Hold every step to a latency model's time (evaluation only; `--pace`); None: off."""
 
     def __post_init__(self) -> None:
         if not _DEVICE.fullmatch(self.device):

@@ -5,7 +5,7 @@ import logging
 import pickle
 import random
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llumnix.core.batch import Executor, ModelOutput, RequestMetrics, RequestOutput, SchedulerOutput
 from llumnix.core.clock import Clock, WallClock
@@ -19,6 +19,9 @@ from llumnix.engine.migration_ops import MigrationOpsMixin
 from llumnix.engine.scheduler import LocalScheduler
 from llumnix.engine.status_builder import build_status
 from llumnix.kv.kv_manager import KVManager
+
+if TYPE_CHECKING:
+    from llumnix.engine.pace import StepPacer
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +46,11 @@ class EngineCore(MigrationOpsMixin):
         eos_token_id: int | None = None,
         detokenizer: Detokenizer | None = None,
         seed: int = 0,
+        pacer: StepPacer | None = None,
     ) -> None:
         self.config = config
+        self.pacer = pacer
+        """Holds every step to a latency model's time (``engine/pace.py``); None: unpaced."""
         self.executor = executor
         self.clock = clock or WallClock()
         self.instance_id = instance_id
@@ -133,6 +139,8 @@ class EngineCore(MigrationOpsMixin):
     def step(self) -> list[RequestOutput]:
         """One step. A step that raises fails only the requests it concerns: each ends
         with finish reason ``"error"`` and its blocks freed; the rest of the batch goes on."""
+        pacer = self.pacer
+        started = pacer.clock() if pacer is not None else 0.0
         batch = self.schedule()
         if batch.is_empty:
             return []
@@ -151,6 +159,8 @@ class EngineCore(MigrationOpsMixin):
                 self._failed_steps_in_row = 0
             return outputs
         self._failed_steps_in_row = 0
+        if pacer is not None:
+            pacer.pace(batch, started)
         return self.update(batch, output)
 
     def _isolate(self, batch: SchedulerOutput, exc: Exception) -> list[RequestOutput]:

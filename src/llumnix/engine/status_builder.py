@@ -65,7 +65,7 @@ def build_status(engine: EngineCore, *, migrating: Collection[str] = (),
     status = object.__new__(InstanceStatus)
     state = status.__dict__
     state.update(_DEFAULTS)
-    state["extra"] = {}
+    state["extra"] = {} if engine.pacer is None else engine.pacer.counts()  # a paced engine's (engine/pace.py)
     state["instance_id"] = engine.instance_id
     state["timestamp"] = fields["timestamp"] if fields and "timestamp" in fields else engine.clock.now()
     state["num_total_blocks"] = kv.num_total_blocks

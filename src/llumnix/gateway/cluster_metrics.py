@@ -25,7 +25,13 @@ _PER_INSTANCE: tuple[tuple[str, str, str, str], ...] = (
      "Prefix cache queries, in terms of number of queried tokens.", "num_prefix_cache_queries"),
     ("vllm:prefix_cache_hits", "counter",
      "Prefix cache hits, in terms of number of cached tokens.", "num_prefix_cache_hits"),
+    # a paced engine's (`--pace`, engine/pace.py): whether the emulated device's step times held
+    ("llumnix:paced_steps", "counter", "Engine steps held to the pace's latency model.", "num_paced_steps"),
+    ("llumnix:pace_overrun_steps", "counter",
+     "Paced steps whose real work took longer than the modeled time.", "num_pace_overrun_steps"),
 )
+_ONLY_PACED = frozenset({"num_paced_steps", "num_pace_overrun_steps"})
+"""Fields only a paced engine reports: no series (nor a family) without one."""
 
 
 def _family(kind: str, name: str, doc: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
@@ -74,7 +80,8 @@ class ClusterCollector(Collector):
             for inst in instances:
                 if field in inst:
                     fam.add_metric([name, inst["instance_id"]], float(inst[field]))
-            yield fam
+            if fam.samples or field not in _ONLY_PACED:
+                yield fam
         usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                                   labels=_ENGINE)
         freeness = GaugeMetricFamily("llumnix:instance_freeness", "Freeness of each instance (Algorithm 1).",
