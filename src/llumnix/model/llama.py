@@ -107,20 +107,27 @@ def add_residual(h: torch.Tensor, x: torch.Tensor, w: Weight) -> None:
         h.add_(w.mm(x))
 
 
+PackedHead = Bf16Weight | Int8Weight
+
+
 class LlamaModel:
-    def __init__(self, config: LlamaConfig, lm_head: torch.Tensor, layers: list[LayerWeights],
-                 norm: torch.Tensor, embed: torch.Tensor | None = None) -> None:
+    def __init__(self, config: LlamaConfig, lm_head: torch.Tensor | PackedHead, layers: list[LayerWeights],
+                 norm: torch.Tensor, embed: torch.Tensor | None = None, weight_format: str = "fp32") -> None:
         """``lm_head`` is [hidden, vocab]. Tied embeddings (``embed`` None) read
         their rows as columns of the same tensor: one copy, not two. On CPU the
-        output projection is kept in column panels (``HEAD_PANEL``)."""
+        output projection is kept in column panels (``HEAD_PANEL``). A model packed
+        before (the weight cache's) comes with its packed head and its ``weight_format``."""
         self.config = config
-        self._head: torch.Tensor | None = lm_head
+        self._head: torch.Tensor | None = None
         self._panels: torch.Tensor | None = None  # [n, hidden, HEAD_PANEL] on CPU
-        self._qhead: Bf16Weight | Int8Weight | None = None  # a packed head (``pack_weights``)
-        self.weight_format = "fp32"
-        if lm_head.device.type == "cpu" and lm_head.shape[1] > HEAD_PANEL:
+        self._qhead: PackedHead | None = None  # a packed head (``pack_weights``)
+        self.weight_format = weight_format
+        if not isinstance(lm_head, torch.Tensor):
+            self._qhead = lm_head
+        elif lm_head.device.type == "cpu" and lm_head.shape[1] > HEAD_PANEL:
             self._panels = _to_panels(lm_head)
-            self._head = None
+        else:
+            self._head = lm_head
         self.embed = embed
         self.layers = layers
         self.norm = norm
@@ -129,8 +136,8 @@ class LlamaModel:
         pos = torch.arange(config.max_position_embeddings, dtype=torch.float64)
         freqs = torch.outer(pos, inv)
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = emb.cos().to(lm_head.dtype).to(lm_head.device)
-        self.sin = emb.sin().to(lm_head.dtype).to(lm_head.device)
+        self.cos = emb.cos().to(norm.dtype).to(norm.device)
+        self.sin = emb.sin().to(norm.dtype).to(norm.device)
         # sin with rotate_half's sign folded in: rotate_half(x) * sin == x.roll(d/2) * _sin_signed.
         half = config.head_dim // 2
         self._sin_signed = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)
@@ -138,7 +145,7 @@ class LlamaModel:
     def pack_weights(self, fmt: str) -> None:
         """Pack the projections in ``fmt`` (``quant.WEIGHT_FORMATS``), once, at load. The head
         is int8 per vocabulary row under int8 and int4 (it is the embedding too when tied)."""
-        if fmt == "fp32":
+        if fmt == self.weight_format:
             return
         head = self.lm_head
         self.layers = [lw.packed(fmt) for lw in self.layers]
@@ -166,6 +173,10 @@ class LlamaModel:
         assert self._panels is not None
         n, hidden, width = self._panels.shape
         return self._panels.permute(1, 0, 2).reshape(hidden, n * width)[:, :self.config.vocab_size]
+
+    @property
+    def packed_head(self) -> PackedHead | None:
+        return self._qhead
 
     @property
     def is_tied(self) -> bool:
