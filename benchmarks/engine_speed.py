@@ -1,6 +1,7 @@
 """The engine's weight formats (issue 48) side by side on one machine, interleaved.
 
     kernels  one matmul per SmolLM2 shape and weight format, batch 1 and 32
+    rows     one layer's projections, int4 against bf16 per row count (auto's switch)
     step     one decode step of SmolLM2's shapes (random weights), batch 1 and 32:
              matmuls vs attention vs the rest (Python), from torch's profiler
     engines  our engine per weight format (and HF transformers' generate with ``--hf``, and
@@ -62,6 +63,29 @@ def kernels(args: argparse.Namespace) -> dict[str, Any]:
                     runs[f].append(1e6 * _time(lambda f=f, x=x, packed=packed: matmul(x, packed[f]), reps))
             out[f"{name} batch {m}"] = {f: stats(v) for f, v in runs.items()}
             print(name, m, {f: round(statistics.median(v), 1) for f, v in runs.items()}, flush=True)
+    return out
+
+
+LAYER_SHAPES = ("qkv 576x960", "o 576x576", "gate_up 576x3072", "down 1536x576")
+
+
+def rows(args: argparse.Namespace) -> dict[str, Any]:
+    """Microseconds of one layer's four projections per row count, int4 kernel against
+    bf16 dense (and fp32): where they cross is ``quant.DENSE_ROWS``, ``auto``'s switch."""
+    g = torch.Generator().manual_seed(0)
+    fmts = ("fp32", "bf16", "int4")
+    packed = {name: {f: pack(torch.randn(*SHAPES[name], generator=g) * 0.05, f) for f in fmts}
+              for name in LAYER_SHAPES}
+    out: dict[str, Any] = {}
+    for m in (1, 2, 4, 6, 8, 12, 16, 32):
+        xs = {name: torch.randn(m, SHAPES[name][0], generator=g) for name in LAYER_SHAPES}
+        runs: dict[str, list[float]] = {f: [] for f in fmts}
+        for _ in range(args.rounds):
+            for f in fmts:
+                runs[f].append(1e6 * _time(lambda f=f, xs=xs: [matmul(xs[n], packed[n][f]) for n in LAYER_SHAPES],
+                                           20))
+        out[f"rows {m}"] = {f: stats(v) for f, v in runs.items()}
+        print(f"rows {m}", {f: round(statistics.median(v), 1) for f, v in runs.items()}, flush=True)
     return out
 
 
@@ -287,7 +311,7 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-MODES = {"kernels": kernels, "step": step, "engines": engines, "quality": quality}
+MODES = {"kernels": kernels, "rows": rows, "step": step, "engines": engines, "quality": quality}
 args_model = "smollm2"
 
 

@@ -36,7 +36,7 @@ import torch
 WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "auto")
 INT4_GROUP = 32
 """Input columns per int4 group: GGUF's Q4_0/Q4_1 block size."""
-DENSE_ROWS = 8
+DENSE_ROWS = 16
 """``auto``: rows from which a matmul runs bf16 dense rather than the int4 kernel
 (benchmarks/engine_speed.md, section 4: where the two cross on this machine's CPU)."""
 
