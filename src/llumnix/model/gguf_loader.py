@@ -112,15 +112,13 @@ def packed_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
     """A packed model's tensors by name (what the weight cache stores for its format):
     ``layers.{i}.{field}`` (norms) or ``layers.{i}.{field}.{part}`` (a packed weight's
     parts), ``norm``, ``head.{part}`` and, for untied embeddings, ``embed``."""
-    from llumnix.model.quant import PACKED
-
     out: dict[str, torch.Tensor] = {"norm": model.norm}
     for i, lw in enumerate(model.layers):
         for f in LAYER_FIELDS:
             w = getattr(lw, f)
             if isinstance(w, torch.Tensor):
                 out[f"layers.{i}.{f}"] = w
-            elif isinstance(w, tuple(PACKED.values())):
+            else:
                 out |= {f"layers.{i}.{f}.{k}": t for k, t in w.tensors().items()}
     head = model.packed_head
     assert head is not None, "packed_tensors needs a packed model"

@@ -196,7 +196,8 @@ class RowAwareWeight:
 
 
 Weight = torch.Tensor | Bf16Weight | Int8Weight | Int4Weight | RowAwareWeight
-PACKED = {"bf16": Bf16Weight, "int8": Int8Weight, "int4": Int4Weight, "auto": RowAwareWeight}
+PACKED: dict[str, type[Bf16Weight | Int8Weight | Int4Weight | RowAwareWeight]] = {
+    "bf16": Bf16Weight, "int8": Int8Weight, "int4": Int4Weight, "auto": RowAwareWeight}
 
 
 def pack(w: torch.Tensor, fmt: str) -> Weight:
