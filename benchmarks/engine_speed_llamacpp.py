@@ -115,8 +115,11 @@ def greedy(a: dict[str, Any]) -> dict[str, Any]:
     return {"tokens": tokens}
 
 
+_QUIET = lc.llama_log_callback(lambda *_: None)  # kept: llama.cpp calls it after llama_log_set returns
+
+
 def main() -> None:
-    lc.llama_log_set(lc.llama_log_callback(lambda *_: None), ctypes.c_void_p())  # quiet stderr
+    lc.llama_log_set(_QUIET, ctypes.c_void_p())
     a = json.load(sys.stdin)
     json.dump({"speed": speed, "greedy": greedy}[a["mode"]](a), sys.stdout)
 
