@@ -14,8 +14,8 @@ load for PyTorch's weight-only kernels, so a decode step streams a fraction of t
     auto  the kernel chosen by rows: int4's below ``DENSE_ROWS`` rows (decode of a few
           requests, where bytes per token rule), bf16 dense of the same int4 weights at
           ``DENSE_ROWS`` and above (big batches and prefill, where the int kernels pay
-          their dequantization again for every few rows). Both are kept: 85 + 212 MiB for
-          SmolLM2-135M's layers, with int4's int8 head, 292 MiB against fp32's 513.
+          their dequantization again for every few rows). Both are kept: 63 + 203 MiB for
+          SmolLM2-135M's layers, with int4's int8 head (27 MiB), 293 MiB against fp32's 513.
 
 The int8 and int4 kernels take bfloat16 activations: with float32 ones PyTorch 2.13 runs
 a scalar fallback 10-500x slower than float32 BLAS (576x960 at batch 1, one thread: int4
