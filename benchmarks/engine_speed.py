@@ -1,11 +1,14 @@
 """The engine's weight formats (issue 48) side by side on one machine, interleaved.
 
     kernels  one matmul per SmolLM2 shape and weight format, batch 1 and 32
+    rows     one layer's projections, int4 against bf16 per row count (auto's switch)
     step     one decode step of SmolLM2's shapes (random weights), batch 1 and 32:
              matmuls vs attention vs the rest (Python), from torch's profiler
-    engines  our engine per weight format (and HF transformers' generate, and llama.cpp
-             when ``llama_cpp`` imports): decode tokens/s at batch 1/8/32, prefill 512
-    quality  each fast format against fp32: greedy tokens on 64 prompts, perplexity
+    engines  our engine per weight format (and HF transformers' generate with ``--hf``, and
+             llama.cpp's batched decode with ``--llama-python``): decode tokens/s at batch
+             1/8/32, prefill 512, and the ratios between them round by round
+    quality  each fast format against fp32: greedy tokens on 64 prompts, perplexity (and
+             llama.cpp's greedy tokens against our fp32 with ``--llama-python``)
 
 Every mode runs ``--rounds`` interleaved rounds (format A, B, C, A, B, C, ...) and reports
 medians with min-max spreads, since other processes share the CPU. JSON goes to
@@ -60,6 +63,29 @@ def kernels(args: argparse.Namespace) -> dict[str, Any]:
                     runs[f].append(1e6 * _time(lambda f=f, x=x, packed=packed: matmul(x, packed[f]), reps))
             out[f"{name} batch {m}"] = {f: stats(v) for f, v in runs.items()}
             print(name, m, {f: round(statistics.median(v), 1) for f, v in runs.items()}, flush=True)
+    return out
+
+
+LAYER_SHAPES = ("qkv 576x960", "o 576x576", "gate_up 576x3072", "down 1536x576")
+
+
+def rows(args: argparse.Namespace) -> dict[str, Any]:
+    """Microseconds of one layer's four projections per row count, int4 kernel against
+    bf16 dense (and fp32): where they cross is ``quant.DENSE_ROWS``, ``auto``'s switch."""
+    g = torch.Generator().manual_seed(0)
+    fmts = ("fp32", "bf16", "int4")
+    packed = {name: {f: pack(torch.randn(*SHAPES[name], generator=g) * 0.05, f) for f in fmts}
+              for name in LAYER_SHAPES}
+    out: dict[str, Any] = {}
+    for m in (1, 2, 4, 6, 8, 12, 16, 32):
+        xs = {name: torch.randn(m, SHAPES[name][0], generator=g) for name in LAYER_SHAPES}
+        runs: dict[str, list[float]] = {f: [] for f in fmts}
+        for _ in range(args.rounds):
+            for f in fmts:
+                runs[f].append(1e6 * _time(lambda f=f, xs=xs: [matmul(xs[n], packed[n][f]) for n in LAYER_SHAPES],
+                                           20))
+        out[f"rows {m}"] = {f: stats(v) for f, v in runs.items()}
+        print(f"rows {m}", {f: round(statistics.median(v), 1) for f, v in runs.items()}, flush=True)
     return out
 
 
@@ -130,14 +156,17 @@ def step(args: argparse.Namespace) -> dict[str, Any]:
                     for _ in range(args.steps):
                         ex.model.forward(fb, ex._storage).argmax(-1)
                 cats: dict[str, float] = {"matmul": 0.0, "attention": 0.0, "other ops": 0.0}
+                calls = 0
                 for e in prof.key_averages():
                     cats[_category(e.key)] += e.self_cpu_time_total / 1e3 / args.steps
+                    calls += e.count
                 key = f"{f} batch {batch}"
                 wall = stats(walls[key])
-                out[key] = {"step_ms": wall, "ops_ms_profiled": cats,
+                out[key] = {"step_ms": wall, "ops_ms_profiled": cats, "aten_calls": calls / args.steps,
                             "rest_ms": wall["median"] - sum(cats.values())}
                 print(key, f"step {wall['median']:.2f} ms ({wall['min']:.2f}-{wall['max']:.2f})",
-                      {k: round(v, 2) for k, v in cats.items()}, flush=True)
+                      {k: round(v, 2) for k, v in cats.items()}, f"{calls / args.steps:.0f} aten calls",
+                      flush=True)
     return out
 
 
@@ -151,6 +180,9 @@ def _category(op: str) -> str:
 
 
 def engines(args: argparse.Namespace) -> dict[str, Any]:
+    """Our engine per format, HF transformers and llama.cpp (``--llama-python``) on the same
+    GGUF and thread count, interleaved round by round: decode tokens/s at batch 1/8/32
+    (context 256), prefill tokens/s of 512 tokens; ratios per round, then their medians."""
     from llumnix.bench.engine_bench import bench_decode, bench_prefill
     from llumnix.core.sampling_params import SamplingParams
 
@@ -158,50 +190,81 @@ def engines(args: argparse.Namespace) -> dict[str, Any]:
     for llm in llms.values():
         llm.generate(["warm up"], SamplingParams(max_tokens=4))
     runs: dict[str, dict[str, list[float]]] = {f: {} for f in llms}
-    hf = _transformers() if args.hf else None
-    if hf is not None:
-        runs["transformers"] = {}
+    hf = _Transformers() if args.hf else None
     for _ in range(args.rounds):
         for f, llm in llms.items():
-            for b in (1, 8, 32):
+            for b in BATCHES:
                 runs[f].setdefault(f"decode_b{b}", []).append(bench_decode(llm, b, args.steps))
             runs[f].setdefault("prefill_512", []).append(bench_prefill(llm, 512, 1))
         if hf is not None:
-            for b in (1, 8, 32):
-                runs["transformers"].setdefault(f"decode_b{b}", []).append(hf(b, args.steps))
+            for k, v in hf.measure(args.steps).items():
+                runs.setdefault("transformers", {}).setdefault(k, []).append(v)
+        if args.llama_python:
+            for k, v in _llama_cpp(args, {"mode": "speed", "batches": list(BATCHES), "steps": args.steps,
+                                          "context": 256, "prefill": 512}).items():
+                runs.setdefault("llama.cpp", {}).setdefault(k, []).append(v)
         print({f: {k: round(v[-1], 1) for k, v in r.items()} for f, r in runs.items()}, flush=True)
     out: dict[str, Any] = {f: {k: stats(v) for k, v in r.items()} for f, r in runs.items()}
-    base = out.get("fp32")
-    if base is not None:
-        out["speedup_over_fp32"] = {f: {k: v["median"] / base[k]["median"] for k, v in r.items()}
-                                    for f, r in out.items() if f in llms}
-    try:
-        import llama_cpp  # noqa: F401
-        out["llama_cpp"] = "installed, not driven yet: run its server and `llumnix bench` against it"
-    except ImportError:
-        out["llama_cpp"] = "not installed (llama_cpp does not import): skipped"
+    for other in ("fp32", "transformers", "llama.cpp"):
+        if other in runs:
+            out[f"ratio_to_{other}"] = {f: {k: stats([a / b for a, b in zip(v, runs[other][k], strict=True)])
+                                            for k, v in runs[f].items() if k in runs[other]}
+                                        for f in llms if f != other}
+    if not args.llama_python:
+        out["llama.cpp"] = "skipped: no --llama-python (a Python with llama-cpp-python installed)"
     return out
 
 
-def _transformers() -> Callable[[int, int], float]:
-    from transformers import AutoModelForCausalLM
+BATCHES = (1, 8, 32)
+
+
+def _llama_cpp(args: argparse.Namespace, request: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's figures from ``engine_speed_llamacpp.py`` in its own process."""
+    import json
+    import subprocess
 
     from llumnix.model.loader import resolve_model_path
 
-    path = resolve_model_path(args_model)
-    hf: Any = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    request |= {"model": str(resolve_model_path(args_model)), "threads": args.threads}
+    script = Path(__file__).with_name("engine_speed_llamacpp.py")
+    done = subprocess.run([args.llama_python, str(script)], input=json.dumps(request), capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"llama.cpp side failed: {done.stderr.strip()[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
 
-    def rate(batch: int, steps: int) -> float:
-        ids = torch.tensor([[100 + (i * 7919 + s * 104729) % 40000 for i in range(256)] for s in range(batch)])
 
-        def gen(n: int) -> float:
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                            do_sample=False, pad_token_id=0)
-            return time.perf_counter() - t0
-        return batch * steps / (gen(steps + 1) - gen(1))
-    return rate
+class _Transformers:
+    """HF transformers on the same GGUF (dequantized to float32 by transformers)."""
+
+    def __init__(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from llumnix.model.loader import resolve_model_path
+
+        path = resolve_model_path(args_model)
+        self.hf: Any = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                            dtype=torch.float32).eval()
+
+    def _gen(self, ids: torch.Tensor, n: int) -> float:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            self.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, pad_token_id=0)
+        return time.perf_counter() - t0
+
+    def measure(self, steps: int) -> dict[str, float]:
+        out = {}
+        for batch in BATCHES:
+            ids = torch.tensor([[100 + (i * 7919 + s * 104729) % 40000 for i in range(256)] for s in range(batch)])
+            out[f"decode_b{batch}"] = batch * steps / (self._gen(ids, steps + 1) - self._gen(ids, 1))
+        ids = torch.tensor([[100 + (i * 7919 + 7 * 104729) % 40000 for i in range(512)]])
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            self.hf(ids)
+        out["prefill_512"] = 512 / (time.perf_counter() - t0)
+        return out
 
 
 PROMPT_SUBJECTS = ("the ocean", "a small town", "machine learning", "the moon", "coffee", "a library",
@@ -236,11 +299,19 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
                         "first16_identical_frac": same / len(prompts), "perplexity": ppl,
                         "perplexity_vs_fp32": ppl / ref_ppl - 1, "ppl_tokens": len(ids)}
         print(fmt, results[fmt], flush=True)
+        if fmt == "fp32" and args.llama_python:
+            ids_of = [llm.encode_prompt(p) for p in prompts]
+            theirs = _llama_cpp(args, {"mode": "greedy", "prompts": ids_of, "tokens": 16})["tokens"]
+            same = sum(a == b for a, b in zip(theirs, ref_tokens, strict=True))
+            results["llama.cpp"] = {"prompts": len(prompts), "first16_identical": same,
+                                    "first16_identical_frac": same / len(prompts),
+                                    "note": "llama.cpp's own kernels on the file's Q4_1/Q8_0 weights"}
+            print("llama.cpp", results["llama.cpp"], flush=True)
         del llm
     return results
 
 
-MODES = {"kernels": kernels, "step": step, "engines": engines, "quality": quality}
+MODES = {"kernels": kernels, "rows": rows, "step": step, "engines": engines, "quality": quality}
 args_model = "smollm2"
 
 
@@ -254,6 +325,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=16, help="decode steps timed per measurement")
     p.add_argument("--hf", action="store_true", help="engines: HF transformers' generate too")
+    p.add_argument("--llama-python", default=None, metavar="PYTHON",
+                   help="engines, quality: a Python with llama-cpp-python, for llama.cpp's figures")
     p.add_argument("--out", default="/tmp/llumnix-bench/engine_speed")
     args = p.parse_args()
     args.formats = args.formats.split(",")

@@ -9,10 +9,22 @@ from llumnix.config.fields import SystemConfigError
 from llumnix.config.sections import WEIGHT_FORMATS as CONFIG_FORMATS
 from llumnix.config.sections import LLMConfig
 from llumnix.core.errors import ModelLoadError
-from llumnix.model.quant import WEIGHT_FORMATS, Int4Weight, Int8Weight, matmul, pack, weight_bytes
+from llumnix.model.quant import (
+    DENSE_ROWS,
+    WEIGHT_FORMATS,
+    Bf16Weight,
+    Int4Weight,
+    Int8Weight,
+    RowAwareWeight,
+    matmul,
+    pack,
+    weight_bytes,
+)
 
 # Relative error of x @ w against float32 (bf16 activations: about 2^-8 per product).
-TOLERANCE = {"fp32": 1e-6, "bf16": 0.02, "int8": 0.03, "int4": 0.12}
+TOLERANCE = {"fp32": 1e-6, "bf16": 0.02, "int8": 0.03, "int4": 0.12, "auto": 0.12}
+# Bytes kept per weight: auto keeps int4's and a bf16 copy.
+BYTES_PER_WEIGHT = {"bf16": 2.0, "int8": 1.05, "int4": 0.65, "auto": 2.65}
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -30,7 +42,22 @@ def test_packed_matmul_matches_float32(fmt, batch):
     assert y.dtype == torch.float32 and y.shape == (batch, 160)
     assert _rel(y, x @ w) < TOLERANCE[fmt]
     if fmt != "fp32":
-        assert weight_bytes(packed) < w.numel() * 4 / 1.9  # the point: fewer bytes per step
+        assert weight_bytes(packed) <= w.numel() * BYTES_PER_WEIGHT[fmt]  # the point: fewer bytes per step
+
+
+@pytest.mark.parametrize("batch", [1, DENSE_ROWS - 1, DENSE_ROWS, 32])
+def test_auto_runs_int4_below_dense_rows_and_bf16_from_there(batch):
+    """Bit for bit one single path or the other, chosen by rows; the bf16 copy holds the
+    int4 weights (so the two paths differ by rounding, not by quantization)."""
+    g = torch.Generator().manual_seed(batch)
+    w = torch.randn(96, 160, generator=g) * 0.05
+    x = torch.randn(batch, 96, generator=g)
+    auto = RowAwareWeight(w)
+    single = Int4Weight(w) if batch < DENSE_ROWS else Bf16Weight(Int4Weight(w).dense())
+    assert torch.equal(auto.mm(x), single.mm(x))
+    assert torch.equal(auto.int4.packed, Int4Weight(w).packed)
+    int4_dense = Int4Weight(w).dense()  # the kernel's own view, bf16-rounded
+    assert torch.equal(auto.bf16.w, int4_dense.to(torch.bfloat16))
 
 
 def test_int4_gives_back_a_q4_1_tensor():
@@ -61,7 +88,7 @@ def test_int4_refuses_a_width_it_cannot_group():
         Int4Weight(torch.randn(48, 64))
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "auto"])
 def test_a_packed_model_tracks_float32(tiny_llama_dir, fmt):
     from llumnix.model import load_model
 
@@ -79,7 +106,7 @@ def test_weight_format_is_checked_at_load_and_in_config():
 
     assert CONFIG_FORMATS == WEIGHT_FORMATS
     assert SystemConfig.from_dict({"engine": {"weight_format": "int4"}}).engine.llm_kwargs()["weight_format"] == "int4"
-    with pytest.raises(SystemConfigError, match="engine.weight_format: must be one of fp32, bf16, int8, int4"):
+    with pytest.raises(SystemConfigError, match="engine.weight_format: must be one of fp32, bf16, int8, int4, auto"):
         SystemConfig.from_dict({"engine": {"weight_format": "int3"}})
     with pytest.raises(SystemConfigError, match="needs device cpu and dtype float32"):
         LLMConfig(weight_format="int8", dtype="bfloat16")

@@ -86,3 +86,29 @@ def test_smollm2_second_load_comes_from_the_cache(cache, monkeypatch):
     assert torch.equal(first.model.norm, second.model.norm)
     heads = [m.model._panels if m.model._panels is not None else m.model._head for m in (first, second)]
     assert heads[0] is not None and torch.equal(heads[0], heads[1])  # the tied embedding and output head
+
+
+@pytest.mark.parametrize("fmt", ["int4", "auto"])
+def test_a_packed_format_is_cached_packed(cache, monkeypatch, fmt):
+    """A packed start after the first maps the packed tensors: neither dequantizes nor
+    packs, and computes what the first computed, bit for bit."""
+    from llumnix.model import gguf_loader, quant
+    from llumnix.model.loader import load_model
+
+    first = load_model("smollm2", weight_format=fmt)
+    names = sorted(p.name for p in (cache / "weights").glob("*.safetensors"))
+    assert len(names) == 2 and sum(f"-{fmt}-" in n for n in names) == 1  # the float tensors and the packed ones
+
+    def no_work(*_: object) -> None:
+        raise AssertionError("a cached packed load must neither dequantize nor pack")
+
+    monkeypatch.setattr(gguf_loader, "_weights", no_work)
+    monkeypatch.setattr(quant, "_int4_groups", no_work)
+    second = load_model("smollm2", weight_format=fmt)
+    assert second.model.weight_format == fmt
+    a, b = gguf_loader.packed_tensors(first.model), gguf_loader.packed_tensors(second.model)
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    x = torch.randn(3, first.config.hidden_size)
+    for lw1, lw2 in zip(first.model.layers[:2], second.model.layers[:2], strict=True):
+        assert torch.equal(quant.matmul(x, lw1.w_gate_up), quant.matmul(x, lw2.w_gate_up))
+    assert torch.equal(first.model.logits(x), second.model.logits(x))

@@ -249,7 +249,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda")
     p.add_argument("--dtype", default=None, choices=tuple(VLLM_DTYPES),
                    help="weights and KV cache (default float32; auto: the default)")
-    p.add_argument("--weight-format", default=None, choices=("fp32", "bf16", "int8", "int4"),
+    p.add_argument("--weight-format", default=None, choices=("fp32", "bf16", "int8", "int4", "auto"),
                    help="CPU weights: fp32 (exact, default) or packed once at load for torch's weight-only "
                         "kernels (benchmarks/engine_speed.md)")
     p.add_argument("--seed", type=int, default=None, help="seed of each instance's sampling RNG (default 0)")

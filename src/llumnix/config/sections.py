@@ -27,7 +27,7 @@ the decodes riding in it, so the stall is spread, not shrunk.
 CUDA: vLLM's usual default, not measured here (no GPU lent since chunking landed)."""
 
 DTYPES = ("float32", "bfloat16", "float16")
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "auto")
 """``llumnix.model.quant.WEIGHT_FORMATS``, named here without importing torch."""
 TRANSPORTS = ("tcp", "gloo", "ray")
 """``llumnix.migration.transport.TRANSPORTS``, named here without importing torch."""
@@ -89,8 +89,9 @@ class LLMConfig:
     """Weights and KV cache: float32, bfloat16 or float16."""
     weight_format: str = "fp32"
     """Projection weights: fp32 (as loaded in dtype: the exact path), or on cpu with float32
-    packed for weight-only kernels: bf16, int8 (per channel) or int4 (32-wide groups, a
-    GGUF Q4_1 block's own integers). The KV cache stays in dtype either way."""
+    packed for weight-only kernels: bf16, int8 (per channel), int4 (32-wide groups, a
+    GGUF Q4_1 block's own integers) or auto (int4 below 16 rows a step, bf16 from 16). The
+    KV cache stays in dtype either way."""
     kv_cache_bytes: int = 512 * 2**20
     """KV cache per instance (`--kv-cache-mib` in MiB), unless num_blocks is given."""
     num_blocks: int | None = None

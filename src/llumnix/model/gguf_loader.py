@@ -25,7 +25,10 @@ def _t(w: torch.Tensor) -> torch.Tensor:
     return w.t().contiguous()
 
 
-def load_gguf(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfig, LlamaModel, Any]:
+def load_gguf(path: Path, device: str, dtype: torch.dtype,
+              weight_format: str = "fp32") -> tuple[LlamaConfig, LlamaModel, Any]:
+    """The model with its projections in ``weight_format`` (packed ones from the weight
+    cache when there, else packed from the float tensors and cached)."""
     from llumnix.model import weight_cache
     from llumnix.model.gguf_file import GGUFFile
 
@@ -39,11 +42,20 @@ def load_gguf(path: Path, device: str, dtype: torch.dtype) -> tuple[LlamaConfig,
         raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
     tensors = {t.name: t for t in reader.tensors}
     config = LlamaConfig.from_gguf_fields(fields, vocab_size=int(tensors["token_embd.weight"].shape[-1]))
+    if weight_format != "fp32":
+        packed = weight_cache.load(path, dtype, weight_format)
+        if packed is not None:
+            return config, _assemble_packed(config, packed, weight_format), reader
     weights = weight_cache.load(path, dtype)
     if weights is None:
         weights = _weights(path, tensors, config, dtype)
         weight_cache.save(path, dtype, weights)
-    return config, _assemble(config, weights, device), reader
+    model = _assemble(config, weights, device)
+    if weight_format != "fp32":
+        del weights  # the float tensors' pages go with the model's references to them
+        model.pack_weights(weight_format)
+        weight_cache.save(path, dtype, packed_tensors(model), weight_format)
+    return config, model, reader
 
 
 LAYER_FIELDS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate_up", "w_down")
@@ -94,3 +106,38 @@ def _assemble(config: LlamaConfig, w: dict[str, torch.Tensor], device: str) -> L
 
     layers = [LayerWeights(**{f: on(f"layers.{i}.{f}") for f in LAYER_FIELDS}) for i in range(config.num_layers)]
     return LlamaModel(config, on("lm_head"), layers, on("norm"), on("embed") if "embed" in w else None)
+
+
+def packed_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
+    """A packed model's tensors by name (what the weight cache stores for its format):
+    ``layers.{i}.{field}`` (norms) or ``layers.{i}.{field}.{part}`` (a packed weight's
+    parts), ``norm``, ``head.{part}`` and, for untied embeddings, ``embed``."""
+    out: dict[str, torch.Tensor] = {"norm": model.norm}
+    for i, lw in enumerate(model.layers):
+        for f in LAYER_FIELDS:
+            w = getattr(lw, f)
+            if isinstance(w, torch.Tensor):
+                out[f"layers.{i}.{f}"] = w
+            else:
+                out |= {f"layers.{i}.{f}.{k}": t for k, t in w.tensors().items()}
+    head = model.packed_head
+    assert head is not None, "packed_tensors needs a packed model"
+    out |= {f"head.{k}": t for k, t in head.tensors().items()}
+    if model.embed is not None:
+        out["embed"] = model.embed
+    return out
+
+
+def _assemble_packed(config: LlamaConfig, w: dict[str, torch.Tensor], fmt: str) -> LlamaModel:
+    from llumnix.model.quant import PACKED, Bf16Weight, Int8Weight
+
+    def parts(prefix: str) -> dict[str, torch.Tensor]:
+        return {k.removeprefix(prefix): t for k, t in w.items() if k.startswith(prefix)}
+
+    def field(i: int, f: str) -> Any:
+        name = f"layers.{i}.{f}"
+        return w[name] if f.endswith("norm") else PACKED[fmt].of(parts(name + "."))
+
+    layers = [LayerWeights(**{f: field(i, f) for f in LAYER_FIELDS}) for i in range(config.num_layers)]
+    head = (Bf16Weight if fmt == "bf16" else Int8Weight).of(parts("head."))
+    return LlamaModel(config, head, layers, w["norm"], w.get("embed"), weight_format=fmt)

@@ -53,7 +53,7 @@ def load_model(spec: str = "smollm2", device: str = "cpu", dtype: str | torch.dt
         from llumnix.model.gguf_file import read_fields
         from llumnix.model.gguf_loader import load_gguf
 
-        config, model, reader = load_gguf(path, device, torch_dtype)
+        config, model, reader = load_gguf(path, device, torch_dtype, weight_format)
         tokenizer = Tokenizer.from_gguf(reader, read_fields(reader))
         name = "smollm2" if path.name == SMOLLM2_FILE else path.stem
     else:

@@ -11,6 +11,11 @@ load for PyTorch's weight-only kernels, so a decode step streams a fraction of t
           re-quantization of the dequantized tensor gives back the file's own integers
           (its scales and minimums rounded to bf16, the kernel's: a weight moves by up to
           0.16 of its quantization step).
+    auto  the kernel chosen by rows: int4's below ``DENSE_ROWS`` rows (decode of a few
+          requests, where bytes per token rule), bf16 dense of the same int4 weights at
+          ``DENSE_ROWS`` and above (big batches and prefill, where the int kernels pay
+          their dequantization again for every few rows). Both are kept: 63 + 203 MiB for
+          SmolLM2-135M's layers, with int4's int8 head (27 MiB), 293 MiB against fp32's 513.
 
 The int8 and int4 kernels take bfloat16 activations: with float32 ones PyTorch 2.13 runs
 a scalar fallback 10-500x slower than float32 BLAS (576x960 at batch 1, one thread: int4
@@ -28,9 +33,12 @@ from typing import Protocol
 
 import torch
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "auto")
 INT4_GROUP = 32
 """Input columns per int4 group: GGUF's Q4_0/Q4_1 block size."""
+DENSE_ROWS = 16
+"""``auto``: rows from which a matmul runs bf16 dense rather than the int4 kernel
+(benchmarks/engine_speed.md, section 4: where the two cross on this machine's CPU)."""
 
 
 class PackedWeight(Protocol):
@@ -49,6 +57,15 @@ class PackedWeight(Protocol):
 class Bf16Weight:
     def __init__(self, w: torch.Tensor) -> None:
         self.w = w.to(torch.bfloat16).contiguous()  # [in, out]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"w": self.w}
+
+    @classmethod
+    def of(cls, t: dict[str, torch.Tensor]) -> Bf16Weight:
+        self = cls.__new__(cls)
+        self.w = t["w"]
+        return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
         return (x.to(torch.bfloat16) @ self.w).to(x.dtype)
@@ -70,6 +87,15 @@ class Int8Weight:
         self.q = (wt / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
         self.scale = scale.to(torch.bfloat16).contiguous()
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"q": self.q, "scale": self.scale}
+
+    @classmethod
+    def of(cls, t: dict[str, torch.Tensor]) -> Int8Weight:
+        self = cls.__new__(cls)
+        self.q, self.scale = t["q"], t["scale"]
+        return self
+
     def mm(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale)
         return y.to(x.dtype)
@@ -86,23 +112,41 @@ class Int8Weight:
         return self.q.numel() + self.scale.numel() * 2
 
 
+def _int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` [in, out] -> its integers q [out, in] in [0, 15] (int32) and the kernel's
+    [in / group, out, 2] bf16 (scale, zero), zero = lo + 8 * scale: w = (q - 8) * scale + zero."""
+    wt = w.t().float().contiguous()  # [out, in]
+    n, k = wt.shape
+    if k % INT4_GROUP:
+        raise ValueError(f"int4 needs input width divisible by {INT4_GROUP}, got {k}")
+    groups = wt.view(n, k // INT4_GROUP, INT4_GROUP)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
+    sz = torch.stack([scale.t(), (lo + 8 * scale).t()], dim=-1).to(torch.bfloat16).contiguous()
+    return q.view(n, k), sz
+
+
 class Int4Weight:
     """Asymmetric int4 in groups of ``INT4_GROUP`` input columns, in the kernel's layout:
     w = (q - 8) * scale + zero, with q in [0, 15]."""
 
     def __init__(self, w: torch.Tensor) -> None:
-        wt = w.t().float().contiguous()  # [out, in]
-        n, k = wt.shape
-        if k % INT4_GROUP:
-            raise ValueError(f"int4 needs input width divisible by {INT4_GROUP}, got {k}")
-        groups = wt.view(n, k // INT4_GROUP, INT4_GROUP)
-        lo, hi = groups.amin(-1), groups.amax(-1)
-        scale = ((hi - lo) / 15).clamp(min=1e-12)
-        q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
-        self.k, self.n = k, n
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.view(n, k).contiguous(), 2)
-        # [k / group, n, 2]: (scale, zero) with zero = lo + 8 * scale, the kernel's convention.
-        self.scales_zeros = torch.stack([scale.t(), (lo + 8 * scale).t()], dim=-1).to(torch.bfloat16).contiguous()
+        q, self.scales_zeros = _int4_groups(w)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+
+    @property
+    def k(self) -> int:
+        return int(self.scales_zeros.shape[0]) * INT4_GROUP
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"packed": self.packed, "scales_zeros": self.scales_zeros}
+
+    @classmethod
+    def of(cls, t: dict[str, torch.Tensor]) -> Int4Weight:
+        self = cls.__new__(cls)
+        self.packed, self.scales_zeros = t["packed"], t["scales_zeros"]
+        return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed,
@@ -117,19 +161,51 @@ class Int4Weight:
         return int(self.packed.numel() * self.packed.element_size()) + self.scales_zeros.numel() * 2
 
 
-Weight = torch.Tensor | Bf16Weight | Int8Weight | Int4Weight
+class RowAwareWeight:
+    """``auto``: the int4 kernel for fewer than ``DENSE_ROWS`` rows, a bf16 dense copy of
+    the same weights for more (both resident: 0.625 + 2 bytes a weight)."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        q, sz = _int4_groups(w)
+        self.int4 = Int4Weight.of({"packed": torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2),
+                                   "scales_zeros": sz})
+        # The int4 weights themselves in bf16, so both kernels compute with one set of weights.
+        g = sz.float().transpose(0, 1)  # [out, in / group, 2]
+        n, k = q.shape
+        dense = (q.view(n, -1, INT4_GROUP).float() - 8) * g[..., :1] + g[..., 1:]
+        self.bf16 = Bf16Weight(dense.view(n, k).t())
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return self.int4.tensors() | self.bf16.tensors()
+
+    @classmethod
+    def of(cls, t: dict[str, torch.Tensor]) -> RowAwareWeight:
+        self = cls.__new__(cls)
+        self.int4, self.bf16 = Int4Weight.of(t), Bf16Weight.of(t)
+        return self
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.int4.mm(x) if x.shape[0] < DENSE_ROWS else self.bf16.mm(x)
+
+    def dense(self) -> torch.Tensor:
+        return self.bf16.dense()
+
+    @property
+    def nbytes(self) -> int:
+        return self.int4.nbytes + self.bf16.nbytes
+
+
+Weight = torch.Tensor | Bf16Weight | Int8Weight | Int4Weight | RowAwareWeight
+PACKED: dict[str, type[Bf16Weight | Int8Weight | Int4Weight | RowAwareWeight]] = {
+    "bf16": Bf16Weight, "int8": Int8Weight, "int4": Int4Weight, "auto": RowAwareWeight}
 
 
 def pack(w: torch.Tensor, fmt: str) -> Weight:
     """``w`` [in, out] float in ``fmt``; fp32 returns it unchanged."""
     if fmt == "fp32":
         return w
-    if fmt == "bf16":
-        return Bf16Weight(w)
-    if fmt == "int8":
-        return Int8Weight(w)
-    if fmt == "int4":
-        return Int4Weight(w)
+    if fmt in PACKED:
+        return PACKED[fmt](w)
     raise ValueError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, not {fmt!r}")
 
 

@@ -4,7 +4,10 @@ replacement, an auto-scaling scale-out) maps them instead of dequantizing again
 (SmolLM2: 2.6 s -> 0.3 s a load here).
 
     key    the GGUF's resolved path, size and modification time, the dtype, ``LAYOUT``
-           (bumped whenever the loader's layout changes)
+           (bumped whenever the loader's layout changes); for a packed weight format
+           (``quant.WEIGHT_FORMATS``) the format and torch's version too (the int4
+           kernel's packing is torch's own layout), so a packed start neither
+           dequantizes nor packs again (SmolLM2 int4: 7-9 s -> what fp32 takes)
     file   ``$LLUMNIX_CACHE/weights/<key>.safetensors`` (default ``~/.cache/llumnix``),
            written under a temporary name and renamed, so a reader never sees half a
            file; read through a memory map, so instances on one node share its pages
@@ -35,18 +38,22 @@ def enabled() -> bool:
     return os.environ.get(ENV_OFF, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def cache_path(source: Path, dtype: torch.dtype) -> Path:
+def cache_path(source: Path, dtype: torch.dtype, fmt: str = "fp32") -> Path:
     st = source.stat()
     key = f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{LAYOUT}"
+    name = source.stem
+    if fmt != "fp32":
+        key += f"|{fmt}|torch {torch.__version__}"
+        name += f"-{fmt}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    return cache_dir() / "weights" / f"{source.stem}-{digest}.safetensors"
+    return cache_dir() / "weights" / f"{name}-{digest}.safetensors"
 
 
-def load(source: Path, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
+def load(source: Path, dtype: torch.dtype, fmt: str = "fp32") -> dict[str, torch.Tensor] | None:
     """The cached tensors (on CPU, memory-mapped), or None: not cached, off, or unreadable."""
     if not enabled():
         return None
-    path = cache_path(source, dtype)
+    path = cache_path(source, dtype, fmt)
     if not path.is_file():
         return None
     from safetensors.torch import load_file
@@ -58,13 +65,13 @@ def load(source: Path, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
         return None
 
 
-def save(source: Path, dtype: torch.dtype, tensors: dict[str, torch.Tensor]) -> Path | None:
+def save(source: Path, dtype: torch.dtype, tensors: dict[str, torch.Tensor], fmt: str = "fp32") -> Path | None:
     """Write ``tensors`` for ``source`` (returns the file, or None where it was not written)."""
     if not enabled():
         return None
     from safetensors.torch import save_file
 
-    path = cache_path(source, dtype)
+    path = cache_path(source, dtype, fmt)
     size = sum(t.numel() * t.element_size() for t in tensors.values())
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
