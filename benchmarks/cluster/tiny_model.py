@@ -20,23 +20,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.tiny_model import byte_tokenizer_json
+
 VERSION = 2
 """2: the printable output head. A directory stamped with another version is rewritten."""
 STAMP = "tiny_model.json"
-
-
-def byte_tokenizer_json() -> dict:
-    """A byte-level BPE with no merges (each byte one token) and an end token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}
-    vocab["<|end|>"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|end|>"])
-    return dict(json.loads(tok.to_str()))
 
 
 def printable_head(vocab: dict[str, int], hidden: int, num_tokens: int) -> Any:
