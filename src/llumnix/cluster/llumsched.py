@@ -78,7 +78,15 @@ class LlumSchedActor:
         statuses (``status_feed``); None without the cluster's token (a benchmark's or a
         test's LlumSched that schedules nothing: it keeps the registration status)."""
         self.num_resumed_from_cms = self.cms.resume(self._relearn)
+        self._closed = threading.Event()
         threading.Thread(target=self._reschedule_loop, daemon=True, name="rescheduler").start()
+
+    def close(self) -> None:
+        """Stop the periodic round (at its next wake-up) and the feed: for a LlumSched driven
+        in process (tests, benchmarks); Ray's actor ends with its process."""
+        self._closed.set()
+        if self.feed is not None:
+            self.feed.close()
 
     def cms_url(self) -> str | None:
         """Where the cluster's meta store is (None: in this actor's memory)."""
@@ -236,8 +244,10 @@ class LlumSchedActor:
         last_health = 0.0
         with self._lock:
             self.rescheduler.timer.start(time.time())
-        while True:
+        while not self._closed.is_set():
             what = self.rescheduler.next_due()
+            if self._closed.is_set():
+                return
             try:
                 if what == "pass":
                     self.rescheduler.run_pass()
