@@ -203,8 +203,10 @@ async def merge_choices(ctx: GatewayContext, gens: list[GenerateRequest]) -> Asy
             yield 0, item
         return
     queue: asyncio.Queue[tuple[int, Step | BaseException | None]] = asyncio.Queue()
+    started = [False] * len(gens)
 
     async def pump(i: int, gen: GenerateRequest) -> None:
+        started[i] = True
         try:
             async for item in run_choice(ctx, gen):
                 queue.put_nowait((i, item))
@@ -227,3 +229,5 @@ async def merge_choices(ctx: GatewayContext, gens: list[GenerateRequest]) -> Asy
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(started.count(False)):  # the client left before this choice began:
+            ctx.metrics.labels(ctx.metrics.aborted).inc()  # aborted too, though nothing ran
