@@ -277,7 +277,7 @@ def run_systems(s: ClusterBenchSettings, names: list[str], out: Path, pairs: tup
             servers: list[ServeProcess] = []
             traces: list[Path | None] = []
             for name in group:
-                if not s.interleave or len(names) == 1:
+                if not s.interleave:
                     log(f"bench cluster: {name}")
                 server, started, trace_file = _open_system(s, name, out, stack)
                 if capacity is None:

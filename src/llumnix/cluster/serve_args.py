@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from llumnix.cluster.vllm_flags import add_vllm_compat_args, check_vllm_flags
+from llumnix.config.sections import WEIGHT_FORMATS
 from llumnix.core.errors import LlumnixError
 from llumnix.logging_setup import LEVEL_ENV, LOG_LEVELS
 
@@ -249,7 +250,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda")
     p.add_argument("--dtype", default=None, choices=tuple(VLLM_DTYPES),
                    help="weights and KV cache (default float32; auto: the default)")
-    p.add_argument("--weight-format", default=None, choices=("fp32", "bf16", "int8", "int4", "auto"),
+    p.add_argument("--weight-format", default=None, choices=WEIGHT_FORMATS,
                    help="CPU weights: fp32 (exact, default) or packed once at load for torch's weight-only "
                         "kernels (benchmarks/engine_speed.md)")
     p.add_argument("--seed", type=int, default=None, help="seed of each instance's sampling RNG (default 0)")
