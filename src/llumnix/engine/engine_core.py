@@ -140,9 +140,11 @@ class EngineCore(MigrationOpsMixin):
         """One step. A step that raises fails only the requests it concerns: each ends
         with finish reason ``"error"`` and its blocks freed; the rest of the batch goes on."""
         pacer = self.pacer
-        started = pacer.clock() if pacer is not None else 0.0
+        started = pacer.begin() if pacer is not None else 0.0
         batch = self.schedule()
         if batch.is_empty:
+            if pacer is not None:
+                pacer.idle()
             return []
         self.last_step_was_prefill = batch.is_prefill
         self.last_batch = batch
@@ -157,11 +159,17 @@ class EngineCore(MigrationOpsMixin):
                                             f"last: {type(exc).__name__}: {exc}") from exc
             else:
                 self._failed_steps_in_row = 0
+            if pacer is not None:
+                pacer.idle()
             return outputs
         self._failed_steps_in_row = 0
-        if pacer is not None:
-            pacer.pace(batch, started)
-        return self.update(batch, output)
+        if pacer is None:
+            return self.update(batch, output)
+        pacer.pace(batch, started)
+        outputs = self.update(batch, output)
+        if not self.scheduler.running and not self.scheduler.waiting:
+            pacer.idle()  # the simulator's instance goes idle here too
+        return outputs
 
     def _isolate(self, batch: SchedulerOutput, exc: Exception) -> list[RequestOutput]:
         """Find the entries a failed step concerns by running each half of the batch on

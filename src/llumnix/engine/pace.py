@@ -8,14 +8,19 @@ well under it, each instance's throughput is its own again, and KV binds as on t
 paper's GPUs, while requests, KV caches and migrations stay real.
 
 A step is priced exactly as the simulator prices it (``sim.executor.SimExecutor``
-over the same latency model, times ``scale``), from its scheduling to the end of its
-computation; the remainder is slept on the step thread (``time.sleep``: the GIL is
-free meanwhile) before the step's outputs are made. A step whose real work already
-took longer is an overrun: counted, so a run can say whether the emulation held.
+over the same latency model, times ``scale``), and the remainder of its window is slept
+on the step thread (``time.sleep``: the GIL is free meanwhile) before the step's outputs
+are made. The simulator's step is the whole cycle from one step's start to the next's
+(the model's ``step_overhead_s`` is the serving loop's own work), so while the engine
+steps back to back a step's window starts where the previous one ended: the update,
+the outputs' delivery, the status and the commands at the boundary are part of it, not
+added to it. After an idle spell (nothing running or waiting) the window starts when
+the step does. A cycle whose real work already took longer is an overrun: counted, so a
+run can say whether the emulation held.
 
-    modeled = model(batch) x scale      real = schedule + execute
-    |-- schedule --|---- execute ----|..... sleep .....|-- update --|
-    t0                                t0 + modeled
+    modeled = model(batch) x scale      real = loop + schedule + execute
+    |-- update, loop --|-- schedule --|-- execute --|..... sleep .....|-- update, loop --|
+    w (previous window's end)                                          w + modeled
 
 The model's migration slowdown and neighbor contention are not applied: the pacer sees
 no KV copies, and a paced instance stands for one with a device of its own.
@@ -92,6 +97,18 @@ class StepPacer:
         self.overrun_s = 0.0
         """Seconds those steps took beyond their modeled times, summed."""
         self.slept_s = 0.0
+        self._window_end: float | None = None
+        """Where the previous step's window ended while the engine steps back to back (None: idle)."""
+
+    def begin(self) -> float:
+        """When the step starting now began its window: the previous window's end while
+        the engine steps back to back, else now."""
+        end = self._window_end
+        return self.clock() if end is None else end
+
+    def idle(self) -> None:
+        """Nothing is left to step: the next step's window starts when it does."""
+        self._window_end = None
 
     def modeled_s(self, batch: SchedulerOutput) -> float:
         elapsed = self._pricer.execute(batch).elapsed
@@ -99,9 +116,10 @@ class StepPacer:
         return elapsed
 
     def pace(self, batch: SchedulerOutput, started: float) -> None:
-        """Sleep until ``started`` (``clock``'s time when the step began) plus the batch's
+        """Sleep until ``started`` (``begin``'s answer when the step began) plus the batch's
         modeled time; count an overrun when that time has passed already."""
-        left = started + self.modeled_s(batch) - self.clock()
+        end = started + self.modeled_s(batch)
+        left = end - self.clock()
         self.num_paced_steps += 1
         if left > 0:
             self.slept_s += left
@@ -109,6 +127,8 @@ class StepPacer:
         else:
             self.num_overrun_steps += 1
             self.overrun_s -= left
+            end -= left  # the next window starts from the real end, not the missed one
+        self._window_end = end
 
     def counts(self) -> dict[str, float]:
         """What an instance's status carries (``InstanceStatus.extra``, then ``/metrics``)."""
