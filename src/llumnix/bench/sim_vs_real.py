@@ -7,7 +7,7 @@ from the simulator's runs and measured from the cluster's, with the real runs' p
 bootstrap interval (seeds resampled with replacement; the ratio of sums over seeds).
 
     llumnix bench cluster ... --with-sim PROFILE.json          # after the real runs
-    python -m llumnix.bench.sim_vs_real cluster.json --profile PROFILE.json [--sim-seeds 40]
+    python -m llumnix.bench.sim_vs_real cluster.json --profile PROFILE.json [--sim-seeds N]
 
 The information path is modeled by the simulator's own settings, which come from the
 cluster's (``InfoPath``): statuses every ``status_interval_s`` and at every load change,
@@ -132,10 +132,11 @@ def paired_interval(num: Sequence[float], den: Sequence[float], draws: int = 400
     return float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
 
 
-def compare(record: dict[str, Any], latency: Any, sim_seeds: int = 40, sizing: str = "",
+def compare(record: dict[str, Any], latency: Any, sim_seeds: int | None = None, sizing: str = "",
             base: str = "infaas++", other: str = "llumnix",
             calibration: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Per load and metric: predicted (``sim_seeds`` simulated seeds), measured (the
+    """Per load and metric: predicted (the simulator on the measured seeds' own traces, so
+    prediction and measurement are paired; ``sim_seeds`` N: on seeds 0..N-1), measured (the
     record's seeds, paired), the measured ratio's interval, and whether the prediction
     falls inside it. ``calibration``: ``InfoPath.of``'s."""
     settings = settings_of(record)
@@ -152,15 +153,16 @@ def compare(record: dict[str, Any], latency: Any, sim_seeds: int = 40, sizing: s
         if not seeds:
             continue
         n = int(b[seeds[0]]["num_requests"])
+        sim_on = seeds if sim_seeds is None else list(range(sim_seeds))
         pred = {name: [simulate(settings, name, pairs, n, load * capacity, seed, latency, calibration=calibration)
-                       for seed in range(sim_seeds)] for name in (base, other)}
+                       for seed in sim_on] for name in (base, other)}
         for metric in METRICS:
             mb = [real_metrics(b[sd])[metric] for sd in seeds]
             mo = [real_metrics(o[sd])[metric] for sd in seeds]
             predicted = ratio_of_sums([r[metric] for r in pred[other]], [r[metric] for r in pred[base]])
             measured, interval = ratio_of_sums(mo, mb), paired_interval(mo, mb)
             inside = None if predicted is None or interval is None else interval[0] <= predicted <= interval[1]
-            rows.append({"sizing": sizing, "load": load, "metric": metric, "seeds": seeds, "sim_seeds": sim_seeds,
+            rows.append({"sizing": sizing, "load": load, "metric": metric, "seeds": seeds, "sim_seeds": sim_on,
                          "predicted": _round(predicted), "measured": _round(measured),
                          "low": _round(interval[0]) if interval else None,
                          "high": _round(interval[1]) if interval else None, "inside_interval": inside,
@@ -211,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("record", type=Path, help="a bench cluster cluster.json")
     ap.add_argument("--profile", help="latency profile JSON (llumnix profile) or a preset name; none for a paced "
                     "record (bench cluster --pace): the pace's model prices the simulator's steps")
-    ap.add_argument("--sim-seeds", type=int, default=40)
+    ap.add_argument("--sim-seeds", type=int, default=None,
+                    help="simulate seeds 0..N-1 (default: the measured seeds' own traces, paired)")
     ap.add_argument("--sizing", default="", help="a label for the rows (e.g. micro, paper)")
     ap.add_argument("--calibration", type=Path,
                     help="the information path's delays: benchmarks/cluster/calibrate_info_path.py's JSON")
