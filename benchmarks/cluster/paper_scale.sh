@@ -8,7 +8,9 @@
 # an instance; 4 instances; real ShareGPT first turns x 0.25 (prompts <= 64, outputs <= 128:
 # means 22 and 66 tokens, ~10 s at ~0.15 s a token, 40x the reaction; 88 tokens at their
 # end: 8 of them hold 44 blocks of 16, so 48 blocks); loads 0.6 and 0.85 of the probed
-# capacity (the probe's closed loop at 2x what the caches hold: 4 x 8 x 2 = 64 in flight).
+# capacity (the probe's closed loop at 2x what the caches hold: 4 x 8 x 2 = 64 in flight;
+# 256 requests, so its rate is measured over completions 65-192: the committed 2026-11-29 run
+# had 130, and its rate came from 2 completions).
 # About 30 minutes on a quiet 2-core machine (estimated: ~30 s a run, 40 runs, the probe,
 # two start-ups); the profile first (a few minutes).
 #
@@ -24,4 +26,4 @@ mkdir -p "$out"
 [ -f "$out/profile.json" ] || $py -m llumnix.cli profile --out "$out/profile.json"
 $py -m llumnix.cli bench cluster --instances 4 --systems infaas++,llumnix --seeds 0,1,2,3,4,5,6,7,8,9 \
   --loads 0.6,0.85 --burst-size 0 --length-scale 0.25 --prompt-cap 64 --output-cap 128 --num-blocks 48 \
-  --requests-per-run 24 --interleave --probe-requests 130 --probe-concurrency 64 --with-sim "$out/profile.json" --out "$out"
+  --requests-per-run 24 --interleave --probe-requests 256 --probe-concurrency 64 --with-sim "$out/profile.json" --out "$out"
