@@ -4,7 +4,7 @@ events; over seeds the per-class summary, the paired differences from INFaaS++ a
 goal (``bench cluster``'s own ``slo_classes``); and the simulator's prediction of the
 attainment differences (``sim_vs_real.json``) where it ran.
 
-    python benchmarks/slo/paced_classes_summary.py OUT_DIR [--loadavg FILE] \
+    python benchmarks/slo/paced_classes_summary.py OUT_DIR [--loadavg FILE] [--note TEXT] \
         --out benchmarks/slo/paced_classes_summary.json
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ def run_line(system: str, run: dict[str, Any]) -> dict[str, Any]:
             "pace_overrun_steps": run.get("pace_overrun_steps")}
 
 
-def summarize(out_dir: Path, loadavg: Path | None = None) -> dict[str, Any]:
+def summarize(out_dir: Path, loadavg: Path | None = None, note: str | None = None) -> dict[str, Any]:
     data = json.loads((out_dir / "cluster.json").read_text())
     s = data["settings"]
     keep = ("model", "instances", "num_blocks", "block_size", "max_num_seqs", "scale", "max_input", "max_output",
@@ -42,9 +42,9 @@ def summarize(out_dir: Path, loadavg: Path | None = None) -> dict[str, Any]:
     paced = sum(r["paced_steps"] or 0 for r in runs)
     over = sum(r["pace_overrun_steps"] or 0 for r in runs)
     out: dict[str, Any] = {
-        "settings": {k: s[k] for k in keep if k in s}, "capacity": data["capacity"], "wall_s": round(data["wall_s"]),
+        "note": note, "settings": {k: s[k] for k in keep if k in s}, "capacity": data["capacity"] or data["systems"][0]["capacity"], "wall_s": round(data["wall_s"]),
         "loadavg_before": data["loadavg_before"], "loadavg_after": data["loadavg_after"],
-        "machine": data["machine"], "slo_classes": data.get("slo_classes"),
+        "machine": data["machine"], "partial": data.get("partial"), "slo_classes": data.get("slo_classes"),
         "pace_overran": {"steps": over, "of": paced, "share": _r3(over / paced) if paced else None,
                          "worst_run_share": max((_r3(r["pace_overrun_steps"] / r["paced_steps"]) or 0.0
                                                  for r in runs if r["paced_steps"]), default=None)},
@@ -55,17 +55,18 @@ def summarize(out_dir: Path, loadavg: Path | None = None) -> dict[str, Any]:
         out["sim_vs_real"] = [r for r in rows if r["metric"].startswith("attainment:")] + \
             [r for r in rows if not r["metric"].startswith("attainment:")]
     if loadavg is not None and loadavg.is_file():
-        out["loadavg_during"] = [line.split()[:3] for line in loadavg.read_text().splitlines() if line.strip()]
+        out["loadavg_during"] = [line.split()[:4] for line in loadavg.read_text().splitlines() if line.strip()]
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", type=Path, help="paced_classes.sh's OUT_DIR (cluster.json, sim_vs_real.json)")
-    ap.add_argument("--loadavg", type=Path, help="/proc/loadavg sampled during the run, a line a sample")
+    ap.add_argument("--loadavg", type=Path, help="/proc/loadavg sampled during the run, a line a sample: UTC time, then the file's fields")
+    ap.add_argument("--note", help="what the record is (e.g. why it was cut short)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    a.out.write_text(json.dumps(summarize(a.out_dir, a.loadavg), indent=1) + "\n")
+    a.out.write_text(json.dumps(summarize(a.out_dir, a.loadavg, a.note), indent=1) + "\n")
     print(f"wrote {a.out}")
 
 

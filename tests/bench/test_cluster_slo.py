@@ -222,8 +222,10 @@ def test_sim_vs_real_compares_each_classs_attainment_as_a_difference(monkeypatch
                 "itl_s": {"p99": 0.1}, "by_slo_class": {"interactive": {"attainment": inter},
                                                         "batch": {"attainment": 1.0}}}
 
-    record = {"settings": dataclasses.asdict(s), "capacity": {"capacity_req_s": 3.0},
-              "systems": [{"system": "infaas++", "runs": [run(0, 0.5), run(1, 0.25)]},
+    # a record cut short: the probe's capacity is with its first system only
+    record = {"settings": dataclasses.asdict(s), "capacity": None, "partial": "cut short",
+              "systems": [{"system": "infaas++", "capacity": {"capacity_req_s": 3.0},
+                           "runs": [run(0, 0.5), run(1, 0.25)]},
                           {"system": "slo", "runs": [run(0, 1.0), run(1, 0.75)]}]}
     rows = compare(record, get_latency_model("a10-llama7b-serving"), sim_seeds=2)
     assert [(r["system"], r["metric"]) for r in rows][3:] == [("slo", "attainment:interactive"),

@@ -160,7 +160,8 @@ def compare(record: dict[str, Any], latency: Any, sim_seeds: int = 40, sizing: s
     falls inside it. ``calibration``: ``InfoPath.of``'s."""
     settings = settings_of(record)
     pairs = trace_pairs(settings)
-    capacity = float(record["capacity"]["capacity_req_s"])
+    # a record cut short (``partial``) has its probe's capacity with its first system only
+    capacity = float((record["capacity"] or record["systems"][0]["capacity"])["capacity_req_s"])
     runs: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for sys_rec in record["systems"]:
         for r in sys_rec["runs"]:
