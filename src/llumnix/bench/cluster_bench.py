@@ -49,8 +49,15 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "llumnix": {"engine": PAPER_ENGINE, "scheduling": {"dispatch": {"policy": "llumnix"},
                                                        "rescheduling": {"enabled": True}}},
     "llumnix-default": {},
+    "slo": {"engine": PAPER_ENGINE, "scheduling": {"dispatch": {"policy": "slo"},
+                                                   "rescheduling": {"enabled": True}}},
 }
-"""Each system as `llumnix serve --config` reads it; the settings below fill in the rest."""
+"""Each system as `llumnix serve --config` reads it; the settings below fill in the rest.
+``slo`` (issue 47: predicted-attainment dispatch, migration with rescue) runs only when
+``--systems`` names it."""
+DEFAULT_SYSTEMS = ("round-robin", "infaas++", "llumnix", "llumnix-default")
+MIGRATING = ("llumnix", "slo")
+"""The systems ``--pairing`` and the other rescheduling flags reach."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,7 @@ class ClusterBenchSettings:
     slo_ttft_s: float = 5.0
     """Goodput's objectives: a request counts when its TTFT and TPOT are both within them."""
     slo_tpot_s: float = 0.5
-    systems: tuple[str, ...] = tuple(SYSTEMS)
+    systems: tuple[str, ...] = DEFAULT_SYSTEMS
     extra: dict[str, Any] = field(default_factory=dict)
     """Engine fields given to every system (e.g. cuda_graphs)."""
     trace: bool = False
@@ -118,16 +125,24 @@ class ClusterBenchSettings:
     the order reversed every other point): a machine whose load drifts (other work, a
     thermal limit) then weighs on every system alike, where one system after the other
     gives the drift to one of them. The idle clusters cost a few % of a core each."""
+    slo_classes: dict[str, Any] = field(default_factory=dict)
+    """``--slo-classes``' classes (``cluster_slo.read_classes``): {name: {share, ttft_s,
+    tpot_s, shed_share, priority}}; every system's ``scheduling.slo``, each request tagged
+    with one. Empty: no classes."""
 
     def system_doc(self, name: str) -> dict[str, Any]:
         doc: dict[str, Any] = copy.deepcopy(SYSTEMS[name])  # a caller's edit must not reach SYSTEMS
-        if self.rescheduling and name == "llumnix":
+        if self.rescheduling and name in MIGRATING:
             doc["scheduling"]["rescheduling"] = {**doc["scheduling"]["rescheduling"], **self.rescheduling}
         doc["model"] = self.model
         doc["engine"] = {**doc.get("engine", {}), "device": self.device, "num_blocks": self.num_blocks,
                          "block_size": self.block_size, "max_num_seqs": self.max_num_seqs, **self.extra}
         if self.pace is not None:
             doc["engine"]["pace"] = pace_doc(self.pace)
+        if self.slo_classes:
+            from llumnix.bench.cluster_slo import slo_doc
+
+            doc.setdefault("scheduling", {})["slo"] = slo_doc(self.slo_classes)
         doc["deployment"] = {"instances": self.instances}
         if self.reschedule_interval_s is not None:
             doc["deployment"]["reschedule_interval_s"] = self.reschedule_interval_s
@@ -187,12 +202,19 @@ def draw_trace(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float | None,
 
 def make_requests(s: ClusterBenchSettings, pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float | None,
                   seed: int, vocab: int, salt: int = 0) -> list[PlannedRequest]:
-    """``draw_trace``'s requests, each prompt synthetic token ids of its length."""
+    """``draw_trace``'s requests, each prompt synthetic token ids of its length; with SLO
+    classes each tagged with its class (``cluster_slo.draw_classes``)."""
     from llumnix.bench.profile import synthetic_prompt
 
     prompts, outputs, times = draw_trace(pairs, n, rate, seed)
-    return [PlannedRequest(float(t), synthetic_prompt(int(p), salt + seed * 10_000 + i + 1, vocab), int(p), int(o))
-            for i, (p, o, t) in enumerate(zip(prompts, outputs, times, strict=True))]
+    classes: list[str | None] = [None] * n
+    if s.slo_classes:
+        from llumnix.bench.cluster_slo import draw_classes
+
+        classes = list(draw_classes(s.slo_classes, n, seed))
+    return [PlannedRequest(float(t), synthetic_prompt(int(p), salt + seed * 10_000 + i + 1, vocab), int(p), int(o),
+                           slo_class=c)
+            for i, (p, o, t, c) in enumerate(zip(prompts, outputs, times, classes, strict=True))]
 
 
 # -- one run --------------------------------------------------------------------------------
@@ -219,7 +241,8 @@ def run_once(server: ServeProcess, reqs: list[PlannedRequest], poll_s: float = 0
     records, duration = asyncio.run(both())
     server.wait_idle()
     after = cluster_counters(server.url)
-    out = {"records": records, "duration_s": duration, "before": before, "after": after, "samples": samples}
+    out = {"records": records, "duration_s": duration, "before": before, "after": after, "samples": samples,
+           "slo_classes": [r.slo_class for r in reqs]}
     if trace is not None:
         from llumnix.bench import cluster_trace, engine_trace
 
@@ -328,6 +351,9 @@ def add_cluster_bench_args(p: Any) -> None:
     g = p.add_argument_group("bench cluster", description=CLUSTER_HELP)
     d = ClusterBenchSettings()
     g.add_argument("--systems", default=",".join(d.systems), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    g.add_argument("--slo-classes", default=None, metavar="FILE",
+                   help="SLO classes (YAML: name: {share, ttft_s, tpot_s[, priority]}): every system's, each "
+                        "request tagged with one (slo_class); attainment per class and against infaas++")
     g.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated trace seeds")
     g.add_argument("--loads", default=",".join(map(str, d.loads)), help="fractions of the probed capacity")
     g.add_argument("--capacity", type=float, default=None, help="req/s: skip the probe and use this")
@@ -411,6 +437,21 @@ def _check_pace(s: ClusterBenchSettings, with_sim: str | None) -> None:
         raise LlumnixError("bench cluster: --with-sim needs a latency PROFILE (or --pace, whose model it takes)")
 
 
+def _slo_classes(args: Any) -> dict[str, Any]:
+    """``--slo-classes``' file, checked; with ``--with-sim`` each class needs a priority of its
+    own (the simulator tells the classes apart by it)."""
+    path = getattr(args, "slo_classes", None)
+    if path is None:
+        return {}
+    from llumnix.bench.cluster_slo import distinct_priorities, read_classes
+
+    classes = read_classes(path)
+    if getattr(args, "with_sim", None) is not None and not distinct_priorities(classes):
+        raise LlumnixError(f"bench cluster: --slo-classes {path}: with --with-sim each class needs a priority of "
+                           "its own (the simulator tells the classes apart by it)")
+    return classes
+
+
 def settings_from_args(args: Any) -> ClusterBenchSettings:
     systems = _csv(args.systems, str, "systems")
     unknown = [x for x in systems if x not in SYSTEMS]
@@ -431,7 +472,8 @@ def settings_from_args(args: Any) -> ClusterBenchSettings:
                              reschedule_interval_s=getattr(args, "reschedule_interval", None),
                              interleave=bool(getattr(args, "interleave", False)),
                              pace=getattr(args, "pace", None), trace_tokenizer=getattr(args, "trace_tokenizer", None),
-                             probe_requests=args.probe_requests, probe_concurrency=args.probe_concurrency)
+                             probe_requests=args.probe_requests, probe_concurrency=args.probe_concurrency,
+                             slo_classes=_slo_classes(args))
     if s.run_seconds is not None and not s.run_seconds > 0:
         raise LlumnixError(f"bench cluster: --run-seconds must be > 0, got {s.run_seconds:g}")
     _check_pace(s, getattr(args, "with_sim", None))
@@ -477,6 +519,12 @@ def main_cluster_bench(args: Any) -> int:
                 "capacity": capacity, "aggregate": agg, "goals": {} if partial else rep.goals(agg, s.loads),
                 "systems": done, "wall_s": time.perf_counter() - t0, "loadavg_before": list(load_before),
                 "loadavg_after": list(os.getloadavg()), "machine": machine}
+        if s.slo_classes:
+            from llumnix.bench import cluster_slo
+
+            by_load = cluster_slo.summarize(done, s.slo_classes)
+            data["slo_classes"] = {"classes": s.slo_classes, "by_load": by_load,
+                                   "goal": {} if partial else cluster_slo.goal(by_load)}
         if partial:
             data["partial"] = "cut short: the runs so far (rewritten after each run until the benchmark ends)"
         tmp = out / "cluster.json.tmp"
@@ -489,6 +537,11 @@ def main_cluster_bench(args: Any) -> int:
     capacity = systems[0]["capacity"]
     data = record(systems, partial=False)
     rep.print_table(data["aggregate"])
+    if "slo_classes" in data:
+        from llumnix.bench.cluster_slo import print_goal, print_summary
+
+        print_summary(data["slo_classes"]["by_load"])
+        print_goal(data["slo_classes"]["goal"])
     rep.plot(data, out / "cluster.png")
     print(f"wrote {out / 'cluster.json'} and {out / 'cluster.png'} ({data['wall_s']:.0f} s)")
     if getattr(args, "with_sim", None) is not None:

@@ -77,6 +77,10 @@ def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int,
                         "max": max((u for _, u in kv), default=None), "series": kv}}
     if "trace" in raw:
         out["preemption_trace"] = raw["trace"]
+    if getattr(settings, "slo_classes", None):
+        from llumnix.bench.cluster_slo import run_classes
+
+        out["by_slo_class"] = run_classes(settings.slo_classes, raw["slo_classes"], recs, dur, b, a)
     paced = int(a.get("paced_steps", 0) - b.get("paced_steps", 0))
     if paced:  # the emulation held where few steps overran the model (engine/pace.py)
         out["paced_steps"] = paced
@@ -88,6 +92,10 @@ def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int,
                    f"{out['migrations_aborted']} aborted, {len(ok)}/{len(recs)} ok")
     if paced:
         out["line"] += f", pace overran {out['pace_overrun_steps']}/{paced} steps"
+    if "by_slo_class" in out:
+        from llumnix.bench.cluster_slo import line
+
+        out["line"] += "; " + line(out["by_slo_class"])
     if "trace" in raw:
         t_ = raw["trace"]["summary"]
         out["line"] += (f"; trace: {t_['num_preemptions']} preempt, victim migrated {t_['victim_migrated']}, "

@@ -119,6 +119,12 @@ def aborts_by_reason(sums: dict[str, float]) -> dict[str, float]:
     return {k[len(prefix):-1]: v for k, v in sums.items() if k.startswith(prefix)}
 
 
+def by_label(sums: dict[str, float], name: str, label: str) -> dict[str, float]:
+    """``metric_sums``' ``name{label=...}`` -> {label value: count}."""
+    prefix = f"{name}{{{label}="
+    return {k[len(prefix):-1]: v for k, v in sums.items() if k.startswith(prefix)}
+
+
 def cluster_counters(url: str) -> dict[str, Any]:
     """Preemptions and migrations so far (aborts by reason), from ``/metrics``; downtimes from
     ``/admin/cluster``."""
@@ -135,7 +141,10 @@ def cluster_counters(url: str) -> dict[str, Any]:
             # a paced cluster's (--pace): steps held to the model, and those whose real work overran it
             "paced_steps": m.get("llumnix:paced_steps_total", 0.0),
             "pace_overrun_steps": m.get("llumnix:pace_overrun_steps_total", 0.0),
-            "downtimes_s": list(mig.get("recent_downtimes_s", ()))}
+            "downtimes_s": list(mig.get("recent_downtimes_s", ())),
+            # per SLO class (scheduling.slo): finished requests, and those meeting both objectives
+            "slo_requests": by_label(m, "llumnix:slo_requests_total", "slo_class"),
+            "slo_met": by_label(m, "llumnix:slo_met_total", "slo_class")}
 
 
 async def poll_cluster(url: str, every_s: float, samples: list[dict[str, Any]], stop: asyncio.Event,

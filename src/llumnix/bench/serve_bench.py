@@ -43,6 +43,8 @@ class PlannedRequest:
     prompt: str | list[int]
     num_input_words: int
     max_tokens: int
+    slo_class: str | None = None
+    """Sent as the body's ``slo_class`` (None: not sent)."""
 
 
 @dataclass
@@ -129,6 +131,8 @@ async def _one(client: Any, url: str, model: str, req: PlannedRequest, chat: boo
         body["messages"] = [{"role": "user", "content": req.prompt}]
     else:
         body["prompt"] = req.prompt
+    if req.slo_class is not None:
+        body["slo_class"] = req.slo_class
     start = time.perf_counter()
     path = "/v1/chat/completions" if chat else "/v1/completions"
     n_chunks = 0

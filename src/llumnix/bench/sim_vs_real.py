@@ -33,6 +33,9 @@ from llumnix.bench.cluster_bench import ClusterBenchSettings, draw_trace, pace_l
 
 METRICS = ("num_preemptions", "ttft_p99_s", "itl_p99_s")
 """What is compared: preemptions, and the runs' TTFT and inter-token P99."""
+ATTAINMENT = "attainment:"
+"""With SLO classes, also each class's attainment (``attainment:NAME``), compared as the
+difference of the systems' means (a share, where the other metrics are ratios)."""
 BUSY_REPORT_S = 0.05
 """An instance's status report interval while busy (``cluster/instance.py``)."""
 
@@ -69,12 +72,19 @@ class InfoPath:
                    None if stage is None else float(stage))
 
 
-def sim_trace(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: int) -> Any:
-    """``make_requests``' trace for the simulator: the same lengths and arrivals (``draw_trace``)."""
+def sim_trace(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: int,
+              classes: dict[str, dict[str, Any]] | None = None) -> Any:
+    """``make_requests``' trace for the simulator: the same lengths and arrivals (``draw_trace``);
+    with SLO classes each request at its class's priority (``cluster_slo.draw_classes``' tags)."""
     from llumnix.sim.workloads import Trace
 
     prompts, outputs, times = draw_trace(pairs, n, rate, seed)
-    return Trace("bench-cluster", rate, seed, times, prompts, outputs, np.zeros(n, np.int64))
+    priorities = np.zeros(n, np.int64)
+    if classes:
+        from llumnix.bench.cluster_slo import draw_classes
+
+        priorities = np.array([classes[c]["priority"] for c in draw_classes(classes, n, seed)], np.int64)
+    return Trace("bench-cluster", rate, seed, times, prompts, outputs, priorities)
 
 
 def simulate(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float,
@@ -102,16 +112,25 @@ def simulate(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.nda
                             watermark=CacheConfig.watermark, status_interval_s=info.status_interval_s,
                             reschedule_every=info.reschedule_every, trigger_gap_s=info.trigger_gap_s,
                             status_delay_s=info.status_delay_s, migration_start_s=info.migration_start_s)
-    out = Simulator(cluster, latency, make_policy(spec, cluster, seed=seed), sim_trace(pairs, n, rate, seed)).run()
+    # the slo policy's predictor starts from its default seed, as the cluster's does
+    policy = make_policy(spec, cluster, seed=seed)
+    sim = Simulator(cluster, latency, policy, sim_trace(pairs, n, rate, seed, s.slo_classes))
+    if s.slo_classes:
+        sim.metrics.slo_classes = policy.config.slo
+    out = sim.run()
     return {"num_preemptions": float(out["num_preemptions"]), "ttft_p99_s": float(out["ttft"]["p99"]),
             "itl_p99_s": float(out["itl"]["p99"]), "migrations": float(out["migrations"]["num_committed"]),
-            "migrations_aborted": float(out["migrations"]["num_aborted"])}
+            "migrations_aborted": float(out["migrations"]["num_aborted"]),
+            **{f"{ATTAINMENT}{k}": float(c["attainment"]) for k, c in out.get("by_slo_class", {}).items()}}
 
 
 def real_metrics(run: dict[str, Any]) -> dict[str, float]:
-    """A real run's record (``cluster_bench.run_once``) in ``METRICS``' terms."""
+    """A real run's record (``cluster_bench.run_once``) in ``METRICS``' terms, and each SLO
+    class's attainment."""
     return {"num_preemptions": float(run["num_preemptions"]), "ttft_p99_s": float(run["ttft_s"]["p99"]),
-            "itl_p99_s": float(run["itl_s"]["p99"])}
+            "itl_p99_s": float(run["itl_s"]["p99"]),
+            **{f"{ATTAINMENT}{k}": float(c["attainment"]) for k, c in run.get("by_slo_class", {}).items()
+               if c["attainment"] is not None}}
 
 
 def ratio_of_sums(num: Sequence[float], den: Sequence[float]) -> float | None:
@@ -133,42 +152,69 @@ def paired_interval(num: Sequence[float], den: Sequence[float], draws: int = 400
 
 
 def compare(record: dict[str, Any], latency: Any, sim_seeds: int | None = None, sizing: str = "",
-            base: str = "infaas++", other: str = "llumnix",
+            base: str = "infaas++", others: tuple[str, ...] = ("llumnix", "slo"),
             calibration: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Per load and metric: predicted (the simulator on the measured seeds' own traces, so
-    prediction and measurement are paired; ``sim_seeds`` N: on seeds 0..N-1), measured (the
-    record's seeds, paired), the measured ratio's interval, and whether the prediction
+    """Per load, system of ``others`` in the record, and metric: predicted (the simulator on
+    the measured seeds' own traces, so prediction and measurement are paired; ``sim_seeds``
+    N: on seeds 0..N-1), measured (the record's seeds, paired with ``base``'s), the measured
+    ratio's interval (a class's attainment: the difference's), and whether the prediction
     falls inside it. ``calibration``: ``InfoPath.of``'s."""
     settings = settings_of(record)
     pairs = trace_pairs(settings)
-    capacity = float(record["capacity"]["capacity_req_s"])
+    # a record cut short (``partial``) has its probe's capacity with its first system only
+    capacity = float((record["capacity"] or record["systems"][0]["capacity"])["capacity_req_s"])
     runs: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for sys_rec in record["systems"]:
         for r in sys_rec["runs"]:
             runs.setdefault((sys_rec["system"], str(r["load"])), {})[r["seed"]] = r
+    metrics = (*METRICS, *(f"{ATTAINMENT}{c}" for c in settings.slo_classes))
     rows = []
     for load in settings.loads:
-        b, o = runs.get((base, str(load)), {}), runs.get((other, str(load)), {})
-        seeds = sorted(set(b) & set(o))
-        if not seeds:
-            continue
-        n = int(b[seeds[0]]["num_requests"])
-        sim_on = seeds if sim_seeds is None else list(range(sim_seeds))
-        pred = {name: [simulate(settings, name, pairs, n, load * capacity, seed, latency, calibration=calibration)
-                       for seed in sim_on] for name in (base, other)}
-        for metric in METRICS:
-            mb = [real_metrics(b[sd])[metric] for sd in seeds]
-            mo = [real_metrics(o[sd])[metric] for sd in seeds]
-            predicted = ratio_of_sums([r[metric] for r in pred[other]], [r[metric] for r in pred[base]])
-            measured, interval = ratio_of_sums(mo, mb), paired_interval(mo, mb)
-            inside = None if predicted is None or interval is None else interval[0] <= predicted <= interval[1]
-            rows.append({"sizing": sizing, "load": load, "metric": metric, "seeds": seeds, "sim_seeds": sim_on,
-                         "predicted": _round(predicted), "measured": _round(measured),
-                         "low": _round(interval[0]) if interval else None,
-                         "high": _round(interval[1]) if interval else None, "inside_interval": inside,
-                         "predicted_base_mean": _round(float(np.mean([r[metric] for r in pred[base]]))),
-                         "measured_base_mean": _round(float(np.mean(mb)))})
+        b = runs.get((base, str(load)), {})
+        pred_base: dict[tuple[int, ...], list[dict[str, float]]] = {}
+        for other in others:
+            o = runs.get((other, str(load)), {})
+            seeds = sorted(set(b) & set(o))
+            if not seeds:
+                continue
+            n = int(b[seeds[0]]["num_requests"])
+            rate = load * capacity
+            sim_on = tuple(seeds) if sim_seeds is None else tuple(range(sim_seeds))
+            if sim_on not in pred_base:
+                pred_base[sim_on] = [simulate(settings, base, pairs, n, rate, seed, latency, calibration=calibration)
+                                     for seed in sim_on]
+            pred = [simulate(settings, other, pairs, n, rate, seed, latency, calibration=calibration)
+                    for seed in sim_on]
+            for metric in metrics:
+                row = _row(metric, [real_metrics(b[sd]) for sd in seeds], [real_metrics(o[sd]) for sd in seeds],
+                           pred_base[sim_on], pred)
+                rows.append({"sizing": sizing, "load": load, "system": other, "metric": metric, "seeds": seeds,
+                             "sim_seeds": list(sim_on), **row})
     return rows
+
+
+def _row(metric: str, real_base: list[dict[str, float]], real_other: list[dict[str, float]],
+         pred_base: list[dict[str, float]], pred_other: list[dict[str, float]]) -> dict[str, Any]:
+    """One metric: the ratio of sums (a class's attainment: the difference of means),
+    predicted and measured, and the measured one's paired 95% interval."""
+    mb, mo = [r.get(metric, math.nan) for r in real_base], [r.get(metric, math.nan) for r in real_other]
+    pb, po = [r.get(metric, math.nan) for r in pred_base], [r.get(metric, math.nan) for r in pred_other]
+    predicted: float | None
+    measured: float | None
+    interval: tuple[float, float] | None
+    if metric.startswith(ATTAINMENT):
+        from llumnix.bench.cluster_slo import paired_difference
+
+        predicted = float(np.mean(po) - np.mean(pb))
+        diff, lo, hi = paired_difference(mo, mb)
+        measured, interval = diff, None if math.isnan(diff) else (lo, hi)
+    else:
+        predicted, measured, interval = ratio_of_sums(po, pb), ratio_of_sums(mo, mb), paired_interval(mo, mb)
+    inside = None if predicted is None or interval is None else interval[0] <= predicted <= interval[1]
+    return {"predicted": _round(predicted), "measured": _round(measured),
+            "low": _round(interval[0]) if interval else None, "high": _round(interval[1]) if interval else None,
+            "inside_interval": inside, "predicted_base_mean": _round(float(np.mean(pb))),
+            "measured_base_mean": _round(float(np.mean(mb)))}
 
 
 def _round(x: float | None) -> float | None:
@@ -185,12 +231,13 @@ def settings_of(record: dict[str, Any]) -> ClusterBenchSettings:
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
-    print(f"{'load':>6} {'metric':>16} {'predicted':>10} {'measured':>9} {'95% interval':>18} inside")
+    print(f"{'load':>6} {'system':>8} {'metric':>24} {'predicted':>10} {'measured':>9} {'95% interval':>18} inside")
     for r in rows:
         iv = "-" if r["low"] is None else f"[{r['low']:.2f}, {r['high']:.2f}]"
         pred = "-" if r["predicted"] is None else f"{r['predicted']:.2f}"
         meas = "-" if r["measured"] is None else f"{r['measured']:.2f}"
-        print(f"{r['load']:>6} {r['metric']:>16} {pred:>10} {meas:>9} {iv:>18} {r['inside_interval']}")
+        print(f"{r['load']:>6} {r.get('system', '-'):>8} {r['metric']:>24} {pred:>10} {meas:>9} {iv:>18} "
+              f"{r['inside_interval']}")
 
 
 def latency_of(settings: ClusterBenchSettings, profile: str | None) -> tuple[Any, str]:
