@@ -128,6 +128,23 @@ def test_the_prediction_is_made_on_the_measured_seeds(monkeypatch):
     assert ttft["predicted_base_mean"] != ttft["predicted_more_seeds_base_mean"]  # other traces, other values
 
 
+def test_the_predicted_p99_is_taken_as_the_bench_takes_a_runs(monkeypatch):
+    """A run's P99 is its nearest-rank percentile (``cluster_report.pct``: of 24 requests the
+    largest); the prediction takes the simulator's requests the same way, not numpy's
+    interpolation (which put it between the two largest: a tail read at part of its size)."""
+    from llumnix.bench.cluster_report import pct
+    from llumnix.bench.sim_vs_real import simulate
+    from llumnix.sim.latency import get_latency_model
+
+    made = recorded_simulators(monkeypatch)
+    out = simulate(ClusterBenchSettings(), "infaas++", _pairs(), 24, 12.0, 0, get_latency_model("a10-llama7b-serving"))
+    sim = made[-1]
+    ttft = sorted(m.ttft for m in sim.metrics.requests)
+    assert len(ttft) == 24 and out["ttft_p99_s"] == ttft[-1] == pct(ttft, 99)
+    assert ttft[-2] < ttft[-1]  # where the two readings differ
+    assert out["itl_p99_s"] == pct(list(sim.metrics.token_gaps), 99)
+
+
 CALIBRATION = {"status_delay_s": 0.17, "migration_start_s": 0.35, "stage_overhead_s": 0.2}
 """A ``calibrate_info_path.py`` JSON's ``simulator`` section (the values are illustrative)."""
 
