@@ -259,3 +259,18 @@ def test_systems_run_one_after_the_other_or_alternated_point_by_point(monkeypatc
     else:
         assert opened == ["infaas++", "closed infaas++", "llumnix", "closed llumnix"]
         assert ran == [("infaas++", 0), ("infaas++", 1), ("llumnix", 0), ("llumnix", 1)]
+
+
+def test_a_run_says_how_late_the_client_sent_and_the_gateways_own_ttft():
+    """On a loaded machine the client's event loop falls behind: requests leave late (the
+    server sees another trace) and first chunks are read late (the client's TTFT grows while
+    the gateway's does not). A run's record and line say both (issue 45)."""
+    late = [_rec(0.5, 2.5, 11, [0.2] * 10), _rec(6.0, 7.0, 3, [0.5, 0.5])]
+    late[0].send_lag_s, late[1].send_lag_s = 0.01, 3.0
+    before = {**RAW["before"], "gateway_ttft_sum_s": 1.0, "gateway_ttft_count": 4.0}
+    after = {**RAW["after"], "gateway_ttft_sum_s": 1.6, "gateway_ttft_count": 6.0}
+    r = run_record(S, {**RAW, "records": late, "before": before, "after": after}, 0.85, 0, 1.5)
+    assert r["send_lag_s"]["max"] == 3.0 and r["gateway_ttft_mean_s"] == pytest.approx(0.3)
+    assert "sent late P99 3000 ms" in r["line"] and "gateway TTFT mean 300 ms" in r["line"]
+    plain = run_record(S, RAW, 0.85, 0, 1.5)  # counters without the gateway's TTFT, records without lags
+    assert plain["gateway_ttft_mean_s"] is None and "sent late" not in plain["line"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llumnix.bench.cluster_bench import ClusterBenchSettings, make_requests
+from llumnix.bench.cluster_bench import ClusterBenchSettings, make_requests, trace_pairs
 from llumnix.bench.sim_vs_real import InfoPath, compare, paired_interval, ratio_of_sums, sim_trace
 
 
@@ -98,6 +98,51 @@ def test_compare_predicts_each_load_and_metric(monkeypatch):
     assert pre["measured"] == 0.5 and pre["seeds"] == [0, 1] and pre["sizing"] == "test"
     assert rows[1]["measured"] == 0.5 and rows[1]["predicted"] is not None and rows[1]["predicted"] > 0
     assert all(r["inside_interval"] in (True, False, None) for r in rows)
+
+
+def test_the_prediction_is_made_on_the_measured_seeds(monkeypatch):
+    """Each seed's trace is its own draw: the prediction paired with a measurement is the
+    simulator on the very seeds measured (seed 5 here, outside 0..sim_seeds-1); the
+    prediction over seeds 0..sim_seeds-1 rides beside it."""
+    import dataclasses
+
+    import llumnix.sim.sharegpt as sharegpt
+    from llumnix.bench.sim_vs_real import simulate
+    from llumnix.sim.latency import get_latency_model
+
+    monkeypatch.setattr(sharegpt, "sharegpt_lengths", lambda model: _pairs())
+    s = ClusterBenchSettings(seeds=(5,), loads=(1.0,), systems=("infaas++", "llumnix"))
+    run = {"load": 1.0, "seed": 5, "num_requests": 24, "num_preemptions": 3, "ttft_s": {"p99": 1.0},
+           "itl_s": {"p99": 0.1}}
+    record = {"settings": {**dataclasses.asdict(s), "trace": "x"}, "capacity": {"capacity_req_s": 12.0},
+              "systems": [{"system": "infaas++", "runs": [run]}, {"system": "llumnix", "runs": [run]}]}
+    latency = get_latency_model("a10-llama7b-serving")
+    rows = {r["metric"]: r for r in compare(record, latency, sim_seeds=2)}
+    pairs = trace_pairs(s)  # as compare draws them: ShareGPT's (here _pairs') lengths scaled and capped
+    seed5 = {name: simulate(s, name, pairs, 24, 12.0, 5, latency) for name in ("infaas++", "llumnix")}
+    first2 = [simulate(s, "infaas++", pairs, 24, 12.0, k, latency)["ttft_p99_s"] for k in (0, 1)]
+    ttft = rows["ttft_p99_s"]
+    assert ttft["predicted"] == round(seed5["llumnix"]["ttft_p99_s"] / seed5["infaas++"]["ttft_p99_s"], 4)
+    assert ttft["predicted_base_mean"] == round(seed5["infaas++"]["ttft_p99_s"], 4)
+    assert ttft["predicted_more_seeds_base_mean"] == round(sum(first2) / 2, 4)
+    assert ttft["predicted_base_mean"] != ttft["predicted_more_seeds_base_mean"]  # other traces, other values
+
+
+def test_the_predicted_p99_is_taken_as_the_bench_takes_a_runs(monkeypatch):
+    """A run's P99 is its nearest-rank percentile (``cluster_report.pct``: of 24 requests the
+    largest); the prediction takes the simulator's requests the same way, not numpy's
+    interpolation (which put it between the two largest: a tail read at part of its size)."""
+    from llumnix.bench.cluster_report import pct
+    from llumnix.bench.sim_vs_real import simulate
+    from llumnix.sim.latency import get_latency_model
+
+    made = recorded_simulators(monkeypatch)
+    out = simulate(ClusterBenchSettings(), "infaas++", _pairs(), 24, 12.0, 0, get_latency_model("a10-llama7b-serving"))
+    sim = made[-1]
+    ttft = sorted(m.ttft for m in sim.metrics.requests)
+    assert len(ttft) == 24 and out["ttft_p99_s"] == ttft[-1] == pct(ttft, 99)
+    assert ttft[-2] < ttft[-1]  # where the two readings differ
+    assert out["itl_p99_s"] == pct(list(sim.metrics.token_gaps), 99)
 
 
 CALIBRATION = {"status_delay_s": 0.17, "migration_start_s": 0.35, "stage_overhead_s": 0.2}

@@ -75,8 +75,9 @@ def test_a_paced_engines_steps_last_at_least_the_modeled_time(chunked):
     # wake-up shortens the next cycle, never the timeline)...
     ends, budget = np.cumsum(walls), np.cumsum(rec.modeled)
     assert (ends >= budget).all()
-    # ...and not much later: the fake executor's work is microseconds (a loose bound for a loaded machine)
-    assert float(np.median(ends - budget)) < 0.02
+    # ...and its cycles not much longer: the fake executor's work is microseconds (a loose bound
+    # for a loaded machine; a cycle the machine held past its window restarts the timeline later)
+    assert sorted(w - m for w, m in zip(walls, rec.modeled, strict=True))[len(walls) // 2] < 0.02
     assert pacer.num_overrun_steps == 0 and pacer.slept_s > 0.5 * sum(rec.modeled)
     status = engine.get_status()
     assert status.extra["num_paced_steps"] == len(walls) and status.extra["num_pace_overrun_steps"] == 0

@@ -75,6 +75,10 @@ def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int,
            "goodput_req_s": len(good) / dur if dur > 0 else 0.0, "goodput_fraction": len(good) / max(1, len(recs)),
            "kv_usage": {"mean": statistics.fmean(u for _, u in kv) if kv else None,
                         "max": max((u for _, u in kv), default=None), "series": kv}}
+    lags = [r.send_lag_s for r in recs if r.send_lag_s is not None]
+    out["send_lag_s"] = dist(lags)
+    n_gw = a.get("gateway_ttft_count", 0.0) - b.get("gateway_ttft_count", 0.0)
+    out["gateway_ttft_mean_s"] = (a["gateway_ttft_sum_s"] - b["gateway_ttft_sum_s"]) / n_gw if n_gw > 0 else None
     if "trace" in raw:
         out["preemption_trace"] = raw["trace"]
     if getattr(settings, "slo_classes", None):
@@ -92,6 +96,10 @@ def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int,
                    f"{out['migrations_aborted']} aborted, {len(ok)}/{len(recs)} ok")
     if paced:
         out["line"] += f", pace overran {out['pace_overrun_steps']}/{paced} steps"
+    if lags:  # the trace held where the client sent on time (a loaded machine's event loop falls behind)
+        out["line"] += f", sent late P99 {_ms(out['send_lag_s']['p99'])}"
+    if out["gateway_ttft_mean_s"] is not None:
+        out["line"] += f", gateway TTFT mean {_ms(out['gateway_ttft_mean_s'])}"
     if "by_slo_class" in out:
         from llumnix.bench.cluster_slo import line
 

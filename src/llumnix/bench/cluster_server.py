@@ -141,6 +141,9 @@ def cluster_counters(url: str) -> dict[str, Any]:
             # a paced cluster's (--pace): steps held to the model, and those whose real work overran it
             "paced_steps": m.get("llumnix:paced_steps_total", 0.0),
             "pace_overrun_steps": m.get("llumnix:pace_overrun_steps_total", 0.0),
+            # the gateway's own TTFT (a client on a loaded machine reads its first chunk late)
+            "gateway_ttft_sum_s": m.get("vllm:time_to_first_token_seconds_sum", 0.0),
+            "gateway_ttft_count": m.get("vllm:time_to_first_token_seconds_count", 0.0),
             "downtimes_s": list(mig.get("recent_downtimes_s", ())),
             # per SLO class (scheduling.slo): finished requests, and those meeting both objectives
             "slo_requests": by_label(m, "llumnix:slo_requests_total", "slo_class"),

@@ -58,6 +58,9 @@ class RequestRecord:
     itl_s: list[float] = field(default_factory=list)
     """Seconds between consecutive streamed chunks with text after the first (inter-token
     latency, as vLLM's benchmark measures it: a chunk may carry more than one token)."""
+    send_lag_s: float | None = None
+    """Seconds after its planned arrival the request was sent: the client's event loop was
+    behind (a loaded machine), so the server saw another trace than the one planned."""
 
     @property
     def tpot_s(self) -> float | None:
@@ -185,7 +188,9 @@ async def run_load(url: str, model: str, reqs: list[PlannedRequest], *, chat: bo
             async def fire(req: PlannedRequest) -> RequestRecord:
                 nonlocal errors
                 await asyncio.sleep(max(0.0, req.arrival_s - (time.perf_counter() - t0)))
+                lag = time.perf_counter() - t0 - req.arrival_s
                 rec = await _one(client, url, model, req, chat, headers)
+                rec.send_lag_s = lag
                 errors += rec.error is not None
                 prog.update(task, advance=1, errors=errors)
                 return rec
