@@ -27,7 +27,9 @@ Writes JSON (machine, settings, load average, each window) to --out (default
 machine shared with other work: idle, the page +0.45% of the gateway's core (load 13);
 under 32 clients (tiny model, ~2,600 tokens/s, load 8-23) +2.6-2.8% raw and 0.25-0.60%
 fitted; with 64 simulated instances (load 12) a poll drawn in 7.2 ms and an update on the
-page 0.49 s after the server published it (medians). The committed results:
+page 0.49 s after the server published it (medians). 2026-11-29, the page watching
+/admin/cluster against 14d441c's 0.5 s poll, alternated, 3 runs each at load 14-19: the
+update lag 0.62 s against 0.97 s (the median of the runs' medians). The committed results:
 benchmarks/results/dashboard_cpu-*.json; docs/serving.md has the figures."""
 from __future__ import annotations
 
