@@ -3,13 +3,15 @@
 ``cluster`` (default): `llumnix serve` (2 instances) is started, then the CPU time of its
 process (the gateway) and of its whole process tree (Ray, LlumSched, the instances) is
 measured over --seconds windows with no page open and with one page open in headless
-Chromium (polling /admin/cluster every 0.5 s), alternated --rounds times; with
+Chromium (watching /admin/cluster: answered as the view changes; a page from before
+watches polled it every 0.5 s), alternated --rounds times; with
 ``--clients N``, N clients stream completions through the gateway the whole time (the
 issue's "under 32 clients"), and each window counts the tokens they got. Since a window's
 noise under load is larger than the page, ``--poll-rate R`` adds a third window per round:
 R polls a second of /admin/cluster from this process, no page; the gateway's CPU per poll
-from it (over the no-page window), times the page's 2 polls a second, is the page's cost
-measured with R/2 times the signal.
+from it (over the no-page window), times a polling page's 2 polls a second, is that page's
+cost measured with R/2 times the signal (a watching page asks at most 5 times a second,
+and only while the view changes).
 
 ``sim64``: `llumnix simulate --live` with 64 instances (``--sim-speed``), one page open
 through the DevTools protocol (tests/devtools.py), sampled for --seconds: the page's own
@@ -25,7 +27,9 @@ Writes JSON (machine, settings, load average, each window) to --out (default
 machine shared with other work: idle, the page +0.45% of the gateway's core (load 13);
 under 32 clients (tiny model, ~2,600 tokens/s, load 8-23) +2.6-2.8% raw and 0.25-0.60%
 fitted; with 64 simulated instances (load 12) a poll drawn in 7.2 ms and an update on the
-page 0.49 s after the server published it (medians). The committed results:
+page 0.49 s after the server published it (medians). 2026-11-29, the page watching
+/admin/cluster against 14d441c's 0.5 s poll, alternated, 3 runs each at load 14-19: the
+update lag 0.62 s against 0.97 s (the median of the runs' medians). The committed results:
 benchmarks/results/dashboard_cpu-*.json; docs/serving.md has the figures."""
 from __future__ import annotations
 

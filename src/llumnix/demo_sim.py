@@ -55,7 +55,7 @@ def main_demo_sim(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        session.server.server_close()
+        session.server.close()
     return 0
 
 

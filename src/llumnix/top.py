@@ -1,7 +1,10 @@
 """`llumnix top`: the cluster in a terminal, from a gateway's ``/admin/cluster``: per
 instance its state, PD role, KV in use, freeness, running and waiting requests and
-preemptions; the migrations (counts, and the newest with their stall). Redrawn every
-``--interval`` seconds; ``--once`` prints one view and exits (scripts, tests)."""
+preemptions; the migrations (counts, and the newest with their stall). Redrawn as the
+view changes (``/admin/cluster?after=VERSION``: the gateway answers when it differs from
+the last one drawn), and every ``--interval`` seconds while it does not; a gateway without
+that is polled every ``--interval`` (at most 0.5 s). ``--once`` prints one view and exits
+(scripts, tests)."""
 from __future__ import annotations
 
 import argparse
@@ -17,28 +20,37 @@ BAR = 10
 """Characters of the KV usage bar."""
 NUM_RECENT = 8
 """Migrations listed under the table, newest first."""
+MIN_GAP_S = 0.2
+"""The fewest seconds between two redraws while the view keeps changing."""
+POLL_S = 0.5
+"""The longest period of plain polls (a gateway without watches)."""
 
 
 def add_top_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (default http://127.0.0.1:8000)")
     p.add_argument("--key", default=os.environ.get("LLUMNIX_ADMIN_KEY") or os.environ.get("LLUMNIX_API_KEY"),
                    help="sent as 'Authorization: Bearer KEY' (default: $LLUMNIX_ADMIN_KEY, else $LLUMNIX_API_KEY)")
-    p.add_argument("--interval", type=float, default=0.5, metavar="S",
-                   help="seconds between redraws (default 0.5: a change shows within a second)")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S",
+                   help="seconds between redraws while nothing changes (default 2; a change is drawn as it "
+                        "happens)")
     p.add_argument("--once", action="store_true", help="print one view and exit")
 
 
-def fetch(url: str, key: str | None) -> dict[str, Any]:
-    """``/admin/cluster``, or LlumnixError in one line (unreachable, refused, not a gateway)."""
+def fetch(url: str, key: str | None, after: str | None = None, wait_s: float = 0.0) -> dict[str, Any]:
+    """``/admin/cluster`` (with ``after``: once its version is not ``after``, or after
+    ``wait_s``), or LlumnixError in one line (unreachable, refused, not a gateway)."""
     import httpx
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    params = None if after is None else {"after": after, "wait": f"{wait_s:g}"}
     try:
-        r = httpx.get(f"{url.rstrip('/')}/admin/cluster", headers=headers, timeout=5)
+        r = httpx.get(f"{url.rstrip('/')}/admin/cluster", headers=headers, params=params, timeout=5 + wait_s)
     except httpx.HTTPError as e:
         raise LlumnixError(f"cannot reach {url}: {type(e).__name__}") from None
     if r.status_code in (401, 403):
         raise LlumnixError(f"{url} refused /admin/cluster ({r.status_code}): pass its admin or API key with --key")
+    if r.status_code == 429 and after is not None:  # too many watches open there: a plain poll
+        return fetch(url, key)
     if r.status_code != 200:
         raise LlumnixError(f"{url}/admin/cluster answered {r.status_code}: {r.text[:200]}")
     info: dict[str, Any] = r.json()
@@ -123,18 +135,22 @@ def main_top(args: argparse.Namespace) -> int:
     if args.once:
         print(render(fetch(args.url, args.key), args.url, time.time()))
         return 0
-    fetch(args.url, args.key)  # a wrong URL or key is one line, before the screen is taken
+    first = fetch(args.url, args.key, after="")  # a wrong URL or key: one line, before the screen is taken
+    info: dict[str, Any] | None = first
+    version = first.get("version")  # None: a gateway without watches (or too many open there), polled
+    failed = ""
     try:
-        next_at = time.monotonic()
         while True:
-            try:
-                view = render(fetch(args.url, args.key), args.url, time.time())
-            except LlumnixError as e:  # a gateway restarting: say so, and keep trying
-                view = f"llumnix top  {args.url}  {time.strftime('%H:%M:%S')}\n\n  {e}; trying again"
+            started = time.monotonic()
+            view = render(info, args.url, time.time()) if info is not None else failed
             sys.stdout.write("\x1b[H\x1b[2J" + view + "\n")  # home, clear: one screen redrawn
             sys.stdout.flush()
-            now = time.monotonic()
-            next_at = max(next_at + args.interval, now)  # from one fetch's start to the next
-            time.sleep(next_at - now)
+            gap = MIN_GAP_S if version is not None and info is not None else min(args.interval, POLL_S)
+            time.sleep(max(0.0, started + gap - time.monotonic()))
+            try:
+                info = fetch(args.url, args.key, version, args.interval)
+                version = info.get("version")
+            except LlumnixError as e:  # a gateway restarting: say so, and keep trying
+                info, failed = None, f"llumnix top  {args.url}  {time.strftime('%H:%M:%S')}\n\n  {e}; trying again"
     except KeyboardInterrupt:
         return 0

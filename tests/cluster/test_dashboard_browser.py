@@ -62,6 +62,7 @@ def open_dashboard(page: DevTools, url: str) -> None:
     wait_for(lambda: page.evaluate("Number(document.body?.dataset.polls || 0)") >= 2, 30, "the page polling")
     ids = wait_for(lambda: [s[0] for s in page.evaluate(STATES)] or None, 10, "instance rows")
     assert ids == ["instance-0", "instance-1"]
+    assert page.evaluate("document.body.dataset.watching") == "yes"  # LlumSched's watch_cluster, through the gateway
 
 
 def test_a_drains_migration_shows_on_the_dashboard_within_2_s(tiny_model_dir, tmp_path):

@@ -383,6 +383,15 @@ class ClusterBackend:
             if self.cms.store is None:
                 raise
             info = await self.cms.info()  # LlumSched away: the shared view, read here
+        return self._with_gateway(info)
+
+    async def watch_cluster(self, seen: Any, timeout_s: float) -> tuple[Any, dict[str, Any]]:
+        """``cluster_info`` once LlumSched's view differs from its version ``seen``, or after
+        ``timeout_s`` (``cluster_pulse.py``); with that version. The gateway's long polls."""
+        seen, info = await asyncio.wait_for(self.llumsched.watch_cluster.remote(seen, timeout_s), timeout_s + 5.0)
+        return seen, self._with_gateway({**info, "source": "llumsched"})
+
+    def _with_gateway(self, info: dict[str, Any]) -> dict[str, Any]:
         self._add_dispatch_info(info)
         info["gateway"] = {"num_fallback_dispatches": self.num_fallback_dispatches,
                            "num_local_dispatches": self.num_local_dispatches,

@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 
+from llumnix.cluster.cluster_pulse import ClusterPulse
 from llumnix.cluster.cms_mirror import CmsMirror
 from llumnix.cluster.instance_actor import LLUMSCHED_NAME
 from llumnix.cluster.llumsched_state import SchedState
@@ -62,6 +63,8 @@ class LlumSchedActor:
         self._lock = st.lock
         self.cms = CmsMirror(cms_url, st)
         self.membership = Membership(st)
+        self.pulse = ClusterPulse()
+        """Wakes the gateways' watches of ``cluster_info`` (``watch_cluster``) when it may have changed."""
         self.num_dispatched = 0
         self.health_timeout_s = 2.0
         self._name = name
@@ -85,6 +88,7 @@ class LlumSchedActor:
         """Stop the periodic round (at its next wake-up) and the feed: for a LlumSched driven
         in process (tests, benchmarks); Ray's actor ends with its process."""
         self._closed.set()
+        self.pulse.close()
         if self.feed is not None:
             self.feed.close()
 
@@ -138,6 +142,7 @@ class LlumSchedActor:
             self.membership.note()
             if known and reason != SCALED_IN:
                 self.replacement.on_lost(now)
+        self.pulse.note()
         if known:
             log.warning("instance %s removed (%s)", instance_id, reason)
         return known
@@ -170,6 +175,13 @@ class LlumSchedActor:
         cost the gateway and this actor a Ray call each, most of their idle burn)."""
         return self.membership.watch(known, seen, timeout_s)
 
+    @ray.method(concurrency_group="watch")
+    def watch_cluster(self, seen: Any, timeout_s: float) -> tuple[tuple[int, int], dict[str, Any]]:
+        """``cluster_info`` and its version once that differs from ``seen``, or after
+        ``timeout_s``: the dashboard and ``llumnix top`` see a change as it happens, and an
+        idle cluster costs one call per ``timeout_s`` (``cluster_pulse.py``)."""
+        return self.pulse.watch(seen, timeout_s, self.cluster_info)
+
     # -- admin ------------------------------------------------------------------------
     def drain(self, instance_id: str) -> dict[str, Any]:
         """Mark an instance terminating: its fake request of infinite usage makes it a
@@ -179,6 +191,7 @@ class LlumSchedActor:
         with self._lock:
             self.lifecycle.move(instance_id, InstanceState.TERMINATING, time.time(), "drain")
             self.gs.mark_terminating(instance_id)
+        self.pulse.note()
         log.info("instance %s draining (admin): no new requests, its requests migrate out", instance_id)
         return {"instance_id": instance_id, "draining": True}
 
@@ -199,6 +212,7 @@ class LlumSchedActor:
         with self._lock:
             self.lifecycle.move(instance_id, InstanceState.SERVING, time.time())
             self.gs.unmark_terminating(instance_id)
+        self.pulse.note()
         log.info("instance %s undrained (admin): takes requests again", instance_id)
         return {"instance_id": instance_id, "draining": False}
 
@@ -251,6 +265,7 @@ class LlumSchedActor:
             try:
                 if what == "pass":
                     self.rescheduler.run_pass()
+                    self.pulse.note()  # migrations it started
                     continue
                 if time.time() - last_health > self.health_timeout_s:
                     last_health = time.time()
@@ -264,6 +279,7 @@ class LlumSchedActor:
                     self.replacement.stop_drained()
                 with self._lock:
                     self.membership.note()
+                self.pulse.note()
             except Exception:  # noqa: BLE001 - one bad round must not end rescheduling
                 log.exception("rescheduling %s failed", what)
 
@@ -272,6 +288,7 @@ class LlumSchedActor:
         the history counts once, comes later)."""
         with self._lock:
             self.rescheduler.on_report(report)
+        self.pulse.note()
 
     # -- statuses: one road, the instances' channels (``status_feed``) ----------------------
     def announce(self, instance_id: str, handle: Any, role: str | None = None) -> None:
@@ -314,6 +331,7 @@ class LlumSchedActor:
                 self.gs.update_status(status, refresh=False)  # views rebuilt when next read
                 self.rescheduler.on_status(instance_id)
             self.pd.on_status(instance_id)
+        self.pulse.note()
 
     def _feed_from(self, instance_id: str, handle: Any) -> None:
         """Open the feed's line to a newly known instance (its channel's address asked off
@@ -344,6 +362,7 @@ class LlumSchedActor:
     def pd_handoff_done(self, src_id: str, report: dict[str, Any]) -> None:
         with self._lock:
             self.pd.on_handoff({**report, "src_instance_id": src_id})  # the dashboard lists it by both ends
+        self.pulse.note()
 
     def _pd_round(self) -> None:
         """Adaptive PD: this round's role changes (several lends at once under a burst,

@@ -25,7 +25,8 @@ def build_app(backend: Backend, config: GatewayConfig | None = None, **fields: A
     config = dataclasses.replace(config or GatewayConfig(), **fields)
     backend.tokenizer.warm_up()
     app = GatewayApp(title="Llumnix", version="0.1.0")
-    app.state.gateway = GatewayContext(backend, config, GatewayMetrics(backend.model_name, backend.max_model_len))
+    app.state.gateway = ctx = GatewayContext(backend, config, GatewayMetrics(backend.model_name, backend.max_model_len))
+    app.router.on_shutdown.append(ctx.cluster_watch.close)  # its refresher, when no connection was open
     install_error_handlers(app)
     max_bytes = body_limit(config.max_request_bytes, backend.max_model_len)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_bytes)

@@ -8,6 +8,7 @@ from typing import Literal
 from starlette.requests import Request
 
 from llumnix.gateway.backend import Backend
+from llumnix.gateway.cluster_watch import ClusterWatch
 from llumnix.gateway.fair import FairGate
 from llumnix.gateway.formatting import LogprobFormat
 from llumnix.gateway.metrics import GatewayMetrics
@@ -64,12 +65,15 @@ class GatewayContext:
     metrics: GatewayMetrics
     request_log: RequestLog = field(init=False)
     fair: FairGate | None = field(init=False)
+    cluster_watch: ClusterWatch = field(init=False)
+    """The view ``/admin/cluster?after=`` long polls wait on."""
 
     def __post_init__(self) -> None:
         n = self.config.fair_share
         self.fair = None if n is None else FairGate(FairConfig(max_in_flight=n))
         self.request_log = RequestLog(self.config.log_requests, self.config.log_stats_interval_s,
                                       log_stats=self.config.log_stats)
+        self.cluster_watch = ClusterWatch(self.backend)
 
     @property
     def model_name(self) -> str:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -23,6 +24,9 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 
 class ReadDeadlineProtocol(HttpToolsProtocol):
     read_timeout_s = DEFAULT_READ_TIMEOUT_S
+    on_server_shutdown: ClassVar[Callable[[], None] | None] = None
+    """Called as the server starts its shutdown, before it waits for requests under way:
+    the long polls of ``/admin/cluster`` answer then instead of holding it up."""
     _last_logged = 0.0
     _num_closed = 0
 
@@ -37,6 +41,12 @@ class ReadDeadlineProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        hook = type(self).on_server_shutdown
+        if hook is not None:
+            hook()
+        super().shutdown()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -69,11 +79,15 @@ class ReadDeadlineProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def read_deadline_protocol(read_timeout_s: float) -> type[ReadDeadlineProtocol]:
-    """uvicorn's ``http=`` class with this deadline."""
-    return type("ReadDeadlineProtocol", (ReadDeadlineProtocol,), {"read_timeout_s": read_timeout_s})
+def read_deadline_protocol(read_timeout_s: float,
+                           on_server_shutdown: Callable[[], None] | None = None) -> type[ReadDeadlineProtocol]:
+    """uvicorn's ``http=`` class with this deadline (and shutdown hook)."""
+    return type("ReadDeadlineProtocol", (ReadDeadlineProtocol,),
+                {"read_timeout_s": read_timeout_s, "on_server_shutdown": on_server_shutdown})
 
 
 def http_protocol(app: Any) -> type[ReadDeadlineProtocol]:
-    """The ``http=`` class for a gateway app: its config's ``http_read_timeout_s``."""
-    return read_deadline_protocol(app.state.gateway.config.http_read_timeout_s)
+    """The ``http=`` class for a gateway app: its config's ``http_read_timeout_s``; the
+    server's shutdown ends the app's long polls (``ClusterWatch.close``)."""
+    ctx = app.state.gateway
+    return read_deadline_protocol(ctx.config.http_read_timeout_s, ctx.cluster_watch.close)

@@ -6,7 +6,9 @@ Pacing wraps the event loop's handlers: before an event at virtual time ``t`` ru
 the run sleeps until ``t / speed`` wall seconds have passed since its start (a run the
 machine cannot keep up with runs flat out and says how far behind it is). The document
 is built on the simulation's own thread every ``TICK_S`` wall seconds, never while a
-handler runs, and handed to the server as bytes: readers never touch live state.
+handler runs, and handed to the server as bytes: readers never touch live state. Each
+document has a ``version``; a reader may wait for the next one (``wait``: the page's
+long poll, as the gateway's ``/admin/cluster?after=``).
 
 Times in the document are ``epoch + virtual seconds`` (``epoch``: the wall clock at the
 start), so the page's clock, its 5-minute chart and its rates are in simulated time.
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from llumnix.sim.simulator import Simulator
 
 TICK_S = 0.2
-"""Wall seconds between two documents (the page polls every 0.5 s)."""
+"""Wall seconds between two documents (each one a new version: the simulated time moved)."""
 NUM_RECENT = 50
 """Migrations listed in ``recent``, as LlumSched's ``/admin/cluster``."""
 
@@ -66,6 +68,10 @@ class LiveRun:
         self.start = time.monotonic() if start is None else start
         """Wall (monotonic) time of virtual time 0: runs side by side share it."""
         self.body = b"{}"
+        self.num_versions = 0
+        self.closed = False
+        """Set when the server stops: every reader waiting in ``wait`` answers."""
+        self._cv = threading.Condition()
         self.summary: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -111,7 +117,23 @@ class LiveRun:
 
     # -- the document ----------------------------------------------------------------
     def _publish(self, now: float) -> None:
-        self.body = json.dumps(self.document(now), allow_nan=False).encode()
+        doc = {**self.document(now), "version": f"sim-{self.num_versions + 1}"}
+        body = json.dumps(doc, allow_nan=False).encode()
+        with self._cv:
+            self.body, self.num_versions = body, self.num_versions + 1
+            self._cv.notify_all()
+
+    def wait(self, after: str, timeout_s: float) -> bytes:
+        """The document once its version is not ``after`` (at once if it already is not),
+        or after ``timeout_s`` as it is."""
+        with self._cv:
+            self._cv.wait_for(lambda: self.closed or f"sim-{self.num_versions}" != after, timeout_s)
+            return self.body
+
+    def close(self) -> None:
+        with self._cv:
+            self.closed = True
+            self._cv.notify_all()
 
     def document(self, now: float) -> dict[str, Any]:
         """The cluster at virtual time ``now`` in ``/admin/cluster``'s shape (the fields

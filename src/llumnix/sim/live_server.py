@@ -5,7 +5,8 @@ same page) over ``/NAME/admin/cluster`` (the same document), for ``llumnix top -
 http://HOST:PORT/NAME``. ``/dashboard`` and ``/admin/cluster`` are the first system's;
 ``/`` lists them all. When the runs end, their summary table is printed and the pages
 keep the last state until Ctrl-C (or SIGTERM). No key: it listens on 127.0.0.1 unless
-``--host`` says otherwise."""
+``--host`` says otherwise. ``/NAME/admin/cluster?after=VERSION&wait=S`` waits for the next
+document as the gateway's long poll does (a thread each, ``MAX_WAITERS`` at once)."""
 from __future__ import annotations
 
 import errno
@@ -20,7 +21,7 @@ from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from llumnix.core.errors import LlumnixError
 from llumnix.sim.config import ExperimentConfig
@@ -38,13 +39,29 @@ def dashboard_page() -> bytes:
     return (files("llumnix.gateway") / "static" / "dashboard.html").read_bytes()
 
 
+MAX_WAITERS = 64
+"""Long polls waiting at once (each holds a thread); one more is answered 429."""
+MAX_WAIT_S = 30.0
+
+
 class LiveServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], runs: dict[str, LiveRun]) -> None:
         self.runs = runs
         """Path name (the system's, URL-quoted) -> its run; the first is the default."""
+        self.num_waiting = 0
+        self.waiting_lock = threading.Lock()
+        self.serving = False
         super().__init__(address, _Handler)
+
+    def close(self) -> None:
+        """Answer every waiting long poll, stop serving, close the socket."""
+        for r in self.runs.values():
+            r.close()
+        if self.serving:  # shutdown() waits for serve_forever, which must have been started
+            self.shutdown()
+        self.server_close()
 
     @property
     def url(self) -> str:
@@ -73,12 +90,37 @@ class _Handler(BaseHTTPRequestHandler):
         if parts == ["dashboard"]:
             return self._send(200, "text/html; charset=utf-8", dashboard_page())
         if parts == ["admin", "cluster"]:
-            return self._send(200, "application/json", run.body)
+            return self._cluster(run)
         if parts == ["health"]:
             return self._send(200, "application/json", b'{"status": "ok"}')
-        body = {"error": {"message": f"no route {self.path}: try /, /dashboard or /admin/cluster",
-                          "type": "not_found_error", "param": None, "code": 404}}
-        return self._send(404, "application/json", json.dumps(body).encode())
+        return self._error(404, f"no route {self.path}: try /, /dashboard or /admin/cluster", None)
+
+    def _cluster(self, run: LiveRun) -> None:
+        query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+        if "after" not in query:
+            return self._send(200, "application/json", run.body)
+        try:
+            wait_s = min(MAX_WAIT_S, float(query.get("wait", ["20"])[0]))
+            if not wait_s >= 0:
+                raise ValueError
+        except ValueError:
+            return self._error(400, f"wait must be a number of seconds >= 0, got {query['wait'][0]!r}", "wait")
+        with self.server.waiting_lock:
+            if self.server.num_waiting >= MAX_WAITERS:
+                return self._error(429, f"{MAX_WAITERS} watches of /admin/cluster are open, the most this server "
+                                        "keeps; poll /admin/cluster without after= instead", "after")
+            self.server.num_waiting += 1
+        try:
+            body = run.wait(query["after"][0], wait_s)
+        finally:
+            with self.server.waiting_lock:
+                self.server.num_waiting -= 1
+        return self._send(200, "application/json", body)
+
+    def _error(self, status: int, message: str, param: str | None) -> None:
+        kind = {404: "not_found_error", 429: "rate_limit_error"}.get(status, "invalid_request_error")
+        body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+        return self._send(status, "application/json", json.dumps(body).encode())
 
     def _send(self, status: int, kind: str, body: bytes) -> None:
         self.send_response(status)
@@ -127,6 +169,7 @@ class LiveSession:
         self.server = listen(host, port, self.runs)
 
     def start(self) -> None:
+        self.server.serving = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         for r in self.runs.values():
             threading.Thread(target=r.run, daemon=True, name=f"live-{r.name}").start()
@@ -175,6 +218,6 @@ def main_live(cfg: ExperimentConfig, speed: float, host: str, port: int) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        session.server.server_close()
+        session.server.close()
         sys.stdout.flush()
     return 0
