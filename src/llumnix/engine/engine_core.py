@@ -234,8 +234,9 @@ class EngineCore(MigrationOpsMixin):
                 req.preemption_loss += now - req.preempted_at
                 req.preempted_at = None
             params = req.sampling_params
-            if n_out >= params.min_tokens and ((token == req.eos_token_id and not params.ignore_eos)
-                                               or token in params.stop_token_set or params.stop):
+            if req.can_stop_on_token and n_out >= params.min_tokens and (
+                    (token == req.eos_token_id and not params.ignore_eos) or token in params.stop_token_set
+                    or params.stop):
                 status = self._check_stop(req, token)
             elif n_out >= params.max_tokens or n_prompt + n_out >= max_len:
                 status = length
@@ -289,8 +290,9 @@ class EngineCore(MigrationOpsMixin):
             params = req.sampling_params
             # Most tokens can end their request only by its length (no EOS, stop id or
             # stop string can match): checked here; the rest in _check_stop (same outcome).
-            if n_out >= params.min_tokens and ((token == req.eos_token_id and not params.ignore_eos)
-                                               or token in params.stop_token_set or params.stop):
+            if req.can_stop_on_token and n_out >= params.min_tokens and (
+                    (token == req.eos_token_id and not params.ignore_eos) or token in params.stop_token_set
+                    or params.stop):
                 status = self._check_stop(req, token)
             elif n_out >= params.max_tokens or n_prompt + n_out >= max_len:
                 status = length
