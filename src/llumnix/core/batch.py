@@ -136,7 +136,8 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return self.num_entries == 0
+        decode = self.decode  # num_entries == 0 written out: read once per step
+        return not (decode.requests if decode is not None else self.scheduled)
 
     def halves(self) -> tuple[SchedulerOutput, SchedulerOutput]:
         """The first and second half of the entries as batches of their own (decodes stay

@@ -85,6 +85,15 @@ class Request:
     instance failure; outputs carry it. An output of an older epoch comes from a copy
     that must not exist (say a migration that committed as its source died), and the
     gateway stops that copy."""
+    can_stop_on_token: bool = field(init=False, repr=False, compare=False)
+    """Whether a sampled token can end the request (EOS unless ignored, a stop token id, a
+    stop string); if not, only its length does, and the engine's per-token check is one
+    test (``EngineCore.update``)."""
+
+    def __post_init__(self) -> None:
+        p = self.sampling_params
+        self.can_stop_on_token = bool((self.eos_token_id is not None and not p.ignore_eos)
+                                      or p.stop_token_set or p.stop)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -207,6 +207,58 @@ class EngineCore(MigrationOpsMixin):
     def update(self, batch: SchedulerOutput, output: ModelOutput) -> list[RequestOutput]:
         self.step_id += 1
         now = self.clock.now()
+        decode = batch.decode
+        if decode is not None and output.logprobs is None and output.prompt_logprobs is None:
+            return self._update_decode(decode.requests, output.sampled_token_ids, now)
+        return self._update_entries(batch, output, now)
+
+    def _update_decode(self, scheduled: list[Request], tokens: list[int], now: float) -> list[RequestOutput]:
+        """``_update_entries`` for a decode step without logprobs (most steps): every entry
+        computed its last token and sampled one, so the loop has no chunk test, no entry
+        index and no logprobs. Each request's fields are set as there, in the same order
+        (``tests/engine/test_decode_batch.py`` holds the two paths equal)."""
+        outputs: list[RequestOutput] = []
+        add = outputs.append
+        requests = self.requests
+        running = RequestStatus.RUNNING
+        kv = self.kv if self.kv.prefix is not None else None
+        max_len = self.config.max_model_len
+        length = RequestStatus.FINISHED_LENGTH
+        for r, token in zip(scheduled, tokens, strict=True):
+            rid = r.request_id
+            req = requests.get(rid)
+            if req is None or req.status != running:
+                continue  # aborted or paused while the step ran
+            out_ids = req.output_token_ids
+            n_prompt = len(req.prompt_token_ids)
+            n_out = len(out_ids) + 1  # with the new token
+            req.num_computed_tokens = n_prompt + n_out - 1  # not the new token
+            if kv is not None:
+                kv.cache_computed(rid, req.prompt_token_ids, out_ids, req.num_computed_tokens)
+            out_ids.append(token)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if req.preempted_at is not None:
+                req.preemption_loss += now - req.preempted_at
+                req.preempted_at = None
+            params = req.sampling_params
+            if req.can_stop_on_token and n_out >= params.min_tokens and (
+                    (token == req.eos_token_id and not params.ignore_eos) or token in params.stop_token_set
+                    or params.stop):
+                status = self._check_stop(req, token)
+            elif n_out >= params.max_tokens or n_prompt + n_out >= max_len:
+                status = length
+            else:
+                status = None
+            if status is None:
+                add(RequestOutput(rid, [token], n_out, None, None, req.stop_reason, None, req.client, req.epoch))
+            else:
+                metrics = self._finish(req, status, now)
+                add(RequestOutput(rid, [token], n_out, status.finish_reason, None, req.stop_reason, metrics,
+                                  req.client, req.epoch))
+        return outputs
+
+    def _update_entries(self, batch: SchedulerOutput, output: ModelOutput, now: float) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
         add = outputs.append
         logprobs = output.logprobs
@@ -246,8 +298,9 @@ class EngineCore(MigrationOpsMixin):
             params = req.sampling_params
             # Most tokens can end their request only by its length (no EOS, stop id or
             # stop string can match): checked here; the rest in _check_stop (same outcome).
-            if n_out >= params.min_tokens and ((token == req.eos_token_id and not params.ignore_eos)
-                                               or token in params.stop_token_set or params.stop):
+            if req.can_stop_on_token and n_out >= params.min_tokens and (
+                    (token == req.eos_token_id and not params.ignore_eos) or token in params.stop_token_set
+                    or params.stop):
                 status = self._check_stop(req, token)
             elif n_out >= params.max_tokens or n_prompt + n_out >= max_len:
                 status = length

@@ -281,8 +281,9 @@ class LocalScheduler:
             rid = req.request_id
             n_out = len(req.output_token_ids)
             table = tables[rid]
-            need = -(-(len(req.prompt_token_ids) + n_out) // block_size) - len(table)
-            if need > 0:
+            n_tokens = len(req.prompt_token_ids) + n_out
+            if n_tokens > len(table) * block_size:  # the blocks it needs are more than it holds
+                need = -(-n_tokens // block_size) - len(table)
                 growing.append((rid, need))
                 total += need
             held.append(table)

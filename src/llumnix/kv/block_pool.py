@@ -12,10 +12,9 @@ class BlockPool:
         # A stack: recently freed blocks are reused first (warm in cache).
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._is_free = [True] * num_blocks
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
+        self.num_free = num_blocks
+        """``len`` of the free list, kept with it (read at every step and report: an
+        attribute, not a property)."""
 
     @property
     def num_used(self) -> int:
@@ -27,6 +26,7 @@ class BlockPool:
         if n > len(self._free):
             raise OutOfBlocksError(f"asked for {n} blocks, {len(self._free)} free")
         ids = [self._free.pop() for _ in range(n)]
+        self.num_free = len(self._free)
         for i in ids:
             self._is_free[i] = False
         return ids
@@ -35,13 +35,17 @@ class BlockPool:
         # Pushed last-first, so the next allocation pops them back in the order they
         # had: a freed request's ascending run is reallocated as an ascending run, which
         # a migration moves as one view per layer instead of one per block.
-        for i in reversed(ids):
-            if self._is_free[i]:
-                raise ValueError(f"block {i} freed twice")
-            self._is_free[i] = True
-            self._free.append(i)
+        try:
+            for i in reversed(ids):
+                if self._is_free[i]:
+                    raise ValueError(f"block {i} freed twice")
+                self._is_free[i] = True
+                self._free.append(i)
+        finally:
+            self.num_free = len(self._free)
 
     def check_invariants(self) -> None:
         assert len(set(self._free)) == len(self._free), "duplicate ids on the free list"
+        assert self.num_free == len(self._free), "the free count disagrees with the free list"
         assert sum(self._is_free) == len(self._free), "free flags disagree with the free list"
         assert all(self._is_free[i] for i in self._free), "a listed free block is marked used"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, TypeVar
 
 from llumnix.core.errors import InvalidRequestError
@@ -71,6 +72,12 @@ class FreenessConfig:
         object.__setattr__(self, "headroom_tokens", norm)
         if any(v < 0 for v in norm.values()):
             raise bad_value("freeness.headroom_tokens", "headroom must be >= 0")
+
+    @cached_property
+    def headroom_priorities(self) -> frozenset[int]:
+        """The priority levels with a headroom (made once: every freeness reads it; not a
+        field, so no config shows it)."""
+        return frozenset(p for p, tokens in self.headroom_tokens.items() if tokens > 0)
 
 
 DISPATCH_POLICIES = ("llumnix", "infaas++", "round-robin", "least-requests", "random", "power-of-two",

@@ -91,7 +91,8 @@ def _running_usage(status: InstanceStatus, cfg: FreenessConfig) -> float:
     the sum needs neither the per-priority shares nor the list (integers: the same value
     exactly as summing ``_running_usages``)."""
     running = status.running
-    if cfg.headroom_tokens and any(headroom_blocks(cfg, p, status.block_size) for p in {r.priority for r in running}):
+    priorities = cfg.headroom_priorities  # those whose headroom_blocks are more than 0, at any block size
+    if priorities and not priorities.isdisjoint({r.priority for r in running}):
         return sum(_running_usages(status, cfg))
     return float(sum([r.num_blocks for r in running]))
 
