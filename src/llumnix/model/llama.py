@@ -58,7 +58,6 @@ class AttnGroup:
     tok_i: torch.Tensor | None  # [T] its row in the padded query block
     q_len: int  # Q, padded queries per request
     fresh_causal: bool  # one request prefilled from position 0: attend over fresh K/V
-    masked_out: torch.Tensor | None = None  # ~mask, made by the first layer that needs it
 
 
 @dataclass
@@ -273,14 +272,12 @@ class LlamaModel:
             ctx = ctx[:, :, :g.ctx_len]
         keys, values = ctx.transpose(2, 3).unbind(0)  # [B, kvh, L, hd] each
         if g.tok_b is None:
-            # Decode: one query per request. Grouped heads as a batched matmul beat
-            # the CPU flash kernel, which is built for long query blocks.
-            scores = torch.matmul(q.view(b, kvh, heads // kvh, hd), keys.transpose(-1, -2)).mul_(hd ** -0.5)
-            if g.mask is not None:
-                if g.masked_out is None:
-                    g.masked_out = ~g.mask
-                scores.masked_fill_(g.masked_out, float("-inf"))
-            return torch.matmul(scores.softmax(-1), values).reshape(b, cfg.q_size)
+            # Decode: one query per request. The CPU flash kernel reads the strided K/V
+            # views as they are; two matmuls and a softmax copied them first (1.4x slower
+            # at batch 1, 2.4x at 32: engine_speed.md, section 9).
+            out = F.scaled_dot_product_attention(q.view(b, heads, 1, hd), keys, values, attn_mask=g.mask,
+                                                 enable_gqa=True)
+            return out.reshape(b, cfg.q_size)
         queries = q.new_zeros(b, g.q_len, heads, hd)
         queries[g.tok_b, g.tok_i] = q.view(n, heads, hd)
         out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
