@@ -17,9 +17,10 @@ from llumnix.model import ModelExecutor
 from llumnix.model.llama import LlamaModel, add_residual
 from llumnix.model.quant import WEIGHT_FORMATS, pack
 
-OPS_PER_LAYER = 33
-"""Ops one decoder layer dispatches in a decode step (after the in-place RoPE over the
-fused QKV output, one index_copy_ of K and V and one gather of both; 42 before)."""
+OPS_PER_LAYER = 29
+"""Ops one decoder layer dispatches in a decode step: 42 before the in-place RoPE over the
+fused QKV output, one index_copy_ and one gather of K and V together, and decode attention
+in one SDPA call."""
 
 
 class _Ops(TorchDispatchMode):
