@@ -4,6 +4,8 @@
     rows     one layer's projections, int4 against bf16 per row count (auto's switch)
     step     one decode step of SmolLM2's shapes (random weights), batch 1 and 32:
              matmuls vs attention vs the rest (Python), from torch's profiler
+    ops      the same step's aten calls by op and input shapes (counts do not depend on
+             the machine's load: compare two commits with PYTHONPATH=<their src>)
     engines  our engine per weight format (and HF transformers' generate with ``--hf``, and
              llama.cpp's batched decode with ``--llama-python``): decode tokens/s at batch
              1/8/32, prefill 512, and the ratios between them round by round
@@ -170,6 +172,32 @@ def step(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def ops(args: argparse.Namespace) -> dict[str, Any]:
+    """Aten calls of one decode step (context 256) per format and batch, by op name and
+    input shapes: counts, bytes copied are what a change of path shows, whatever the load."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from llumnix.model.executor import ModelExecutor
+
+    out: dict[str, Any] = {}
+    with torch.inference_mode():
+        for f in args.formats:
+            ex = ModelExecutor(_random_model(f), num_blocks=32 * 16 + 1, block_size=16)
+            for batch in (1, 32):
+                fb = _decode_batch(ex, batch, 256)
+                ex.model.forward(fb, ex._storage)
+                with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                    ex.model.forward(fb, ex._storage).argmax(-1)
+                rows = {f"{e.key} {e.input_shapes}": {"calls": e.count, "self_us": e.self_cpu_time_total}
+                        for e in prof.key_averages(group_by_input_shape=True)}
+                out[f"{f} batch {batch}"] = dict(sorted(rows.items()))
+                print(f"{f} batch {batch}: {sum(r['calls'] for r in rows.values())} aten calls", flush=True)
+                for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["self_us"]):
+                    print(f"  {r['calls']:5d} {r['self_us'] / 1e3:8.2f} ms  {k}", flush=True)
+    return out
+
+
 def _category(op: str) -> str:
     if op in ("aten::mm", "aten::addmm") or "pack_mm" in op:
         return "matmul"
@@ -311,7 +339,7 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-MODES = {"kernels": kernels, "rows": rows, "step": step, "engines": engines, "quality": quality}
+MODES = {"kernels": kernels, "rows": rows, "step": step, "ops": ops, "engines": engines, "quality": quality}
 args_model = "smollm2"
 
 

@@ -58,7 +58,6 @@ class AttnGroup:
     tok_i: torch.Tensor | None  # [T] its row in the padded query block
     q_len: int  # Q, padded queries per request
     fresh_causal: bool  # one request prefilled from position 0: attend over fresh K/V
-    masked_out: torch.Tensor | None = None  # ~mask, made by the first layer that needs it
 
 
 @dataclass
@@ -100,11 +99,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def add_residual(h: torch.Tensor, x: torch.Tensor, w: Weight) -> None:
     """``h += x @ w`` in place: one BLAS call with beta = 1 for a float weight, so the
-    residual add costs neither an op nor a [T, hidden] allocation."""
+    residual add costs neither an op nor a [T, hidden] allocation; a packed weight's
+    bfloat16 product is added as it is (no cast back to float32 first: same sum)."""
     if isinstance(w, torch.Tensor):
         h.addmm_(x, w)
     else:
-        h.add_(w.mm(x))
+        h.add_(w.mm_bf16(x))
 
 
 PackedHead = Bf16Weight | Int8Weight
@@ -221,70 +221,65 @@ class LlamaModel:
         return F.rms_norm(h, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps)
 
     def _trunk(self, fb: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
-        """Every token's hidden state after the last layer (before the final norm). Q and K
-        are rotated together (they sit side by side in the fused QKV output), residuals
-        are added in place: about a dozen fewer ops and allocations a layer than one
-        rotation each with rotate_half and fresh sums."""
+        """Every token's hidden state after the last layer (before the final norm). RoPE
+        rotates Q and K together and in place in the fused QKV output (the sign of
+        rotate_half folded into a sin table), so the new K and V stay side by side there
+        and enter the cache in one ``index_copy_``; residuals are added in place. Each op
+        saved here is saved 30 times a step, and at batch 1 a step is mostly such ops."""
         cfg = self.config
         h = self.embed_tokens(fb.input_ids).contiguous()
+        n = h.shape[0]
         cos = self.cos[fb.positions].unsqueeze(1)
         sin = self._sin_signed[fb.positions].unsqueeze(1)
-        eps, heads, qk_size, half = cfg.rms_norm_eps, cfg.num_heads, cfg.q_size + cfg.kv_size, cfg.head_dim // 2
-        for i, lw in enumerate(self.layers):
+        eps, half, q_size, kv_size = cfg.rms_norm_eps, cfg.head_dim // 2, cfg.q_size, cfg.kv_size
+        for lw, kv in zip(self.layers, kv_cache.unbind(0), strict=True):
             x = F.rms_norm(h, (cfg.hidden_size,), lw.attn_norm, eps)
-            qkv = matmul(x, lw.wqkv)
-            qk = qkv[:, :qk_size].view(-1, heads + cfg.num_kv_heads, cfg.head_dim)
-            qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)  # RoPE
-            v = qkv[:, qk_size:].view(-1, cfg.num_kv_heads, cfg.head_dim)
-            attn = self._attention(fb, qk[:, :heads], qk[:, heads:], v, kv_cache[i, 0], kv_cache[i, 1])
-            add_residual(h, attn, lw.wo)
+            qkv = matmul(x, lw.wqkv)  # [T, q | k | v], a fresh tensor: rotated in place
+            qk = qkv[:, :q_size + kv_size].view(n, -1, cfg.head_dim)
+            rolled = qk.roll(half, -1)
+            qk.mul_(cos).addcmul_(rolled, sin)  # RoPE
+            new_kv = qkv[:, q_size:].view(n, 2, kv_size).transpose(0, 1)  # [2, T, kv_size]
+            kv.view(2, -1, kv_size).index_copy_(1, fb.slot_mapping, new_kv)
+            add_residual(h, self._attention(fb, qkv, kv), lw.wo)
             x = F.rms_norm(h, (cfg.hidden_size,), lw.ffn_norm, eps)
             gate, up = matmul(x, lw.w_gate_up).chunk(2, dim=-1)
             add_residual(h, F.silu(gate).mul_(up), lw.w_down)
         return h
 
-    def _attention(self, fb: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        kvh, hd = self.config.num_kv_heads, self.config.head_dim
-        flat_k = k_cache.view(-1, kvh, hd)
-        flat_v = v_cache.view(-1, kvh, hd)
-        flat_k.index_copy_(0, fb.slot_mapping, k)
-        flat_v.index_copy_(0, fb.slot_mapping, v)
+    def _attention(self, fb: ForwardBatch, qkv: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """``qkv`` [T, q | k | v] rotated; ``kv`` this layer's cache [2, blocks, block_size,
+        kv_heads, head_dim], the step's K/V written already."""
         if len(fb.groups) == 1:
-            return self._group_attention(fb.groups[0], q, k, v, k_cache, v_cache)
-        return torch.cat([self._group_attention(g, q[g.rows], k[g.rows], v[g.rows], k_cache, v_cache)
-                          for g in fb.groups])
+            return self._group_attention(fb.groups[0], qkv, kv)
+        return torch.cat([self._group_attention(g, qkv[g.rows], kv) for g in fb.groups])
 
-    def _group_attention(self, g: AttnGroup, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def _group_attention(self, g: AttnGroup, qkv: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """One group's attention output [its tokens, q_size]; its K/V are in the cache."""
         cfg = self.config
-        kvh, hd = cfg.num_kv_heads, cfg.head_dim
+        heads, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        n, q = qkv.shape[0], qkv[:, :cfg.q_size]
         if g.fresh_causal:
+            k, v = qkv[:, cfg.q_size:].view(n, 2, kvh, hd).unbind(1)
             out = F.scaled_dot_product_attention(
-                q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                q.view(n, heads, hd).transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                 v.transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=True)
             return out.squeeze(0).transpose(0, 1).reshape(-1, cfg.q_size)
-        # Gather whole blocks (index_select over block ids is far cheaper than
-        # gathering L single slots), then view them as one context per request.
+        # Gather whole blocks, K and V at once (index_select over block ids is far cheaper
+        # than gathering L single slots), then view them as one context per request.
         b, nb = g.block_tables.shape
-        idx = g.block_tables.view(-1)
-        keys = k_cache.index_select(0, idx).view(b, nb * k_cache.shape[1], kvh, hd)
-        values = v_cache.index_select(0, idx).view(b, nb * k_cache.shape[1], kvh, hd)
-        keys = keys[:, :g.ctx_len].transpose(1, 2)  # [B, kvh, L, hd]
-        values = values[:, :g.ctx_len].transpose(1, 2)
+        ctx = kv.index_select(1, g.block_tables.view(-1)).view(2, b, nb * kv.shape[2], kvh, hd)
+        if g.ctx_len < ctx.shape[2]:
+            ctx = ctx[:, :, :g.ctx_len]
+        keys, values = ctx.transpose(2, 3).unbind(0)  # [B, kvh, L, hd] each
         if g.tok_b is None:
-            # Decode: one query per request. Grouped heads as a batched matmul beat
-            # the CPU flash kernel, which is built for long query blocks.
-            group = cfg.num_heads // kvh
-            scores = torch.matmul(q.view(b, kvh, group, hd), keys.transpose(-1, -2)).mul_(hd ** -0.5)
-            if g.mask is not None:
-                if g.masked_out is None:
-                    g.masked_out = ~g.mask
-                scores.masked_fill_(g.masked_out, float("-inf"))
-            return torch.matmul(scores.softmax(-1), values).reshape(b, cfg.q_size)
-        queries = q.new_zeros(b, g.q_len, cfg.num_heads, hd)
-        queries[g.tok_b, g.tok_i] = q
+            # Decode: one query per request. The CPU flash kernel reads the strided K/V
+            # views as they are; two matmuls and a softmax copied them first (1.4x slower
+            # at batch 1, 2.4x at 32: engine_speed.md, section 9).
+            out = F.scaled_dot_product_attention(q.view(b, heads, 1, hd), keys, values, attn_mask=g.mask,
+                                                 enable_gqa=True)
+            return out.reshape(b, cfg.q_size)
+        queries = q.new_zeros(b, g.q_len, heads, hd)
+        queries[g.tok_b, g.tok_i] = q.view(n, heads, hd)
         out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
                                              attn_mask=g.mask, enable_gqa=True)
         return out.transpose(1, 2)[g.tok_b, g.tok_i].reshape(-1, cfg.q_size)

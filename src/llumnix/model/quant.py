@@ -46,6 +46,11 @@ class PackedWeight(Protocol):
 
     def mm(self, x: torch.Tensor) -> torch.Tensor: ...
 
+    def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ w`` as the kernel gives it, in bfloat16 (``mm`` casts it back to x's dtype).
+        An in-place add into a float32 tensor takes it as is: bf16 widens to float32 exactly."""
+        ...
+
     def dense(self) -> torch.Tensor:
         """The [in, out] float32 weight it stands for (tests, migration checks)."""
         ...
@@ -68,7 +73,10 @@ class Bf16Weight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return (x.to(torch.bfloat16) @ self.w).to(x.dtype)
+        return self.mm_bf16(x).to(x.dtype)
+
+    def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16) @ self.w
 
     def dense(self) -> torch.Tensor:
         return self.w.float()
@@ -97,8 +105,11 @@ class Int8Weight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mm_bf16(x).to(x.dtype)
+
+    def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale)
-        return y.to(x.dtype)
+        return y
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the [out, in] matrix, dequantized: the embedding of a tied head."""
@@ -149,9 +160,12 @@ class Int4Weight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mm_bf16(x).to(x.dtype)
+
+    def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed,
                                                                      INT4_GROUP, self.scales_zeros)
-        return y.to(x.dtype)
+        return y
 
     def dense(self) -> torch.Tensor:
         return self.mm(torch.eye(self.k))
@@ -185,7 +199,10 @@ class RowAwareWeight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.int4.mm(x) if x.shape[0] < DENSE_ROWS else self.bf16.mm(x)
+        return self.mm_bf16(x).to(x.dtype)
+
+    def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
+        return self.int4.mm_bf16(x) if x.shape[0] < DENSE_ROWS else self.bf16.mm_bf16(x)
 
     def dense(self) -> torch.Tensor:
         return self.bf16.dense()
