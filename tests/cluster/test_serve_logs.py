@@ -12,14 +12,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from llumnix.cluster.startup import free_port, wait_until_healthy
-from llumnix.core.errors import LlumnixError
+from tests.cluster.serve_process import serve_process
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -34,24 +32,9 @@ THROUGHPUT = re.compile(rf"^{STAMP} INFO llumnix\.gateway\.request_log: Avg prom
                         r"Avg generation throughput: [\d.]+ tokens/s, Running: \d+ reqs, .*Instances: 2$", re.M)
 
 
-@contextlib.contextmanager
-def serve(model_dir: Path, log: Path, *flags: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "serve", "--model", str(model_dir),
-                                 "--port", str(port), "--kv-cache-mib", "8", "--log-stats-interval", "0.5", *flags],
-                                stdout=out, stderr=subprocess.STDOUT)
-        try:
-            try:
-                wait_until_healthy(url, proc, 120.0, "llumnix serve")
-            except LlumnixError as e:
-                pytest.fail(f"{e}\n{log.read_text()}")
-            yield url, proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+def serve(model_dir: Path, log: Path, *flags: str) -> contextlib.AbstractContextManager[tuple[str, subprocess.Popen[bytes]]]:
+    """``serve_process`` with the throughput line every 0.5 s."""
+    return serve_process(model_dir, log, "--log-stats-interval", "0.5", *flags)
 
 
 def wait_for(log: Path, pattern: re.Pattern[str] | str, count: int = 1, timeout_s: float = 30.0) -> list[str]:

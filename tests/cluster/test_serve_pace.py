@@ -2,15 +2,12 @@
 latency model's steps allow, and `/metrics` counts the paced steps."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from llumnix.cluster.startup import free_port, wait_until_healthy
-from llumnix.core.errors import LlumnixError
+from tests.cluster.serve_process import serve_process
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -23,17 +20,8 @@ def _counter(text: str, name: str) -> float:
 def test_a_paced_server_answers_at_the_models_pace_and_counts_its_steps(tiny_model_dir, tmp_path):
     from llumnix.engine.pace import pace_model
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "serve", str(tiny_model_dir), "--instances", "1",
-                             "--port", str(port), "--kv-cache-mib", "8", "--pace", "a10-llama7b-serving:2"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        try:
-            wait_until_healthy(url, proc, 120.0, "llumnix serve")
-        except LlumnixError as e:
-            pytest.fail(f"{e}\n{(tmp_path / 'serve.log').read_text()}")
+    with serve_process(tiny_model_dir, tmp_path / "serve.log", "--instances", "1",
+                       "--pace", "a10-llama7b-serving:2") as (url, _):
         name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         n = 12
         t0 = time.perf_counter()
@@ -53,11 +41,3 @@ def test_a_paced_server_answers_at_the_models_pace_and_counts_its_steps(tiny_mod
             time.sleep(0.2)
         assert _counter(metrics, "llumnix:paced_steps_total") >= n
         assert "llumnix:pace_overrun_steps_total{" in metrics  # counted, whatever this machine's load
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()

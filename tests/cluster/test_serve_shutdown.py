@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 
 import httpx
 import pytest
 
-from llumnix.cluster.startup import free_port, wait_until_healthy
-from llumnix.core.errors import LlumnixError
+from tests.cluster.serve_process import serve_process
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -21,18 +18,8 @@ pytestmark = pytest.mark.slow
 def test_sigterm_lets_a_running_stream_finish_within_the_grace_then_exits(tiny_model_dir, tmp_path, grace):
     """With the default grace the stream gets every token; with 0.1 s it is cut (its 480
     tokens take about a second here) and the server still exits."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "llumnix.cli", "serve", "--model", str(tiny_model_dir),
-                             "--instances", "1", "--port", str(port), "--kv-cache-mib", "8",
-                             "--shutdown-grace", str(grace)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        try:
-            wait_until_healthy(url, proc, 120.0, "llumnix serve")
-        except LlumnixError as e:
-            pytest.fail(f"{e}\n{(tmp_path / 'serve.log').read_text()}")
+    with serve_process(tiny_model_dir, tmp_path / "serve.log", "--instances", "1",
+                       "--shutdown-grace", str(grace)) as (url, proc):
         name = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         # logprobs: 0 names every streamed token, so they are counted however many a chunk
         # carries (a stream that falls behind gets the tokens queued for it as one chunk).
@@ -58,8 +45,3 @@ def test_sigterm_lets_a_running_stream_finish_within_the_grace_then_exits(tiny_m
         with pytest.raises(httpx.HTTPError):  # no new requests once it stops
             httpx.get(f"{url}/health", timeout=2)
         proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
