@@ -41,6 +41,9 @@
 #   A second attempt was stopped after 4 of 10 seeds when the pacer was found to add each
 #   step's update and loop to its modeled time (a device 4-10% slower than its model; fixed
 #   in 157b7ee): the simulator would have predicted a faster cluster than the one measured.
+#   Two more starts (06:13, 06:21) were stopped after their probes: other jobs' clusters had
+#   the machine at load 19-35, and the probe read 2.76 and 3.07 req/s with KV not binding.
+#   The run committed (paced_scale.json) started at 06:27 with every other process at nice 19.
 # 10 seeds x 3 loads x 2 systems = 60 runs of ~45-60 s: ~55 minutes, plus the probe (~2 min)
 # and two start-ups; the simulator after.
 #
