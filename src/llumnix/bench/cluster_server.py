@@ -15,12 +15,14 @@ from typing import Any
 
 import httpx
 
+from llumnix.cluster.startup import die_with_parent
 from llumnix.core.errors import LlumnixError
 
 
 class ServeProcess:
     """``with ServeProcess(config, log) as server``: `llumnix serve --config config` on a free
-    loopback port until the block ends (SIGTERM, then SIGKILL)."""
+    loopback port until the block ends (SIGTERM, then SIGKILL), or until this process dies:
+    a benchmark killed outright takes its servers, and their Ray clusters, with it."""
 
     def __init__(self, config: Path, log: Path, start_timeout_s: float = 600.0,
                  env: dict[str, str] | None = None) -> None:
@@ -39,7 +41,7 @@ class ServeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "llumnix.cli", "serve", "--config", str(self.config), "--port", str(port),
              "--shutdown-grace", "5"],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent(),
             env={**os.environ, "RAY_DEDUP_LOGS": "0", **self.env})
         deadline = time.monotonic() + self.timeout
         while True:

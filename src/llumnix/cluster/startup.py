@@ -3,8 +3,12 @@ use fails in a second, not after the model has loaded), a line for each step, an
 only once the server answers."""
 from __future__ import annotations
 
+import ctypes
 import errno
+import os
+import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -17,6 +21,27 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Callable[[], None]:
+    """``Popen(preexec_fn=die_with_parent())``: the child gets SIGTERM when the process that
+    started it dies, however it dies (a benchmark killed with SIGKILL; a server started with
+    ``start_new_session`` would otherwise outlive it with its Ray cluster). Linux only (prctl's
+    parent-death signal); elsewhere nothing. The signal follows the starting *thread*: start
+    such children from the main thread."""
+    parent = os.getpid()
+
+    def in_child() -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
 
 
 def wait_until_healthy(url: str, proc: Any, timeout_s: float = 300.0, what: str = "the server") -> None:
