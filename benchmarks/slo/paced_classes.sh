@@ -14,6 +14,7 @@
 # run's line: "pace overran X/Y steps"); on a machine too loaded for that, PACE=
 # a10-llama7b-serving:2 is the stated fallback (paced_scale.sh's rule).
 #
+# CAPACITY=R (req/s) skips the probe and takes R, paced_scale.sh's probe of the same sizing.
 #   benchmarks/slo/paced_classes.sh OUT_DIR [SEEDS] [LOADS] [SYSTEMS]
 #       # defaults: 0..4, 0.85, infaas++,llumnix,slo
 # Ray's workers (the instances: what is measured) at nice 0, not Ray's default 15.
@@ -43,5 +44,6 @@ $py -m benchmarks.cluster.tiny_model "$model" --context 2048
 $py -m llumnix.cli bench cluster --model "$model" --trace-tokenizer smollm2 --pace "$pace" \
   --instances 4 --systems "$systems" --seeds "$seeds" --loads "$loads" --burst-size 0 \
   --length-scale 1 --prompt-cap 512 --output-cap 512 --num-blocks "$blocks" --requests-per-run "${REQUESTS:-128}" \
-  --interleave --probe-requests 256 --probe-concurrency 64 --slo-classes "$out/classes.yaml" \
+  --interleave --probe-requests 256 --probe-concurrency 64 ${CAPACITY:+--capacity "$CAPACITY"} \
+  --slo-classes "$out/classes.yaml" \
   --with-sim --out "$out"
