@@ -15,7 +15,16 @@ import torch
 import torch.nn.functional as F
 
 from llumnix.model.config import LlamaConfig
-from llumnix.model.quant import Bf16Weight, Int8Weight, Weight, matmul, pack
+from llumnix.model.quant import (
+    HEAD_FORMAT,
+    Bf16Weight,
+    Int8Weight,
+    PackedHead,
+    Weight,
+    matmul,
+    pack,
+    pack_head,
+)
 
 
 @dataclass
@@ -107,20 +116,20 @@ def add_residual(h: torch.Tensor, x: torch.Tensor, w: Weight) -> None:
         h.add_(w.mm_bf16(x))
 
 
-PackedHead = Bf16Weight | Int8Weight
-
-
 class LlamaModel:
     def __init__(self, config: LlamaConfig, lm_head: torch.Tensor | PackedHead, layers: list[LayerWeights],
-                 norm: torch.Tensor, embed: torch.Tensor | None = None, weight_format: str = "fp32") -> None:
+                 norm: torch.Tensor, embed: torch.Tensor | None = None, weight_format: str = "fp32",
+                 embed_rows: Int8Weight | None = None) -> None:
         """``lm_head`` is [hidden, vocab]. Tied embeddings (``embed`` None) read
         their rows as columns of the same tensor: one copy, not two. On CPU the
         output projection is kept in column panels (``HEAD_PANEL``). A model packed
-        before (the weight cache's) comes with its packed head and its ``weight_format``."""
+        before (the weight cache's) comes with its packed head and its ``weight_format``,
+        and where that head is int4 and tied, the embedding's int8 rows (``embed_rows``)."""
         self.config = config
         self._head: torch.Tensor | None = None
         self._panels: torch.Tensor | None = None  # [n, hidden, HEAD_PANEL] on CPU
         self._qhead: PackedHead | None = None  # a packed head (``pack_weights``)
+        self._embed_rows = embed_rows  # a tied embedding's rows where the head cannot give them
         self.weight_format = weight_format
         if not isinstance(lm_head, torch.Tensor):
             self._qhead = lm_head
@@ -143,13 +152,15 @@ class LlamaModel:
         self._sin_signed = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)
 
     def pack_weights(self, fmt: str) -> None:
-        """Pack the projections in ``fmt`` (``quant.WEIGHT_FORMATS``), once, at load. The head
-        is int8 per vocabulary row under int8 and int4 (it is the embedding too when tied)."""
+        """Pack the projections in ``fmt`` (``quant.WEIGHT_FORMATS``), once, at load; the head
+        as ``quant.HEAD_FORMAT`` says. A tied int4 head keeps the embedding's rows in int8."""
         if fmt == self.weight_format:
             return
         head = self.lm_head
         self.layers = [lw.packed(fmt) for lw in self.layers]
-        self._qhead = Bf16Weight(head) if fmt == "bf16" else Int8Weight(head)
+        self._qhead = pack_head(head, fmt)
+        tied_int4 = self.embed is None and HEAD_FORMAT[fmt] == "int4"
+        self._embed_rows = Int8Weight(head) if tied_int4 else None
         self._head = self._panels = None
         self.norm = self.norm.clone()
         self.embed = None if self.embed is None else self.embed.clone()
@@ -167,7 +178,7 @@ class LlamaModel:
     def lm_head(self) -> torch.Tensor:
         """The output projection as one [hidden, vocab] matrix (a copy when panelled or packed)."""
         if self._qhead is not None:
-            return self._qhead.dense()
+            return self._qhead.dense()[:, :self.config.vocab_size]
         if self._head is not None:
             return self._head
         assert self._panels is not None
@@ -179,11 +190,17 @@ class LlamaModel:
         return self._qhead
 
     @property
+    def embed_rows(self) -> Int8Weight | None:
+        return self._embed_rows
+
+    @property
     def is_tied(self) -> bool:
         return self.embed is None
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         if self.embed is None:
+            if self._embed_rows is not None:
+                return self._embed_rows.rows(ids)
             if isinstance(self._qhead, Int8Weight):
                 return self._qhead.rows(ids)
             if isinstance(self._qhead, Bf16Weight):
@@ -197,7 +214,8 @@ class LlamaModel:
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """``h`` [B, hidden] -> [B, vocab]."""
         if self._qhead is not None:
-            return self._qhead.mm(h)
+            out = self._qhead.mm(h)  # an int4 head may have zero columns past the vocabulary
+            return out if out.shape[1] == self.config.vocab_size else out[:, :self.config.vocab_size]
         if self._panels is None:
             assert self._head is not None
             return h @ self._head
