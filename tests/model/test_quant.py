@@ -108,9 +108,13 @@ def test_a_packed_model_tracks_float32(tiny_llama_dir, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["int4", "auto"])
-def test_int4_and_auto_pack_the_head_in_int4_beside_int8_embedding_rows(tiny_llama_dir, fmt):
-    from llumnix.model import load_model
+def test_an_int4_head_keeps_int8_embedding_rows_beside_it(tiny_llama_dir, monkeypatch, fmt):
+    """Not the default (it fails the quality bar on SmolLM2), but what HEAD_FORMAT builds
+    when asked: the int4 head computes the logits, the int8 rows the tied embedding."""
+    from llumnix.model import load_model, quant
 
+    assert quant.HEAD_FORMAT[fmt] == "int8"
+    monkeypatch.setitem(quant.HEAD_FORMAT, fmt, "int4")
     model = load_model(str(tiny_llama_dir[0]), weight_format=fmt).model
     int8 = load_model(str(tiny_llama_dir[0]), weight_format="int8").model
     assert isinstance(model.packed_head, Int4Weight) and isinstance(int8.packed_head, Int8Weight)
@@ -119,11 +123,16 @@ def test_int4_and_auto_pack_the_head_in_int4_beside_int8_embedding_rows(tiny_lla
     ids = torch.tensor([0, 256])
     assert torch.equal(model.embed_tokens(ids), int8.embed_tokens(ids))
     assert weight_bytes(model.packed_head) < 0.7 * weight_bytes(int8.packed_head)
+    h = torch.randn(2, model.config.hidden_size)
+    assert _rel(model.logits(h), int8.logits(h)) < TOLERANCE["int4"]
 
 
 @pytest.mark.parametrize("vocab", [48, 50, 257])
-def test_an_int4_head_of_any_width_computes_its_logits(vocab):
+def test_an_int4_head_of_any_width_computes_its_logits(monkeypatch, vocab):
     """The int4 kernel takes widths in multiples of 16: other heads are padded, not refused."""
+    from llumnix.model import quant
+
+    monkeypatch.setitem(quant.HEAD_FORMAT, "auto", "int4")
     g = torch.Generator().manual_seed(vocab)
     w, x = torch.randn(64, vocab, generator=g) * 0.05, torch.randn(2, 64, generator=g)
     head = pack_head(w, "auto")

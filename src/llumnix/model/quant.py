@@ -15,8 +15,7 @@ load for PyTorch's weight-only kernels, so a decode step streams a fraction of t
           requests, where bytes per token rule), bf16 dense of the same int4 weights at
           ``DENSE_ROWS`` and above (big batches and prefill, where the int kernels pay
           their dequantization again for every few rows). Both are kept: 63 + 203 MiB for
-          SmolLM2-135M's layers, with the int4 head (17 MiB) and the tied embedding's int8
-          rows (27 MiB), 310 MiB against fp32's 513.
+          SmolLM2-135M's layers, with the int8 head (27 MiB), 293 MiB against fp32's 513.
 
 The int8 and int4 kernels take bfloat16 activations: with float32 ones PyTorch 2.13 runs
 a scalar fallback 10-500x slower than float32 BLAS (576x960 at batch 1, one thread: int4
@@ -24,13 +23,14 @@ a scalar fallback 10-500x slower than float32 BLAS (576x960 at batch 1, one thre
 bfloat16 around each packed matmul (the residual stream, norms, attention and the KV
 cache stay float32), and scales and zero points are kept in bfloat16.
 
-The output projection is packed as ``HEAD_FORMAT`` says. Under int8 it is int8 per
-vocabulary row, which doubles as a tied embedding table (row ``id`` dequantized). Under
-int4 and auto it is int4 like the layers: the head is the biggest read of a batch-1 step
-(49152x576 for SmolLM2: 17 MiB in int4 with its scales, against 27 in int8), and int4's
-kernel beats int8's at every row count (benchmarks/engine_speed.md, section 1). A tied
-embedding then keeps its int8 rows beside it (SmolLM2's token_embd is Q8_0 in its GGUF,
-and a step reads only a few rows of it).
+The output projection is packed as ``HEAD_FORMAT`` says: int8 per vocabulary row under
+int8, int4 and auto, which doubles as a tied embedding table (row ``id`` dequantized), so
+the model keeps one copy of it (SmolLM2's is Q8_0 in its GGUF). An int4 head (17 MiB
+against 27, and int4's kernel is faster at every row count) is built by ``pack_head``
+where ``HEAD_FORMAT`` asks for it, a tied embedding then keeping int8 rows beside it; it
+is not the default because it fails the quality bar: SmolLM2 under auto with an int4 head
+agreed with fp32 on 3 of 64 prompts' first 16 greedy tokens (42 with int8's) and its
+perplexity rose 4.3% (0.3% with int8's; benchmarks/engine_speed.md, section 10).
 """
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ INT4_GROUP = 32
 """Input columns per int4 group: GGUF's Q4_0/Q4_1 block size."""
 INT4_COLUMNS = 16
 """The int4 kernel's output width must be a multiple of this."""
-HEAD_FORMAT = {"bf16": "bf16", "int8": "int8", "int4": "int4", "auto": "int4"}
-"""The output projection's format under each packed weight format (benchmarks/engine_speed.md,
-section 10: int4's head against int8's, speed and quality)."""
+HEAD_FORMAT = {"bf16": "bf16", "int8": "int8", "int4": "int8", "auto": "int8"}
+"""The output projection's format under each packed weight format ("int4" is measured by
+benchmarks/engine_speed.py's ``auto/int4`` arms; it fails quality, see above)."""
 DENSE_ROWS = 16
 """``auto``: rows from which a matmul runs bf16 dense rather than the int4 kernel
 (benchmarks/engine_speed.md, section 4: where the two cross on this machine's CPU)."""
