@@ -22,6 +22,7 @@ from llumnix.model.quant import (
     PackedHead,
     Weight,
     matmul,
+    matmul_f32,
     pack,
     pack_head,
 )
@@ -243,26 +244,41 @@ class LlamaModel:
         rotates Q and K together and in place in the fused QKV output (the sign of
         rotate_half folded into a sin table), so the new K and V stay side by side there
         and enter the cache in one ``index_copy_``; residuals are added in place. Each op
-        saved here is saved 30 times a step, and at batch 1 a step is mostly such ops."""
+        saved here is saved 30 times a step, and at batch 1 a step is mostly such ops.
+
+        Packed formats feed their kernels bfloat16: each norm's last multiply writes it
+        into one buffer of the step (the cast costs no op of its own, and the values are
+        those of a cast after it), and the MLP's SiLU and product run on the kernel's
+        bfloat16 gate and up, whose product enters the down projection as it is. The
+        residual stream, RoPE, attention and the KV cache stay float32."""
         cfg = self.config
         h = self.embed_tokens(fb.input_ids).contiguous()
         n = h.shape[0]
         cos = self.cos[fb.positions].unsqueeze(1)
         sin = self._sin_signed[fb.positions].unsqueeze(1)
-        eps, half, q_size, kv_size = cfg.rms_norm_eps, cfg.head_dim // 2, cfg.q_size, cfg.kv_size
+        half, q_size, kv_size = cfg.head_dim // 2, cfg.q_size, cfg.kv_size
+        xbuf = None if self.weight_format == "fp32" else h.new_empty(h.shape, dtype=torch.bfloat16)
         for lw, kv in zip(self.layers, kv_cache.unbind(0), strict=True):
-            x = F.rms_norm(h, (cfg.hidden_size,), lw.attn_norm, eps)
-            qkv = matmul(x, lw.wqkv)  # [T, q | k | v], a fresh tensor: rotated in place
+            x = self._norm(h, lw.attn_norm, xbuf)
+            qkv = matmul_f32(x, lw.wqkv)  # [T, q | k | v], a fresh tensor: rotated in place
             qk = qkv[:, :q_size + kv_size].view(n, -1, cfg.head_dim)
             rolled = qk.roll(half, -1)
             qk.mul_(cos).addcmul_(rolled, sin)  # RoPE
             new_kv = qkv[:, q_size:].view(n, 2, kv_size).transpose(0, 1)  # [2, T, kv_size]
             kv.view(2, -1, kv_size).index_copy_(1, fb.slot_mapping, new_kv)
             add_residual(h, self._attention(fb, qkv, kv), lw.wo)
-            x = F.rms_norm(h, (cfg.hidden_size,), lw.ffn_norm, eps)
+            x = self._norm(h, lw.ffn_norm, xbuf)
             gate, up = matmul(x, lw.w_gate_up).chunk(2, dim=-1)
             add_residual(h, F.silu(gate).mul_(up), lw.w_down)
         return h
+
+    def _norm(self, h: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """RMSNorm of ``h``; into ``out`` (bfloat16) when given: F.rms_norm's own last
+        multiply done with ``out=``, so the result is the float32 one rounded once."""
+        shape, eps = (self.config.hidden_size,), self.config.rms_norm_eps
+        if out is None:
+            return F.rms_norm(h, shape, weight, eps)
+        return torch.mul(F.rms_norm(h, shape, None, eps), weight, out=out)
 
     def _attention(self, fb: ForwardBatch, qkv: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """``qkv`` [T, q | k | v] rotated; ``kv`` this layer's cache [2, blocks, block_size,

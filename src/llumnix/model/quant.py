@@ -51,6 +51,15 @@ DENSE_ROWS = 16
 (benchmarks/engine_speed.md, section 4: where the two cross on this machine's CPU)."""
 
 
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in bfloat16; one that is already costs no call (a step makes 100s of these)."""
+    return x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+
+
+def _in_dtype_of(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
 class PackedWeight(Protocol):
     """A projection kept in a packed form: ``mm(x)`` is ``x @ w`` for ``x`` [T, in]."""
 
@@ -83,10 +92,10 @@ class Bf16Weight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mm_bf16(x).to(x.dtype)
+        return _in_dtype_of(self.mm_bf16(x), x)
 
     def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(torch.bfloat16) @ self.w
+        return _bf16(x) @ self.w
 
     def dense(self) -> torch.Tensor:
         return self.w.float()
@@ -115,10 +124,10 @@ class Int8Weight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mm_bf16(x).to(x.dtype)
+        return _in_dtype_of(self.mm_bf16(x), x)
 
     def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale)
+        y: torch.Tensor = torch._weight_int8pack_mm(_bf16(x), self.q, self.scale)
         return y
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -154,7 +163,7 @@ class Int4Weight:
 
     def __init__(self, w: torch.Tensor) -> None:
         q, self.scales_zeros = _int4_groups(w)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 2)
 
     @property
     def k(self) -> int:
@@ -170,11 +179,11 @@ class Int4Weight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mm_bf16(x).to(x.dtype)
+        return _in_dtype_of(self.mm_bf16(x), x)
 
     def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed,
-                                                                     INT4_GROUP, self.scales_zeros)
+        y: torch.Tensor = torch._weight_int4pack_mm_for_cpu(_bf16(x), self.packed, INT4_GROUP,
+                                                            self.scales_zeros)
         return y
 
     def dense(self) -> torch.Tensor:
@@ -191,7 +200,7 @@ class RowAwareWeight:
 
     def __init__(self, w: torch.Tensor) -> None:
         q, sz = _int4_groups(w)
-        self.int4 = Int4Weight.of({"packed": torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2),
+        self.int4 = Int4Weight.of({"packed": torch._convert_weight_to_int4pack_for_cpu(q, 2),
                                    "scales_zeros": sz})
         # The int4 weights themselves in bf16, so both kernels compute with one set of weights.
         g = sz.float().transpose(0, 1)  # [out, in / group, 2]
@@ -209,7 +218,7 @@ class RowAwareWeight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mm_bf16(x).to(x.dtype)
+        return _in_dtype_of(self.mm_bf16(x), x)
 
     def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
         return self.int4.mm_bf16(x) if x.shape[0] < DENSE_ROWS else self.bf16.mm_bf16(x)
@@ -250,6 +259,11 @@ def pack_head(w: torch.Tensor, fmt: str) -> PackedHead:
 
 def matmul(x: torch.Tensor, w: Weight) -> torch.Tensor:
     return x @ w if isinstance(w, torch.Tensor) else w.mm(x)
+
+
+def matmul_f32(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """``x @ w`` in float32 whatever ``x``'s dtype (a packed kernel's bfloat16 widened)."""
+    return x @ w if isinstance(w, torch.Tensor) else w.mm_bf16(x).float()
 
 
 def weight_bytes(w: Weight) -> int:
