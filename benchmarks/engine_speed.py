@@ -1,8 +1,8 @@
 """The engine's weight formats (issue 48) side by side on one machine, interleaved.
 
-    kernels  one matmul per SmolLM2 shape and weight format, batch 1 and 32
+    kernels  one matmul per SmolLM2 shape and weight format, batch 1, 8 and 32
     rows     one layer's projections, int4 against bf16 per row count (auto's switch)
-    step     one decode step of SmolLM2's shapes (random weights), batch 1 and 32:
+    step     one decode step of SmolLM2's shapes (random weights), batch 1, 8 and 32:
              matmuls vs attention vs the rest (Python), from torch's profiler
     ops      the same step's aten calls by op and input shapes (counts do not depend on
              the machine's load: compare two commits with PYTHONPATH=<their src>)
@@ -11,6 +11,12 @@
              1/8/32, prefill 512, and the ratios between them round by round
     quality  each fast format against fp32: greedy tokens on 64 prompts, perplexity (and
              llama.cpp's greedy tokens against our fp32 with ``--llama-python``)
+    cputime  CPU time of one decode step per format and batch (1, 8, 32) at one thread:
+             less moved by other processes than wall time; run it alternately under two
+             commits' ``PYTHONPATH`` to compare them
+
+A format may be given as ``FORMAT/HEAD``: that weight format with its output head packed
+as HEAD instead of ``quant.HEAD_FORMAT``'s choice (``auto/int8``: auto with int8's head).
 
 Every mode runs ``--rounds`` interleaved rounds (format A, B, C, A, B, C, ...) and reports
 medians with min-max spreads, since other processes share the CPU. JSON goes to
@@ -23,7 +29,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +39,7 @@ import torch
 from llumnix.bench.machine import machine_info, write_result
 from llumnix.model.quant import WEIGHT_FORMATS, matmul, pack
 
+BATCHES = (1, 8, 32)
 SHAPES = {"qkv 576x960": (576, 960), "o 576x576": (576, 576), "k/v 576x192": (576, 192),
           "gate_up 576x3072": (576, 3072), "up 576x1536": (576, 1536), "down 1536x576": (1536, 576),
           "lm_head 576x49152": (576, 49152)}
@@ -41,12 +49,16 @@ def stats(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
+CLOCK: Callable[[], float] = time.perf_counter
+"""``_time``'s clock: wall time, or this process's CPU time with ``--clock cpu``."""
+
+
 def _time(fn: Callable[[], Any], reps: int) -> float:
     fn()
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     for _ in range(reps):
         fn()
-    return (time.perf_counter() - t0) / reps
+    return (CLOCK() - t0) / reps
 
 
 def kernels(args: argparse.Namespace) -> dict[str, Any]:
@@ -56,7 +68,7 @@ def kernels(args: argparse.Namespace) -> dict[str, Any]:
     for name, (k, n) in SHAPES.items():
         w = torch.randn(k, n, generator=g) * 0.05
         packed = {f: pack(w, f) for f in args.formats}
-        for m in (1, 32):
+        for m in BATCHES:
             x = torch.randn(m, k, generator=g)
             runs: dict[str, list[float]] = {f: [] for f in args.formats}
             reps = max(3, int(2e8 // (k * n * max(m, 4))))
@@ -91,10 +103,28 @@ def rows(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+@contextmanager
+def _head_as(fmt: str) -> Iterator[str]:
+    """``FORMAT/HEAD`` -> FORMAT, its head packed as HEAD while the block runs (the load)."""
+    from llumnix.model import quant
+
+    base, _, head = fmt.partition("/")
+    if not head:  # also where quant has no HEAD_FORMAT (an older commit's src)
+        yield base
+        return
+    saved = dict(quant.HEAD_FORMAT)
+    quant.HEAD_FORMAT[base] = head
+    try:
+        yield base
+    finally:
+        quant.HEAD_FORMAT.update(saved)
+
+
 def _llm(fmt: str, **kw: Any) -> Any:
     from llumnix.llm import LLM
 
-    return LLM(args_model, weight_format=fmt, kv_cache_bytes=256 * 2**20, max_num_batched_tokens=4096, **kw)
+    with _head_as(fmt) as base:
+        return LLM(args_model, weight_format=base, kv_cache_bytes=256 * 2**20, max_num_batched_tokens=4096, **kw)
 
 
 SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_layers": 30,
@@ -116,7 +146,8 @@ def _random_model(fmt: str) -> Any:
     layers = [LayerWeights(torch.ones(h), r(h, qkv), r(cfg.q_size, h), torch.ones(h), r(h, 2 * i), r(i, h))
               for _ in range(cfg.num_layers)]
     model = LlamaModel(cfg, r(h, cfg.vocab_size), layers, torch.ones(h))
-    model.pack_weights(fmt)
+    with _head_as(fmt) as base:
+        model.pack_weights(base)
     return model
 
 
@@ -146,12 +177,12 @@ def step(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with torch.inference_mode():
         for _ in range(args.rounds):
-            for batch in (1, 32):
+            for batch in BATCHES:
                 for f, ex in execs.items():
                     fb = _decode_batch(ex, batch, 256)
                     walls.setdefault(f"{f} batch {batch}", []).append(
                         1e3 * _time(lambda ex=ex, fb=fb: ex.model.forward(fb, ex._storage).argmax(-1), args.steps))
-        for batch in (1, 32):
+        for batch in BATCHES:
             for f, ex in execs.items():
                 fb = _decode_batch(ex, batch, 256)
                 with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -184,7 +215,7 @@ def ops(args: argparse.Namespace) -> dict[str, Any]:
     with torch.inference_mode():
         for f in args.formats:
             ex = ModelExecutor(_random_model(f), num_blocks=32 * 16 + 1, block_size=16)
-            for batch in (1, 32):
+            for batch in BATCHES:
                 fb = _decode_batch(ex, batch, 256)
                 ex.model.forward(fb, ex._storage)
                 with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
@@ -195,6 +226,31 @@ def ops(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"{f} batch {batch}: {sum(r['calls'] for r in rows.values())} aten calls", flush=True)
                 for k, r in sorted(rows.items(), key=lambda kv: -kv[1]["self_us"]):
                     print(f"  {r['calls']:5d} {r['self_us'] / 1e3:8.2f} ms  {k}", flush=True)
+    return out
+
+
+def cputime(args: argparse.Namespace) -> dict[str, Any]:
+    """CPU milliseconds of one decode step (context 256, random SmolLM2 weights) per
+    format and batch, formats interleaved round by round. ``time.process_time`` counts
+    this process's CPU only, so other processes on the machine move it far less than
+    wall time (they still share its caches); at one thread it is the step's work."""
+    from llumnix.model.executor import ModelExecutor
+
+    execs = {f: ModelExecutor(_random_model(f), num_blocks=32 * 16 + 1, block_size=16) for f in args.formats}
+    runs: dict[str, list[float]] = {}
+    with torch.inference_mode():
+        for _ in range(args.rounds):
+            for batch in BATCHES:
+                for f, ex in execs.items():
+                    fb = _decode_batch(ex, batch, 256)
+                    ex.model.forward(fb, ex._storage).argmax(-1)
+                    t0 = time.process_time()
+                    for _ in range(args.steps):
+                        ex.model.forward(fb, ex._storage).argmax(-1)
+                    runs.setdefault(f"{f} batch {batch}", []).append(1e3 * (time.process_time() - t0) / args.steps)
+    out = {k: stats(v) for k, v in runs.items()}
+    for k, v in out.items():
+        print(f"{k}: {v['median']:.2f} ms CPU a step ({v['min']:.2f}-{v['max']:.2f})", flush=True)
     return out
 
 
@@ -242,8 +298,6 @@ def engines(args: argparse.Namespace) -> dict[str, Any]:
         out["llama.cpp"] = "skipped: no --llama-python (a Python with llama-cpp-python installed)"
     return out
 
-
-BATCHES = (1, 8, 32)
 
 
 def _llama_cpp(args: argparse.Namespace, request: dict[str, Any]) -> dict[str, Any]:
@@ -339,12 +393,13 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-MODES = {"kernels": kernels, "rows": rows, "step": step, "ops": ops, "engines": engines, "quality": quality}
+MODES = {"kernels": kernels, "rows": rows, "step": step, "ops": ops, "engines": engines, "quality": quality,
+         "cputime": cputime}
 args_model = "smollm2"
 
 
 def main() -> None:
-    global args_model
+    global args_model, CLOCK
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("mode", choices=MODES)
     p.add_argument("--model", default="smollm2")
@@ -355,8 +410,11 @@ def main() -> None:
     p.add_argument("--hf", action="store_true", help="engines: HF transformers' generate too")
     p.add_argument("--llama-python", default=None, metavar="PYTHON",
                    help="engines, quality: a Python with llama-cpp-python, for llama.cpp's figures")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="kernels, rows, step: time by the wall or by this process's CPU time")
     p.add_argument("--out", default="/tmp/llumnix-bench/engine_speed")
     args = p.parse_args()
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     args.formats = args.formats.split(",")
     args_model = args.model
     torch.set_num_threads(args.threads)

@@ -11,6 +11,7 @@ from llumnix.config.sections import LLMConfig
 from llumnix.core.errors import ModelLoadError
 from llumnix.model.quant import (
     DENSE_ROWS,
+    HEAD_FORMAT,
     WEIGHT_FORMATS,
     Bf16Weight,
     Int4Weight,
@@ -18,6 +19,7 @@ from llumnix.model.quant import (
     RowAwareWeight,
     matmul,
     pack,
+    pack_head,
     weight_bytes,
 )
 
@@ -90,15 +92,53 @@ def test_int4_refuses_a_width_it_cannot_group():
 
 @pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "auto"])
 def test_a_packed_model_tracks_float32(tiny_llama_dir, fmt):
+    """Logits within the head format's matmul tolerance (an int4 head's is int4's); the
+    embedding within int8's, whatever the head: a tied int4 head keeps int8 rows for it."""
     from llumnix.model import load_model
 
     exact = load_model(str(tiny_llama_dir[0]))
     fast = load_model(str(tiny_llama_dir[0]), weight_format=fmt)
     assert fast.model.weight_format == fmt and exact.model.weight_format == "fp32"
     h = torch.randn(3, exact.config.hidden_size)
-    assert _rel(fast.model.logits(h), exact.model.logits(h)) < 0.05
+    logits = fast.model.logits(h)
+    assert logits.shape == (3, exact.config.vocab_size)  # 257: the int4 head's padding sliced off
+    assert _rel(logits, exact.model.logits(h)) < (TOLERANCE["int4"] if HEAD_FORMAT[fmt] == "int4" else 0.05)
     ids = torch.tensor([1, 5, 200])
     assert _rel(fast.model.embed_tokens(ids), exact.model.embed_tokens(ids)) < 0.02
+
+
+@pytest.mark.parametrize("fmt", ["int4", "auto"])
+def test_an_int4_head_keeps_int8_embedding_rows_beside_it(tiny_llama_dir, monkeypatch, fmt):
+    """Not the default (it fails the quality bar on SmolLM2), but what HEAD_FORMAT builds
+    when asked: the int4 head computes the logits, the int8 rows the tied embedding."""
+    from llumnix.model import load_model, quant
+
+    assert quant.HEAD_FORMAT[fmt] == "int8"
+    monkeypatch.setitem(quant.HEAD_FORMAT, fmt, "int4")
+    model = load_model(str(tiny_llama_dir[0]), weight_format=fmt).model
+    int8 = load_model(str(tiny_llama_dir[0]), weight_format="int8").model
+    assert isinstance(model.packed_head, Int4Weight) and isinstance(int8.packed_head, Int8Weight)
+    assert model.embed_rows is not None and int8.embed_rows is None
+    assert torch.equal(model.embed_rows.q, int8.packed_head.q)  # the same rows int8's head embeds with
+    ids = torch.tensor([0, 256])
+    assert torch.equal(model.embed_tokens(ids), int8.embed_tokens(ids))
+    assert weight_bytes(model.packed_head) < 0.7 * weight_bytes(int8.packed_head)
+    h = torch.randn(2, model.config.hidden_size)
+    assert _rel(model.logits(h), int8.logits(h)) < TOLERANCE["int4"]
+
+
+@pytest.mark.parametrize("vocab", [48, 50, 257])
+def test_an_int4_head_of_any_width_computes_its_logits(monkeypatch, vocab):
+    """The int4 kernel takes widths in multiples of 16: other heads are padded, not refused."""
+    from llumnix.model import quant
+
+    monkeypatch.setitem(quant.HEAD_FORMAT, "auto", "int4")
+    g = torch.Generator().manual_seed(vocab)
+    w, x = torch.randn(64, vocab, generator=g) * 0.05, torch.randn(2, 64, generator=g)
+    head = pack_head(w, "auto")
+    assert isinstance(head, Int4Weight)
+    assert _rel(head.mm(x)[:, :vocab], x @ w) < TOLERANCE["int4"]
+    assert not head.mm(x)[:, vocab:].any()  # the padding's columns are zero
 
 
 def test_weight_format_is_checked_at_load_and_in_config():

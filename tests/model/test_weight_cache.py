@@ -112,3 +112,5 @@ def test_a_packed_format_is_cached_packed(cache, monkeypatch, fmt):
     for lw1, lw2 in zip(first.model.layers[:2], second.model.layers[:2], strict=True):
         assert torch.equal(quant.matmul(x, lw1.w_gate_up), quant.matmul(x, lw2.w_gate_up))
     assert torch.equal(first.model.logits(x), second.model.logits(x))
+    ids = torch.tensor([0, 17, first.config.vocab_size - 1])  # the tied embedding's rows
+    assert torch.equal(first.model.embed_tokens(ids), second.model.embed_tokens(ids))

@@ -111,7 +111,8 @@ def _assemble(config: LlamaConfig, w: dict[str, torch.Tensor], device: str) -> L
 def packed_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
     """A packed model's tensors by name (what the weight cache stores for its format):
     ``layers.{i}.{field}`` (norms) or ``layers.{i}.{field}.{part}`` (a packed weight's
-    parts), ``norm``, ``head.{part}`` and, for untied embeddings, ``embed``."""
+    parts), ``norm``, ``head.{part}``, a tied int4 head's ``embed_rows.{part}`` and, for
+    untied embeddings, ``embed``."""
     out: dict[str, torch.Tensor] = {"norm": model.norm}
     for i, lw in enumerate(model.layers):
         for f in LAYER_FIELDS:
@@ -123,13 +124,15 @@ def packed_tensors(model: LlamaModel) -> dict[str, torch.Tensor]:
     head = model.packed_head
     assert head is not None, "packed_tensors needs a packed model"
     out |= {f"head.{k}": t for k, t in head.tensors().items()}
+    if model.embed_rows is not None:
+        out |= {f"embed_rows.{k}": t for k, t in model.embed_rows.tensors().items()}
     if model.embed is not None:
         out["embed"] = model.embed
     return out
 
 
 def _assemble_packed(config: LlamaConfig, w: dict[str, torch.Tensor], fmt: str) -> LlamaModel:
-    from llumnix.model.quant import PACKED, Bf16Weight, Int8Weight
+    from llumnix.model.quant import HEAD_FORMAT, HEADS, PACKED, Int8Weight
 
     def parts(prefix: str) -> dict[str, torch.Tensor]:
         return {k.removeprefix(prefix): t for k, t in w.items() if k.startswith(prefix)}
@@ -139,5 +142,7 @@ def _assemble_packed(config: LlamaConfig, w: dict[str, torch.Tensor], fmt: str) 
         return w[name] if f.endswith("norm") else PACKED[fmt].of(parts(name + "."))
 
     layers = [LayerWeights(**{f: field(i, f) for f in LAYER_FIELDS}) for i in range(config.num_layers)]
-    head = (Bf16Weight if fmt == "bf16" else Int8Weight).of(parts("head."))
-    return LlamaModel(config, head, layers, w["norm"], w.get("embed"), weight_format=fmt)
+    head = HEADS[HEAD_FORMAT[fmt]].of(parts("head."))
+    rows = parts("embed_rows.")
+    return LlamaModel(config, head, layers, w["norm"], w.get("embed"), weight_format=fmt,
+                      embed_rows=Int8Weight.of(rows) if rows else None)

@@ -15,7 +15,17 @@ import torch
 import torch.nn.functional as F
 
 from llumnix.model.config import LlamaConfig
-from llumnix.model.quant import Bf16Weight, Int8Weight, Weight, matmul, pack
+from llumnix.model.quant import (
+    HEAD_FORMAT,
+    Bf16Weight,
+    Int8Weight,
+    PackedHead,
+    Weight,
+    matmul,
+    matmul_f32,
+    pack,
+    pack_head,
+)
 
 
 @dataclass
@@ -107,20 +117,20 @@ def add_residual(h: torch.Tensor, x: torch.Tensor, w: Weight) -> None:
         h.add_(w.mm_bf16(x))
 
 
-PackedHead = Bf16Weight | Int8Weight
-
-
 class LlamaModel:
     def __init__(self, config: LlamaConfig, lm_head: torch.Tensor | PackedHead, layers: list[LayerWeights],
-                 norm: torch.Tensor, embed: torch.Tensor | None = None, weight_format: str = "fp32") -> None:
+                 norm: torch.Tensor, embed: torch.Tensor | None = None, weight_format: str = "fp32",
+                 embed_rows: Int8Weight | None = None) -> None:
         """``lm_head`` is [hidden, vocab]. Tied embeddings (``embed`` None) read
         their rows as columns of the same tensor: one copy, not two. On CPU the
         output projection is kept in column panels (``HEAD_PANEL``). A model packed
-        before (the weight cache's) comes with its packed head and its ``weight_format``."""
+        before (the weight cache's) comes with its packed head and its ``weight_format``,
+        and where that head is int4 and tied, the embedding's int8 rows (``embed_rows``)."""
         self.config = config
         self._head: torch.Tensor | None = None
         self._panels: torch.Tensor | None = None  # [n, hidden, HEAD_PANEL] on CPU
         self._qhead: PackedHead | None = None  # a packed head (``pack_weights``)
+        self._embed_rows = embed_rows  # a tied embedding's rows where the head cannot give them
         self.weight_format = weight_format
         if not isinstance(lm_head, torch.Tensor):
             self._qhead = lm_head
@@ -143,13 +153,15 @@ class LlamaModel:
         self._sin_signed = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)
 
     def pack_weights(self, fmt: str) -> None:
-        """Pack the projections in ``fmt`` (``quant.WEIGHT_FORMATS``), once, at load. The head
-        is int8 per vocabulary row under int8 and int4 (it is the embedding too when tied)."""
+        """Pack the projections in ``fmt`` (``quant.WEIGHT_FORMATS``), once, at load; the head
+        as ``quant.HEAD_FORMAT`` says. A tied int4 head keeps the embedding's rows in int8."""
         if fmt == self.weight_format:
             return
         head = self.lm_head
         self.layers = [lw.packed(fmt) for lw in self.layers]
-        self._qhead = Bf16Weight(head) if fmt == "bf16" else Int8Weight(head)
+        self._qhead = pack_head(head, fmt)
+        tied_int4 = self.embed is None and HEAD_FORMAT[fmt] == "int4"
+        self._embed_rows = Int8Weight(head) if tied_int4 else None
         self._head = self._panels = None
         self.norm = self.norm.clone()
         self.embed = None if self.embed is None else self.embed.clone()
@@ -167,7 +179,7 @@ class LlamaModel:
     def lm_head(self) -> torch.Tensor:
         """The output projection as one [hidden, vocab] matrix (a copy when panelled or packed)."""
         if self._qhead is not None:
-            return self._qhead.dense()
+            return self._qhead.dense()[:, :self.config.vocab_size]
         if self._head is not None:
             return self._head
         assert self._panels is not None
@@ -179,11 +191,17 @@ class LlamaModel:
         return self._qhead
 
     @property
+    def embed_rows(self) -> Int8Weight | None:
+        return self._embed_rows
+
+    @property
     def is_tied(self) -> bool:
         return self.embed is None
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         if self.embed is None:
+            if self._embed_rows is not None:
+                return self._embed_rows.rows(ids)
             if isinstance(self._qhead, Int8Weight):
                 return self._qhead.rows(ids)
             if isinstance(self._qhead, Bf16Weight):
@@ -197,7 +215,8 @@ class LlamaModel:
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """``h`` [B, hidden] -> [B, vocab]."""
         if self._qhead is not None:
-            return self._qhead.mm(h)
+            out = self._qhead.mm(h)  # an int4 head may have zero columns past the vocabulary
+            return out if out.shape[1] == self.config.vocab_size else out[:, :self.config.vocab_size]
         if self._panels is None:
             assert self._head is not None
             return h @ self._head
@@ -225,26 +244,41 @@ class LlamaModel:
         rotates Q and K together and in place in the fused QKV output (the sign of
         rotate_half folded into a sin table), so the new K and V stay side by side there
         and enter the cache in one ``index_copy_``; residuals are added in place. Each op
-        saved here is saved 30 times a step, and at batch 1 a step is mostly such ops."""
+        saved here is saved 30 times a step, and at batch 1 a step is mostly such ops.
+
+        Packed formats feed their kernels bfloat16: each norm's last multiply writes it
+        into one buffer of the step (the cast costs no op of its own, and the values are
+        those of a cast after it), and the MLP's SiLU and product run on the kernel's
+        bfloat16 gate and up, whose product enters the down projection as it is. The
+        residual stream, RoPE, attention and the KV cache stay float32."""
         cfg = self.config
         h = self.embed_tokens(fb.input_ids).contiguous()
         n = h.shape[0]
         cos = self.cos[fb.positions].unsqueeze(1)
         sin = self._sin_signed[fb.positions].unsqueeze(1)
-        eps, half, q_size, kv_size = cfg.rms_norm_eps, cfg.head_dim // 2, cfg.q_size, cfg.kv_size
+        half, q_size, kv_size = cfg.head_dim // 2, cfg.q_size, cfg.kv_size
+        xbuf = None if self.weight_format == "fp32" else h.new_empty(h.shape, dtype=torch.bfloat16)
         for lw, kv in zip(self.layers, kv_cache.unbind(0), strict=True):
-            x = F.rms_norm(h, (cfg.hidden_size,), lw.attn_norm, eps)
-            qkv = matmul(x, lw.wqkv)  # [T, q | k | v], a fresh tensor: rotated in place
+            x = self._norm(h, lw.attn_norm, xbuf)
+            qkv = matmul_f32(x, lw.wqkv)  # [T, q | k | v], a fresh tensor: rotated in place
             qk = qkv[:, :q_size + kv_size].view(n, -1, cfg.head_dim)
             rolled = qk.roll(half, -1)
             qk.mul_(cos).addcmul_(rolled, sin)  # RoPE
             new_kv = qkv[:, q_size:].view(n, 2, kv_size).transpose(0, 1)  # [2, T, kv_size]
             kv.view(2, -1, kv_size).index_copy_(1, fb.slot_mapping, new_kv)
             add_residual(h, self._attention(fb, qkv, kv), lw.wo)
-            x = F.rms_norm(h, (cfg.hidden_size,), lw.ffn_norm, eps)
+            x = self._norm(h, lw.ffn_norm, xbuf)
             gate, up = matmul(x, lw.w_gate_up).chunk(2, dim=-1)
             add_residual(h, F.silu(gate).mul_(up), lw.w_down)
         return h
+
+    def _norm(self, h: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """RMSNorm of ``h``; into ``out`` (bfloat16) when given: F.rms_norm's own last
+        multiply done with ``out=``, so the result is the float32 one rounded once."""
+        shape, eps = (self.config.hidden_size,), self.config.rms_norm_eps
+        if out is None:
+            return F.rms_norm(h, shape, weight, eps)
+        return torch.mul(F.rms_norm(h, shape, None, eps), weight, out=out)
 
     def _attention(self, fb: ForwardBatch, qkv: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """``qkv`` [T, q | k | v] rotated; ``kv`` this layer's cache [2, blocks, block_size,

@@ -15,7 +15,7 @@ load for PyTorch's weight-only kernels, so a decode step streams a fraction of t
           requests, where bytes per token rule), bf16 dense of the same int4 weights at
           ``DENSE_ROWS`` and above (big batches and prefill, where the int kernels pay
           their dequantization again for every few rows). Both are kept: 63 + 203 MiB for
-          SmolLM2-135M's layers, with int4's int8 head (27 MiB), 293 MiB against fp32's 513.
+          SmolLM2-135M's layers, with the int8 head (27 MiB), 293 MiB against fp32's 513.
 
 The int8 and int4 kernels take bfloat16 activations: with float32 ones PyTorch 2.13 runs
 a scalar fallback 10-500x slower than float32 BLAS (576x960 at batch 1, one thread: int4
@@ -23,9 +23,14 @@ a scalar fallback 10-500x slower than float32 BLAS (576x960 at batch 1, one thre
 bfloat16 around each packed matmul (the residual stream, norms, attention and the KV
 cache stay float32), and scales and zero points are kept in bfloat16.
 
-The output projection (tied to the embedding) is int8 per vocabulary row under both
-int8 and int4: SmolLM2's is Q8_0 in its GGUF, and a row-wise int8 head doubles as the
-embedding table (row ``id`` dequantized), so the model keeps one copy of it.
+The output projection is packed as ``HEAD_FORMAT`` says: int8 per vocabulary row under
+int8, int4 and auto, which doubles as a tied embedding table (row ``id`` dequantized), so
+the model keeps one copy of it (SmolLM2's is Q8_0 in its GGUF). An int4 head (17 MiB
+against 27, and int4's kernel is faster at every row count) is built by ``pack_head``
+where ``HEAD_FORMAT`` asks for it, a tied embedding then keeping int8 rows beside it; it
+is not the default because it fails the quality bar: SmolLM2 under auto with an int4 head
+agreed with fp32 on 3 of 64 prompts' first 16 greedy tokens (42 with int8's) and its
+perplexity rose 4.3% (0.3% with int8's; benchmarks/engine_speed.md, section 10).
 """
 from __future__ import annotations
 
@@ -36,9 +41,23 @@ import torch
 WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "auto")
 INT4_GROUP = 32
 """Input columns per int4 group: GGUF's Q4_0/Q4_1 block size."""
+INT4_COLUMNS = 16
+"""The int4 kernel's output width must be a multiple of this."""
+HEAD_FORMAT = {"bf16": "bf16", "int8": "int8", "int4": "int8", "auto": "int8"}
+"""The output projection's format under each packed weight format ("int4" is measured by
+benchmarks/engine_speed.py's ``auto/int4`` arms; it fails quality, see above)."""
 DENSE_ROWS = 16
 """``auto``: rows from which a matmul runs bf16 dense rather than the int4 kernel
 (benchmarks/engine_speed.md, section 4: where the two cross on this machine's CPU)."""
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in bfloat16; one that is already costs no call (a step makes 100s of these)."""
+    return x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+
+
+def _in_dtype_of(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class PackedWeight(Protocol):
@@ -73,10 +92,10 @@ class Bf16Weight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mm_bf16(x).to(x.dtype)
+        return _in_dtype_of(self.mm_bf16(x), x)
 
     def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(torch.bfloat16) @ self.w
+        return _bf16(x) @ self.w
 
     def dense(self) -> torch.Tensor:
         return self.w.float()
@@ -105,10 +124,10 @@ class Int8Weight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mm_bf16(x).to(x.dtype)
+        return _in_dtype_of(self.mm_bf16(x), x)
 
     def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale)
+        y: torch.Tensor = torch._weight_int8pack_mm(_bf16(x), self.q, self.scale)
         return y
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -144,7 +163,7 @@ class Int4Weight:
 
     def __init__(self, w: torch.Tensor) -> None:
         q, self.scales_zeros = _int4_groups(w)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 2)
 
     @property
     def k(self) -> int:
@@ -160,11 +179,11 @@ class Int4Weight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mm_bf16(x).to(x.dtype)
+        return _in_dtype_of(self.mm_bf16(x), x)
 
     def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
-        y: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed,
-                                                                     INT4_GROUP, self.scales_zeros)
+        y: torch.Tensor = torch._weight_int4pack_mm_for_cpu(_bf16(x), self.packed, INT4_GROUP,
+                                                            self.scales_zeros)
         return y
 
     def dense(self) -> torch.Tensor:
@@ -181,7 +200,7 @@ class RowAwareWeight:
 
     def __init__(self, w: torch.Tensor) -> None:
         q, sz = _int4_groups(w)
-        self.int4 = Int4Weight.of({"packed": torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2),
+        self.int4 = Int4Weight.of({"packed": torch._convert_weight_to_int4pack_for_cpu(q, 2),
                                    "scales_zeros": sz})
         # The int4 weights themselves in bf16, so both kernels compute with one set of weights.
         g = sz.float().transpose(0, 1)  # [out, in / group, 2]
@@ -199,7 +218,7 @@ class RowAwareWeight:
         return self
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mm_bf16(x).to(x.dtype)
+        return _in_dtype_of(self.mm_bf16(x), x)
 
     def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
         return self.int4.mm_bf16(x) if x.shape[0] < DENSE_ROWS else self.bf16.mm_bf16(x)
@@ -213,6 +232,8 @@ class RowAwareWeight:
 
 
 Weight = torch.Tensor | Bf16Weight | Int8Weight | Int4Weight | RowAwareWeight
+PackedHead = Bf16Weight | Int8Weight | Int4Weight
+HEADS: dict[str, type[PackedHead]] = {"bf16": Bf16Weight, "int8": Int8Weight, "int4": Int4Weight}
 PACKED: dict[str, type[Bf16Weight | Int8Weight | Int4Weight | RowAwareWeight]] = {
     "bf16": Bf16Weight, "int8": Int8Weight, "int4": Int4Weight, "auto": RowAwareWeight}
 
@@ -226,8 +247,23 @@ def pack(w: torch.Tensor, fmt: str) -> Weight:
     raise ValueError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, not {fmt!r}")
 
 
+def pack_head(w: torch.Tensor, fmt: str) -> PackedHead:
+    """The output projection ``w`` [hidden, vocab] packed for weight format ``fmt``. The int4
+    kernel takes output widths in multiples of 16, so an int4 head of another vocabulary
+    size gets zero columns up to one (its logits are sliced back to the vocabulary)."""
+    head = HEAD_FORMAT[fmt]
+    if head == "int4" and w.shape[1] % INT4_COLUMNS:
+        w = torch.nn.functional.pad(w, (0, -w.shape[1] % INT4_COLUMNS))
+    return HEADS[head](w)
+
+
 def matmul(x: torch.Tensor, w: Weight) -> torch.Tensor:
     return x @ w if isinstance(w, torch.Tensor) else w.mm(x)
+
+
+def matmul_f32(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """``x @ w`` in float32 whatever ``x``'s dtype (a packed kernel's bfloat16 widened)."""
+    return x @ w if isinstance(w, torch.Tensor) else w.mm_bf16(x).float()
 
 
 def weight_bytes(w: Weight) -> int:

@@ -5,9 +5,10 @@ replacement, an auto-scaling scale-out) maps them instead of dequantizing again
 
     key    the GGUF's resolved path, size and modification time, the dtype, ``LAYOUT``
            (bumped whenever the loader's layout changes); for a packed weight format
-           (``quant.WEIGHT_FORMATS``) the format and torch's version too (the int4
-           kernel's packing is torch's own layout), so a packed start neither
-           dequantizes nor packs again (SmolLM2 int4: 7-9 s -> what fp32 takes)
+           (``quant.WEIGHT_FORMATS``) the format, its head's (``quant.HEAD_FORMAT``) and
+           torch's version too (the int4 kernel's packing is torch's own layout), so a
+           packed start neither dequantizes nor packs again (SmolLM2 int4: 7-9 s -> what
+           fp32 takes)
     file   ``$LLUMNIX_CACHE/weights/<key>.safetensors`` (default ``~/.cache/llumnix``),
            written under a temporary name and renamed, so a reader never sees half a
            file; read through a memory map, so instances on one node share its pages
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from llumnix.core.paths import cache_dir
+from llumnix.model.quant import HEAD_FORMAT
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ def cache_path(source: Path, dtype: torch.dtype, fmt: str = "fp32") -> Path:
     key = f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{LAYOUT}"
     name = source.stem
     if fmt != "fp32":
-        key += f"|{fmt}|torch {torch.__version__}"
+        key += f"|{fmt}|head {HEAD_FORMAT[fmt]}|torch {torch.__version__}"
         name += f"-{fmt}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     return cache_dir() / "weights" / f"{name}-{digest}.safetensors"
