@@ -47,6 +47,16 @@ def test_another_dtype_or_a_changed_source_is_a_miss(cache, source):
     assert weight_cache.load(source, torch.float32) is None
 
 
+def test_a_packed_cache_from_another_kind_of_cpu_is_a_miss(cache, source, monkeypatch):
+    """int4 packing is laid out per CPU capability (AVX2 and AVX-512 differ): a cache on a
+    home shared by two kinds of machine must not hand one the other's packed weights."""
+    weight_cache.save(source, torch.float32, tensors(), "int4")
+    assert weight_cache.load(source, torch.float32, "int4") is not None
+    other = "AVX2" if torch.backends.cpu.get_cpu_capability() != "AVX2" else "AVX512"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: other)
+    assert weight_cache.load(source, torch.float32, "int4") is None
+
+
 def test_off_by_environment(cache, source, monkeypatch):
     monkeypatch.setenv(weight_cache.ENV_OFF, "0")
     assert weight_cache.save(source, torch.float32, tensors()) is None

@@ -6,7 +6,9 @@ replacement, an auto-scaling scale-out) maps them instead of dequantizing again
     key    the GGUF's resolved path, size and modification time, the dtype, ``LAYOUT``
            (bumped whenever the loader's layout changes); for a packed weight format
            (``quant.WEIGHT_FORMATS``) the format, its head's (``quant.HEAD_FORMAT``) and
-           torch's version too (the int4 kernel's packing is torch's own layout), so a
+           torch's version and the CPU's vector capability too (the int4 kernel's packing
+           is torch's own layout, and differs between AVX2 and AVX-512: a cache on a home
+           shared by two kinds of machine must not hand one the other's packing), so a
            packed start neither dequantizes nor packs again (SmolLM2 int4: 7-9 s -> what
            fp32 takes)
     file   ``$LLUMNIX_CACHE/weights/<key>.safetensors`` (default ``~/.cache/llumnix``),
@@ -45,7 +47,7 @@ def cache_path(source: Path, dtype: torch.dtype, fmt: str = "fp32") -> Path:
     key = f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{LAYOUT}"
     name = source.stem
     if fmt != "fp32":
-        key += f"|{fmt}|head {HEAD_FORMAT[fmt]}|torch {torch.__version__}"
+        key += f"|{fmt}|head {HEAD_FORMAT[fmt]}|torch {torch.__version__}|cpu {torch.backends.cpu.get_cpu_capability()}"
         name += f"-{fmt}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     return cache_dir() / "weights" / f"{name}-{digest}.safetensors"
