@@ -151,6 +151,26 @@ class SchedulerOutput:
         return parts[0], parts[1]
 
 
+def decode_output(requests: list[Request], tables: list[list[int]], starts: list[int], num_outputs: list[int],
+                  preempted_request_ids: list[str]) -> SchedulerOutput:
+    """``SchedulerOutput(None, False, preempted_request_ids, decode=DecodeBatch(requests,
+    tables, starts, num_outputs))``, a decode step of the paper's engine (every step but
+    the prefills), with every field written here instead of calling the two classes (see
+    ``token_output``; ``tests/core/test_builders.py`` holds it equal to the class calls)."""
+    decode: DecodeBatch = object.__new__(DecodeBatch)
+    decode.requests = requests
+    decode.tables = tables
+    decode.starts = starts
+    decode.num_outputs = num_outputs
+    out: SchedulerOutput = object.__new__(SchedulerOutput)
+    out._scheduled = None
+    out.is_prefill = False
+    out.preempted_request_ids = preempted_request_ids
+    out.num_decodes = 0
+    out.decode = decode
+    return out
+
+
 PromptLogprob = tuple[int, float, list[tuple[int, float]] | None]
 """A prompt token, its logprob under the tokens before it, and (when asked for) the most
 likely tokens at its position with their logprobs, most likely first."""
@@ -173,6 +193,19 @@ class ModelOutput:
     prompt_logprobs: list[list[PromptLogprob] | None] | None = None
     """Per scheduled request, when some request's first prefill asked for them (and the
     executor computes them): its prompt tokens after the first with their logprobs."""
+
+
+def timed_output(sampled_token_ids: list[int], elapsed: float) -> ModelOutput:
+    """``ModelOutput(sampled_token_ids, elapsed=elapsed)``, what a modelled step returns
+    (the simulator's executor, once per step), with every field written here instead of
+    calling the class (see ``token_output``; ``tests/core/test_builders.py``)."""
+    out: ModelOutput = object.__new__(ModelOutput)
+    out.sampled_token_ids = sampled_token_ids
+    out.logprobs = None
+    out.top_logprobs = None
+    out.elapsed = elapsed
+    out.prompt_logprobs = None
+    return out
 
 
 @dataclass(frozen=True)
@@ -260,6 +293,33 @@ class RequestOutput:
                              cat(self.new_top_logprobs, later.new_top_logprobs),
                              self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
                              later.error)
+
+
+def token_output(request_id: str, token: int, num_output_tokens: int, finish_reason: str | None,
+                 stop_reason: int | str | None, metrics: RequestMetrics | None, client: str,
+                 epoch: int) -> RequestOutput:
+    """``RequestOutput(request_id, [token], num_output_tokens, finish_reason, None,
+    stop_reason, metrics, client, epoch)``: one sampled token without logprobs, what a
+    decode step gives each request. Every field is written here instead of calling the
+    class: in CPython 3.11 a class call goes through ``type.__call__`` and runs
+    ``__init__`` in an interpreter frame of its own, a function call does not (one output
+    per request per step: the simulator's most built object). ``tests/core/
+    test_builders.py`` holds it equal to the class call and fails when a field is added
+    and not written here."""
+    out: RequestOutput = object.__new__(RequestOutput)
+    out.request_id = request_id
+    out.new_token_ids = [token]
+    out.num_output_tokens = num_output_tokens
+    out.finish_reason = finish_reason
+    out.new_logprobs = None
+    out.stop_reason = stop_reason
+    out.metrics = metrics
+    out.client = client
+    out.epoch = epoch
+    out.new_top_logprobs = None
+    out.prompt_logprobs = None
+    out.error = None
+    return out
 
 
 class Executor(Protocol):

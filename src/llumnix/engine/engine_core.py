@@ -7,7 +7,14 @@ import random
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from llumnix.core.batch import Executor, ModelOutput, RequestMetrics, RequestOutput, SchedulerOutput
+from llumnix.core.batch import (
+    Executor,
+    ModelOutput,
+    RequestMetrics,
+    RequestOutput,
+    SchedulerOutput,
+    token_output,
+)
 from llumnix.core.clock import Clock, WallClock
 from llumnix.core.config import EngineConfig
 from llumnix.core.errors import InvalidRequestError, RequestTooLongError, UnknownRequestError
@@ -251,11 +258,11 @@ class EngineCore(MigrationOpsMixin):
             else:
                 status = None
             if status is None:
-                add(RequestOutput(rid, [token], n_out, None, None, req.stop_reason, None, req.client, req.epoch))
+                add(token_output(rid, token, n_out, None, req.stop_reason, None, req.client, req.epoch))
             else:
                 metrics = self._finish(req, status, now)
-                add(RequestOutput(rid, [token], n_out, status.finish_reason, None, req.stop_reason, metrics,
-                                  req.client, req.epoch))
+                add(token_output(rid, token, n_out, status.finish_reason, req.stop_reason, metrics, req.client,
+                                 req.epoch))
         return outputs
 
     def _update_entries(self, batch: SchedulerOutput, output: ModelOutput, now: float) -> list[RequestOutput]:

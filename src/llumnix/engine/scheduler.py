@@ -21,7 +21,7 @@ import bisect
 import itertools
 from collections.abc import Callable
 
-from llumnix.core.batch import DecodeBatch, ScheduledRequest, SchedulerOutput
+from llumnix.core.batch import DecodeBatch, ScheduledRequest, SchedulerOutput, decode_output
 from llumnix.core.config import SchedulerConfig
 from llumnix.core.request import Request, RequestStatus
 from llumnix.kv.kv_manager import KVManager
@@ -292,7 +292,7 @@ class LocalScheduler:
         if total <= kv.num_free_blocks:
             for rid, need in growing:
                 kv.grow(rid, need)
-            return SchedulerOutput(None, is_prefill=False, decode=DecodeBatch(list(self.running), held, starts, outs))
+            return decode_output(list(self.running), held, starts, outs, [])
         preempted = self._grow_with_preemption()
         running = self.running
         return SchedulerOutput(None, is_prefill=False, preempted_request_ids=preempted,

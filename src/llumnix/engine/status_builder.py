@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from llumnix.core.request import Request
-from llumnix.core.status import InstanceStatus, RequestBrief
+from llumnix.core.status import InstanceStatus, RequestBrief, request_brief
 
 if TYPE_CHECKING:
     from llumnix.engine.engine_core import EngineCore
@@ -27,8 +27,8 @@ def _briefs(engine: EngineCore, reqs: Iterable[Request], *, running: bool,
         rid = r.request_id
         n_out = len(r.output_token_ids)
         blocks = table(rid)
-        add(RequestBrief(rid, r.priority, 0 if blocks is None else len(blocks), len(r.prompt_token_ids) + n_out,
-                         r.arrival_time, running, all_migrating or rid in migrating, n_out))
+        add(request_brief(rid, r.priority, 0 if blocks is None else len(blocks), len(r.prompt_token_ids) + n_out,
+                          r.arrival_time, running, all_migrating or rid in migrating, n_out))
     return out
 
 
