@@ -61,11 +61,13 @@ class DecodeBatch:
     """Each request's ``num_computed_tokens``: its entry's ``start_pos``."""
     num_outputs: list[int]
     """Each request's output tokens: its entry's ``output_index``."""
+    num_context_tokens: int = field(init=False, repr=False, compare=False)
+    """Context tokens of the step: each request's ``start_pos`` plus the one it computes
+    (a field set when built: the latency model reads it at every step, and CPython 3.11
+    runs a property's getter in a C frame of its own)."""
 
-    @property
-    def num_context_tokens(self) -> int:
-        """Context tokens of the step: each request's ``start_pos`` plus the one it computes."""
-        return sum(self.starts) + len(self.starts)
+    def __post_init__(self) -> None:
+        self.num_context_tokens = sum(self.starts) + len(self.starts)
 
     def entries(self) -> list[ScheduledRequest]:
         out: list[ScheduledRequest] = []
@@ -94,6 +96,9 @@ class SchedulerOutput:
     """With chunked prefill, how many entries are decodes (one token each); they come
     first in ``scheduled``. Without it a step is all prefill or all decode and this is 0."""
     decode: DecodeBatch | None
+    is_empty: bool = field(repr=False, compare=False)
+    """No entries: set when built, as the entries do not change (read at every step; a
+    field, as CPython 3.11 runs a property's getter in a C frame of its own)."""
     _scheduled: list[ScheduledRequest] | None = field(repr=False, compare=False)
 
     def __init__(self, scheduled: list[ScheduledRequest] | None, is_prefill: bool,
@@ -106,6 +111,7 @@ class SchedulerOutput:
         self.preempted_request_ids = [] if preempted_request_ids is None else preempted_request_ids
         self.num_decodes = num_decodes
         self.decode = decode
+        self.is_empty = not (decode.requests if decode is not None else scheduled)
 
     @property
     def scheduled(self) -> list[ScheduledRequest]:
@@ -134,11 +140,6 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         return sum(len(r.token_ids) for r in self.scheduled)
 
-    @property
-    def is_empty(self) -> bool:
-        decode = self.decode  # num_entries == 0 written out: read once per step
-        return not (decode.requests if decode is not None else self.scheduled)
-
     def halves(self) -> tuple[SchedulerOutput, SchedulerOutput]:
         """The first and second half of the entries as batches of their own (decodes stay
         first in each), for finding which entries a failed step concerns."""
@@ -162,12 +163,14 @@ def decode_output(requests: list[Request], tables: list[list[int]], starts: list
     decode.tables = tables
     decode.starts = starts
     decode.num_outputs = num_outputs
+    decode.num_context_tokens = sum(starts) + len(starts)
     out: SchedulerOutput = object.__new__(SchedulerOutput)
     out._scheduled = None
     out.is_prefill = False
     out.preempted_request_ids = preempted_request_ids
     out.num_decodes = 0
     out.decode = decode
+    out.is_empty = not requests
     return out
 
 

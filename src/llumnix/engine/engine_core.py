@@ -382,7 +382,7 @@ class EngineCore(MigrationOpsMixin):
 
     def get_status(self, *, migrating: Collection[str] = (), **fields: Any) -> InstanceStatus:
         """The status snapshot; see ``build_status`` for the arguments."""
-        return build_status(self, migrating=migrating, fields=fields)
+        return build_status(self, migrating, fields)
 
     def take_evicted_prefix_keys(self) -> list[bytes]:
         """Prefix-cache keys this engine evicted since the last call (``Llumlet.push``)."""

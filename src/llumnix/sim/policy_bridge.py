@@ -182,9 +182,13 @@ class PolicyBridge:
         role = self.cluster.role_of(status.instance_id)
         # refresh=False: the dispatch view is rebuilt when a decision next reads it, so a
         # report overwritten before any decision costs no view (the same decisions).
-        for gs in self._pools(role):
-            if (dispatch and gs is self.gs) or (reschedule and gs is self.gs_decode):
-                gs.update_status(status, refresh=False)
+        if self.gs_decode is self.gs:  # one scheduler (no PD, rescheduler not apart): every report
+            if dispatch or reschedule:
+                self.gs.update_status(status, False)
+        else:
+            for gs in self._pools(role):
+                if (dispatch and gs is self.gs) or (reschedule and gs is self.gs_decode):
+                    gs.update_status(status, False)
         if not reschedule or not self.track_reactions:
             return False
         if not role.in_decode_pool:  # as LlumSched: rescheduling pairs only within the decode pool
