@@ -384,6 +384,11 @@ class EngineCore(MigrationOpsMixin):
         """The status snapshot; see ``build_status`` for the arguments."""
         return build_status(self, migrating, fields)
 
+    def snapshot(self, migrating: Collection[str], fields: dict[str, Any]) -> InstanceStatus:
+        """``get_status`` with its arguments as they are (``Llumlet``'s one call a report:
+        no keywords to spread into a new dict)."""
+        return build_status(self, migrating, fields)
+
     def take_evicted_prefix_keys(self) -> list[bytes]:
         """Prefix-cache keys this engine evicted since the last call (``Llumlet.push``)."""
         return self.kv.take_evicted_keys()

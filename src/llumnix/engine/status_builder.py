@@ -42,10 +42,12 @@ def _waiting_briefs(engine: EngineCore, migrating: Collection[str]) -> tuple[Req
     sched = engine.scheduler
     if not sched.waiting:
         return ()
-    flagged = frozenset(migrating)
     cached = engine.waiting_briefs
-    if cached is not None and cached[0] == sched.waiting_version and cached[1] == flagged:
+    # a set compares equal to the frozenset of its ids: no frozenset built for a hit
+    same = migrating if isinstance(migrating, (set, frozenset)) else frozenset(migrating)
+    if cached is not None and cached[0] == sched.waiting_version and cached[1] == same:
         return cached[2]
+    flagged = frozenset(migrating)
     briefs = tuple(_briefs(engine, sched.waiting, False, flagged, False))
     engine.waiting_briefs = (sched.waiting_version, flagged, briefs)
     return briefs
