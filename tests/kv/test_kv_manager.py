@@ -83,3 +83,29 @@ def test_random_operations_keep_accounting_exact(ops):
         kv.free(f"r{rid}")
     kv.check_invariants()
     assert kv.num_free_blocks == 32
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_status_counts_are_the_properties(caching):
+    """What a status report reads in one call (``status_counts``) is what the properties say,
+    with reservations and, with prefix caching, shared and evictable blocks."""
+    kv = KVManager(24, block_size=4, prefix_caching=caching)
+
+    def properties():
+        return (kv.num_total_blocks, kv.num_used_blocks, kv.num_reserved_blocks, kv.num_shared_block_holds,
+                len(kv.reserved_ids()))
+
+    assert kv.status_counts() == properties() == (24, 0, 0, 0, 0)
+    prompt = list(range(12))
+    kv.allocate("a", 13, kv.match_prefix(prompt) if caching else None)
+    if caching:
+        kv.cache_computed("a", prompt, [], 12)
+        kv.allocate("b", 13, kv.match_prefix(prompt))  # shares a's three full blocks
+    kv.reserve("m", 3)
+    assert kv.status_counts() == properties()
+    _, _, reserved, shared, num_reservations = kv.status_counts()
+    assert (reserved, num_reservations) == (3, 1) and (shared > 0) == caching
+    kv.free("a")
+    kv.free("b")  # cached blocks stay, evictable: free for the counts
+    assert kv.status_counts() == properties()
+    kv.check_invariants()

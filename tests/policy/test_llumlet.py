@@ -14,7 +14,7 @@ class StaticEngine:
     def __init__(self, status):
         self.status = status
 
-    def get_status(self, *, migrating=(), **fields):
+    def snapshot(self, migrating, fields):
         return flag_status(self.status, migrating, **fields)
 
 

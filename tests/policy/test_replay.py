@@ -92,11 +92,11 @@ class LiteralEngine:
     """An engine reporting the snapshot the test sets (what a llumlet reads)."""
 
     def __init__(self) -> None:
-        self.snapshot: InstanceStatus | None = None
+        self.status: InstanceStatus | None = None
 
-    def get_status(self, *, migrating: Any = (), **fields: Any) -> InstanceStatus:
-        assert self.snapshot is not None
-        return flag_status(self.snapshot, migrating, **fields)
+    def snapshot(self, migrating: Any, fields: dict[str, Any]) -> InstanceStatus:
+        assert self.status is not None
+        return flag_status(self.status, migrating, **fields)
 
     def shared_blocks(self, request_ids: Any) -> dict[str, int]:
         return {}
@@ -129,7 +129,7 @@ class SimSide:
         sim.clock.advance_to(t)
         for iid, s in snaps.items():
             if iid in instances:
-                self.engines[iid].snapshot = s
+                self.engines[iid].status = s
                 (self.bridge.add_instance if first else self.bridge.report)(instances[iid])
         kept = [self.bridge.keep_migrating(instances[s], instances[d]) for s, d, _ in self.chains
                 if s in instances and d in instances]  # as _on_migration_done
@@ -170,7 +170,7 @@ class ClusterSide:
         gs = self.gs
         for iid, s in snaps.items():
             if iid in self.llumlets:
-                self.engines[iid].snapshot = s
+                self.engines[iid].status = s
                 status = self.llumlets[iid].push(t)
                 if first:  # register()
                     gs.add_instance(status)

@@ -61,11 +61,13 @@ class DecodeBatch:
     """Each request's ``num_computed_tokens``: its entry's ``start_pos``."""
     num_outputs: list[int]
     """Each request's output tokens: its entry's ``output_index``."""
+    num_context_tokens: int = field(init=False, repr=False, compare=False)
+    """Context tokens of the step: each request's ``start_pos`` plus the one it computes
+    (a field set when built: the latency model reads it at every step, and CPython 3.11
+    runs a property's getter in a C frame of its own)."""
 
-    @property
-    def num_context_tokens(self) -> int:
-        """Context tokens of the step: each request's ``start_pos`` plus the one it computes."""
-        return sum(self.starts) + len(self.starts)
+    def __post_init__(self) -> None:
+        self.num_context_tokens = sum(self.starts) + len(self.starts)
 
     def entries(self) -> list[ScheduledRequest]:
         out: list[ScheduledRequest] = []
@@ -94,6 +96,9 @@ class SchedulerOutput:
     """With chunked prefill, how many entries are decodes (one token each); they come
     first in ``scheduled``. Without it a step is all prefill or all decode and this is 0."""
     decode: DecodeBatch | None
+    is_empty: bool = field(repr=False, compare=False)
+    """No entries: set when built, as the entries do not change (read at every step; a
+    field, as CPython 3.11 runs a property's getter in a C frame of its own)."""
     _scheduled: list[ScheduledRequest] | None = field(repr=False, compare=False)
 
     def __init__(self, scheduled: list[ScheduledRequest] | None, is_prefill: bool,
@@ -106,6 +111,7 @@ class SchedulerOutput:
         self.preempted_request_ids = [] if preempted_request_ids is None else preempted_request_ids
         self.num_decodes = num_decodes
         self.decode = decode
+        self.is_empty = not (decode.requests if decode is not None else scheduled)
 
     @property
     def scheduled(self) -> list[ScheduledRequest]:
@@ -134,11 +140,6 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         return sum(len(r.token_ids) for r in self.scheduled)
 
-    @property
-    def is_empty(self) -> bool:
-        decode = self.decode  # num_entries == 0 written out: read once per step
-        return not (decode.requests if decode is not None else self.scheduled)
-
     def halves(self) -> tuple[SchedulerOutput, SchedulerOutput]:
         """The first and second half of the entries as batches of their own (decodes stay
         first in each), for finding which entries a failed step concerns."""
@@ -149,6 +150,28 @@ class SchedulerOutput:
             parts.append(SchedulerOutput(entries, self.is_prefill and len(entries) > num_decodes,
                                          num_decodes=num_decodes))
         return parts[0], parts[1]
+
+
+def decode_output(requests: list[Request], tables: list[list[int]], starts: list[int], num_outputs: list[int],
+                  preempted_request_ids: list[str]) -> SchedulerOutput:
+    """``SchedulerOutput(None, False, preempted_request_ids, decode=DecodeBatch(requests,
+    tables, starts, num_outputs))``, a decode step of the paper's engine (every step but
+    the prefills), with every field written here instead of calling the two classes (see
+    ``token_output``; ``tests/core/test_builders.py`` holds it equal to the class calls)."""
+    decode: DecodeBatch = object.__new__(DecodeBatch)
+    decode.requests = requests
+    decode.tables = tables
+    decode.starts = starts
+    decode.num_outputs = num_outputs
+    decode.num_context_tokens = sum(starts) + len(starts)
+    out: SchedulerOutput = object.__new__(SchedulerOutput)
+    out._scheduled = None
+    out.is_prefill = False
+    out.preempted_request_ids = preempted_request_ids
+    out.num_decodes = 0
+    out.decode = decode
+    out.is_empty = not requests
+    return out
 
 
 PromptLogprob = tuple[int, float, list[tuple[int, float]] | None]
@@ -173,6 +196,19 @@ class ModelOutput:
     prompt_logprobs: list[list[PromptLogprob] | None] | None = None
     """Per scheduled request, when some request's first prefill asked for them (and the
     executor computes them): its prompt tokens after the first with their logprobs."""
+
+
+def timed_output(sampled_token_ids: list[int], elapsed: float) -> ModelOutput:
+    """``ModelOutput(sampled_token_ids, elapsed=elapsed)``, what a modelled step returns
+    (the simulator's executor, once per step), with every field written here instead of
+    calling the class (see ``token_output``; ``tests/core/test_builders.py``)."""
+    out: ModelOutput = object.__new__(ModelOutput)
+    out.sampled_token_ids = sampled_token_ids
+    out.logprobs = None
+    out.top_logprobs = None
+    out.elapsed = elapsed
+    out.prompt_logprobs = None
+    return out
 
 
 @dataclass(frozen=True)
@@ -260,6 +296,33 @@ class RequestOutput:
                              cat(self.new_top_logprobs, later.new_top_logprobs),
                              self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
                              later.error)
+
+
+def token_output(request_id: str, token: int, num_output_tokens: int, finish_reason: str | None,
+                 stop_reason: int | str | None, metrics: RequestMetrics | None, client: str,
+                 epoch: int) -> RequestOutput:
+    """``RequestOutput(request_id, [token], num_output_tokens, finish_reason, None,
+    stop_reason, metrics, client, epoch)``: one sampled token without logprobs, what a
+    decode step gives each request. Every field is written here instead of calling the
+    class: in CPython 3.11 a class call goes through ``type.__call__`` and runs
+    ``__init__`` in an interpreter frame of its own, a function call does not (one output
+    per request per step: the simulator's most built object). ``tests/core/
+    test_builders.py`` holds it equal to the class call and fails when a field is added
+    and not written here."""
+    out: RequestOutput = object.__new__(RequestOutput)
+    out.request_id = request_id
+    out.new_token_ids = [token]
+    out.num_output_tokens = num_output_tokens
+    out.finish_reason = finish_reason
+    out.new_logprobs = None
+    out.stop_reason = stop_reason
+    out.metrics = metrics
+    out.client = client
+    out.epoch = epoch
+    out.new_top_logprobs = None
+    out.prompt_logprobs = None
+    out.error = None
+    return out
 
 
 class Executor(Protocol):

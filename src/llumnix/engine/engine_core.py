@@ -7,7 +7,14 @@ import random
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from llumnix.core.batch import Executor, ModelOutput, RequestMetrics, RequestOutput, SchedulerOutput
+from llumnix.core.batch import (
+    Executor,
+    ModelOutput,
+    RequestMetrics,
+    RequestOutput,
+    SchedulerOutput,
+    token_output,
+)
 from llumnix.core.clock import Clock, WallClock
 from llumnix.core.config import EngineConfig
 from llumnix.core.errors import InvalidRequestError, RequestTooLongError, UnknownRequestError
@@ -251,11 +258,11 @@ class EngineCore(MigrationOpsMixin):
             else:
                 status = None
             if status is None:
-                add(RequestOutput(rid, [token], n_out, None, None, req.stop_reason, None, req.client, req.epoch))
+                add(token_output(rid, token, n_out, None, req.stop_reason, None, req.client, req.epoch))
             else:
                 metrics = self._finish(req, status, now)
-                add(RequestOutput(rid, [token], n_out, status.finish_reason, None, req.stop_reason, metrics,
-                                  req.client, req.epoch))
+                add(token_output(rid, token, n_out, status.finish_reason, req.stop_reason, metrics, req.client,
+                                 req.epoch))
         return outputs
 
     def _update_entries(self, batch: SchedulerOutput, output: ModelOutput, now: float) -> list[RequestOutput]:
@@ -375,7 +382,12 @@ class EngineCore(MigrationOpsMixin):
 
     def get_status(self, *, migrating: Collection[str] = (), **fields: Any) -> InstanceStatus:
         """The status snapshot; see ``build_status`` for the arguments."""
-        return build_status(self, migrating=migrating, fields=fields)
+        return build_status(self, migrating, fields)
+
+    def snapshot(self, migrating: Collection[str], fields: dict[str, Any]) -> InstanceStatus:
+        """``get_status`` with its arguments as they are (``Llumlet``'s one call a report:
+        no keywords to spread into a new dict)."""
+        return build_status(self, migrating, fields)
 
     def take_evicted_prefix_keys(self) -> list[bytes]:
         """Prefix-cache keys this engine evicted since the last call (``Llumlet.push``)."""

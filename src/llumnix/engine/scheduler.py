@@ -21,7 +21,7 @@ import bisect
 import itertools
 from collections.abc import Callable
 
-from llumnix.core.batch import DecodeBatch, ScheduledRequest, SchedulerOutput
+from llumnix.core.batch import ScheduledRequest, SchedulerOutput, decode_output
 from llumnix.core.config import SchedulerConfig
 from llumnix.core.request import Request, RequestStatus
 from llumnix.kv.kv_manager import KVManager
@@ -101,9 +101,9 @@ class LocalScheduler:
     def head_of_line_demand(self) -> int:
         """Free blocks the head of line needs to be admitted (0 with an empty queue): as
         the last admission counted them when memory stopped it, else its size in blocks."""
-        head = self.head_of_line
-        if head is None:
+        if not self.waiting:  # (``head_of_line`` written out: read at every report)
             return 0
+        head = self.waiting[0]
         if self._blocked is not None and self._blocked[0] is head:
             return self._blocked[1]
         return self.kv.num_blocks_for(head.num_tokens)
@@ -112,9 +112,12 @@ class LocalScheduler:
     def schedule(self) -> SchedulerOutput:
         if self.config.chunked_prefill:
             return self._schedule_chunked()
-        admitted = self._admit(self.config.max_num_batched_tokens) if self.waiting else None
-        if admitted:
-            return SchedulerOutput([self._entry(r) for r, _ in admitted], is_prefill=True)
+        # A head of line still blocked on memory admits nothing (``_is_still_blocked``):
+        # checked here, before ``_admit``'s call, at every step while it waits.
+        if self.waiting and (self.kv.prefix is not None or not self._is_still_blocked(None)):
+            admitted = self._admit(self.config.max_num_batched_tokens)
+            if admitted:
+                return SchedulerOutput([self._entry(r) for r, _ in admitted], is_prefill=True)
         return self._decode_step()
 
     def _schedule_chunked(self) -> SchedulerOutput:
@@ -175,8 +178,6 @@ class LocalScheduler:
         admitted: list[tuple[Request, int]] = []
         num_tokens = 0
         caching = self.kv.prefix is not None
-        if chunked is None and not caching and self._is_still_blocked(min_priority):
-            return admitted
         while self.waiting:
             req = self.waiting[0]
             if min_priority is not None and req.priority < min_priority:
@@ -233,7 +234,8 @@ class LocalScheduler:
         be admitted as far as the batch size and ``min_priority`` go, and still does not
         fit: what ``_admit`` would find (without chunks or prefix caching, its demand is
         its token count's blocks, which do not change while it waits), at the cost of a
-        comparison. A queue blocked for many steps is the common case under load."""
+        comparison. A queue blocked for many steps is the common case under load, so
+        ``schedule`` asks before it calls ``_admit`` at all."""
         blocked = self._blocked
         if blocked is None or not self.waiting or self.waiting[0] is not blocked[0]:
             return False
@@ -256,7 +258,7 @@ class LocalScheduler:
             if need > 0:
                 growing.append((req, need))
                 total += need
-        if total <= kv.num_free_blocks:
+        if not total or total <= kv.num_free_blocks:
             # Common case: every request gets its block, so the order does not matter.
             for req, need in growing:
                 kv.grow(req.request_id, need)
@@ -289,16 +291,15 @@ class LocalScheduler:
             held.append(table)
             starts.append(req.num_computed_tokens)
             outs.append(n_out)
-        if total <= kv.num_free_blocks:
+        if not total or total <= kv.num_free_blocks:  # (most steps grow no table: no count read)
             for rid, need in growing:
                 kv.grow(rid, need)
-            return SchedulerOutput(None, is_prefill=False, decode=DecodeBatch(list(self.running), held, starts, outs))
+            return decode_output(list(self.running), held, starts, outs, [])
         preempted = self._grow_with_preemption()
         running = self.running
-        return SchedulerOutput(None, is_prefill=False, preempted_request_ids=preempted,
-                               decode=DecodeBatch(list(running), [tables[r.request_id] for r in running],
-                                                  [r.num_computed_tokens for r in running],
-                                                  [len(r.output_token_ids) for r in running]))
+        return decode_output(list(running), [tables[r.request_id] for r in running],
+                             [r.num_computed_tokens for r in running], [len(r.output_token_ids) for r in running],
+                             preempted)
 
     def _grow_with_preemption(self) -> list[str]:
         """Serve requests in service order; when blocks run out, preempt from the back."""

@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from llumnix.core.request import Request
-from llumnix.core.status import InstanceStatus, RequestBrief
+from llumnix.core.status import InstanceStatus, RequestBrief, request_brief
 
 if TYPE_CHECKING:
     from llumnix.engine.engine_core import EngineCore
@@ -16,10 +16,12 @@ _FIELDS = frozenset(f.name for f in dataclasses.fields(InstanceStatus))
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(InstanceStatus) if f.default is not dataclasses.MISSING}
 
 
-def _briefs(engine: EngineCore, reqs: Iterable[Request], *, running: bool,
-            migrating: Collection[str] = (), all_migrating: bool = False) -> list[RequestBrief]:
+def _briefs(engine: EngineCore, reqs: Iterable[Request], running: bool, migrating: Collection[str],
+            all_migrating: bool) -> list[RequestBrief]:
     # Once per request per report (the simulator's hottest loop): the token and block
     # counts read directly, not through Request.num_tokens and KVManager.num_blocks_of.
+    # Positional parameters only, here and in build_status: CPython 3.11 runs a call with
+    # keywords, or to a function with keyword-only parameters, in a C frame of its own.
     table = engine.kv.tables.get
     out: list[RequestBrief] = []
     add = out.append
@@ -27,8 +29,8 @@ def _briefs(engine: EngineCore, reqs: Iterable[Request], *, running: bool,
         rid = r.request_id
         n_out = len(r.output_token_ids)
         blocks = table(rid)
-        add(RequestBrief(rid, r.priority, 0 if blocks is None else len(blocks), len(r.prompt_token_ids) + n_out,
-                         r.arrival_time, running, all_migrating or rid in migrating, n_out))
+        add(request_brief(rid, r.priority, 0 if blocks is None else len(blocks), len(r.prompt_token_ids) + n_out,
+                          r.arrival_time, running, all_migrating or rid in migrating, n_out))
     return out
 
 
@@ -40,16 +42,18 @@ def _waiting_briefs(engine: EngineCore, migrating: Collection[str]) -> tuple[Req
     sched = engine.scheduler
     if not sched.waiting:
         return ()
-    flagged = frozenset(migrating)
     cached = engine.waiting_briefs
-    if cached is not None and cached[0] == sched.waiting_version and cached[1] == flagged:
+    # a set compares equal to the frozenset of its ids: no frozenset built for a hit
+    same = migrating if isinstance(migrating, (set, frozenset)) else frozenset(migrating)
+    if cached is not None and cached[0] == sched.waiting_version and cached[1] == same:
         return cached[2]
-    briefs = tuple(_briefs(engine, sched.waiting, running=False, migrating=flagged))
+    flagged = frozenset(migrating)
+    briefs = tuple(_briefs(engine, sched.waiting, False, flagged, False))
     engine.waiting_briefs = (sched.waiting_version, flagged, briefs)
     return briefs
 
 
-def build_status(engine: EngineCore, *, migrating: Collection[str] = (),
+def build_status(engine: EngineCore, migrating: Collection[str] = (),
                  fields: dict[str, Any] | None = None) -> InstanceStatus:
     """The engine's snapshot. ``migrating``: ids the caller knows are migrating out (a
     paused request always is); ``fields`` set or override InstanceStatus fields the
@@ -59,17 +63,18 @@ def build_status(engine: EngineCore, *, migrating: Collection[str] = (),
     26 guarded attribute writes (one status per instance per report): the same object,
     as InstanceStatus has no ``__post_init__``, and an unknown field still fails."""
     sched, kv = engine.scheduler, engine.kv
-    running = _briefs(engine, sched.running, running=True, migrating=migrating)
+    running = _briefs(engine, sched.running, True, migrating, False)
     if sched.paused:
-        running += _briefs(engine, sched.paused.values(), running=True, all_migrating=True)
+        running += _briefs(engine, sched.paused.values(), True, (), True)
     status = object.__new__(InstanceStatus)
     state = status.__dict__
     state.update(_DEFAULTS)
     state["extra"] = {} if engine.pacer is None else engine.pacer.counts()  # a paced engine's (engine/pace.py)
     state["instance_id"] = engine.instance_id
     state["timestamp"] = fields["timestamp"] if fields and "timestamp" in fields else engine.clock.now()
-    state["num_total_blocks"] = kv.num_total_blocks
-    state["num_used_blocks"] = kv.num_used_blocks
+    total, used, reserved, shared, num_in = kv.status_counts()
+    state["num_total_blocks"] = total
+    state["num_used_blocks"] = used
     state["num_watermark_blocks"] = kv.num_watermark_blocks
     state["block_size"] = kv.block_size
     state["max_num_seqs"] = engine.config.scheduler.max_num_seqs
@@ -79,9 +84,9 @@ def build_status(engine: EngineCore, *, migrating: Collection[str] = (),
     state["num_preemptions"] = sched.num_preemptions
     state["num_prefix_cache_queries"] = sched.num_prefix_queried_tokens
     state["num_prefix_cache_hits"] = sched.num_prefix_hit_tokens
-    state["num_reserved_blocks"] = kv.num_reserved_blocks
-    state["num_shared_block_holds"] = kv.num_shared_block_holds
-    state["num_migrating_in"] = len(kv.reserved_ids())
+    state["num_reserved_blocks"] = reserved
+    state["num_shared_block_holds"] = shared
+    state["num_migrating_in"] = num_in
     state["step_id"] = engine.step_id
     if fields:
         if not _FIELDS.issuperset(fields):

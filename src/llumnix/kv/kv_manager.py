@@ -29,6 +29,11 @@ class KVManager:
         self.block_size = block_size
         self.num_watermark_blocks = int(watermark * num_blocks)
         self._tables: dict[str, list[int]] = {}
+        self.tables: Mapping[str, list[int]] = self._tables
+        """Every block table by request id, read only: for the hot paths that count the
+        blocks of every request at once (the status snapshot, a decode step's growth). The
+        table dict itself as an attribute, not a property: CPython 3.11 runs a property's
+        getter in a C frame of its own, and this is read at every step and report."""
         self._reserved: set[str] = set()
         # The eviction log holds a pool's worth: more evictions than that between two
         # status reports and the router keeps a few stale entries (as with no log at all).
@@ -74,6 +79,17 @@ class KVManager:
             return 0
         return sum(len(self._tables[r]) for r in self._reserved)
 
+    def status_counts(self) -> tuple[int, int, int, int, int]:
+        """(``num_total_blocks``, ``num_used_blocks``, ``num_reserved_blocks``,
+        ``num_shared_block_holds``, reservations): what a status report reads, in one call
+        (every report reads them, and CPython 3.11 runs each property's getter in a C frame
+        of its own). ``check_invariants`` holds them equal to the properties."""
+        free = self.pool.num_free if self.prefix is None else self.pool.num_free + len(self.prefix.evictable)
+        reserved = self._reserved
+        return (self.pool.num_blocks, self.pool.num_blocks - free,
+                sum(len(self._tables[r]) for r in reserved) if reserved else 0,
+                0 if self.prefix is None else self.prefix.num_extra_holds, len(reserved))
+
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -86,12 +102,6 @@ class KVManager:
             return self._tables[request_id]
         except KeyError:
             raise UnknownRequestError(request_id) from None
-
-    @property
-    def tables(self) -> Mapping[str, list[int]]:
-        """Every block table by request id, read only: for the hot paths that count the
-        blocks of every request at once (the status snapshot, a decode step's growth)."""
-        return self._tables
 
     def num_blocks_of(self, request_id: str) -> int:
         table = self._tables.get(request_id)
@@ -254,5 +264,7 @@ class KVManager:
             f"tables hold {len(holders)} blocks and the cache {cached} but the pool has "
             f"{self.pool.num_used} in use")
         assert self._reserved <= self._tables.keys(), "a reservation without a table"
+        assert self.status_counts() == (self.num_total_blocks, self.num_used_blocks, self.num_reserved_blocks,
+                                        self.num_shared_block_holds, len(self._reserved)), "status counts drifted"
         if owned:
             assert min(owned) >= 0 and max(owned) < self.pool.num_blocks, "block id out of range"

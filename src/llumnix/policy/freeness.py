@@ -131,7 +131,8 @@ def queue_aware_freeness(status: InstanceStatus, cfg: FreenessConfig) -> float:
     the ``llumnix`` dispatch option ``queued: all``; -inf for a terminating instance."""
     usage = _running_usage(status, cfg) + (math.inf if status.is_terminating else 0) + _queued_demand(status)
     usage += status.num_reserved_blocks - status.num_shared_block_holds
-    return per_request(status.num_total_blocks - usage, status.num_running + status.num_waiting)
+    # the counts as len(), not InstanceStatus's properties: every dispatch key reads them
+    return per_request(status.num_total_blocks - usage, len(status.running) + len(status.waiting))
 
 
 def _queued_demand(status: InstanceStatus) -> int:

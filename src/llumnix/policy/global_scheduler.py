@@ -193,8 +193,9 @@ class GlobalScheduler:
     def _refresh_stale(self, keys: bool = True) -> None:
         """Rebuild the stale views, and with ``keys`` the dispatch keys not rebuilt with them."""
         stale, self._stale_views = self._stale_views, set()
+        statuses = self.cluster.statuses  # (not the ``statuses`` property per instance)
         for iid in stale:
-            if iid in self.statuses:
+            if iid in statuses:
                 self._refresh(iid, keys)
         if keys and self._stale_keys:
             stale, self._stale_keys = self._stale_keys, set()

@@ -1,7 +1,7 @@
 """SimExecutor: the engine's Executor with a latency model in place of a network."""
 from __future__ import annotations
 
-from llumnix.core.batch import ModelOutput, ScheduledRequest, SchedulerOutput
+from llumnix.core.batch import ModelOutput, ScheduledRequest, SchedulerOutput, timed_output
 from llumnix.sim.latency import LatencyModel
 
 PLACEHOLDER_TOKEN = 0
@@ -88,7 +88,7 @@ class SimExecutor:
         self.num_steps += 1
         self.busy_time += t
         self.last_elapsed = t
-        return ModelOutput([PLACEHOLDER_TOKEN] * n, None, None, t)  # (tokens, logprobs, top_logprobs, elapsed)
+        return timed_output([PLACEHOLDER_TOKEN] * n, t)
 
     def _prefill_time(self, batch: SchedulerOutput, n: int) -> float:
         """A step with prefill chunks (and, chunked, decodes): ``n`` entries in all."""

@@ -170,7 +170,7 @@ class PolicyBridge:
         self.cluster.drop_role(inst.instance_id)
 
     def report(self, inst: SimInstance) -> bool:
-        return self.deliver(self.push(inst))
+        return self._deliver(self.push(inst), True, True)
 
     def push(self, inst: SimInstance) -> InstanceStatus:
         status: InstanceStatus = inst.llumlet.push(self._now())
@@ -179,15 +179,24 @@ class PolicyBridge:
     def deliver(self, status: InstanceStatus, *, dispatch: bool = True, reschedule: bool = True) -> bool:
         """A status (``llumlet.push``'s) reaches dispatch and, apart or at once, the
         rescheduler (its pairing and trigger): True if it triggers a pass."""
-        role = self.cluster.role_of(status.instance_id)
+        return self._deliver(status, dispatch, reschedule)
+
+    def _deliver(self, status: InstanceStatus, dispatch: bool, reschedule: bool) -> bool:
+        """``deliver`` with positional arguments (every report: CPython 3.11 runs a call to
+        a function with keyword-only parameters in a C frame of its own)."""
         # refresh=False: the dispatch view is rebuilt when a decision next reads it, so a
         # report overwritten before any decision costs no view (the same decisions).
-        for gs in self._pools(role):
-            if (dispatch and gs is self.gs) or (reschedule and gs is self.gs_decode):
-                gs.update_status(status, refresh=False)
+        if self.gs_decode is self.gs:  # one scheduler (no PD, rescheduler not apart): every report
+            if dispatch or reschedule:
+                self.gs.update_status(status, False)
+        else:
+            for gs in self._pools(self.cluster.role_of(status.instance_id)):
+                if (dispatch and gs is self.gs) or (reschedule and gs is self.gs_decode):
+                    gs.update_status(status, False)
         if not reschedule or not self.track_reactions:
             return False
-        if not role.in_decode_pool:  # as LlumSched: rescheduling pairs only within the decode pool
+        if not self.cluster.role_of(status.instance_id).in_decode_pool:
+            # as LlumSched: rescheduling pairs only within the decode pool
             self.reactions.remove(status.instance_id)
             return False
         return self.reactions.on_status(status)
