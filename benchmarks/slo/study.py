@@ -7,10 +7,11 @@ the worst class's attainment); ``interpolated`` is the crossing between that rat
 next. Reported: the mean over seeds per system, the ratios of ``slo`` to ``llumnix`` and
 ``infaas++`` (mean of the per-seed ratios: each seed replays the same trace), the
 interactive attainment of each system at the batch class's goodput rate, and rescue by
-migration's share of the gain over llumnix ((slo - slo-no-rescue) / (slo - llumnix)).
+migration's and the engines' deadline order's shares of the gain over llumnix
+((slo - slo-no-rescue) / (slo - llumnix), the same with slo-fcfs: today's slo policy).
 
     PYTHONPATH=src .venv/bin/python benchmarks/slo/study.py --out /tmp/slo_goal [--jobs 2] [--set k=v ...]
-    PYTHONPATH=src .venv/bin/python benchmarks/slo/study.py --records /tmp/slo_goal/metrics.json
+    PYTHONPATH=src .venv/bin/python benchmarks/slo/study.py --records /tmp/slo_goal/metrics.json [more.json ...]
 
 Writes ``summary.json`` beside the records, and with ``--summary PATH`` a copy there (the
 committed ``benchmarks/slo/goal_summary.json``).
@@ -28,7 +29,7 @@ from typing import Any
 from llumnix.sim.metrics import goodput
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = ("infaas++", "llumnix", "slo", "slo-no-rescue")
+SYSTEMS = ("infaas++", "llumnix", "slo", "slo-no-rescue", "slo-fcfs", "slo-overdue")
 
 
 def worst_class(record: dict[str, Any]) -> float:
@@ -79,24 +80,41 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             ratios = [gp[("slo", k)][key] / gp[(base, k)][key] for k in seeds
                       if ("slo", k) in gp and (base, k) in gp and gp[(base, k)][key] > 0]
             out["ratios"][f"slo/{base} ({key})"] = _mean(ratios)
-    if all(s in out["systems"] for s in ("slo", "slo-no-rescue", "llumnix")):
-        g = {s: out["systems"][s]["goodput_interpolated_mean"] for s in ("slo", "slo-no-rescue", "llumnix")}
-        gain = g["slo"] - g["llumnix"]
-        out["rescue_share_of_gain"] = (g["slo"] - g["slo-no-rescue"]) / gain if gain > 0 else None
+    for part, ablated in (("rescue", "slo-no-rescue"), ("engine_order", "slo-fcfs")):
+        if all(s in out["systems"] for s in ("slo", ablated, "llumnix")):
+            for key in ("highest", "interpolated"):
+                g = {s: _mean([gp[(s, k)][key] for k in seeds if (s, k) in gp]) for s in ("slo", ablated, "llumnix")}
+                gain = g["slo"] - g["llumnix"]
+                share = (g["slo"] - g[ablated]) / gain if gain > 0 else None
+                out[f"{part}_share_of_gain" + ("" if key == "interpolated" else f" ({key})")] = share
     return out
+
+
+def read_records(paths: list[str]) -> dict[str, Any]:
+    """Several runs' metrics.json as one (the records of each; the first one's machine)."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    seen: set[tuple[Any, ...]] = set()
+    records = []
+    for d in docs:
+        for r in d["records"]:
+            key = (r["system"], r["trace"], r["rate"], r["seed"])
+            if key not in seen:
+                seen.add(key)
+                records.append(r)
+    return {"machine": docs[0].get("machine"), "records": records}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="run goal.yaml into this directory (outside the checkout)")
-    ap.add_argument("--records", help="summarize a finished run's metrics.json instead")
+    ap.add_argument("--records", nargs="+", help="summarize finished runs' metrics.json instead (merged)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--set", action="append", default=[], dest="overrides")
     ap.add_argument("--summary", help="also write the summary here")
     args = ap.parse_args()
     if args.records:
-        doc = json.loads(Path(args.records).read_text())
-        out_dir = Path(args.records).parent
+        doc = read_records(args.records)
+        out_dir = Path(args.records[0]).parent
     else:
         if not args.out:
             ap.error("give --out DIR (to run) or --records FILE (to summarize)")
@@ -115,7 +133,7 @@ def main() -> None:
     (out_dir / "summary.json").write_text(text)
     if args.summary:
         Path(args.summary).write_text(text)
-    print(json.dumps({k: summary[k] for k in ("ratios", "rescue_share_of_gain") if k in summary}, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k == "ratios" or "share_of_gain" in k}, indent=1))
     for s, v in summary["systems"].items():
         print(f"{s:14} goodput {v['goodput_mean']:.2f} (interp {v['goodput_interpolated_mean']:.2f}) "
               f"interactive@batch-goodput {v['interactive_at_batch_goodput_mean']:.3f}")

@@ -43,6 +43,7 @@ def test_unknown_class_names_slo_class() -> None:
     ({"default_class": "gold"}, "scheduling.slo.default_class", "unknown class 'gold'"),
     ({"rescue": "yes"}, "scheduling.slo.rescue", "true or false"),
     ({"output_tokens": 0}, "scheduling.slo.output_tokens", ">= 1"),
+    ({"engine_order": "lifo"}, "scheduling.slo.engine_order", "must be one of fcfs, overdue, deadline"),
     ({"bogus": 1}, "scheduling.slo.bogus", "unknown key"),
 ])
 def test_bad_values_name_their_path(doc: dict, path: str, problem: str) -> None:

@@ -75,3 +75,16 @@ def test_ttft_errors_match_predictions_to_requests_by_arrival() -> None:
 
     out = ttft_errors([(0.0, 1.5), (1.0, 0.5), (2.0, 9.0)], [req(0.0, 1.0), req(1.0, 1.0)])  # 2.0 never finished
     assert out == {"num": 2, "ttft_rel_error_p50": 0.5, "ttft_rel_error_p90": 0.5, "ttft_signed_p50": 0.0}
+
+
+def test_only_the_slo_policy_engines_serve_overdue_requests_last() -> None:
+    from llumnix.sim.runner import make_simulator
+
+    def overdue(system: SystemSpec) -> int:
+        sim = make_simulator(RunSpec(system, TRACE, 40.0, 0, CLUSTER, "a10-llama7b-serving"))
+        sim.run()
+        return sum(i.engine.scheduler.num_overdue for i in sim.cluster.instances.values())
+
+    assert overdue(_slo()) > 0  # 40 req/s on two instances: queues wait past 10 s
+    assert overdue(_slo(slo={"engine_order": "fcfs"})) == 0
+    assert overdue(SystemSpec("llumnix", "llumnix", enable_migration=True)) == 0

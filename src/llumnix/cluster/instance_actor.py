@@ -65,6 +65,8 @@ class InstanceActor:
         set_switch_interval()
         cfg = scheduling or SchedulingConfig()
         self.llm = LLM(model, instance_id=instance_id, **engine_kwargs)
+        if cfg.dispatch.policy == "slo":  # the engine orders its queue by the classes' objectives
+            self.llm.engine.set_objectives(cfg.slo.objectives(), cfg.slo.engine_order)
         self.llumlet = Llumlet(instance_id, self.llm.engine, cfg.rescheduling, cfg.freeness,
                                records_steps=cfg.dispatch.policy == "slo")  # the predictor's steps
         self._llumsched = ray.get_actor(llumsched_name)

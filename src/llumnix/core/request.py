@@ -85,6 +85,9 @@ class Request:
     instance failure; outputs carry it. An output of an older epoch comes from a copy
     that must not exist (say a migration that committed as its source died), and the
     gateway stops that copy."""
+    is_overdue: bool = False
+    """Queued past its time-to-first-token objective (``engine/objectives.py``):
+    served after every queued request that is not, and preempted first."""
     can_stop_on_token: bool = field(init=False, repr=False, compare=False)
     """Whether a sampled token can end the request (EOS unless ignored, a stop token id, a
     stop string); if not, only its length does, and the engine's per-token check is one

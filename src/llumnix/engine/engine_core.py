@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import pickle
 import random
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from llumnix.core.batch import (
@@ -204,6 +204,10 @@ class EngineCore(MigrationOpsMixin):
         self.num_failed_requests += 1
         return RequestOutput(request_id, [], req.num_output_tokens, "error", client=req.client, epoch=req.epoch,
                              error=f"the engine failed on this request ({type(exc).__name__})")
+
+    def set_objectives(self, limits: Mapping[int, tuple[float, float]], order: str = "deadline") -> None:
+        """Per priority (TTFT, TPOT) objectives the queue serves (``LocalScheduler.set_objectives``)."""
+        self.scheduler.set_objectives(limits, order)
 
     def schedule(self) -> SchedulerOutput:
         batch = self.scheduler.schedule()

@@ -19,17 +19,21 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 
 from llumnix.core.batch import ScheduledRequest, SchedulerOutput, decode_output
 from llumnix.core.config import SchedulerConfig
+from llumnix.core.errors import InvalidRequestError
 from llumnix.core.request import Request, RequestStatus
+from llumnix.engine.objectives import ORDERS, Objectives
 from llumnix.kv.kv_manager import KVManager
 
 
-def service_key(req: Request) -> tuple[int, float]:
-    """Order of service: higher priority first, then earlier arrival."""
-    return (-req.priority, req.arrival_time)
+def service_key(req: Request) -> tuple[bool, int, float]:
+    """Order of service: higher priority first, then earlier arrival (with objectives,
+    ``Objectives.key``; ``is_overdue`` is only ever set with them)."""
+    return (req.is_overdue, -req.priority, req.arrival_time)
 
 
 class LocalScheduler:
@@ -46,10 +50,22 @@ class LocalScheduler:
         admissions, and of those, the tokens the cache held (vLLM's prefix-cache queries
         and hits, cumulative)."""
         self.num_prefix_hit_tokens = 0
-        self._waiting_keys: list[tuple[int, float, int]] = []
+        self._waiting_keys: list[tuple[bool, int, float, int]] = []
         self.waiting_version = 0
         """Counts the changes to ``waiting`` (a queued request's tokens and blocks do not
         change while it waits), so a status can reuse the briefs of an unchanged queue."""
+        self.objectives: Objectives | None = None
+        """Latency objectives per priority (``set_objectives``; None: the plain order)."""
+        self._key: Callable[[Request], tuple[bool, int, float]] = service_key
+        self.num_overdue = 0
+        """Requests found overdue so far (``engine/objectives.py``)."""
+        self.num_preempted_for_deadlines = 0
+        """Running requests preempted so that a queued request gets its first token in time."""
+        self._next_overdue = math.inf
+        """The earliest time a queued request not yet overdue becomes so (or later: a
+        request that left the queue is not taken back out of it)."""
+        self._victims: list[str] = []
+        """Requests this step's admission preempted (``Objectives.victims``)."""
         self._seq = itertools.count()
         self._blocked: tuple[Request, int] | None = None
         """The head of line the last admission left waiting for memory, and the free
@@ -60,9 +76,43 @@ class LocalScheduler:
         (a 1,000-token prompt on a cached prefix: ~110 us of hashing a step without them)."""
 
     # -- queues ------------------------------------------------------------
+    def set_objectives(self, limits: Mapping[int, tuple[float, float]], order: str = "deadline") -> None:
+        """Per priority, (TTFT, TPOT) objectives in seconds, and how the queue serves them:
+        ``overdue`` (a request past its TTFT with no token yet goes last) or ``deadline``
+        (and by deadline, preempting for first tokens); ``fcfs`` or no limits: the plain
+        order (``engine/objectives.py``)."""
+        if order not in ORDERS:
+            raise InvalidRequestError(f"order must be one of {', '.join(ORDERS)}, got {order!r}", "order")
+        self.objectives = Objectives(dict(limits), order == "deadline") if limits and order != "fcfs" else None
+        self._key = service_key if self.objectives is None else self.objectives.key
+        queued = list(self.waiting)
+        self.waiting.clear()
+        self._waiting_keys.clear()
+        self._next_overdue = math.inf
+        for req in queued:
+            self.enqueue(req)
+
+    def demote_overdue(self) -> int:
+        """Mark the queued requests past their TTFT objective overdue and move them behind the
+        rest; how many moved. Scans the queue only once the earliest such time has passed."""
+        now = self._now()
+        obj = self.objectives
+        if obj is None or now < self._next_overdue:
+            return 0
+        late = [r for r in self.waiting if (d := obj.due(r)) is not None and d < now]
+        for req in late:
+            self.remove(req)
+            req.is_overdue = True
+            self.enqueue(req)
+        self.num_overdue += len(late)
+        self._next_overdue = min((d for r in self.waiting if (d := obj.due(r)) is not None), default=math.inf)
+        return len(late)
+
     def enqueue(self, req: Request) -> None:
         req.status = RequestStatus.WAITING
-        key = (*service_key(req), next(self._seq))
+        if self.objectives is not None and (due := self.objectives.due(req)) is not None:
+            self._next_overdue = min(self._next_overdue, due)
+        key = (*self._key(req), next(self._seq))
         i = bisect.bisect(self._waiting_keys, key)
         self._waiting_keys.insert(i, key)
         self.waiting.insert(i, req)
@@ -110,11 +160,23 @@ class LocalScheduler:
 
     # -- one step ------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        if self.objectives is not None:
+            self.demote_overdue()
+            out = self._schedule()
+            if self._victims:
+                out.preempted_request_ids[:0] = self._victims
+                self._victims = []
+            return out
+        return self._schedule()
+
+    def _schedule(self) -> SchedulerOutput:
         if self.config.chunked_prefill:
             return self._schedule_chunked()
         # A head of line still blocked on memory admits nothing (``_is_still_blocked``):
-        # checked here, before ``_admit``'s call, at every step while it waits.
-        if self.waiting and (self.kv.prefix is not None or not self._is_still_blocked(None)):
+        # checked here, before ``_admit``'s call, at every step while it waits. With
+        # objectives the head may preempt for its first token, so ``_admit`` always runs.
+        if self.waiting and (self.kv.prefix is not None or self.objectives is not None
+                             or not self._is_still_blocked(None)):
             admitted = self._admit(self.config.max_num_batched_tokens)
             if admitted:
                 return SchedulerOutput([self._entry(r) for r, _ in admitted], is_prefill=True)
@@ -137,7 +199,7 @@ class LocalScheduler:
                 decodes.append(self._entry(req))
         budget = self.config.max_num_batched_tokens - len(decodes)
         chunks: list[ScheduledRequest] = []
-        prefilling.sort(key=service_key)
+        prefilling.sort(key=self._key)
         levels = {r.priority for r in prefilling}
         if self.waiting:
             levels.add(self.waiting[0].priority)
@@ -205,7 +267,8 @@ class LocalScheduler:
                     break
             if len(self.running) + len(admitted) >= self.config.max_num_seqs:
                 break
-            if not self.kv.can_allocate(req.num_tokens, cached):
+            if not self.kv.can_allocate(req.num_tokens, cached) and not (chunked is None
+                                                                        and self._preempt_for(req, cached)):
                 self._blocked = (req, self.kv.blocks_needed(req.num_tokens, cached))
                 if cached is not None and (self._blocked_keys is None or self._blocked_keys[0] is not req):
                     self._blocked_keys = (req, self.kv.prefix_keys(req.prompt_token_ids, req.output_token_ids))
@@ -228,6 +291,26 @@ class LocalScheduler:
         if admitted:
             self.running.extend(r for r, _ in admitted)
         return admitted
+
+    def _preempt_for(self, req: Request, cached: tuple[list[int], bytes] | None) -> bool:
+        """With deadline objectives: preempt running requests whose keys come after the
+        queue's head ``req`` (latest first) if their blocks make it fit; whether it fits.
+        Not with prefix caching (a victim's blocks may be the head's cached prefix)."""
+        obj = self.objectives
+        if obj is None or self.kv.prefix is not None or not obj.may_preempt_for(req):
+            return False
+        victims = obj.victims(req, self.running, self._now())
+        tables = self.kv.tables
+        need = self.kv.blocks_needed(req.num_tokens, cached)
+        if self.kv.num_free_blocks + sum(len(tables[v.request_id]) for v in victims) - need \
+                < self.kv.num_watermark_blocks:
+            return False  # all of them would not make room: preempt none
+        while victims and not self.kv.can_allocate(req.num_tokens, cached):
+            victim = victims.pop(0)
+            self.preempt(victim)
+            self._victims.append(victim.request_id)
+            self.num_preempted_for_deadlines += 1
+        return self.kv.can_allocate(req.num_tokens, cached)
 
     def _is_still_blocked(self, min_priority: int | None) -> bool:
         """The head of line that memory stopped at the last admission is still first, may
@@ -303,7 +386,7 @@ class LocalScheduler:
 
     def _grow_with_preemption(self) -> list[str]:
         """Serve requests in service order; when blocks run out, preempt from the back."""
-        queue = sorted(self.running, key=service_key)
+        queue = sorted(self.running, key=self._key)
         kept: list[Request] = []
         preempted: list[str] = []
         while queue:

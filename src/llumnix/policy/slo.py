@@ -9,6 +9,7 @@ YAML (``scheduling.slo``; every key optional)::
       default_class: batch        # a request that names no class and whose priority maps to none
       rescue: true                # rescue by migration (ablation switch; policy/slo_rescue.py)
       output_tokens: 256          # output-length estimate before any request finished
+      engine_order: deadline      # fcfs | overdue | deadline: how engines order queues by the objectives
 
 A class maps onto today's priorities: a request that names no class gets the class of
 its priority (the first class with that priority), so an operator who only sets
@@ -21,6 +22,7 @@ from typing import Any
 
 from llumnix.core.errors import InvalidRequestError
 from llumnix.core.request import Priority
+from llumnix.engine.objectives import ORDERS
 
 # policy/config.py nests SLOConfig in SchedulingConfig, so this module cannot import it:
 # its errors are built here the same way (PolicyConfigError is an InvalidRequestError).
@@ -115,6 +117,15 @@ class SLOConfig:
     breaks their class's objective (only with rescheduling on and the ``slo`` policy)."""
     output_tokens: int = 256
     """Output-length estimate (tokens) until finished requests teach the predictor."""
+    engine_order: str = "deadline"
+    """How the engines order their queues by the classes' objectives (only with the ``slo``
+    policy; ``engine/objectives.py``): ``fcfs`` (priority, then arrival, as without
+    classes), ``overdue`` (a queued request past its TTFT objective with no token yet has
+    missed it for good: it is served after every request that can still meet theirs, and
+    preempted first) or ``deadline`` (and, within a priority, by deadline: a request's
+    first token is due at arrival + TTFT, a request with tokens is on pace until its first
+    token + TPOT x its tokens; a queued request due a first token may preempt running ones
+    due later)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.classes, dict) or not self.classes:
@@ -125,6 +136,8 @@ class SLOConfig:
             raise bad_value("slo.default_class", f"unknown class {self.default_class!r} (known: {', '.join(norm)})")
         if not isinstance(self.rescue, bool):
             raise bad_value("slo.rescue", f"must be true or false, got {self.rescue!r}")
+        if self.engine_order not in ORDERS:
+            raise bad_value("slo.engine_order", f"must be one of {', '.join(ORDERS)}, got {self.engine_order!r}")
         if isinstance(self.output_tokens, bool) or not isinstance(self.output_tokens, int) or self.output_tokens < 1:
             raise bad_value("slo.output_tokens", f"must be an integer >= 1, got {self.output_tokens!r}")
 
@@ -141,6 +154,19 @@ class SLOConfig:
             if cls.priority == priority:
                 return cls  # type: ignore[no-any-return]
         return self.classes[self.default_class]  # type: ignore[no-any-return]
+
+    def objectives(self) -> dict[int, tuple[float, float]]:
+        """Per priority its class's (TTFT, TPOT) objectives, what an engine orders its queue
+        by (``EngineCore.set_objectives``). The engine knows priorities only: a request runs
+        at its class's priority, so a class sharing its priority with another is held to
+        the objectives of the one ``for_priority`` resolves."""
+        return {c.priority: (self.for_priority(c.priority).ttft_s, self.for_priority(c.priority).tpot_s)
+                for c in self.classes.values()}
+
+    def overdue_limits(self) -> dict[int, float]:
+        """Per priority the TTFT past which the engines serve a queued request last (empty
+        with ``engine_order: fcfs``)."""
+        return {} if self.engine_order == "fcfs" else {p: o[0] for p, o in self.objectives().items()}
 
     def resolve(self, name: str | None, priority: int) -> SLOClass:
         return self.for_priority(priority) if name is None else self.get(name)

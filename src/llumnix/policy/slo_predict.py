@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from llumnix.core.status import InstanceStatus, StepSample
+from llumnix.core.status import InstanceStatus, RequestBrief, StepSample
 from llumnix.policy.freeness import blocks_for
 from llumnix.policy.predictor import OutputLengths, StepTimeModel, sample_features
 from llumnix.policy.slo import SLOConfig
@@ -40,7 +40,7 @@ class InstanceLoad:
     num_context_tokens: int
     """Context tokens of the running requests (and of those sent since the report)."""
     queued: tuple[tuple[int, int], ...]
-    """(priority, prompt tokens) of each queued request, in service order."""
+    """(priority, prompt tokens) of each queued request, in service order, but the overdue."""
     num_free_blocks: int
     """Free blocks beyond the watermark."""
     release: tuple[tuple[float, int], ...]
@@ -50,15 +50,31 @@ class InstanceLoad:
     block_size: int
     steps: StepTimeModel
     """The instance's own step-time model (fitted on its step reports)."""
+    overdue: tuple[tuple[int, int], ...] = ()
+    """(priority, prompt tokens) of the queued requests past their TTFT objective, which
+    the engine serves after the rest (``SLOConfig.engine_order``): no newcomer waits for
+    them, but they will join the batch."""
 
 
-def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths, steps: StepTimeModel) -> InstanceLoad:
+def is_overdue(w: RequestBrief, now: float, limits: dict[int, float]) -> bool:
+    """A queued request past its limit with no output yet (``engine/objectives.py``)."""
+    limit = limits.get(w.priority)
+    return limit is not None and not w.num_output_tokens and now - w.arrival_time > limit
+
+
+def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths, steps: StepTimeModel,
+                  overdue_limits: dict[int, float] | None = None) -> InstanceLoad:
+    """``overdue_limits``: ``SLOConfig.overdue_limits()`` (the engine's, as of the status's time)."""
     ctx = sum(r.num_tokens for r in s.running)
     release = sorted((lengths.remaining(r.num_output_tokens), r.num_blocks) for r in s.running)
     tpots = {slo.for_priority(r.priority).tpot_s for r in s.running}
-    return InstanceLoad(len(s.running), ctx, tuple((w.priority, w.num_tokens) for w in s.waiting),
-                        s.num_free_blocks - s.num_watermark_blocks, tuple(release),
-                        min(tpots) if tpots else None, s.block_size, steps)
+    queued: list[tuple[int, int]] = []
+    overdue: list[tuple[int, int]] = []
+    limits = overdue_limits or {}
+    for w in s.waiting:
+        (overdue if is_overdue(w, s.timestamp, limits) else queued).append((w.priority, w.num_tokens))
+    return InstanceLoad(len(s.running), ctx, tuple(queued), s.num_free_blocks - s.num_watermark_blocks,
+                        tuple(release), min(tpots) if tpots else None, s.block_size, steps, tuple(overdue))
 
 
 class SLOPredictor:
@@ -79,6 +95,8 @@ class SLOPredictor:
         fitting it (against ``StepSample.seconds``: the predictor's step-time error) and the
         instance."""
         self.lengths = OutputLengths(slo.output_tokens)
+        self.overdue_limits = slo.overdue_limits()
+        """What the engines serve last (``SLOConfig.engine_order``), which no newcomer waits for."""
         self.window_s = window_s
         self._prefills: list[tuple[float, float]] = []
         """(dispatch time, predicted prefill seconds) over the last ``window_s``."""
@@ -166,7 +184,7 @@ class SLOPredictor:
         entry = self._memo.get(s.instance_id)
         if entry is not None and entry[0] is s:
             return entry[1]
-        load = instance_load(s, self.slo, self.lengths, self.model(s.instance_id))
+        load = instance_load(s, self.slo, self.lengths, self.model(s.instance_id), self.overdue_limits)
         self._memo[s.instance_id] = (s, load)
         return load
 
@@ -191,7 +209,8 @@ class SLOPredictor:
         priority, tokens = load.queued[index]
         ahead = load.queued[:index]
         return self.ttft(InstanceLoad(load.num_running, load.num_context_tokens, ahead, load.num_free_blocks,
-                                      load.release, load.tightest_tpot_s, load.block_size, load.steps),
+                                      load.release, load.tightest_tpot_s, load.block_size, load.steps,
+                                      load.overdue),
                          tokens, priority)
 
     def memory_wait(self, load: InstanceLoad, deficit: int, step_s: float) -> float:
@@ -208,8 +227,9 @@ class SLOPredictor:
 
     def tpot(self, load: InstanceLoad, num_prompt_tokens: int, now: float) -> float:
         """TPOT of a request joining ``load`` (and, the same, of those already there after it joins)."""
-        batch = load.num_running + len(load.queued) + 1
-        ctx = load.num_context_tokens + sum(n for _, n in load.queued) + num_prompt_tokens
+        batch = load.num_running + len(load.queued) + len(load.overdue) + 1
+        ctx = (load.num_context_tokens + sum(n for _, n in load.queued) + sum(n for _, n in load.overdue)
+               + num_prompt_tokens)
         ctx += int(self.lengths.mean / 2)  # its context grows by half its output on average
         return load.steps.decode_s(batch, ctx) / (1.0 - self.prefill_share(now))
 
@@ -217,6 +237,6 @@ class SLOPredictor:
         """TPOT of the requests running on ``load`` as it is (no newcomer)."""
         if not load.num_running:
             return 0.0
-        ctx = load.num_context_tokens + sum(n for _, n in load.queued)
-        return (load.steps.decode_s(load.num_running + len(load.queued), ctx)
+        ctx = load.num_context_tokens + sum(n for _, n in load.queued) + sum(n for _, n in load.overdue)
+        return (load.steps.decode_s(load.num_running + len(load.queued) + len(load.overdue), ctx)
                 / (1.0 - self.prefill_share(now)))

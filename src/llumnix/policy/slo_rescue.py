@@ -27,7 +27,7 @@ from llumnix.core.status import InstanceStatus
 from llumnix.policy.config import ReschedulingConfig
 from llumnix.policy.pairing import MigrationOrder, demand_of, destination_room
 from llumnix.policy.selection import select_requests
-from llumnix.policy.slo_predict import SLOPredictor
+from llumnix.policy.slo_predict import SLOPredictor, is_overdue
 
 MAX_QUEUED_LOOKED_AT = 8
 """Queued requests per instance a round looks at (service order): bounds a round's work."""
@@ -50,7 +50,11 @@ def ttft_rescues(live: list[InstanceStatus], predictor: SLOPredictor, now: float
         if not src.waiting or src.num_migrating_out >= cfg.max_out or src.instance_id in busy:
             continue
         load = predictor.load(src)
-        for i, q in enumerate(src.waiting[:MAX_QUEUED_LOOKED_AT]):
+        i = -1  # q's place in load.queued, which leaves out the overdue (served last)
+        for q in src.waiting[:MAX_QUEUED_LOOKED_AT]:
+            if is_overdue(q, src.timestamp, predictor.overdue_limits):
+                continue
+            i += 1
             if q.is_migrating:
                 continue
             budget = predictor.slo.for_priority(q.priority).ttft_s - (now - q.arrival_time)

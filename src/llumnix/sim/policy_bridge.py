@@ -140,6 +140,8 @@ class PolicyBridge:
 
     # -- membership and status --------------------------------------------------------
     def make_llumlet(self, instance_id: str, engine: EngineCore) -> Llumlet:
+        if self.gs.slo is not None:  # as the cluster's instance actor
+            engine.set_objectives(self.config.slo.objectives(), self.config.slo.engine_order)
         return Llumlet(instance_id, engine, self.config.rescheduling, self.config.freeness,
                        records_steps=self.gs.slo is not None)  # SimInstance hands it each step
 

@@ -1,0 +1,184 @@
+"""Latency objectives in the local scheduler (``set_objectives``, ``engine/objectives.py``):
+overdue requests go last, the queue and preemption follow deadlines."""
+from __future__ import annotations
+
+from llumnix.core.request import Priority
+from llumnix.core.sampling_params import SamplingParams
+from tests.engine.helpers import make_engine
+
+
+def finish_order(eng) -> list[str]:
+    order = []
+    while eng.has_unfinished_requests():
+        order += [o.request_id for o in eng.step() if o.is_finished]
+        eng.check_invariants()
+    return order
+
+
+def queued_three(eng) -> None:
+    """At 10 s, four requests for one slot: normal "old" (arrived at 0 s), "a" (9 s) and
+    "busy" (9.9 s), and high "h" (5 s)."""
+    eng.add_request("busy", [1, 2], SamplingParams(max_tokens=3), arrival_time=9.9)
+    eng.add_request("old", [1, 2], SamplingParams(max_tokens=1), arrival_time=0.0)
+    eng.add_request("a", [1, 2], SamplingParams(max_tokens=1), arrival_time=9.0)
+    eng.add_request("h", [1, 2], SamplingParams(max_tokens=1), priority=Priority.HIGH, arrival_time=5.0)
+
+
+def test_a_request_queued_past_its_limit_is_served_after_the_ones_that_are_not():
+    plain = make_engine(max_num_seqs=1)
+    plain.clock.advance_to(10.0)
+    queued_three(plain)
+    assert finish_order(plain) == ["h", "old", "a", "busy"]  # priority, then arrival
+
+    eng = make_engine(max_num_seqs=1)
+    eng.clock.advance_to(10.0)
+    eng.set_objectives({int(Priority.NORMAL): (5.0, 1.0), int(Priority.HIGH): (1.0, 1.0)}, "overdue")
+    queued_three(eng)
+    # at 10 s: "old" (normal, 10 s waited > 5) and "h" (high, 5 s > 1) are overdue; "a" and "busy" are not
+    assert finish_order(eng) == ["a", "busy", "h", "old"]
+    assert eng.scheduler.num_overdue == 2
+
+
+def test_nothing_is_overdue_before_its_limit_and_priorities_not_named_never_are():
+    eng = make_engine(max_num_seqs=1)
+    eng.clock.advance_to(10.0)
+    eng.set_objectives({int(Priority.HIGH): (100.0, 1.0)})  # normal: no objectives
+    queued_three(eng)
+    assert finish_order(eng) == ["h", "old", "a", "busy"]
+    assert eng.scheduler.num_overdue == 0
+
+
+def test_a_request_becomes_overdue_while_it_waits():
+    eng = make_engine(max_num_seqs=1)
+    eng.set_objectives({int(Priority.NORMAL): (1.0, 1.0)}, "overdue")
+    eng.add_request("first", [1, 2], SamplingParams(max_tokens=5), arrival_time=0.0)
+    eng.add_request("second", [1, 2], SamplingParams(max_tokens=1), arrival_time=0.0)
+    eng.step()  # "first" runs; "second" waits, on time
+    assert [r.request_id for r in eng.scheduler.waiting] == ["second"]
+    eng.clock.advance_to(0.5)
+    eng.add_request("third", [1, 2], SamplingParams(max_tokens=1), arrival_time=0.5)
+    assert [r.request_id for r in eng.scheduler.waiting] == ["second", "third"]
+    eng.clock.advance_to(1.2)  # "second" waited 1.2 s (> 1): overdue; "third" 0.7 s: not
+    assert finish_order(eng) == ["first", "third", "second"]
+
+
+def test_a_preempted_request_that_had_its_first_token_is_not_overdue():
+    # 10 blocks of 4: a grows until the engine must preempt; it had its first token, so
+    # whatever its age it is no longer waiting for one
+    eng = make_engine(num_blocks=10, block_size=4)
+    eng.set_objectives({int(Priority.NORMAL): (0.5, 1.0)}, "overdue")
+    eng.add_request("old", [1] * 8, SamplingParams(max_tokens=30), arrival_time=0.0)
+    eng.add_request("new", [2] * 8, SamplingParams(max_tokens=30), arrival_time=0.1)
+    eng.step()
+    eng.clock.advance_to(5.0)
+    preempted: list[str] = []
+    for _ in range(20):
+        batch = eng.schedule()
+        preempted += batch.preempted_request_ids
+        if batch.scheduled:
+            eng.update(batch, eng.executor.execute(batch))
+        if preempted:
+            break
+    assert preempted == ["new"]
+    assert not eng.get_request("new").is_overdue
+
+
+def test_an_overdue_running_request_is_preempted_before_an_on_time_one():
+    eng = make_engine(num_blocks=10, block_size=4, max_num_seqs=8)
+    eng.set_objectives({int(Priority.NORMAL): (1.0, 1.0)}, "overdue")
+    eng.add_request("late", [1] * 8, SamplingParams(max_tokens=30), arrival_time=0.0)
+    eng.clock.advance_to(2.0)  # "late" waited 2 s before its first step
+    eng.add_request("fresh", [2] * 8, SamplingParams(max_tokens=30), arrival_time=1.9)
+    eng.step()  # both admitted: "fresh" first (on time), then "late"
+    assert eng.get_request("late").is_overdue
+    preempted: list[str] = []
+    for _ in range(20):
+        batch = eng.schedule()
+        preempted += batch.preempted_request_ids
+        if batch.scheduled:
+            eng.update(batch, eng.executor.execute(batch))
+        if preempted:
+            break
+    # without the limits the most recent arrival ("fresh") would be the victim
+    assert preempted == ["late"]
+
+
+def run_steps(eng, n: int, dt: float = 0.01) -> list[str]:
+    """``n`` steps ``dt`` apart; the requests preempted in them."""
+    preempted: list[str] = []
+    for _ in range(n):
+        batch = eng.schedule()
+        preempted += batch.preempted_request_ids
+        if batch.scheduled:
+            eng.update(batch, eng.executor.execute(batch))
+        eng.check_invariants()
+        eng.clock.advance_to(eng.clock.now() + dt)
+    return preempted
+
+
+def two_running(ttft: float):
+    """20 blocks of 4 tokens, two requests decoding at 0.23 s: "long" (8-token prompt at 0 s,
+    22 tokens made: 30 tokens, 8 blocks), on pace until 0 s + 22 x its 1 s TPOT; "young"
+    (32-token prompt at 0.21 s, 2 tokens: 9 blocks), on pace until 2.21 s. 3 blocks free."""
+    eng = make_engine(num_blocks=20, block_size=4, max_num_seqs=8)
+    eng.set_objectives({int(Priority.NORMAL): (ttft, 1.0)})
+    eng.add_request("long", [1] * 8, SamplingParams(max_tokens=60), arrival_time=0.0)
+    assert run_steps(eng, 21) == []
+    eng.add_request("young", [4] * 32, SamplingParams(max_tokens=40), arrival_time=eng.clock.now())
+    assert run_steps(eng, 2) == []
+    assert eng.kv.num_free_blocks == 3
+    return eng
+
+
+def test_a_queued_first_token_takes_the_blocks_of_a_request_far_ahead_of_its_pace():
+    eng = two_running(10.0)
+    now = eng.clock.now()
+    # 4 blocks, waited 6 s (urgent: past half its 10 s), due at now + 4 s
+    eng.add_request("new", [2] * 16, SamplingParams(max_tokens=2), arrival_time=now - 6)
+    eng.add_request("later", [3] * 16, SamplingParams(max_tokens=2), arrival_time=now - 6)
+    batch = eng.schedule()
+    assert batch.is_prefill and batch.preempted_request_ids == ["long"]  # not "young": due before them
+    assert [e.request_id for e in batch.scheduled] == ["new", "later"]
+    assert eng.scheduler.num_preempted_for_deadlines == 1
+    assert [r.request_id for r in eng.scheduler.waiting] == ["long"]  # due after them, it waits
+    eng.update(batch, eng.executor.execute(batch))
+    eng.check_invariants()
+
+
+def test_no_request_is_preempted_for_one_due_later_or_when_its_blocks_would_not_do():
+    eng = two_running(30.0)  # due at now + 30 s, after "long"'s 22 s
+    eng.add_request("new", [2] * 16, SamplingParams(max_tokens=2), arrival_time=eng.clock.now())
+    assert run_steps(eng, 1) == [] and [r.request_id for r in eng.scheduler.waiting] == ["new"]
+    eng = two_running(10.0)  # 12 blocks: "long"'s 8 and the 3 free would not do
+    eng.add_request("huge", [2] * 48, SamplingParams(max_tokens=2), arrival_time=eng.clock.now() - 6)
+    assert run_steps(eng, 1) == [] and [r.request_id for r in eng.scheduler.waiting] == ["huge"]
+
+
+def test_a_first_token_takes_its_own_prioritys_blocks_once_urgent_and_lower_ones_at_once():
+    eng = two_running(10.0)
+    eng.add_request("new", [2] * 16, SamplingParams(max_tokens=2), arrival_time=eng.clock.now() - 4)
+    assert run_steps(eng, 1, dt=1.0) == []  # waited 4 s of 10: memory may yet free by itself
+    assert run_steps(eng, 1) == ["long"]  # 5 s: urgent
+    eng = two_running(10.0)
+    eng.set_objectives({int(Priority.NORMAL): (10.0, 1.0), int(Priority.HIGH): (1.0, 0.1)})
+    eng.add_request("chat", [2] * 16, SamplingParams(max_tokens=2), priority=Priority.HIGH,
+                    arrival_time=eng.clock.now())
+    assert eng.schedule().preempted_request_ids == ["long"]  # lower priority: at once, latest due first
+
+
+def test_fcfs_order_is_the_plain_order():
+    eng = make_engine(max_num_seqs=1)
+    eng.clock.advance_to(10.0)
+    eng.set_objectives({int(Priority.NORMAL): (5.0, 1.0), int(Priority.HIGH): (1.0, 1.0)}, "fcfs")
+    queued_three(eng)
+    assert eng.scheduler.objectives is None
+    assert finish_order(eng) == ["h", "old", "a", "busy"]
+
+
+def test_an_unknown_order_is_refused():
+    import pytest
+
+    from llumnix.core.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="fcfs, overdue, deadline"):
+        make_engine().set_objectives({0: (1.0, 1.0)}, "lifo")
