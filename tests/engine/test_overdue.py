@@ -62,6 +62,20 @@ def test_a_request_becomes_overdue_while_it_waits():
     assert finish_order(eng) == ["first", "third", "second"]
 
 
+def steps_until_a_preemption(eng, most: int = 20) -> list[str]:
+    """Step (without the clock moving) until a step preempts, at most ``most`` steps: the
+    requests it preempted."""
+    preempted: list[str] = []
+    for _ in range(most):
+        batch = eng.schedule()
+        preempted += batch.preempted_request_ids
+        if batch.scheduled:
+            eng.update(batch, eng.executor.execute(batch))
+        if preempted:
+            break
+    return preempted
+
+
 def test_a_preempted_request_that_had_its_first_token_is_not_overdue():
     # 10 blocks of 4: a grows until the engine must preempt; it had its first token, so
     # whatever its age it is no longer waiting for one
@@ -71,14 +85,7 @@ def test_a_preempted_request_that_had_its_first_token_is_not_overdue():
     eng.add_request("new", [2] * 8, SamplingParams(max_tokens=30), arrival_time=0.1)
     eng.step()
     eng.clock.advance_to(5.0)
-    preempted: list[str] = []
-    for _ in range(20):
-        batch = eng.schedule()
-        preempted += batch.preempted_request_ids
-        if batch.scheduled:
-            eng.update(batch, eng.executor.execute(batch))
-        if preempted:
-            break
+    preempted = steps_until_a_preemption(eng)
     assert preempted == ["new"]
     assert not eng.get_request("new").is_overdue
 
@@ -91,14 +98,7 @@ def test_an_overdue_running_request_is_preempted_before_an_on_time_one():
     eng.add_request("fresh", [2] * 8, SamplingParams(max_tokens=30), arrival_time=1.9)
     eng.step()  # both admitted: "fresh" first (on time), then "late"
     assert eng.get_request("late").is_overdue
-    preempted: list[str] = []
-    for _ in range(20):
-        batch = eng.schedule()
-        preempted += batch.preempted_request_ids
-        if batch.scheduled:
-            eng.update(batch, eng.executor.execute(batch))
-        if preempted:
-            break
+    preempted = steps_until_a_preemption(eng)
     # without the limits the most recent arrival ("fresh") would be the victim
     assert preempted == ["late"]
 
