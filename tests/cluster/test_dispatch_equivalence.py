@@ -67,6 +67,8 @@ def _decisions(trace: list[tuple[str, object]], scheduling: dict, monkeypatch: p
                ) -> tuple[list[str | None], list[str | None]]:
     clock = {"now": 0.0}
     monkeypatch.setattr(time, "time", lambda: clock["now"])
+    # dispatch only: a triggered rescheduling pass would call migrate_out on the fake handles
+    scheduling = {**scheduling, "rescheduling": {"enabled": False}}
     sched = LlumSchedActor.__ray_actor_class__(SchedulingConfig.from_dict(scheduling), None,
                                                reschedule_interval_s=3600)
     backend = ClusterBackend(None, {iid: object() for iid in IDS},
