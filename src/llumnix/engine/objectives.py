@@ -17,6 +17,12 @@ them each request has a deadline, and the queue and the preemption victims are o
   already decoding, far ahead of their TPOT pace, wait.
 
 Without objectives the key is (False, -priority, arrival): the engine's plain order.
+
+The trade-off of overdue-last: under sustained overload an overdue request waits behind
+every request that can still meet its objectives, for as long as those keep arriving (in
+the simulator's goal study, a median 44-50 s in its last seconds of overload). It bounds
+no one's wait; a class that may be shed (``shed_share``) is the way to refuse such work
+early instead of serving it late.
 """
 from __future__ import annotations
 
