@@ -3,6 +3,7 @@ that takes gloo's connection in place of the peer (or reflects the source's chal
 proves nothing, learns nothing and writes nothing."""
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -148,6 +149,25 @@ def listening_ports() -> set[int]:
     return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
 
+def listening_sockets() -> set[tuple[int, int]]:
+    """(port, inode) of this process's listening TCP sockets: a socket, not a port number,
+    which the kernel may hand to a new socket once the old one is closed."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith("socket:["):
+                mine.add(int(link[8:-1]))
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in list(f)[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and int(cols[9]) in mine:  # 0A: LISTEN
+                    out.add((int(cols[1].rsplit(":", 1)[1], 16), int(cols[9])))
+    return out
+
+
 def test_a_pair_opens_no_port_but_gloos_own_and_strangers_there_stop_nothing():
     """The pair's only listening ports are gloo's (the rendezvous has none). Strangers
     holding and writing garbage to them leave frames flowing, and closing the pair frees
@@ -194,9 +214,11 @@ def test_an_old_pair_is_formed_anew_and_the_sockets_strangers_left_go_with_it():
     def accept(pair_id, offer):
         receivers.append(GlooReceiver(pair_id, offer, sink, TOKEN, OPTIONS, local_host="127.0.0.1"))
         return receivers[-1].answer
-    before_ports = listening_ports()
+    before_ports, before_sockets = listening_ports(), listening_sockets()
     sender = GlooSender(accept, TOKEN, host="127.0.0.1", options=OPTIONS, max_pair_age_s=0.5)
     first = listening_ports() - before_ports
+    first_sockets = listening_sockets() - before_sockets
+    assert {port for port, _ in first_sockets} == first
     with_pair = me.num_fds()
     strangers = [socket.create_connection(("127.0.0.1", p)) for p in first for _ in range(50)]
     for s in strangers:
@@ -211,7 +233,7 @@ def test_an_old_pair_is_formed_anew_and_the_sockets_strangers_left_go_with_it():
     assert sender.send("r2", [1], Source(), urgent=True) and sender.num_renewals == 0  # never before the last stage
     assert sender.send("r3", [1], Source(), urgent=False) and sender.num_renewals == 1
     assert sink.writes == ["r1", "r2", "r3"]
-    assert not listening_ports() & first
+    assert not listening_sockets() & first_sockets  # the old pair's listeners are closed
     deadline = time.monotonic() + 10  # gloo closes the old pair's sockets from its own threads
     while me.num_fds() > with_pair + 8 and time.monotonic() < deadline:
         time.sleep(0.05)
