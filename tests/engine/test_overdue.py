@@ -62,20 +62,6 @@ def test_a_request_becomes_overdue_while_it_waits():
     assert finish_order(eng) == ["first", "third", "second"]
 
 
-def steps_until_a_preemption(eng, most: int = 20) -> list[str]:
-    """Step (without the clock moving) until a step preempts, at most ``most`` steps: the
-    requests it preempted."""
-    preempted: list[str] = []
-    for _ in range(most):
-        batch = eng.schedule()
-        preempted += batch.preempted_request_ids
-        if batch.scheduled:
-            eng.update(batch, eng.executor.execute(batch))
-        if preempted:
-            break
-    return preempted
-
-
 def test_a_preempted_request_that_had_its_first_token_is_not_overdue():
     # 10 blocks of 4: a grows until the engine must preempt; it had its first token, so
     # whatever its age it is no longer waiting for one
@@ -85,7 +71,7 @@ def test_a_preempted_request_that_had_its_first_token_is_not_overdue():
     eng.add_request("new", [2] * 8, SamplingParams(max_tokens=30), arrival_time=0.1)
     eng.step()
     eng.clock.advance_to(5.0)
-    preempted = steps_until_a_preemption(eng)
+    preempted = run_steps(eng, 20, dt=0.0, until_preempted=True)
     assert preempted == ["new"]
     assert not eng.get_request("new").is_overdue
 
@@ -98,13 +84,14 @@ def test_an_overdue_running_request_is_preempted_before_an_on_time_one():
     eng.add_request("fresh", [2] * 8, SamplingParams(max_tokens=30), arrival_time=1.9)
     eng.step()  # both admitted: "fresh" first (on time), then "late"
     assert eng.get_request("late").is_overdue
-    preempted = steps_until_a_preemption(eng)
+    preempted = run_steps(eng, 20, dt=0.0, until_preempted=True)
     # without the limits the most recent arrival ("fresh") would be the victim
     assert preempted == ["late"]
 
 
-def run_steps(eng, n: int, dt: float = 0.01) -> list[str]:
-    """``n`` steps ``dt`` apart; the requests preempted in them."""
+def run_steps(eng, n: int, dt: float = 0.01, until_preempted: bool = False) -> list[str]:
+    """``n`` steps ``dt`` apart (``until_preempted``: or fewer, up to the first that
+    preempts); the requests preempted in them."""
     preempted: list[str] = []
     for _ in range(n):
         batch = eng.schedule()
@@ -112,6 +99,8 @@ def run_steps(eng, n: int, dt: float = 0.01) -> list[str]:
         if batch.scheduled:
             eng.update(batch, eng.executor.execute(batch))
         eng.check_invariants()
+        if until_preempted and preempted:
+            break
         eng.clock.advance_to(eng.clock.now() + dt)
     return preempted
 
