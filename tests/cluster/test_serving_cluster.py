@@ -439,20 +439,23 @@ def test_llumsched_is_restarted_by_ray_and_relearns_the_instances(server, cluste
     r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "x", "max_tokens": 4}, timeout=30)
     assert r.status_code == 200  # served meanwhile (fallback or the restarted scheduler)
     deadline = time.time() + 30
-    info = {}
-    while time.time() < deadline:
-        try:
-            info = ray.get(cluster.llumsched.cluster_info.remote(), timeout=5)
-            if len(info["instances"]) == 2:
-                break
-        except Exception:  # noqa: BLE001 - still restarting
-            pass
-        time.sleep(0.2)
+
+    def relearnt(done) -> dict:  # type: ignore[no-untyped-def]
+        info: dict = {}
+        while time.time() < deadline:
+            try:  # Ray may report the actor unavailable for a moment after it answered once
+                info = ray.get(cluster.llumsched.cluster_info.remote(), timeout=5)
+                if done(info):
+                    break
+            except Exception:  # noqa: BLE001 - still restarting
+                pass
+            time.sleep(0.2)
+        return info
+
+    info = relearnt(lambda i: len(i["instances"]) == 2)
     assert len(info["instances"]) == 2
     # ...and reads their statuses on its own lines to their channels again
-    while time.time() < deadline and len(info["status_feed"]["live"]) < 2:
-        time.sleep(0.2)
-        info = ray.get(cluster.llumsched.cluster_info.remote(), timeout=5)
+    info = relearnt(lambda i: len(i["instances"]) == 2 and len(i["status_feed"]["live"]) >= 2)
     assert info["status_feed"]["live"] == sorted(i["instance_id"] for i in info["instances"])
     r = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "y", "max_tokens": 4}, timeout=30)
     assert r.status_code == 200

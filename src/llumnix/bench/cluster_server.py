@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from llumnix.cluster.startup import die_with_parent
+from llumnix.core.aio import within
 from llumnix.core.errors import LlumnixError
 
 
@@ -171,4 +172,4 @@ async def poll_cluster(url: str, every_s: float, samples: list[dict[str, Any]], 
             if stop.is_set():
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every_s)
+                await within(stop.wait(), every_s)

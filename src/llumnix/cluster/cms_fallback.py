@@ -6,6 +6,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from llumnix.core.aio import within
 from llumnix.core.status import InstanceStatus
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ class CmsFallback:
         if self.store is None:
             return {}
         try:
-            return await asyncio.wait_for(asyncio.to_thread(self.store.all_statuses), 2.0)
+            return await within(asyncio.to_thread(self.store.all_statuses), 2.0)
         except Exception:  # noqa: BLE001 - no view: the callers fall back further
             return {}
 

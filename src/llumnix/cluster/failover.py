@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from llumnix.cluster.output_stream import OutputStream, actor_key, is_live
+from llumnix.core.aio import within
 from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError
 from llumnix.core.wire import GenerateRequest, wall_arrival
 from llumnix.policy import DispatchRequest
@@ -72,7 +73,7 @@ class Failover:
         with contextlib.suppress(Exception):  # a wedged one must not produce duplicates later
             ray.kill(actor)  # type: ignore[arg-type]
         with contextlib.suppress(Exception):  # LlumSched down: its own health check finds out
-            await asyncio.wait_for(self._b.llumsched.remove_instance.remote(iid, f"gateway: {err}"), 2.0)
+            await within(self._b.llumsched.remove_instance.remote(iid, f"gateway: {err}"), 2.0)
         for stream in list(self._b.streams.values()):
             if stream.instance_id == iid and not stream.is_finished:
                 self._b.spawn(self.recover(stream, iid, err))
@@ -105,8 +106,8 @@ class Failover:
                     continue
                 stream.instance_id = iid
                 try:
-                    await asyncio.wait_for(actor.resume_request.remote(stream.request, tokens),
-                                           self._b.call_timeout_s)
+                    await within(actor.resume_request.remote(stream.request, tokens),
+                                 self._b.call_timeout_s)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # noqa: BLE001 - try the next instance
@@ -131,7 +132,7 @@ class Failover:
 
         async def has(iid: str) -> bool:
             try:
-                n = await asyncio.wait_for(self._b.instances[iid].num_output_tokens.remote(request_id), 2.0)
+                n = await within(self._b.instances[iid].num_output_tokens.remote(request_id), 2.0)
             except Exception:  # noqa: BLE001 - an unreachable instance does not hold it for us
                 return False
             return int(n) >= 0
@@ -145,9 +146,9 @@ class Failover:
         live = [i for i in sorted(self._b.instances) if i not in exclude]
         first = None
         with contextlib.suppress(Exception):
-            first = await asyncio.wait_for(self._b.llumsched.dispatch.remote(DispatchRequest(
+            first = await within(self._b.llumsched.dispatch.remote(DispatchRequest(
                 request.request_id, len(request.prompt_token_ids), request.priority,
-                wall_arrival(request), request.prompt_token_ids)), timeout=self._b.dispatch_timeout_s)
+                wall_arrival(request), request.prompt_token_ids)), self._b.dispatch_timeout_s)
         rest = sorted(live, key=lambda i: (self._b.lifecycle.state(i) == InstanceState.TERMINATING, i))
         return ([first] if first in live else []) + [i for i in rest if i != first]
 
@@ -155,7 +156,7 @@ class Failover:
         """Wait, off the request's critical path, for the add that LlumSched forwarded; a
         failed one is handled as if the gateway had sent it."""
         try:
-            await asyncio.wait_for(added, self._b.call_timeout_s)
+            await within(added, self._b.call_timeout_s)
         except asyncio.CancelledError:
             raise
         except InvalidRequestError as e:
@@ -195,7 +196,7 @@ class Failover:
     async def reap(self, iid: str, request_id: str) -> None:
         actor = self._b.instances.get(iid)
         try:
-            if actor is not None and await asyncio.wait_for(actor.abort.remote(request_id), 5.0):
+            if actor is not None and await within(actor.abort.remote(request_id), 5.0):
                 self.num_reaped += 1
                 log.warning("gateway: stopped an orphaned or fenced-off copy of %s on %s", request_id, iid)
         except Exception:  # noqa: BLE001 - unreachable: nothing to stop there

@@ -22,6 +22,7 @@ from llumnix.cluster.failover import Failover
 from llumnix.cluster.gateway_members import GatewayMembers
 from llumnix.cluster.link import InstanceLink
 from llumnix.cluster.output_stream import PRESENT, OutputStream
+from llumnix.core.aio import within
 from llumnix.core.batch import RequestOutput
 from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestTooLongError
 from llumnix.core.evolve import evolve
@@ -87,7 +88,7 @@ class ClusterBackend:
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         with contextlib.suppress(Exception):  # LlumSched away: dispatch waits for it (or falls back)
-            setup = await asyncio.wait_for(self.llumsched.gateway_setup.remote(), 5.0)
+            setup = await within(self.llumsched.gateway_setup.remote(), 5.0)
             self._token = setup["token"] or b""
             if self._token:
                 self.gs = GlobalScheduler(setup["scheduling"], cluster=self.cluster)
@@ -98,7 +99,7 @@ class ClusterBackend:
         self.spawn(self.members.watch_members_loop())
         self.spawn(self.members.watch_links_loop())
         with contextlib.suppress(Exception):  # LlumSched away: no shared view until a restart
-            url = await asyncio.wait_for(self.llumsched.cms_url.remote(), 5.0)
+            url = await within(self.llumsched.cms_url.remote(), 5.0)
             if url not in (None, "memory"):
                 from llumnix.cluster.meta_store import RedisMetaStore
 
@@ -144,7 +145,7 @@ class ClusterBackend:
             opened_at = time.monotonic()
             try:
                 if link is None:
-                    address = await asyncio.wait_for(actor.channel_address.remote(), self.call_timeout_s)
+                    address = await within(actor.channel_address.remote(), self.call_timeout_s)
                     link = InstanceLink(iid, (str(address[0]), int(address[1])), self._token, self.client_id, self)
                 await link.open()
                 self.links[iid] = link
@@ -215,8 +216,8 @@ class ClusterBackend:
         acked = 0  # the instance keeps our outputs until a poll acknowledges them
         while not self.stopping:
             try:
-                acked, outs = await asyncio.wait_for(actor.poll_outputs.remote(0.5, self.client_id, acked),
-                                                     self.poll_timeout_s)
+                acked, outs = await within(actor.poll_outputs.remote(0.5, self.client_id, acked),
+                                           self.poll_timeout_s)
             except asyncio.CancelledError:
                 raise
             except TimeoutError:
@@ -306,7 +307,7 @@ class ClusterBackend:
     async def add(self, stream: OutputStream, iid: str) -> None:
         """Send the request to ``iid`` ourselves (when LlumSched did not forward it)."""
         try:
-            await asyncio.wait_for(self.instances[iid].add_request.remote(stream.request), self.call_timeout_s)
+            await within(self.instances[iid].add_request.remote(stream.request), self.call_timeout_s)
         except asyncio.CancelledError:
             raise
         except InvalidRequestError:
@@ -322,9 +323,9 @@ class ClusterBackend:
         rid = request.request_id
         admit_by = time.time() + self.dispatch_timeout_s / 2
         try:
-            sub = await asyncio.wait_for(self.llumsched.submit.remote(
+            sub = await within(self.llumsched.submit.remote(
                 dataclasses.replace(request, admit_by=admit_by), wall_arrival(request)),
-                timeout=self.dispatch_timeout_s)
+                self.dispatch_timeout_s)
             if sub is None:
                 # Nothing schedulable in LlumSched's view. Just after a restart that view can
                 # be empty for a moment: where this gateway knows live instances, it places
@@ -365,7 +366,7 @@ class ClusterBackend:
             if actor is None:
                 continue
             try:
-                if await asyncio.wait_for(actor.abort.remote(request_id), 5.0):
+                if await within(actor.abort.remote(request_id), 5.0):
                     return
             except Exception:  # noqa: BLE001 - an unreachable instance frees nothing anyway
                 continue
@@ -377,7 +378,7 @@ class ClusterBackend:
 
     async def cluster_info(self) -> dict[str, Any]:
         try:
-            info = dict(await asyncio.wait_for(self.llumsched.cluster_info.remote(), 5.0))
+            info = dict(await within(self.llumsched.cluster_info.remote(), 5.0))
             info["source"] = "llumsched"
         except Exception:
             if self.cms.store is None:
@@ -388,7 +389,7 @@ class ClusterBackend:
     async def watch_cluster(self, seen: Any, timeout_s: float) -> tuple[Any, dict[str, Any]]:
         """``cluster_info`` once LlumSched's view differs from its version ``seen``, or after
         ``timeout_s`` (``cluster_pulse.py``); with that version. The gateway's long polls."""
-        seen, info = await asyncio.wait_for(self.llumsched.watch_cluster.remote(seen, timeout_s), timeout_s + 5.0)
+        seen, info = await within(self.llumsched.watch_cluster.remote(seen, timeout_s), timeout_s + 5.0)
         return seen, self._with_gateway({**info, "source": "llumsched"})
 
     def _with_gateway(self, info: dict[str, Any]) -> dict[str, Any]:
@@ -420,9 +421,9 @@ class ClusterBackend:
     async def drain_instance(self, instance_id: str) -> dict[str, Any]:
         if instance_id not in self.instances:
             raise InvalidRequestError(f"no instance {instance_id!r}", "instance_id")
-        return await asyncio.wait_for(self.llumsched.drain.remote(instance_id), 15.0)
+        return await within(self.llumsched.drain.remote(instance_id), 15.0)
 
     async def undrain_instance(self, instance_id: str) -> dict[str, Any]:
         if instance_id not in self.instances:
             raise InvalidRequestError(f"no instance {instance_id!r}", "instance_id")
-        return await asyncio.wait_for(self.llumsched.undrain.remote(instance_id), 15.0)
+        return await within(self.llumsched.undrain.remote(instance_id), 15.0)

@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from llumnix.cluster.output_stream import actor_key
+from llumnix.core.aio import within
 from llumnix.policy.lifecycle import InstanceState
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class GatewayMembers:
         seen: Any = None
         while not self._b.stopping:
             try:
-                seen, members = await asyncio.wait_for(
+                seen, members = await within(
                     self._b.llumsched.watch_members.remote(list(self._b.instances), seen, self.membership_wait_s),
                     self.membership_wait_s + 5.0)
             except asyncio.CancelledError:
@@ -60,7 +61,7 @@ class GatewayMembers:
         """Learn the members now (an instance dispatch named that this gateway does not
         know yet); a restarting LlumSched leaves the known set as it is."""
         try:
-            members = await asyncio.wait_for(self._b.llumsched.members.remote(list(self._b.instances)), 2.0)
+            members = await within(self._b.llumsched.members.remote(list(self._b.instances)), 2.0)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - LlumSched down or restarting: keep what we know
@@ -98,14 +99,14 @@ class GatewayMembers:
         the gateway compares with the instances it started with."""
         async def alive(actor: Any) -> bool:
             try:
-                return bool(await asyncio.wait_for(actor.health.remote(), 2.0))
+                return bool(await within(actor.health.remote(), 2.0))
             except Exception:  # noqa: BLE001 - an unreachable instance is unhealthy
                 return False
 
         ids = list(self._b.instances)
         states = dict(zip(ids, await asyncio.gather(*(alive(self._b.instances[i]) for i in ids)), strict=True))
         try:
-            cap = await asyncio.wait_for(self._b.llumsched.capacity.remote(), 2.0)
+            cap = await within(self._b.llumsched.capacity.remote(), 2.0)
             target, listed, replacing = int(cap["target"]), set(cap["serving"]), list(cap["replacing"])
         except Exception:  # noqa: BLE001 - LlumSched down or restarting: judge from here
             target, listed, replacing = self._b.num_configured, set(self._b.lifecycle.ids(InstanceState.SERVING)), []

@@ -12,6 +12,7 @@ import time
 from typing import Any, Protocol
 
 from llumnix.cluster.channel import ClientEnd, pack
+from llumnix.core.aio import within
 from llumnix.core.batch import RequestOutput
 from llumnix.core.status import InstanceStatus
 from llumnix.core.wire import GenerateRequest
@@ -98,9 +99,9 @@ class InstanceLink:
         self._line = None
         line = _Line(self)
         try:
-            await asyncio.wait_for(asyncio.get_running_loop().create_connection(lambda: line, *self.address),
-                                   timeout_s)
-            await asyncio.wait_for(asyncio.shield(line.proven), timeout_s)
+            await within(asyncio.get_running_loop().create_connection(lambda: line, *self.address),
+                         timeout_s)
+            await within(asyncio.shield(line.proven), timeout_s)
         except BaseException:
             line.fail(ConnectionError(f"the channel to {self.instance_id} did not open"))
             raise

@@ -18,6 +18,8 @@ import logging
 import secrets
 from typing import Any
 
+from llumnix.core.aio import within
+
 log = logging.getLogger(__name__)
 
 VOLATILE = frozenset({"age_s", "num_passes", "num_frames", "published_at", "behind_s"})
@@ -95,7 +97,7 @@ class ClusterWatch:
             try:
                 while not self._answerable(after) and (left := deadline - loop.time()) > 0:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), left)
+                        await within(self._changed.wait(), left)
             finally:
                 self.num_waiting -= 1
         self._last_wanted = loop.time()

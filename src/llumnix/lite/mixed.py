@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from llumnix.core.aio import within
 from llumnix.core.batch import RequestOutput
 from llumnix.core.errors import InvalidRequestError, LlumnixError, RequestFailedError, UpstreamError
 from llumnix.core.sampling_params import SamplingParams
@@ -104,7 +105,7 @@ class MixedBackend:
     async def _check_health(self) -> None:
         async def read(m: Member) -> None:
             try:
-                m.healthy = (await asyncio.wait_for(m.backend.health(), 5.0)).get("status") != "unavailable"
+                m.healthy = (await within(m.backend.health(), 5.0)).get("status") != "unavailable"
             except Exception as e:  # noqa: BLE001 - a pool that cannot say is not serving
                 log.warning("mixed: pool %s health unknown (%s)", m.name, e)
                 m.healthy = False
