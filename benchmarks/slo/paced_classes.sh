@@ -8,9 +8,9 @@
 # The goal: interactive attainment >= 15 points above INFaaS++'s, batch no lower (paired means
 # over seeds, cluster.json's slo_classes.goal; the 95% intervals beside them).
 #
-# Classes: benchmarks/slo/classes.yaml (30% interactive TTFT 1 s / TPOT 0.1 s, priority high;
-# 70% batch 10 s / 0.3 s, normal), the objectives times the pace's SCALE (a device SCALE times
-# slower). The emulation holds where at most 5% of a run's paced steps overran the model (each
+# Classes: CLASSES=FILE (default benchmarks/slo/classes.yaml: 30% interactive TTFT 1 s / TPOT
+# 0.1 s, priority high; 70% batch 10 s / 0.3 s, normal; classes_same_priority.yaml puts both at
+# one priority), the objectives times the pace's SCALE (a device SCALE times slower). The emulation holds where at most 5% of a run's paced steps overran the model (each
 # run's line: "pace overran X/Y steps"); on a machine too loaded for that, PACE=
 # a10-llama7b-serving:2 is the stated fallback (paced_scale.sh's rule).
 #
@@ -32,7 +32,8 @@ here=$(dirname "$0")
 mkdir -p "$out"
 scale=1
 [[ $pace == *:* ]] && scale=${pace##*:}
-$py - "$here/classes.yaml" "$scale" "$out/classes.yaml" <<'PY'
+classes=${CLASSES:-$here/classes.yaml}
+$py - "$classes" "$scale" "$out/classes.yaml" <<'PY'
 import sys, yaml
 doc = yaml.safe_load(open(sys.argv[1]))
 k = float(sys.argv[2])

@@ -1,6 +1,6 @@
 """`bench cluster --slo-classes`: the classes file, the trace's tags, the client's field,
 attainment per class, the paired difference over seeds and the goal, and the simulator's
-side (the same tags as priorities)."""
+side (the same tags, by name)."""
 from __future__ import annotations
 
 import asyncio
@@ -57,13 +57,14 @@ def test_a_bad_classes_file_is_one_line(tmp_path, text, message):
     assert "\n" not in str(e.value)
 
 
-def test_missing_file_and_shared_priorities_under_the_simulator_are_one_line(tmp_path):
+def test_missing_file_is_one_line_and_shared_priorities_are_taken_under_the_simulator_too(tmp_path):
     with pytest.raises(LlumnixError, match="cannot read it"):
         settings_from_args(_args("--slo-classes", str(tmp_path / "none.yaml")))
     same = _file(tmp_path, "a: {share: 0.5, ttft_s: 1, tpot_s: 1}\nb: {share: 0.5, ttft_s: 2, tpot_s: 2}\n")
     assert settings_from_args(_args("--slo-classes", str(same))).slo_classes["b"]["priority"] == 0
-    with pytest.raises(LlumnixError, match="with --with-sim each class needs a priority of its own"):
-        settings_from_args(_args("--slo-classes", str(same), "--with-sim", "p.json"))
+    # the simulator tells the classes apart by name now (the trace's requests name them)
+    s = settings_from_args(_args("--slo-classes", str(same), "--with-sim", "p.json"))
+    assert s.slo_classes["a"]["priority"] == s.slo_classes["b"]["priority"] == 0
 
 
 def test_every_systems_config_has_the_classes_and_serve_takes_it(tmp_path):
@@ -193,6 +194,8 @@ def test_the_simulator_sends_each_class_at_its_priority_and_reports_its_attainme
     trace = sim_trace(PAIRS, 40, 4.0, 2, classes)
     tags = cluster_slo.draw_classes(classes, 40, 2)
     assert trace.priorities.tolist() == [1 if t == "interactive" else 0 for t in tags]
+    assert trace.slo_class_ids is not None
+    assert [trace.slo_class_names[k] for k in trace.slo_class_ids.tolist()] == tags
     s = ClusterBenchSettings(slo_classes=classes, instances=2, num_blocks=40)
     out = simulate(s, "slo", PAIRS, 40, 4.0, 2, get_latency_model("a10-llama7b-serving"))
     assert 0.0 <= out[f"{ATTAINMENT}interactive"] <= 1.0 and f"{ATTAINMENT}batch" in out

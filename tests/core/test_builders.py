@@ -53,8 +53,8 @@ def test_token_outputs_do_not_share_their_token_list() -> None:
 
 @pytest.mark.parametrize("running, migrating", [(True, False), (False, True)])
 def test_request_brief_is_the_class_call(running: bool, migrating: bool) -> None:
-    built = request_brief("r-2", 1, 5, 70, 0.25, running, migrating, 6)
-    called = RequestBrief("r-2", 1, 5, 70, 0.25, running, migrating, 6)
+    built = request_brief("r-2", 1, 5, 70, 0.25, running, migrating, 6, "batch")
+    called = RequestBrief("r-2", 1, 5, 70, 0.25, running, migrating, 6, "batch")
     assert type(built) is RequestBrief
     assert _fields(built) == _fields(called)
     assert built == called

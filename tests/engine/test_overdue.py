@@ -7,6 +7,11 @@ from llumnix.core.sampling_params import SamplingParams
 from tests.engine.helpers import make_engine
 
 
+def by_priority(eng, limits: dict[int, tuple[float, float]], order: str = "deadline") -> None:
+    """Objectives per priority: a class per priority, which a request that names none gets."""
+    eng.set_objectives({f"p{p}": v for p, v in limits.items()}, order, {p: f"p{p}" for p in limits})
+
+
 def finish_order(eng) -> list[str]:
     order = []
     while eng.has_unfinished_requests():
@@ -32,7 +37,7 @@ def test_a_request_queued_past_its_limit_is_served_after_the_ones_that_are_not()
 
     eng = make_engine(max_num_seqs=1)
     eng.clock.advance_to(10.0)
-    eng.set_objectives({int(Priority.NORMAL): (5.0, 1.0), int(Priority.HIGH): (1.0, 1.0)}, "overdue")
+    by_priority(eng, {int(Priority.NORMAL): (5.0, 1.0), int(Priority.HIGH): (1.0, 1.0)}, "overdue")
     queued_three(eng)
     # at 10 s: "old" (normal, 10 s waited > 5) and "h" (high, 5 s > 1) are overdue; "a" and "busy" are not
     assert finish_order(eng) == ["a", "busy", "h", "old"]
@@ -42,7 +47,7 @@ def test_a_request_queued_past_its_limit_is_served_after_the_ones_that_are_not()
 def test_nothing_is_overdue_before_its_limit_and_priorities_not_named_never_are():
     eng = make_engine(max_num_seqs=1)
     eng.clock.advance_to(10.0)
-    eng.set_objectives({int(Priority.HIGH): (100.0, 1.0)})  # normal: no objectives
+    by_priority(eng, {int(Priority.HIGH): (100.0, 1.0)})  # normal: no objectives
     queued_three(eng)
     assert finish_order(eng) == ["h", "old", "a", "busy"]
     assert eng.scheduler.num_overdue == 0
@@ -50,7 +55,7 @@ def test_nothing_is_overdue_before_its_limit_and_priorities_not_named_never_are(
 
 def test_a_request_becomes_overdue_while_it_waits():
     eng = make_engine(max_num_seqs=1)
-    eng.set_objectives({int(Priority.NORMAL): (1.0, 1.0)}, "overdue")
+    by_priority(eng, {int(Priority.NORMAL): (1.0, 1.0)}, "overdue")
     eng.add_request("first", [1, 2], SamplingParams(max_tokens=5), arrival_time=0.0)
     eng.add_request("second", [1, 2], SamplingParams(max_tokens=1), arrival_time=0.0)
     eng.step()  # "first" runs; "second" waits, on time
@@ -66,7 +71,7 @@ def test_a_preempted_request_that_had_its_first_token_is_not_overdue():
     # 10 blocks of 4: a grows until the engine must preempt; it had its first token, so
     # whatever its age it is no longer waiting for one
     eng = make_engine(num_blocks=10, block_size=4)
-    eng.set_objectives({int(Priority.NORMAL): (0.5, 1.0)}, "overdue")
+    by_priority(eng, {int(Priority.NORMAL): (0.5, 1.0)}, "overdue")
     eng.add_request("old", [1] * 8, SamplingParams(max_tokens=30), arrival_time=0.0)
     eng.add_request("new", [2] * 8, SamplingParams(max_tokens=30), arrival_time=0.1)
     eng.step()
@@ -78,7 +83,7 @@ def test_a_preempted_request_that_had_its_first_token_is_not_overdue():
 
 def test_an_overdue_running_request_is_preempted_before_an_on_time_one():
     eng = make_engine(num_blocks=10, block_size=4, max_num_seqs=8)
-    eng.set_objectives({int(Priority.NORMAL): (1.0, 1.0)}, "overdue")
+    by_priority(eng, {int(Priority.NORMAL): (1.0, 1.0)}, "overdue")
     eng.add_request("late", [1] * 8, SamplingParams(max_tokens=30), arrival_time=0.0)
     eng.clock.advance_to(2.0)  # "late" waited 2 s before its first step
     eng.add_request("fresh", [2] * 8, SamplingParams(max_tokens=30), arrival_time=1.9)
@@ -110,7 +115,7 @@ def two_running(ttft: float):
     22 tokens made: 30 tokens, 8 blocks), on pace until 0 s + 22 x its 1 s TPOT; "young"
     (32-token prompt at 0.21 s, 2 tokens: 9 blocks), on pace until 2.21 s. 3 blocks free."""
     eng = make_engine(num_blocks=20, block_size=4, max_num_seqs=8)
-    eng.set_objectives({int(Priority.NORMAL): (ttft, 1.0)})
+    by_priority(eng, {int(Priority.NORMAL): (ttft, 1.0)})
     eng.add_request("long", [1] * 8, SamplingParams(max_tokens=60), arrival_time=0.0)
     assert run_steps(eng, 21) == []
     eng.add_request("young", [4] * 32, SamplingParams(max_tokens=40), arrival_time=eng.clock.now())
@@ -149,7 +154,7 @@ def test_a_first_token_takes_its_own_prioritys_blocks_once_urgent_and_lower_ones
     assert run_steps(eng, 1, dt=1.0) == []  # waited 4 s of 10: memory may yet free by itself
     assert run_steps(eng, 1) == ["long"]  # 5 s: urgent
     eng = two_running(10.0)
-    eng.set_objectives({int(Priority.NORMAL): (10.0, 1.0), int(Priority.HIGH): (1.0, 0.1)})
+    by_priority(eng, {int(Priority.NORMAL): (10.0, 1.0), int(Priority.HIGH): (1.0, 0.1)})
     eng.add_request("chat", [2] * 16, SamplingParams(max_tokens=2), priority=Priority.HIGH,
                     arrival_time=eng.clock.now())
     assert eng.schedule().preempted_request_ids == ["long"]  # lower priority: at once, latest due first
@@ -158,7 +163,7 @@ def test_a_first_token_takes_its_own_prioritys_blocks_once_urgent_and_lower_ones
 def test_fcfs_order_is_the_plain_order():
     eng = make_engine(max_num_seqs=1)
     eng.clock.advance_to(10.0)
-    eng.set_objectives({int(Priority.NORMAL): (5.0, 1.0), int(Priority.HIGH): (1.0, 1.0)}, "fcfs")
+    by_priority(eng, {int(Priority.NORMAL): (5.0, 1.0), int(Priority.HIGH): (1.0, 1.0)}, "fcfs")
     queued_three(eng)
     assert eng.scheduler.objectives is None
     assert finish_order(eng) == ["h", "old", "a", "busy"]
@@ -170,4 +175,38 @@ def test_an_unknown_order_is_refused():
     from llumnix.core.errors import InvalidRequestError
 
     with pytest.raises(InvalidRequestError, match="fcfs, overdue, deadline"):
-        make_engine().set_objectives({0: (1.0, 1.0)}, "lifo")
+        by_priority(make_engine(), {0: (1.0, 1.0)}, "lifo")
+
+
+def test_two_classes_at_one_priority_are_told_apart_by_name_in_the_queue_and_the_status():
+    from llumnix.engine.status_builder import build_status
+
+    eng = make_engine(max_num_seqs=1)
+    # both at normal priority; a request that names no class is "jobs" (its priority's)
+    eng.set_objectives({"chat": (1.0, 0.1), "jobs": (10.0, 0.3)}, "deadline", {int(Priority.NORMAL): "jobs"})
+    eng.clock.advance_to(0.5)
+    eng.add_request("job", [1, 2], SamplingParams(max_tokens=1), arrival_time=0.0)  # due at 10 s
+    eng.add_request("chat", [1, 2], SamplingParams(max_tokens=1), arrival_time=0.4, slo_class="chat")  # at 1.4 s
+    eng.add_request("late", [1, 2], SamplingParams(max_tokens=1), arrival_time=-0.7, slo_class="chat")  # at 0.3 s
+    assert eng.requests["job"].slo_class == "jobs"
+    # by deadline within the priority: the older job waits for the chat requests due sooner
+    assert [r.request_id for r in eng.scheduler.waiting] == ["late", "chat", "job"]
+    assert [(b.request_id, b.slo_class) for b in build_status(eng).waiting] == [
+        ("late", "chat"), ("chat", "chat"), ("job", "jobs")]
+    eng.scheduler.demote_overdue()  # "late" is past its 1 s (chat's), "job" is not past jobs' 10 s
+    assert [r.request_id for r in eng.scheduler.waiting] == ["chat", "job", "late"]
+    assert finish_order(eng) == ["chat", "job", "late"]
+    # the same requests without objectives: arrival order
+    plain = make_engine(max_num_seqs=1)
+    plain.add_request("job", [1, 2], SamplingParams(max_tokens=1), arrival_time=0.0)
+    plain.add_request("chat", [1, 2], SamplingParams(max_tokens=1), arrival_time=0.4, slo_class="chat")
+    assert [r.request_id for r in plain.scheduler.waiting] == ["job", "chat"]
+
+
+def test_objectives_are_keyed_by_class_name():
+    import pytest
+
+    from llumnix.core.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="keyed by SLO class name"):
+        make_engine().set_objectives({0: (1.0, 1.0)})

@@ -14,15 +14,19 @@ from tests.policy.snapshots import inst, run, wait
 HIGH, NORMAL = int(Priority.HIGH), int(Priority.NORMAL)
 
 
-def test_the_engines_objectives_are_each_priority_class_and_overdue_needs_an_order() -> None:
+def test_the_engines_objectives_are_each_class_by_name_and_overdue_needs_an_order() -> None:
     assert SLOConfig().engine_order == "deadline"
-    assert SLOConfig().objectives() == {HIGH: (1.0, 0.1), NORMAL: (10.0, 0.3)}
-    assert SLOConfig().overdue_limits() == SLOConfig(engine_order="overdue").overdue_limits() == {HIGH: 1.0,
-                                                                                                  NORMAL: 10.0}
+    assert SLOConfig().objectives() == {"interactive": (1.0, 0.1), "batch": (10.0, 0.3)}
+    assert SLOConfig().classes_of() == {HIGH: "interactive", NORMAL: "batch"}
+    assert SLOConfig().overdue_limits() == SLOConfig(engine_order="overdue").overdue_limits() == {
+        "interactive": 1.0, "batch": 10.0}
     assert SLOConfig(engine_order="fcfs").overdue_limits() == {}
     two_normal = SLOConfig(classes={"a": {"ttft_s": 2, "tpot_s": 1}, "b": {"ttft_s": 5, "tpot_s": 3}},
                            default_class="a")
-    assert two_normal.objectives() == {NORMAL: (2.0, 1.0)}  # the class a request of that priority resolves to
+    # both classes keep their objectives; a request that names none is the first of its priority's
+    assert two_normal.objectives() == {"a": (2.0, 1.0), "b": (5.0, 3.0)}
+    assert two_normal.classes_of() == {NORMAL: "a"}
+    assert two_normal.class_of("b", NORMAL).ttft_s == 5.0 and two_normal.class_of("", NORMAL).name == "a"
 
 
 def test_an_unknown_engine_order_is_refused() -> None:

@@ -45,7 +45,7 @@ class StandInPolicy:
     def _load(s: InstanceStatus) -> int:
         return s.num_used_blocks + sum(-(-w.num_tokens // s.block_size) for w in s.waiting)
 
-    def dispatch(self, request_id, num_prompt_tokens, arrival_time, priority, prompt_token_ids=None):
+    def dispatch(self, request_id, num_prompt_tokens, arrival_time, priority, prompt_token_ids=None, slo_class=None):
         if not self.sent:
             return None
         if self.mode == "round-robin":

@@ -49,11 +49,11 @@ def test_gateway_dispatches_high_priority_first_fcfs_within_a_priority():
         sent: list[int] = []
         dispatch = policy.dispatch
 
-        def closed_until_1s(rid, n, t, p, tokens=None):
+        def closed_until_1s(rid, n, t, p, tokens=None, slo_class=None):
             if policy.clock.now() < 1.0:
                 return None
             sent.append(int(rid.split("-")[1]))
-            return dispatch(rid, n, t, p, tokens)
+            return dispatch(rid, n, t, p, tokens, slo_class)
 
         policy.dispatch = closed_until_1s
         out = Simulator(cfg, LATENCY, policy, trace, priorities=priorities).run()

@@ -2,6 +2,8 @@
 predictor seeded from the run's latency model, shedding counted as misses, determinism."""
 from __future__ import annotations
 
+from collections import Counter
+
 from llumnix.policy.predictor import StepTimeModel
 from llumnix.sim.cluster import ClusterConfig
 from llumnix.sim.config import SystemSpec
@@ -88,3 +90,80 @@ def test_only_the_slo_policy_engines_serve_overdue_requests_last() -> None:
     assert overdue(_slo()) > 0  # 40 req/s on two instances: queues wait past 10 s
     assert overdue(_slo(slo={"engine_order": "fcfs"})) == 0
     assert overdue(SystemSpec("llumnix", "llumnix", enable_migration=True)) == 0
+
+
+SAME_PRIORITY = {"classes": {"chat": {"ttft_s": 1.0, "tpot_s": 0.1}, "jobs": {"ttft_s": 10.0, "tpot_s": 0.3}},
+                 "default_class": "jobs"}
+"""Two classes at one priority (normal): only their names tell them apart."""
+NAMED = TraceSpec("named", "S-S", num_requests=160, cv=4.0, slo_classes=(("chat", 0.3), ("jobs", 0.7)))
+
+
+def test_two_classes_at_one_priority_get_attainment_each_by_the_name_the_trace_gives() -> None:
+    from llumnix.sim.runner import make_simulator
+    from llumnix.sim.workloads import make_trace
+
+    trace = make_trace(NAMED, 12.0, 0)
+    assert trace.slo_class_ids is not None
+    names = [trace.slo_class_names[k] for k in trace.slo_class_ids.tolist()]
+    assert 30 <= names.count("chat") <= 70  # 30% of 160 drawn
+    for system in (SystemSpec("infaas++", "infaas++", options={"slo": SAME_PRIORITY}), _slo(slo=SAME_PRIORITY)):
+        sim = make_simulator(RunSpec(system, NAMED, 12.0, 0, CLUSTER, "a10-llama7b-serving"))
+        r = sim.run()
+        assert set(r["by_priority"]) == {"normal"}  # one priority, two classes
+        assert sim.trace.priorities.tolist() == [0] * 160
+        got = r["by_slo_class"]
+        assert set(got) == {"chat", "jobs"}
+        assert got["chat"]["num_finished"] + got["jobs"]["num_finished"] == r["num_finished"]
+        # each finished request is judged by the objectives of the class it named
+        fin, total = Counter(sim.metrics.slo_names), Counter(names)
+        assert all(fin[n] <= total[n] for n in total) and total.total() - fin.total() == r["num_rejected"]
+        for name, (ttft, tpot) in {"chat": (1.0, 0.1), "jobs": (10.0, 0.3)}.items():
+            mine = [m for m, n in zip(sim.metrics.requests, sim.metrics.slo_names, strict=True) if n == name]
+            met = sum(m.ttft is not None and m.ttft <= ttft and (m.decode_per_token is None or m.decode_per_token <= tpot)
+                      for m in mine)
+            assert got[name]["num_finished"] == len(mine) and got[name]["attainment"] == met / len(mine)
+
+
+def test_the_slo_policys_engines_order_each_request_by_the_class_it_named(monkeypatch) -> None:
+    from llumnix.engine.engine_core import EngineCore
+    from llumnix.sim.runner import make_simulator
+
+    sim = make_simulator(RunSpec(_slo(slo=SAME_PRIORITY), NAMED, 12.0, 0, CLUSTER, "a10-llama7b-serving"))
+    seen: dict[str, str] = {}
+    add = EngineCore.add_request
+
+    def record(self, *a, **kw):
+        req = add(self, *a, **kw)
+        seen[req.request_id] = req.slo_class
+        return req
+
+    monkeypatch.setattr(EngineCore, "add_request", record)
+    r = sim.run()
+    trace = sim.trace
+    assert trace.slo_class_ids is not None
+    named = {f"req-{i}": trace.slo_class_names[k] for i, k in enumerate(trace.slo_class_ids.tolist())}
+    assert len(seen) == 160 - r["num_rejected"] and seen == {k: named[k] for k in seen}
+    assert all(i.engine.scheduler.objectives is not None for i in sim.cluster.instances.values())
+
+
+def test_a_class_the_trace_names_and_the_system_lacks_is_one_line() -> None:
+    import pytest
+
+    from llumnix.sim.runner import make_simulator
+    from llumnix.sim.workloads import TraceError
+
+    bad = TraceSpec("bad", "S-S", num_requests=10, slo_classes=(("chat", 0.5), ("nope", 0.5)))
+    with pytest.raises(TraceError) as e:
+        make_simulator(RunSpec(_slo(slo=SAME_PRIORITY), bad, 4.0, 0, CLUSTER, "a10-llama7b-serving"))
+    assert str(e.value) == "trace 'bad' names slo class 'nope', which scheduling.slo does not define (known: chat, jobs)"
+
+
+def test_a_trace_of_named_classes_is_checked() -> None:
+    import pytest
+
+    from llumnix.sim.workloads import TraceError
+
+    with pytest.raises(TraceError, match="add up to 1"):
+        TraceSpec("x", "S-S", slo_classes=(("a", 0.5), ("b", 0.2)))
+    with pytest.raises(TraceError, match="exclusive"):
+        TraceSpec("x", "S-S", high_priority_fraction=0.3, slo_classes=(("a", 1.0),))

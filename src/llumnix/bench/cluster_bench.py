@@ -438,18 +438,14 @@ def _check_pace(s: ClusterBenchSettings, with_sim: str | None) -> None:
 
 
 def _slo_classes(args: Any) -> dict[str, Any]:
-    """``--slo-classes``' file, checked; with ``--with-sim`` each class needs a priority of its
-    own (the simulator tells the classes apart by it)."""
+    """``--slo-classes``' file, checked (the simulator, too, tells classes apart by name, so
+    two may share a priority)."""
     path = getattr(args, "slo_classes", None)
     if path is None:
         return {}
-    from llumnix.bench.cluster_slo import distinct_priorities, read_classes
+    from llumnix.bench.cluster_slo import read_classes
 
-    classes = read_classes(path)
-    if getattr(args, "with_sim", None) is not None and not distinct_priorities(classes):
-        raise LlumnixError(f"bench cluster: --slo-classes {path}: with --with-sim each class needs a priority of "
-                           "its own (the simulator tells the classes apart by it)")
-    return classes
+    return read_classes(path)
 
 
 def settings_from_args(args: Any) -> ClusterBenchSettings:

@@ -8,8 +8,8 @@ The file names each class with its share of the trace and its objectives (YAML):
 Every system's config gets the classes as ``scheduling.slo`` (the largest share the
 default class); each request of the trace is tagged with a class (the stated shares
 exactly, shuffled by the seed, the same at every load) and the client names it in the
-body's ``slo_class``, as a user would; the simulator (``--with-sim``) sends each request at
-its class's priority, which is how it tells the classes apart. Per run and class:
+body's ``slo_class``, as a user would; the simulator (``--with-sim``) names it the same way
+(two classes may share a priority). Per run and class:
 attainment (the share of the class's requests that finished meeting both objectives; an
 error meets neither), goodput (those per second) and the gateway's own count
 (``llumnix:slo_*``). Over seeds: per system and load the median (min, max), and against
@@ -66,11 +66,6 @@ def check_classes(doc: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
     if abs(total - 1.0) > 1e-6:
         raise LlumnixError(f"{where}: the shares must add up to 1, got {total:g}")
     return out
-
-
-def distinct_priorities(classes: dict[str, dict[str, Any]]) -> bool:
-    """Whether each class has a priority of its own (the simulator tells classes apart by it)."""
-    return len({c["priority"] for c in classes.values()}) == len(classes)
 
 
 def slo_doc(classes: dict[str, dict[str, Any]]) -> dict[str, Any]:

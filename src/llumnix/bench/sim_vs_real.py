@@ -76,16 +76,20 @@ class InfoPath:
 def sim_trace(pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float, seed: int,
               classes: dict[str, dict[str, Any]] | None = None) -> Any:
     """``make_requests``' trace for the simulator: the same lengths and arrivals (``draw_trace``);
-    with SLO classes each request at its class's priority (``cluster_slo.draw_classes``' tags)."""
+    with SLO classes each request names its class (``cluster_slo.draw_classes``' tags), as
+    the bench's client does, and is at its class's priority."""
     from llumnix.sim.workloads import Trace
 
     prompts, outputs, times = draw_trace(pairs, n, rate, seed)
-    priorities = np.zeros(n, np.int64)
-    if classes:
-        from llumnix.bench.cluster_slo import draw_classes
+    if not classes:
+        return Trace("bench-cluster", rate, seed, times, prompts, outputs, np.zeros(n, np.int64))
+    from llumnix.bench.cluster_slo import draw_classes
 
-        priorities = np.array([classes[c]["priority"] for c in draw_classes(classes, n, seed)], np.int64)
-    return Trace("bench-cluster", rate, seed, times, prompts, outputs, priorities)
+    names = tuple(classes)
+    ids = np.array([names.index(c) for c in draw_classes(classes, n, seed)], np.int64)
+    priorities = np.array([classes[c]["priority"] for c in names], np.int64)[ids]
+    return Trace("bench-cluster", rate, seed, times, prompts, outputs, priorities,
+                 slo_class_names=names, slo_class_ids=ids)
 
 
 def simulate(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float,

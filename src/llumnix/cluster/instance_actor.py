@@ -66,7 +66,7 @@ class InstanceActor:
         cfg = scheduling or SchedulingConfig()
         self.llm = LLM(model, instance_id=instance_id, **engine_kwargs)
         if cfg.dispatch.policy == "slo":  # the engine orders its queue by the classes' objectives
-            self.llm.engine.set_objectives(cfg.slo.objectives(), cfg.slo.engine_order)
+            self.llm.engine.set_objectives(cfg.slo.objectives(), cfg.slo.engine_order, cfg.slo.classes_of())
         self.llumlet = Llumlet(instance_id, self.llm.engine, cfg.rescheduling, cfg.freeness,
                                records_steps=cfg.dispatch.policy == "slo")  # the predictor's steps
         self._llumsched = ray.get_actor(llumsched_name)
@@ -173,7 +173,7 @@ class InstanceActor:
         def add() -> None:
             self._check_open()
             e.add_request(req.request_id, req.prompt_token_ids, req.params, priority=req.priority,
-                          client=req.client, epoch=req.epoch)
+                          client=req.client, epoch=req.epoch, slo_class=req.slo_class or "")
             if req.final_only:
                 self.server.hold_until_final(req.request_id)
 
@@ -202,7 +202,7 @@ class InstanceActor:
                 sampling_params=req.params, arrival_time=e.clock.now(), priority=req.priority,
                 seed=req.params.seed if req.params.seed is not None else 0,
                 eos_token_id=e.eos_token_id, output_token_ids=list(output_token_ids), client=req.client,
-                epoch=req.epoch))
+                epoch=req.epoch, slo_class=req.slo_class or e.slo_classes_of.get(req.priority, "")))
             if req.final_only:
                 self.server.hold_until_final(req.request_id)
 

@@ -85,6 +85,11 @@ class Request:
     instance failure; outputs carry it. An output of an older epoch comes from a copy
     that must not exist (say a migration that committed as its source died), and the
     gateway stops that copy."""
+    slo_class: str = ""
+    """The request's SLO class by name, resolved once where it enters (named by the client
+    or the trace, else its priority's: ``EngineCore.add_request``); "": none. It travels
+    with the request when it migrates, and engines order their queues by its objectives
+    (``engine/objectives.py``)."""
     is_overdue: bool = False
     """Queued past its time-to-first-token objective (``engine/objectives.py``):
     served after every queued request that is not, and preempted first."""

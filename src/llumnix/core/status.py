@@ -33,10 +33,12 @@ class RequestBrief:
     is_running: bool
     is_migrating: bool = False
     num_output_tokens: int = 0
+    slo_class: str = ""
+    """The request's SLO class by name (``Request.slo_class``; "": none named or resolved)."""
 
 
 def request_brief(request_id: str, priority: int, num_blocks: int, num_tokens: int, arrival_time: float,
-                  is_running: bool, is_migrating: bool, num_output_tokens: int) -> RequestBrief:
+                  is_running: bool, is_migrating: bool, num_output_tokens: int, slo_class: str) -> RequestBrief:
     """``RequestBrief(...)`` of these fields, written one by one instead of calling the
     class (an engine builds one per request per report): in CPython 3.11 a class call goes
     through ``type.__call__`` and runs ``__init__`` in an interpreter frame of its own, a
@@ -51,6 +53,7 @@ def request_brief(request_id: str, priority: int, num_blocks: int, num_tokens: i
     brief.is_running = is_running
     brief.is_migrating = is_migrating
     brief.num_output_tokens = num_output_tokens
+    brief.slo_class = slo_class
     return brief
 
 

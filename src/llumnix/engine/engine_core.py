@@ -77,6 +77,8 @@ class EngineCore(MigrationOpsMixin):
         """Requests ended with an error because a step failed on them."""
         self._failed_steps_in_row = 0
         self._first_step_hooks: dict[str, Callable[[float | None], None]] = {}
+        self.slo_classes_of: dict[int, str] = {}
+        """Per priority, the SLO class of a request that names none (``set_objectives``)."""
         self.waiting_briefs: tuple[int, frozenset[str], tuple[RequestBrief, ...]] | None = None
         """The last status's queue briefs, with the queue version and the migrating ids
         they were built for (``status_builder``)."""
@@ -92,6 +94,7 @@ class EngineCore(MigrationOpsMixin):
         arrival_time: float | None = None,
         client: str = "",
         epoch: int = 0,
+        slo_class: str = "",
     ) -> Request:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
@@ -107,6 +110,7 @@ class EngineCore(MigrationOpsMixin):
             eos_token_id=self.eos_token_id,
             client=client,
             epoch=epoch,
+            slo_class=slo_class or self.slo_classes_of.get(int(priority), ""),
         )
         self.requests[request_id] = req
         self.scheduler.enqueue(req)
@@ -205,8 +209,11 @@ class EngineCore(MigrationOpsMixin):
         return RequestOutput(request_id, [], req.num_output_tokens, "error", client=req.client, epoch=req.epoch,
                              error=f"the engine failed on this request ({type(exc).__name__})")
 
-    def set_objectives(self, limits: Mapping[int, tuple[float, float]], order: str = "deadline") -> None:
-        """Per priority (TTFT, TPOT) objectives the queue serves (``LocalScheduler.set_objectives``)."""
+    def set_objectives(self, limits: Mapping[str, tuple[float, float]], order: str = "deadline",
+                       classes_of: Mapping[int, str] | None = None) -> None:
+        """Per SLO class (TTFT, TPOT) objectives the queue serves (``LocalScheduler.set_objectives``);
+        ``classes_of``: per priority, the class a request added later that names none gets."""
+        self.slo_classes_of = dict(classes_of or {})
         self.scheduler.set_objectives(limits, order)
 
     def schedule(self) -> SchedulerOutput:

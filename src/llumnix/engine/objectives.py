@@ -1,8 +1,9 @@
 """Latency objectives in the local scheduler (opt-in: ``LocalScheduler.set_objectives``; the
 ``slo`` policy sets them from its classes, ``SLOConfig.engine_order``).
 
-Per priority, a time-to-first-token objective and a time-per-output-token objective. From
-them each request has a deadline, and the queue and the preemption victims are ordered by
+Per SLO class (by name: ``Request.slo_class``, which the request carries from its entry
+and through migrations), a time-to-first-token objective and a time-per-output-token
+objective; a request of no class with objectives has none. From them each request has a deadline, and the queue and the preemption victims are ordered by
 ``key``: (overdue, higher priority first, earlier deadline).
 
 * A request still waiting for its first token must have it by arrival + TTFT. Past that it
@@ -41,20 +42,20 @@ with preemption for first tokens."""
 
 @dataclass(frozen=True)
 class Objectives:
-    limits: Mapping[int, tuple[float, float]]
-    """Per priority: (TTFT, TPOT) objectives, seconds. A priority not named has none."""
+    limits: Mapping[str, tuple[float, float]]
+    """Per SLO class name: (TTFT, TPOT) objectives, seconds. A class not named has none."""
     by_deadline: bool = True
     """Order by deadline and preempt for first tokens (``deadline``); else overdue last only."""
 
     def due(self, req: Request) -> float | None:
         """When a request waiting for its first token becomes overdue (None: never, or already)."""
-        lim = self.limits.get(req.priority)
+        lim = self.limits.get(req.slo_class)
         if lim is None or req.is_overdue or req.output_token_ids:
             return None
         return req.arrival_time + lim[0]
 
     def deadline(self, req: Request) -> float:
-        lim = self.limits.get(req.priority)
+        lim = self.limits.get(req.slo_class)
         if lim is None or not self.by_deadline:
             return req.arrival_time
         n = len(req.output_token_ids)
@@ -68,13 +69,13 @@ class Objectives:
 
     def may_preempt_for(self, req: Request) -> bool:
         """``req`` (the head of the queue, stopped by memory) may take running requests' blocks."""
-        return self.by_deadline and not req.is_overdue and not req.output_token_ids and req.priority in self.limits
+        return self.by_deadline and not req.is_overdue and not req.output_token_ids and req.slo_class in self.limits
 
     def victims(self, head: Request, running: Iterable[Request], now: float) -> list[Request]:
         """The running requests ``head`` may preempt, the first to go first (latest key):
         overdue ones and lower priorities at once; of its own priority, those due after it
         once it is urgent (``URGENT_SHARE`` of its TTFT objective has passed)."""
         k = self.key(head)
-        urgent = now - head.arrival_time >= URGENT_SHARE * self.limits[head.priority][0]
+        urgent = now - head.arrival_time >= URGENT_SHARE * self.limits[head.slo_class][0]
         out = [r for r in running if (rk := self.key(r)) > k and (urgent or rk[:2] > k[:2])]
         return sorted(out, key=self.key, reverse=True)

@@ -55,7 +55,7 @@ class LocalScheduler:
         """Counts the changes to ``waiting`` (a queued request's tokens and blocks do not
         change while it waits), so a status can reuse the briefs of an unchanged queue."""
         self.objectives: Objectives | None = None
-        """Latency objectives per priority (``set_objectives``; None: the plain order)."""
+        """Latency objectives per SLO class (``set_objectives``; None: the plain order)."""
         self._key: Callable[[Request], tuple[bool, int, float]] = service_key
         self.num_overdue = 0
         """Requests found overdue so far (``engine/objectives.py``)."""
@@ -76,13 +76,15 @@ class LocalScheduler:
         (a 1,000-token prompt on a cached prefix: ~110 us of hashing a step without them)."""
 
     # -- queues ------------------------------------------------------------
-    def set_objectives(self, limits: Mapping[int, tuple[float, float]], order: str = "deadline") -> None:
-        """Per priority, (TTFT, TPOT) objectives in seconds, and how the queue serves them:
-        ``overdue`` (a request past its TTFT with no token yet goes last) or ``deadline``
-        (and by deadline, preempting for first tokens); ``fcfs`` or no limits: the plain
-        order (``engine/objectives.py``)."""
+    def set_objectives(self, limits: Mapping[str, tuple[float, float]], order: str = "deadline") -> None:
+        """Per SLO class name, (TTFT, TPOT) objectives in seconds, and how the queue serves
+        them: ``overdue`` (a request past its TTFT with no token yet goes last) or
+        ``deadline`` (and by deadline, preempting for first tokens); ``fcfs`` or no limits:
+        the plain order (``engine/objectives.py``)."""
         if order not in ORDERS:
             raise InvalidRequestError(f"order must be one of {', '.join(ORDERS)}, got {order!r}", "order")
+        if any(not isinstance(k, str) for k in limits):
+            raise InvalidRequestError("objectives are keyed by SLO class name", "limits")
         self.objectives = Objectives(dict(limits), order == "deadline") if limits and order != "fcfs" else None
         self._key = service_key if self.objectives is None else self.objectives.key
         queued = list(self.waiting)

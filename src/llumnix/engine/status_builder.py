@@ -30,7 +30,7 @@ def _briefs(engine: EngineCore, reqs: Iterable[Request], running: bool, migratin
         n_out = len(r.output_token_ids)
         blocks = table(rid)
         add(request_brief(rid, r.priority, 0 if blocks is None else len(blocks), len(r.prompt_token_ids) + n_out,
-                          r.arrival_time, running, all_migrating or rid in migrating, n_out))
+                          r.arrival_time, running, all_migrating or rid in migrating, n_out, r.slo_class))
     return out
 
 

@@ -33,7 +33,8 @@ class PendingDispatches:
 
     def add(self, instance_id: str, req: DispatchRequest, block_size: int, now: float) -> None:
         brief = RequestBrief(req.request_id, req.priority, blocks_for(req.num_prompt_tokens, block_size),
-                             req.num_prompt_tokens, req.arrival_time, is_running=True)
+                             req.num_prompt_tokens, req.arrival_time, is_running=True,
+                             slo_class=req.slo_class or "")
         self._by_instance.setdefault(instance_id, []).append(_Pending(now, brief))
 
     def on_status(self, status: InstanceStatus, grace_s: float) -> None:

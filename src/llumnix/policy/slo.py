@@ -155,18 +155,26 @@ class SLOConfig:
                 return cls  # type: ignore[no-any-return]
         return self.classes[self.default_class]  # type: ignore[no-any-return]
 
-    def objectives(self) -> dict[int, tuple[float, float]]:
-        """Per priority its class's (TTFT, TPOT) objectives, what an engine orders its queue
-        by (``EngineCore.set_objectives``). The engine knows priorities only: a request runs
-        at its class's priority, so a class sharing its priority with another is held to
-        the objectives of the one ``for_priority`` resolves."""
-        return {c.priority: (self.for_priority(c.priority).ttft_s, self.for_priority(c.priority).tpot_s)
-                for c in self.classes.values()}
+    def objectives(self) -> dict[str, tuple[float, float]]:
+        """Per class name its (TTFT, TPOT) objectives, what an engine orders its queue by
+        (``EngineCore.set_objectives``; each request carries its class by name)."""
+        return {name: (c.ttft_s, c.tpot_s) for name, c in self.classes.items()}
 
-    def overdue_limits(self) -> dict[int, float]:
-        """Per priority the TTFT past which the engines serve a queued request last (empty
+    def classes_of(self) -> dict[int, str]:
+        """Per priority some class has, the class of a request of that priority that names
+        none (``for_priority``): how an engine resolves such a request once, as it is added."""
+        return {c.priority: self.for_priority(c.priority).name for c in self.classes.values()}
+
+    def overdue_limits(self) -> dict[str, float]:
+        """Per class name the TTFT past which the engines serve a queued request last (empty
         with ``engine_order: fcfs``)."""
-        return {} if self.engine_order == "fcfs" else {p: o[0] for p, o in self.objectives().items()}
+        return {} if self.engine_order == "fcfs" else {n: o[0] for n, o in self.objectives().items()}
 
     def resolve(self, name: str | None, priority: int) -> SLOClass:
         return self.for_priority(priority) if name is None else self.get(name)
+
+    def class_of(self, name: str, priority: int) -> SLOClass:
+        """The class a request or its status brief carries (``RequestBrief.slo_class``); one
+        that carries none ("": it entered where no classes were known) is its priority's."""
+        cls = self.classes.get(name) if name else None
+        return self.resolve(name or None, priority) if cls is None else cls

@@ -56,23 +56,23 @@ class InstanceLoad:
     them, but they will join the batch."""
 
 
-def is_overdue(w: RequestBrief, now: float, limits: dict[int, float]) -> bool:
-    """A queued request past its limit with no output yet (``engine/objectives.py``)."""
-    limit = limits.get(w.priority)
+def is_overdue(w: RequestBrief, now: float, limits: dict[str, float], slo: SLOConfig) -> bool:
+    """A queued request past its class's limit with no output yet (``engine/objectives.py``)."""
+    limit = limits.get(w.slo_class or slo.class_of("", w.priority).name) if limits else None
     return limit is not None and not w.num_output_tokens and now - w.arrival_time > limit
 
 
 def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths, steps: StepTimeModel,
-                  overdue_limits: dict[int, float] | None = None) -> InstanceLoad:
+                  overdue_limits: dict[str, float] | None = None) -> InstanceLoad:
     """``overdue_limits``: ``SLOConfig.overdue_limits()`` (the engine's, as of the status's time)."""
     ctx = sum(r.num_tokens for r in s.running)
     release = sorted((lengths.remaining(r.num_output_tokens), r.num_blocks) for r in s.running)
-    tpots = {slo.for_priority(r.priority).tpot_s for r in s.running}
+    tpots = {slo.class_of(r.slo_class, r.priority).tpot_s for r in s.running}
     queued: list[tuple[int, int]] = []
     overdue: list[tuple[int, int]] = []
     limits = overdue_limits or {}
     for w in s.waiting:
-        (overdue if is_overdue(w, s.timestamp, limits) else queued).append((w.priority, w.num_tokens))
+        (overdue if is_overdue(w, s.timestamp, limits, slo) else queued).append((w.priority, w.num_tokens))
     return InstanceLoad(len(s.running), ctx, tuple(queued), s.num_free_blocks - s.num_watermark_blocks,
                         tuple(release), min(tpots) if tpots else None, s.block_size, steps, tuple(overdue))
 

@@ -52,12 +52,12 @@ def ttft_rescues(live: list[InstanceStatus], predictor: SLOPredictor, now: float
         load = predictor.load(src)
         i = -1  # q's place in load.queued, which leaves out the overdue (served last)
         for q in src.waiting[:MAX_QUEUED_LOOKED_AT]:
-            if is_overdue(q, src.timestamp, predictor.overdue_limits):
+            if is_overdue(q, src.timestamp, predictor.overdue_limits, predictor.slo):
                 continue
             i += 1
             if q.is_migrating:
                 continue
-            budget = predictor.slo.for_priority(q.priority).ttft_s - (now - q.arrival_time)
+            budget = predictor.slo.class_of(q.slo_class, q.priority).ttft_s - (now - q.arrival_time)
             if budget <= 0 or predictor.ttft_queued(load, i) <= budget:
                 continue  # too late to save, or it holds where it is
             dst = _meets_ttft(live, predictor, q.num_tokens, q.priority, budget, {src.instance_id, *busy}, cfg)
@@ -101,7 +101,7 @@ def tpot_rescues(live: list[InstanceStatus], predictor: SLOPredictor, now: float
             continue
         brief = next(r for r in (*src.running, *src.waiting) if r.request_id == ids[0])
         need = demand_of(src, ids[0]) if brief.is_running else 0
-        moved_tpot = predictor.slo.for_priority(brief.priority).tpot_s
+        moved_tpot = predictor.slo.class_of(brief.slo_class, brief.priority).tpot_s
         best: tuple[float, int] | None = None
         for i, dst in enumerate(dsts):
             if need > destination_room(dst, cfg):

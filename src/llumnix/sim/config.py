@@ -34,6 +34,8 @@ YAML layout (every key optional except ``systems`` and ``traces``)::
       - {name: S-S, kind: S-S, rates: [36], seeds: 6}   # this trace: seeds 0..5
       - {name: docs, kind: S-S, rates: [20], prefix_groups: 64, prefix_tokens: 1024,
          prefix_skew: 1.0}          # shared prompt heads (with cluster.enable_prefix_caching)
+      - {name: two, kind: S-S, rates: [20], slo_classes: {chat: 0.3, jobs: 0.7}}  # requests name
+                                    # SLO classes of the systems' scheduling.slo, by these shares
     include_traces: [M-M]           # optional filters
     include_systems: [llumnix]
     x-rule: &rule {enabled: true}   # keys starting with x- are ignored: anchors for reuse
@@ -335,7 +337,7 @@ def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
     if not isinstance(overrides, dict):
         raise ConfigError(f"{where}.systems must map system names to settings")
     known = {"name", "kind", "rates", "path", "cv", "num_requests", "high_priority_fraction", "systems", "seeds",
-             "prefix_groups", "prefix_tokens", "prefix_skew", "dataset", "tokenizer"}
+             "prefix_groups", "prefix_tokens", "prefix_skew", "dataset", "tokenizer", "slo_classes"}
     for k in d:
         if k not in known:
             raise ConfigError(f"{where}.{k} is not a trace setting")
@@ -344,6 +346,7 @@ def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
                          num_requests=_int_field(d, "num_requests", num_requests, f"{where}."),
                          path=path, cv=None if cv is None else float(cv),
                          high_priority_fraction=float(d.get("high_priority_fraction", 0.0)),
+                         slo_classes=_slo_shares(d.get("slo_classes"), f"{where}.slo_classes"),
                          prefix_groups=_int_field(d, "prefix_groups", 0, f"{where}.", 0),
                          prefix_tokens=_int_field(d, "prefix_tokens", 0, f"{where}.", 0),
                          prefix_skew=float(d.get("prefix_skew", 0.0)),
@@ -352,6 +355,16 @@ def _parse_trace(i: int, d: Any, num_requests: int, base: Path) -> TraceRun:
         raise ConfigError(f"{where}: {e}") from None
     seeds = _int_field(d, "seeds", 1, f"{where}.") if "seeds" in d else None
     return TraceRun(spec, tuple(float(r) for r in rates), {k: dict(v) for k, v in overrides.items()}, seeds)
+
+
+def _slo_shares(value: Any, where: str) -> tuple[tuple[str, float], ...]:
+    """A trace's ``slo_classes: {name: share, ...}``: each request names a class by these shares."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not value or any(
+            isinstance(x, bool) or not isinstance(x, int | float) for x in value.values()):
+        raise ConfigError(f"{where} must map SLO class names to shares of the requests, got {value!r}")
+    return tuple((str(k), float(x)) for k, x in value.items())
 
 
 def parse_config(doc: Any, base: Path = Path(".")) -> ExperimentConfig:

@@ -105,10 +105,16 @@ class MetricsCollector:
     slo: SLO | None = None
     """The objectives of ``summary``'s ``slo`` section (None: none reported)."""
     slo_classes: SLOConfig | None = None
-    """The SLO classes of ``summary``'s ``by_slo_class``: each request in the class of the
-    priority the trace gave it (``SLOConfig.for_priority``; None: not reported)."""
+    """The SLO classes of ``summary``'s ``by_slo_class``: each request in the class the trace
+    named (``slo_names``), or where it names none, its priority's (``SLOConfig.for_priority``;
+    None: not reported)."""
     num_shed: dict[int, int] = field(default_factory=dict)
     """Requests the policy shed (refused early), by the priority class the trace gave them."""
+    slo_names: list[str] = field(default_factory=list)
+    """Per finished request, the SLO class the trace named (parallel to ``requests``, when
+    the trace names classes: ``by_slo_class`` then reads them, not the priorities)."""
+    num_shed_by_name: dict[str, int] = field(default_factory=dict)
+    """Shed requests by the SLO class the trace named (when it names them)."""
     token_gaps: array = field(default_factory=lambda: array("d"))  # type: ignore[type-arg]
     """Every inter-token gap of every request (seconds)."""
     _last_token: dict[str, float] = field(default_factory=dict)
@@ -134,12 +140,16 @@ class MetricsCollector:
                 done.append(out)
         return done
 
-    def on_finished(self, m: RequestMetrics, priority_class: int | None = None) -> None:
+    def on_finished(self, m: RequestMetrics, priority_class: int | None = None, slo_class: str | None = None) -> None:
         self.requests.append(m)
         self.classes.append(m.priority if priority_class is None else priority_class)
+        if slo_class is not None:
+            self.slo_names.append(slo_class)
 
-    def on_shed(self, priority_class: int) -> None:
+    def on_shed(self, priority_class: int, slo_class: str | None = None) -> None:
         self.num_shed[priority_class] = self.num_shed.get(priority_class, 0) + 1
+        if slo_class is not None:
+            self.num_shed_by_name[slo_class] = self.num_shed_by_name.get(slo_class, 0) + 1
 
     def on_migration(self, report: MigrationReport) -> None:
         self.migrations.append(report)
@@ -197,14 +207,15 @@ class MetricsCollector:
         """Per SLO class (those with requests): its objectives, finished and shed requests,
         the share meeting both (a shed request meets neither), and whether that share
         reaches ``attainment`` (a rate counts toward goodput when every class's does)."""
-        met: dict[str, list[int]] = {}
-        shed: dict[str, int] = {}
-        for c, n in self.num_shed.items():
+        named = bool(self.slo_names or self.num_shed_by_name)  # the trace names each request's class
+        shed: dict[str, int] = dict(self.num_shed_by_name) if named else {}
+        for c, n in () if named else self.num_shed.items():
             name = classes.for_priority(c).name
             shed[name] = shed.get(name, 0) + n
-            met.setdefault(name, [0, 0])
-        for r, c in zip(self.requests, self.classes, strict=True):
-            cls = classes.for_priority(c)
+        met: dict[str, list[int]] = {name: [0, 0] for name in shed}
+        of = ([classes.get(n) for n in self.slo_names] if named
+              else [classes.for_priority(c) for c in self.classes])
+        for r, cls in zip(self.requests, of, strict=True):
             counts = met.setdefault(cls.name, [0, 0])
             counts[0] += 1
             counts[1] += cls.is_met(r.ttft, r.decode_per_token)

@@ -141,7 +141,8 @@ class PolicyBridge:
     # -- membership and status --------------------------------------------------------
     def make_llumlet(self, instance_id: str, engine: EngineCore) -> Llumlet:
         if self.gs.slo is not None:  # as the cluster's instance actor
-            engine.set_objectives(self.config.slo.objectives(), self.config.slo.engine_order)
+            slo = self.config.slo
+            engine.set_objectives(slo.objectives(), slo.engine_order, slo.classes_of())
         return Llumlet(instance_id, engine, self.config.rescheduling, self.config.freeness,
                        records_steps=self.gs.slo is not None)  # SimInstance hands it each step
 
@@ -222,9 +223,9 @@ class PolicyBridge:
 
     # -- dispatch ------------------------------------------------------------------
     def dispatch(self, request_id: str, num_prompt_tokens: int, arrival_time: float,
-                 priority: int, prompt_token_ids: list[int] | None = None) -> str | None:
+                 priority: int, prompt_token_ids: list[int] | None = None, slo_class: str | None = None) -> str | None:
         return self.gs.dispatch(DispatchRequest(request_id, num_prompt_tokens, priority, arrival_time,
-                                                prompt_token_ids), self._now())
+                                                prompt_token_ids, slo_class), self._now())
 
     # -- migration -----------------------------------------------------------------
     def pair_migrations(self) -> list[tuple[str, str]]:

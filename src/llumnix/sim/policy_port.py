@@ -46,9 +46,10 @@ class PolicyPort(Protocol):
         """A pushed status reaches dispatch and/or the rescheduler (``report``'s True/False)."""
 
     def dispatch(self, request_id: str, num_prompt_tokens: int, arrival_time: float,
-                 priority: int, prompt_token_ids: list[int] | None = None) -> str | None:
+                 priority: int, prompt_token_ids: list[int] | None = None, slo_class: str | None = None) -> str | None:
         """The instance to send a new request to; None if none is schedulable.
-        ``prompt_token_ids``: the prompt, on traces with shared prefixes (else None)."""
+        ``prompt_token_ids``: the prompt, on traces with shared prefixes (else None);
+        ``slo_class``: the class the trace names (None: none)."""
 
     def pair_migrations(self) -> list[tuple[str, str]]:
         """One rescheduling round: (source, destination) instance pairs."""

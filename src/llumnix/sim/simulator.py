@@ -22,6 +22,7 @@ next one would overwrite it unread.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from llumnix.core.request import Priority
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.policy.lifecycle import InstanceState
 from llumnix.policy.rounds import pairs_to_start
+from llumnix.policy.slo import SLOConfig
 from llumnix.policy.slo_dispatch import RequestShedError
 from llumnix.policy.trigger import PassTimer
 from llumnix.sim.cluster import Cluster, ClusterConfig
@@ -47,11 +49,27 @@ from llumnix.sim.pd_flow import PDFlow
 from llumnix.sim.policy_bridge import PolicyBridge
 from llumnix.sim.policy_port import PolicyPort
 from llumnix.sim.scaling_flow import ScalingFlow
-from llumnix.sim.workloads import Trace
+from llumnix.sim.workloads import Trace, TraceError
 
 _INF = float("inf")
 _PASS = "pass"
 """A RESCHEDULE event's target when a trigger asked for it (a periodic round's is None)."""
+
+
+def named_classes(trace: Trace, policy: PolicyPort) -> tuple[Trace, list[str] | None]:
+    """The trace with each request that names an SLO class at that class's priority (as the
+    gateway runs a request that names ``slo_class``), and each request's class name (None:
+    the trace names none). A class the system's ``scheduling.slo`` lacks is a one-line error."""
+    if not trace.slo_class_names or trace.slo_class_ids is None:
+        return trace, None
+    slo = policy.config.slo if isinstance(policy, PolicyBridge) else SLOConfig()
+    for name in trace.slo_class_names:
+        if name not in slo.classes:
+            raise TraceError(f"trace {trace.name!r} names slo class {name!r}, which scheduling.slo does not "
+                             f"define (known: {', '.join(slo.classes)})")
+    ids = trace.slo_class_ids
+    priorities = np.array([slo.get(n).priority for n in trace.slo_class_names], np.int64)[ids]
+    return dataclasses.replace(trace, priorities=priorities), [trace.slo_class_names[k] for k in ids.tolist()]
 
 
 class Simulator:
@@ -62,7 +80,7 @@ class Simulator:
         """False: every request is sent as normal priority (metrics keep the trace's class)."""
         self.latency = latency
         self.policy = policy
-        self.trace = trace
+        self.trace, self._slo_names = named_classes(trace, policy)
         self.progress = progress
         self.loop = EventLoop()
         self.clock = self.loop.clock
@@ -198,10 +216,11 @@ class Simulator:
         priority = self._priority(i)
         num_prompt = int(trace.prompt_lens[i])
         tokens = trace.prompt_token_ids(i)
+        name = None if self._slo_names is None else self._slo_names[i]
         try:
-            iid = self.policy.dispatch(f"req-{i}", num_prompt, float(trace.arrival_times[i]), priority, tokens)
+            iid = self.policy.dispatch(f"req-{i}", num_prompt, float(trace.arrival_times[i]), priority, tokens, name)
         except RequestShedError:  # the slo policy refused it early (a class with a shed share)
-            self.metrics.on_shed(int(trace.priorities[i]))
+            self.metrics.on_shed(int(trace.priorities[i]), name)
             self._count_done(1)
             return []
         if iid is None:
@@ -213,7 +232,7 @@ class Simulator:
                 f"req-{i}", [0] * num_prompt if tokens is None else tokens,
                 SamplingParams(max_tokens=int(trace.output_lens[i]), ignore_eos=True),
                 priority=Priority.HIGH if priority else Priority.NORMAL,
-                arrival_time=float(trace.arrival_times[i]))
+                arrival_time=float(trace.arrival_times[i]), slo_class=name or "")
         except RequestTooLongError:
             self.metrics.num_rejected += 1
             self._count_done(1)
@@ -243,7 +262,7 @@ class Simulator:
         if finished:
             for out in finished:
                 assert out.metrics is not None
-                self.metrics.on_finished(out.metrics, self._trace_class(out.request_id))
+                self.metrics.on_finished(out.metrics, *self._trace_class(out.request_id))
             self._count_done(len(finished))
         if self.config.check_invariants:
             inst.engine.check_invariants()
@@ -253,9 +272,11 @@ class Simulator:
             events += self._retire(inst)
         return events
 
-    def _trace_class(self, request_id: str) -> int:
-        """The priority the trace gave ``req-<i>``, whatever the system ran it at."""
-        return int(self.trace.priorities[int(request_id.rpartition("-")[2])])
+    def _trace_class(self, request_id: str) -> tuple[int, str | None]:
+        """The priority the trace gave ``req-<i>``, whatever the system ran it at, and the SLO
+        class it names (None: the trace names none)."""
+        i = int(request_id.rpartition("-")[2])
+        return int(self.trace.priorities[i]), None if self._slo_names is None else self._slo_names[i]
 
     def _count_done(self, n: int) -> None:
         self.num_done += n

@@ -224,6 +224,11 @@ class TraceSpec:
     """Gamma burstiness of arrivals; None: Poisson."""
     high_priority_fraction: float = 0.0
     """Fraction of requests sent with high priority."""
+    slo_classes: tuple[tuple[str, float], ...] = ()
+    """(SLO class name, share of the requests) per class: each request names its class,
+    drawn by the shares, and runs at that class's priority (the system's ``scheduling.slo``),
+    as a client that names ``slo_class`` does; exclusive with ``high_priority_fraction``.
+    Empty: no request names a class (each is its priority's)."""
     prefix_groups: int = 0
     """Distinct shared prompt prefixes (0: none)."""
     prefix_tokens: int = 0
@@ -245,6 +250,12 @@ class TraceSpec:
             raise TraceError("prefix_groups and prefix_tokens go together (both > 0, or neither)")
         if not 0.0 <= self.high_priority_fraction <= 1.0:
             raise TraceError("high_priority_fraction must be in [0, 1]")
+        if self.slo_classes:
+            shares = [x for _, x in self.slo_classes]
+            if any(not 0.0 < x <= 1.0 for x in shares) or abs(sum(shares) - 1.0) > 1e-6:
+                raise TraceError(f"slo_classes' shares must be in (0, 1] and add up to 1, got {shares}")
+            if self.high_priority_fraction:
+                raise TraceError("slo_classes and high_priority_fraction are exclusive (a class sets the priority)")
         if self.kind not in ("sharegpt", "burstgpt") and not _is_class_pair(self.kind):
             raise TraceError(f"unknown trace kind {self.kind!r}: use sharegpt, burstgpt or e.g. M-M")
         if self.dataset is not None and (self.dataset != DATASET or self.kind != "sharegpt" or self.path):
@@ -269,6 +280,10 @@ class Trace:
     """Per request, its shared prefix (``TraceSpec.prefix_groups``); None: no prefixes.
     ``prompt_lens`` then counts the prefix too."""
     prefix_tokens: int = 0
+    slo_class_names: tuple[str, ...] = ()
+    """The SLO classes the trace's requests name (``TraceSpec.slo_classes``); empty: none."""
+    slo_class_ids: np.ndarray | None = None
+    """Per request, its class's index in ``slo_class_names`` (None: no request names one)."""
 
     def __len__(self) -> int:
         return len(self.arrival_times)
@@ -309,9 +324,15 @@ def make_trace(spec: TraceSpec, rate: float, seed: int) -> Trace:
     ins, outs = _lengths(spec, rng_len)
     times = arrival_times(rng_arr, spec.num_requests, rate, spec.cv)
     prio = (rng_pri.random(spec.num_requests) < spec.high_priority_fraction).astype(np.int64)
+    names: tuple[str, ...] = tuple(c for c, _ in spec.slo_classes)
+    ids = None
+    if names:  # a stream of its own: the lengths, arrivals and prefixes stay those of the trace without
+        shares = np.array([x for _, x in spec.slo_classes])
+        ids = np.random.default_rng([seed, tag, 4]).choice(len(names), spec.num_requests, p=shares / shares.sum())
     if not spec.prefix_groups:
-        return Trace(spec.name, rate, seed, times, ins, outs, prio)
+        return Trace(spec.name, rate, seed, times, ins, outs, prio, slo_class_names=names, slo_class_ids=ids)
     ranks = np.arange(1, spec.prefix_groups + 1, dtype=float)
     p = ranks ** -spec.prefix_skew
     groups = np.random.default_rng([seed, tag, 3]).choice(spec.prefix_groups, spec.num_requests, p=p / p.sum())
-    return Trace(spec.name, rate, seed, times, ins + spec.prefix_tokens, outs, prio, groups, spec.prefix_tokens)
+    return Trace(spec.name, rate, seed, times, ins + spec.prefix_tokens, outs, prio, groups, spec.prefix_tokens,
+                 names, ids)
