@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--run-seconds", type=float, default=40.0, help="each run offers this many seconds of capacity")
     p.add_argument("--num-blocks", type=int, default=None, help="KV blocks per instance (default: the engine's)")
+    p.add_argument("--instances", type=int, default=2,
+                   help="instances (1: the engine has the machine's cores to itself, no neighbour's steps in its times)")
     p.add_argument("--probe-requests", type=int, default=64)
     p.add_argument("--shed-every-s", type=float, default=1.0)
     p.add_argument("--raw", default=None, help="write every step and request here (large; not committed)")
@@ -232,17 +234,17 @@ def run(args: argparse.Namespace) -> int:
     tok = load_tokenizer(settings.model)
     t_start = time.perf_counter()
     record: dict[str, Any] = {"machine": machine_info(with_torch=False), "loadavg_start": list(os.getloadavg()),
-                              "settings": {"model": settings.model, "instances": 2, "engine": engine,
+                              "settings": {"model": settings.model, "instances": args.instances, "engine": engine,
                                            "scheduling": scheduling, "trace": dataclasses.asdict(settings),
                                            **vars(args)}}
-    cluster = start_cluster(ClusterConfig(model=settings.model, instances=2, engine=engine, scheduling=scheduling,
+    cluster = start_cluster(ClusterConfig(model=settings.model, instances=args.instances, engine=engine, scheduling=scheduling,
                                           namespace=f"slo-real-{time.time_ns()}"))
     try:
         backend = ClusterBackend(cluster.llumsched, cluster.instances, cluster.info, tok)
         with InProcessGateway(backend, slo=SLOConfig(**slo)) as url:
             server = Server(url, backend)
             deadline = time.time() + 120
-            while time.time() < deadline and (backend.gs is None or len(backend.gs.statuses) < 2):
+            while time.time() < deadline and (backend.gs is None or len(backend.gs.statuses) < args.instances):
                 time.sleep(0.2)
             cap = probe_capacity(settings, server, pairs, tok.vocab_size)  # type: ignore[arg-type]
             record["capacity"] = cap
