@@ -204,3 +204,30 @@ def test_rescue_is_opt_in() -> None:
     from llumnix.policy.slo import SLOConfig
 
     assert SLOConfig().rescue is False
+
+
+def test_simulate_names_an_unknown_class_in_one_line(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("""
+name: bad
+num_requests: 10
+plots: false
+cluster: {num_instances: 1, num_blocks: 120, max_model_len: 4096}
+systems:
+  slo: {dispatch: slo, slo: {classes: {chat: {ttft_s: 1, tpot_s: 0.1}, jobs: {ttft_s: 10, tpot_s: 0.3}},
+                             default_class: jobs}}
+traces:
+  - {name: two, kind: S-S, rates: [4], slo_classes: {chat: 0.5, nope: 0.5}}
+""")
+    r = subprocess.run([sys.executable, "-m", "llumnix.cli", "simulate", str(cfg), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(src)})
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert lines == ["llumnix simulate: error: trace 'two' names slo class 'nope', which scheduling.slo does not "
+                     "define (known: chat, jobs)"], r.stderr
