@@ -90,6 +90,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("pd", "PDBook", "recent"): "recent hand-off reports",
     ("pd_flow", "PDFlow", "counts"): "the simulator's PD counts",
     ("policy_bridge", "PolicyBridge", "_named"): "the request each rescue order names, by (source, destination)",
+    ("policy_bridge", "PolicyBridge", "_rescuing"): "the (source, destination) of rescues under way, whose chains "
+                                                    "end with the request each names",
     ("predictor", "OutputLengths", "_seen"): "recent output lengths, not per instance",
     ("slo_dispatch", "ShedBook", "num_seen"): "requests seen per SLO class",
     ("slo_dispatch", "ShedBook", "num_shed"): "requests shed per SLO class",

@@ -39,8 +39,9 @@ def classify(sim: Any) -> dict[str, Any]:
     rate = len(arrivals) / max(1e-9, arrivals[-1] - arrivals[0])
     out: dict[str, Any] = {}
     windows: dict[int, list[int]] = {}
-    for r, c in zip(sim.metrics.requests, sim.metrics.classes, strict=True):
-        cls = slo.for_priority(c)
+    names = sim.metrics.slo_names or [None] * len(sim.metrics.requests)  # the classes the trace named
+    for r, c, name in zip(sim.metrics.requests, sim.metrics.classes, names, strict=True):
+        cls = slo.for_priority(c) if name is None else slo.get(name)
         d = out.setdefault(cls.name, {"num": 0, "met": 0, "ttft_only": 0, "tpot_only": 0, "both": 0,
                                       "preempted": 0, "migrated": 0, "in_burst": 0,
                                       "_queue": [], "_rest": [], "_tpot": []})

@@ -4,7 +4,8 @@
 # real ShareGPT lengths under SmolLM2's tokenizer, 250 blocks an instance, 128 requests a run:
 # its sizing rule and trials as of 2026-11-29 06:10 UTC; the systems' runs interleaved), at
 # 0.85 of the probed capacity over 5 seeds:
-# INFaaS++ against llumnix and slo (predicted-attainment dispatch with rescue by migration).
+# INFaaS++ against llumnix and slo (predicted-attainment dispatch, deadline-ordered engines, migration;
+# rescue by migration is opt-in since helper slo5: it cost goodput in the simulator).
 # The goal: interactive attainment >= 15 points above INFaaS++'s, batch no lower (paired means
 # over seeds, cluster.json's slo_classes.goal; the 95% intervals beside them).
 #

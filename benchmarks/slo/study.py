@@ -7,8 +7,10 @@ the worst class's attainment); ``interpolated`` is the crossing between that rat
 next. Reported: the mean over seeds per system, the ratios of ``slo`` to ``llumnix`` and
 ``infaas++`` (mean of the per-seed ratios: each seed replays the same trace), the
 interactive attainment of each system at the batch class's goodput rate, and rescue by
-migration's and the engines' deadline order's shares of the gain over llumnix
-((slo - slo-no-rescue) / (slo - llumnix), the same with slo-fcfs: today's slo policy).
+migration's and the engines' deadline order's shares of the gain over llumnix: rescue's
+(slo-rescue - slo) / (slo-rescue - llumnix) (rescue is opt-in: ``slo`` runs without it;
+records of before, where ``slo`` had it and ``slo-no-rescue`` did not, read the same way),
+the deadline order's (slo - slo-fcfs) / (slo - llumnix).
 
     PYTHONPATH=src .venv/bin/python benchmarks/slo/study.py --out /tmp/slo_goal [--jobs 2] [--set k=v ...]
     PYTHONPATH=src .venv/bin/python benchmarks/slo/study.py --records /tmp/slo_goal/metrics.json [more.json ...]
@@ -29,7 +31,7 @@ from typing import Any
 from llumnix.sim.metrics import goodput
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = ("infaas++", "llumnix", "slo", "slo-no-rescue", "slo-fcfs", "slo-overdue")
+SYSTEMS = ("infaas++", "llumnix", "slo", "slo-rescue", "slo-no-rescue", "slo-fcfs", "slo-overdue")
 
 
 def worst_class(record: dict[str, Any]) -> float:
@@ -80,12 +82,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             ratios = [gp[("slo", k)][key] / gp[(base, k)][key] for k in seeds
                       if ("slo", k) in gp and (base, k) in gp and gp[(base, k)][key] > 0]
             out["ratios"][f"slo/{base} ({key})"] = _mean(ratios)
-    for part, ablated in (("rescue", "slo-no-rescue"), ("engine_order", "slo-fcfs")):
-        if all(s in out["systems"] for s in ("slo", ablated, "llumnix")):
+    for part, full, ablated in (("rescue", "slo-rescue", "slo"), ("rescue", "slo", "slo-no-rescue"),
+                                ("engine_order", "slo", "slo-fcfs")):
+        if all(s in out["systems"] for s in (full, ablated, "llumnix")):
             for key in ("highest", "interpolated"):
-                g = {s: _mean([gp[(s, k)][key] for k in seeds if (s, k) in gp]) for s in ("slo", ablated, "llumnix")}
-                gain = g["slo"] - g["llumnix"]
-                share = (g["slo"] - g[ablated]) / gain if gain > 0 else None
+                g = {s: _mean([gp[(s, k)][key] for k in seeds if (s, k) in gp]) for s in (full, ablated, "llumnix")}
+                gain = g[full] - g["llumnix"]
+                share = (g[full] - g[ablated]) / gain if gain > 0 else None
                 out[f"{part}_share_of_gain" + ("" if key == "interpolated" else f" ({key})")] = share
     return out
 

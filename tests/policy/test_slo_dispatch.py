@@ -152,3 +152,19 @@ def test_rank_freeness_orders_the_candidates_that_meet_by_freeness() -> None:
         assert gs.dispatch(DispatchRequest("x", 100, NORMAL), 0.0) == want
     with pytest.raises(PolicyConfigError, match="dispatch.params.rank"):
         SchedulingConfig.from_dict({"dispatch": {"policy": "slo", "params": {"rank": "speed"}}})
+
+
+def test_a_queue_memory_holds_back_does_not_put_the_running_requests_past_their_tpot() -> None:
+    # 30 interactive requests decode on pace; 20 long prompts wait for memory that is not there
+    queue = [wait(f"q{i}", 1600, HIGH) for i in range(20)]
+    running = [run(f"i{i}", 47, 740, HIGH) for i in range(30)]
+    full = inst("a", total=1500, running=running, waiting=queue)
+    alone = inst("a", total=1500, running=running)
+    roomy = inst("a", total=8000, running=running, waiting=queue)  # there the queue joins the batch
+    pred = SLOPredictor(SLOConfig())
+    on_pace = pred.tpot_now(pred.load(alone), 0.0)
+    assert on_pace < 0.1 and pred.tpot_now(pred.load(full), 0.0) == pytest.approx(on_pace)
+    assert pred.tpot_now(pred.load(roomy), 0.0) > 0.1
+    b = _busy("b", 1, NORMAL, 100)
+    assert tpot_rescues([full, b], pred, 0.0, SchedulingConfig().rescheduling) == []  # on pace: nothing moves
+    assert [o.src_instance_id for o in tpot_rescues([roomy, b], pred, 0.0, SchedulingConfig().rescheduling)] == ["a"]

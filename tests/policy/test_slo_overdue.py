@@ -69,3 +69,21 @@ def test_ttft_rescue_reads_the_queue_past_an_overdue_request_not_yet_moved_last(
     # with only the overdue one ahead, q0 holds where it is
     alone = inst("a", total=4000, ts=1.0, running=[run("r", 7, 100, NORMAL)], waiting=[late, wait("q0", 200, HIGH, 0.5)])
     assert ttft_rescues([alone, b], pred, 1.0, SchedulingConfig().rescheduling, set()) == []
+
+
+def test_a_newcomer_waits_only_for_the_queued_requests_of_its_priority_due_before_it() -> None:
+    from dataclasses import replace
+
+    # two classes at one priority; three long "jobs" prompts queued at 0 s (due at 10 s)
+    two = {"classes": {"chat": {"ttft_s": 1.0, "tpot_s": 0.1}, "jobs": {"ttft_s": 10.0, "tpot_s": 0.3}},
+           "default_class": "jobs"}
+    queue = [replace(wait(f"j{i}", 3000, NORMAL, 0.0), slo_class="jobs") for i in range(3)]
+    a = inst("a", total=4000, ts=1.0, running=[run("r", 7, 100, NORMAL)], waiting=queue)
+    pred = SLOPredictor(SLOConfig(**two))
+    load = pred.load(a)
+    chat, jobs, plain = pred.ttft(load, 200, NORMAL, 1.0 + 1.0), pred.ttft(load, 200, NORMAL, 1.0 + 10.0), \
+        pred.ttft(load, 200, NORMAL)
+    assert chat < 0.2 * jobs  # the engine serves the chat request first: only its own prefill
+    assert jobs == pytest.approx(plain)  # a jobs newcomer (due at 11 s) waits for all three
+    fcfs = SLOPredictor(SLOConfig(**two, engine_order="fcfs"))  # arrival order: it waits too
+    assert fcfs.ttft(fcfs.load(a), 200, NORMAL, 2.0) == pytest.approx(plain)

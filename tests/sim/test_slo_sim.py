@@ -167,3 +167,67 @@ def test_a_trace_of_named_classes_is_checked() -> None:
         TraceSpec("x", "S-S", slo_classes=(("a", 0.5), ("b", 0.2)))
     with pytest.raises(TraceError, match="exclusive"):
         TraceSpec("x", "S-S", high_priority_fraction=0.3, slo_classes=(("a", 1.0),))
+
+
+def test_a_rescue_moves_the_request_it_names_and_no_chain_follows(monkeypatch) -> None:
+    from llumnix.policy.llumlet import Llumlet
+    from llumnix.sim.runner import make_simulator
+
+    # the freeness rule would keep every pair going: a rescue's chain must end anyway
+    monkeypatch.setattr(Llumlet, "should_keep_migrating", lambda *a, **kw: True)
+    sim = make_simulator(RunSpec(_slo(slo={"rescue": True}), TRACE, 24.0, 0, CLUSTER, "a10-llama7b-serving"))
+    bridge = sim.policy
+    select, keep = bridge.select_request, bridge.keep_migrating
+    last_named: dict[tuple[str, str], bool] = {}
+    after_named: list[bool] = []
+
+    def spy_select(src, dst):
+        pair = (src.instance_id, dst.instance_id)
+        named = bridge._named.get(pair)
+        rid = select(src, dst)
+        last_named[pair] = rid is not None and rid == named
+        return rid
+
+    def spy_keep(src, dst):
+        going = keep(src, dst)
+        if last_named.get((src.instance_id, dst.instance_id)):
+            after_named.append(going)
+        return going
+
+    bridge.select_request, bridge.keep_migrating = spy_select, spy_keep
+    sim.run()
+    assert after_named, "the run should rescue some request"
+    assert not any(after_named)  # each rescue's chain ends with the request it named
+
+
+def test_rescue_is_opt_in() -> None:
+    from llumnix.policy.slo import SLOConfig
+
+    assert SLOConfig().rescue is False
+
+
+def test_simulate_names_an_unknown_class_in_one_line(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("""
+name: bad
+num_requests: 10
+plots: false
+cluster: {num_instances: 1, num_blocks: 120, max_model_len: 4096}
+systems:
+  slo: {dispatch: slo, slo: {classes: {chat: {ttft_s: 1, tpot_s: 0.1}, jobs: {ttft_s: 10, tpot_s: 0.3}},
+                             default_class: jobs}}
+traces:
+  - {name: two, kind: S-S, rates: [4], slo_classes: {chat: 0.5, nope: 0.5}}
+""")
+    r = subprocess.run([sys.executable, "-m", "llumnix.cli", "simulate", str(cfg), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(src)})
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert lines == ["llumnix simulate: error: trace 'two' names slo class 'nope', which scheduling.slo does not "
+                     "define (known: chat, jobs)"], r.stderr

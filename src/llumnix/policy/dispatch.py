@@ -20,8 +20,8 @@ custom           ``params``: filters, scorers [{name, weight}], picker ``params`
 its SLO class's objectives without pushing the requests already there past their TPOT
 objectives; among those, with the most slack (``rank: slack``, the default) or the highest
 queue-aware freeness (``rank: freeness``); when none meets, at the least-bad one (or it is
-shed, for a class with a shed share). With rescheduling on it also rescues requests by
-migration (``scheduling.slo.rescue``, ``policy/slo_rescue.py``).
+shed, for a class with a shed share). With rescheduling on and ``scheduling.slo.rescue``
+it also rescues requests by migration (opt-in, ``policy/slo_rescue.py``).
 
 max-score breaks ties by the lowest instance id (``tie_break: random``: by the RNG).
 Every policy filters with schedulable, not-terminating and fresh.

@@ -40,7 +40,8 @@ def candidate_score(s: InstanceStatus, req: SLODispatch, now: float) -> float:
     load = pred.load(s)
     cls = req.slo_class
     tpot = pred.tpot(load, req.num_prompt_tokens, now)
-    own = min(1.0 - pred.ttft(load, req.num_prompt_tokens, req.priority) / cls.ttft_s, 1.0 - tpot / cls.tpot_s)
+    ttft = pred.ttft(load, req.num_prompt_tokens, req.priority, now + cls.ttft_s)
+    own = min(1.0 - ttft / cls.ttft_s, 1.0 - tpot / cls.tpot_s)
     # the requests already there: a constraint, not a ranking (else a loose class avoids
     # every instance that runs a tight one, and piles up where none does)
     others = 1.0 - tpot / load.tightest_tpot_s if load.tightest_tpot_s is not None else 0.0
@@ -95,7 +96,7 @@ class ShedBook:
             return
         self.num_shed[name] = shed + 1
         pred = req.predictor
-        wait = pred.ttft(pred.load(chosen), req.num_prompt_tokens, req.priority)
+        wait = pred.ttft(pred.load(chosen), req.num_prompt_tokens, req.priority, now + req.slo_class.ttft_s)
         raise RequestShedError(name, max(1, math.ceil(wait - req.slo_class.ttft_s)))
 
 

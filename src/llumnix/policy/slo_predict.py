@@ -4,8 +4,9 @@ model (``policy/predictor.py``); what the ``predicted-slo`` scorer and rescue re
 TTFT on a candidate = what is left of the step under way (half a decode step), the wait
 for memory when the queue ahead and the request need more blocks than are free (until
 the running requests expected to end first have freed enough), and the prefills of the
-queue ahead (equal or higher priority: the engine serves by priority, then arrival) and
-of the request itself: each a prefill step of its own, or, on an engine whose step reports
+queue ahead (higher priority, and of its own those due first with the engines' ``deadline``
+order, else all: the engine serves by priority, then deadline or arrival) and of the
+request itself: each a prefill step of its own, or, on an engine whose step reports
 mix prefills into decode steps (chunked prefill), one step that prefills them all beside
 the running requests' decodes.
 
@@ -54,6 +55,10 @@ class InstanceLoad:
     """(priority, prompt tokens) of the queued requests past their TTFT objective, which
     the engine serves after the rest (``SLOConfig.engine_order``): no newcomer waits for
     them, but they will join the batch."""
+    queued_due: tuple[float, ...] = ()
+    """With the engines' ``deadline`` order, when each of ``queued`` is due its first token
+    (arrival + its class's TTFT objective): a newcomer of the same priority waits only for
+    those due before it (empty: every queued request of its priority or above is ahead)."""
 
 
 def is_overdue(w: RequestBrief, now: float, limits: dict[str, float], slo: SLOConfig) -> bool:
@@ -70,11 +75,19 @@ def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths, ste
     tpots = {slo.class_of(r.slo_class, r.priority).tpot_s for r in s.running}
     queued: list[tuple[int, int]] = []
     overdue: list[tuple[int, int]] = []
+    due: list[float] = []
     limits = overdue_limits or {}
+    by_deadline = slo.engine_order == "deadline"
     for w in s.waiting:
-        (overdue if is_overdue(w, s.timestamp, limits, slo) else queued).append((w.priority, w.num_tokens))
+        if is_overdue(w, s.timestamp, limits, slo):
+            overdue.append((w.priority, w.num_tokens))
+            continue
+        queued.append((w.priority, w.num_tokens))
+        if by_deadline:
+            due.append(w.arrival_time + slo.class_of(w.slo_class, w.priority).ttft_s)
     return InstanceLoad(len(s.running), ctx, tuple(queued), s.num_free_blocks - s.num_watermark_blocks,
-                        tuple(release), min(tpots) if tpots else None, s.block_size, steps, tuple(overdue))
+                        tuple(release), min(tpots) if tpots else None, s.block_size, steps, tuple(overdue),
+                        tuple(due))
 
 
 class SLOPredictor:
@@ -193,10 +206,17 @@ class SLOPredictor:
         self._models.pop(instance_id, None)
 
     # -- predictions -------------------------------------------------------------------
-    def ttft(self, load: InstanceLoad, num_prompt_tokens: int, priority: int) -> float:
+    def ttft(self, load: InstanceLoad, num_prompt_tokens: int, priority: int, due: float | None = None) -> float:
+        """``due``: when the request is due its first token (arrival + its class's TTFT): with
+        the engines' deadline order it waits for the queued requests of its priority due
+        before it only (None: for all of them)."""
         steps = load.steps
         step = steps.decode_s(load.num_running, load.num_context_tokens) if load.num_running else 0.0
-        ahead = [n for p, n in load.queued if p >= priority]
+        if due is None or not load.queued_due:
+            ahead = [n for p, n in load.queued if p >= priority]
+        else:
+            ahead = [n for (p, n), d in zip(load.queued, load.queued_due, strict=True)
+                     if p > priority or (p == priority and d <= due)]
         if steps.mixes and load.num_running:  # chunked prefill: one step prefills them beside the decodes
             prefill = steps.mixed_s((*ahead, num_prompt_tokens), load.num_running, load.num_context_tokens)
         else:
@@ -210,7 +230,7 @@ class SLOPredictor:
         ahead = load.queued[:index]
         return self.ttft(InstanceLoad(load.num_running, load.num_context_tokens, ahead, load.num_free_blocks,
                                       load.release, load.tightest_tpot_s, load.block_size, load.steps,
-                                      load.overdue),
+                                      load.overdue, load.queued_due[:index]),
                          tokens, priority)
 
     def memory_wait(self, load: InstanceLoad, deficit: int, step_s: float) -> float:
@@ -234,9 +254,20 @@ class SLOPredictor:
         return load.steps.decode_s(batch, ctx) / (1.0 - self.prefill_share(now))
 
     def tpot_now(self, load: InstanceLoad, now: float) -> float:
-        """TPOT of the requests running on ``load`` as it is (no newcomer)."""
+        """TPOT of the requests running on ``load`` as it is (no newcomer): the decode step of
+        the batch that can form, the running requests and the queued ones (in service order,
+        the overdue last) that the free memory admits. A queue that memory holds back does
+        not join the batch: counted in it, every instance with a queue looked past its TPOT
+        objective and rescue moved running requests off instances on pace (issue 47, helper
+        slo5: at 40 req/s on the goal's seed 0, all 240 TPOT rescue orders)."""
         if not load.num_running:
             return 0.0
-        ctx = load.num_context_tokens + sum(n for _, n in load.queued) + sum(n for _, n in load.overdue)
-        return (load.steps.decode_s(load.num_running + len(load.queued) + len(load.overdue), ctx)
-                / (1.0 - self.prefill_share(now)))
+        free, batch, ctx = load.num_free_blocks, load.num_running, load.num_context_tokens
+        for _, tokens in (*load.queued, *load.overdue):
+            need = blocks_for(tokens + 1, load.block_size)
+            if need > free:
+                break
+            free -= need
+            batch += 1
+            ctx += tokens
+        return load.steps.decode_s(batch, ctx) / (1.0 - self.prefill_share(now))

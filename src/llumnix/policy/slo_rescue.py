@@ -16,8 +16,10 @@ already in one of its orders; at most one rescue order per instance a round:
   objectives after it joins, with the lowest predicted TPOT.
 
 The ablation switch is ``scheduling.slo.rescue``. The simulator moves the request an order
-names (``sim/policy_bridge.py``); the serving cluster's rounds do not read the name yet, and
-its source's llumlet selects as for any order.
+names, and that one only: no chain of the freeness rule follows it (``sim/policy_bridge.py``;
+chains after rescues cost goodput: issue 47, benchmarks/slo/README.md). The serving
+cluster's rounds do not read the name yet: its source's llumlet selects as for any order,
+and keeps going while the freeness rule holds.
 """
 from __future__ import annotations
 

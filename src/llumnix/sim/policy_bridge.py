@@ -122,6 +122,9 @@ class PolicyBridge:
         self.track_reactions = False
         self._named: dict[tuple[str, str], str] = {}
         """The request each order of the last round named (rescue), by (source, destination)."""
+        self._rescuing: set[tuple[str, str]] = set()
+        """(source, destination) of the rescues under way: each moves the request it names, and
+        no chain follows it (``keep_migrating``)."""
         self.scaling_interval_s = scaling_interval_s if config.scaling.enabled else 0.0
 
     def bind(self, clock: Clock) -> None:
@@ -238,6 +241,7 @@ class PolicyBridge:
         now = self._now()
         named = self._named.pop((src.instance_id, dst.instance_id), None)
         if named is not None and named not in src.llumlet.migrating_out:
+            self._rescuing.add((src.instance_id, dst.instance_id))
             return named
         dst_status = dst.llumlet.report(now) if src.llumlet.reads_destination else None
         picked = src.llumlet.select_requests_to_migrate(now, 1, dst_status)
@@ -250,7 +254,12 @@ class PolicyBridge:
         src.llumlet.on_migration_finished(request_id, committed)
 
     def keep_migrating(self, src: SimInstance, dst: SimInstance) -> bool:
-        """The cluster's rule (``Llumlet.should_keep_migrating``) on fresh statuses."""
+        """The cluster's rule (``Llumlet.should_keep_migrating``) on fresh statuses; a rescue
+        (an order that named its request) moves that one only: the freeness pairing, which
+        chose its own pairs this round, did not choose this one to keep going."""
+        if (src.instance_id, dst.instance_id) in self._rescuing:
+            self._rescuing.discard((src.instance_id, dst.instance_id))
+            return False
         now = self._now()
         return bool(src.llumlet.should_keep_migrating(now, dst.llumlet.report(now), len(dst.migrations_in)))
 
