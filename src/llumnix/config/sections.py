@@ -27,7 +27,7 @@ the decodes riding in it, so the stall is spread, not shrunk.
 CUDA: vLLM's usual default, not measured here (no GPU lent since chunking landed)."""
 
 DTYPES = ("float32", "bfloat16", "float16")
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "auto")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "auto", "w8a8")
 """``llumnix.model.quant.WEIGHT_FORMATS``, named here without importing torch."""
 TRANSPORTS = ("tcp", "gloo", "ray")
 """``llumnix.migration.transport.TRANSPORTS``, named here without importing torch."""
