@@ -90,7 +90,8 @@ class LLMConfig:
     weight_format: str = "fp32"
     """Projection weights: fp32 (as loaded in dtype: the exact path), or on cpu with float32
     packed for weight-only kernels: bf16, int8 (per channel), int4 (32-wide groups, a
-    GGUF Q4_1 block's own integers) or auto (int4 below 16 rows a step, bf16 from 16). The
+    GGUF Q4_1 block's own integers) or auto (int4 below 16 rows a step, bf16 from 16), or
+    w8a8 (int8 weights times 8-bit activations, fbgemm; SmoothQuant-calibrated). The
     KV cache stays in dtype either way."""
     kv_cache_bytes: int = 512 * 2**20
     """KV cache per instance (`--kv-cache-mib` in MiB), unless num_blocks is given."""

@@ -16,6 +16,15 @@ load for PyTorch's weight-only kernels, so a decode step streams a fraction of t
           ``DENSE_ROWS`` and above (big batches and prefill, where the int kernels pay
           their dequantization again for every few rows). Both are kept: 63 + 203 MiB for
           SmolLM2-135M's layers, with the int8 head (27 MiB), 293 MiB against fp32's 513.
+    w8a8  int8 weights per output channel times activations quantized to 8 bits per row at
+          each call (``W8A8Weight``, fbgemm's integer GEMM with VNNI dot products): float32
+          in and out, and no kernel that dequantizes the weights again for every few rows,
+          so it is the fastest format at every row count here (CPU time a step, one thread:
+          batch 1 0.90x auto's, batch 8 and 32 0.71x; benchmarks/engine_speed.md, section
+          12). 8-bit activations need SmoothQuant (``model/smooth.py``, folded in at packing):
+          without it perplexity rose 266%; with it +1.3%, but greedy agreement with fp32 is
+          11/64 prompts (auto's 42), so it is opt-in. Its head is w8a8 too (its columns
+          smoothed), a tied embedding reading int8 rows kept beside it.
 
 The int8 and int4 kernels take bfloat16 activations: with float32 ones PyTorch 2.13 runs
 a scalar fallback 10-500x slower than float32 BLAS (576x960 at batch 1, one thread: int4
