@@ -57,6 +57,19 @@ def test_a_packed_cache_from_another_kind_of_cpu_is_a_miss(cache, source, monkey
     assert weight_cache.load(source, torch.float32, "int4") is None
 
 
+def test_a_w8a8_cache_of_another_smoothing_is_a_miss(cache, source, monkeypatch):
+    """w8a8's int8 weights carry SmoothQuant's factors: weights smoothed with another
+    strength are other weights, never served for these."""
+    from llumnix.model import smooth
+
+    weight_cache.save(source, torch.float32, tensors(), "w8a8")
+    weight_cache.save(source, torch.float32, tensors(), "int4")
+    assert weight_cache.load(source, torch.float32, "w8a8") is not None
+    monkeypatch.setattr(smooth, "ALPHA", smooth.ALPHA + 0.1)
+    assert weight_cache.load(source, torch.float32, "w8a8") is None
+    assert weight_cache.load(source, torch.float32, "int4") is not None
+
+
 def test_off_by_environment(cache, source, monkeypatch):
     monkeypatch.setenv(weight_cache.ENV_OFF, "0")
     assert weight_cache.save(source, torch.float32, tensors()) is None

@@ -43,6 +43,7 @@ perplexity rose 4.3% (0.3% with int8's; benchmarks/engine_speed.md, section 10).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Protocol
 
 import torch
@@ -210,9 +211,14 @@ pairs of u8 x s8 products in int16, which 8-bit activations could overflow."""
 
 def _fbgemm_prepack(q: torch.Tensor, scale: torch.Tensor) -> Any:
     """int8 ``q`` [out, in] with its float32 per-row ``scale``, packed for fbgemm's int8 GEMM
-    (chosen here, whatever ``torch.backends.quantized.engine`` says: oneDNN's was slower)."""
+    (chosen here, whatever ``torch.backends.quantized.engine`` says: oneDNN's was slower).
+    torch 2.13 marks its quantized tensor types deprecated; the kernels stand, and the
+    warning is this module's to track (benchmarks/engine_speed.md, section 12), not a
+    user's to read at every start."""
     zeros = torch.zeros(q.shape[0], dtype=torch.long)
-    qt = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated")
+        qt = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
     saved = torch.backends.quantized.engine
     torch.backends.quantized.engine = "fbgemm"
     try:
