@@ -65,3 +65,19 @@ def test_a_tied_w8a8_model_embeds_with_the_unsmoothed_rows(tiny_llama_dir):
     assert isinstance(fast.packed_head, W8A8Weight) and fast.embed_rows is not None
     ids = torch.tensor([0, 7, 256])
     assert torch.equal(fast.embed_tokens(ids), int8.embed_tokens(ids))
+
+
+def test_a_w8a8_head_beside_auto_layers_smooths_only_the_head(tiny_llama_dir, monkeypatch):
+    """``auto/w8a8`` (the benchmark's arm; HEAD_FORMAT's choice): int4/bf16 layers as
+    auto's, unsmoothed, and the w8a8 head with the final norm's factors."""
+    from llumnix.model import load_model, quant
+
+    path = str(tiny_llama_dir[0])
+    exact, auto = load_model(path).model, load_model(path, weight_format="auto").model
+    monkeypatch.setitem(quant.HEAD_FORMAT, "auto", "w8a8")
+    mixed = load_model(path, weight_format="auto").model
+    assert isinstance(mixed.packed_head, W8A8Weight) and mixed.embed_rows is not None
+    assert torch.equal(mixed.layers[0].attn_norm, auto.layers[0].attn_norm)
+    assert not torch.equal(mixed.norm, auto.norm)
+    h = torch.randn(3, exact.config.hidden_size)
+    assert _rel(mixed.logits(mixed._final_norm(h)), exact.logits(exact._final_norm(h))) < 0.05

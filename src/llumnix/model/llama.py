@@ -159,10 +159,10 @@ class LlamaModel:
         if fmt == self.weight_format:
             return
         head = embed_head = self.lm_head
-        if fmt == "w8a8":  # SmoothQuant's factors into the float weights first (model/smooth.py)
+        if HEAD_FORMAT[fmt] == "w8a8":  # SmoothQuant's factors into the float weights first
             from llumnix.model.smooth import smooth_model
 
-            head = smooth_model(self)
+            head = smooth_model(self, layers=fmt == "w8a8")
         self.layers = [lw.packed(fmt) for lw in self.layers]
         self._qhead = pack_head(head, fmt)
         tied_apart = self.embed is None and HEAD_FORMAT[fmt] in ("int4", "w8a8")

@@ -22,8 +22,8 @@ load for PyTorch's weight-only kernels, so a decode step streams a fraction of t
           so it is the fastest format at every row count here (CPU time a step, one thread:
           batch 1 0.90x auto's, batch 8 and 32 0.71x; benchmarks/engine_speed.md, section
           12). 8-bit activations need SmoothQuant (``model/smooth.py``, folded in at packing):
-          without it perplexity rose 266%; with it +1.3%, but greedy agreement with fp32 is
-          11/64 prompts (auto's 42), so it is opt-in. Its head is w8a8 too (its columns
+          without it perplexity rose 266%; with it +1.0%, but greedy agreement with fp32 is
+          9/64 prompts (auto's 42), so it is opt-in. Its head is w8a8 too (its columns
           smoothed), a tied embedding reading int8 rows kept beside it.
 
 The int8 and int4 kernels take bfloat16 activations: with float32 ones PyTorch 2.13 runs

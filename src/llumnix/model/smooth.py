@@ -98,12 +98,14 @@ def _factor(x_max: torch.Tensor, w: torch.Tensor, alpha: float) -> torch.Tensor:
     return (x_max.clamp(min=1e-5) ** alpha / w_max ** (1 - alpha)).clamp(min=1e-5)
 
 
-def smooth_model(model: LlamaModel, alpha: float = ALPHA) -> torch.Tensor:
-    """Calibrate ``model`` and fold SmoothQuant's factors into its layers and final norm, in
-    place; the output projection [hidden, vocab] to pack, its rows multiplied by the final
-    norm's factors (the model's own head, a tied embedding's table, is left as it is)."""
+def smooth_model(model: LlamaModel, alpha: float = ALPHA, layers: bool = True) -> torch.Tensor:
+    """Calibrate ``model`` and fold SmoothQuant's factors into its final norm and (``layers``)
+    its layers, in place; the output projection [hidden, vocab] to pack, its rows multiplied
+    by the final norm's factors (the model's own head, a tied embedding's table, is left as
+    it is). ``layers`` False: a w8a8 head beside another format's layers."""
     maxima = activation_maxima(model, calibration_ids(model.config.vocab_size))
-    smooth(model, maxima, alpha)
+    if layers:
+        smooth(model, maxima, alpha)
     head = model.lm_head
     s = _factor(maxima["head"], head, alpha)
     model.norm = model.norm / s

@@ -49,7 +49,7 @@ def cache_path(source: Path, dtype: torch.dtype, fmt: str = "fp32") -> Path:
     if fmt != "fp32":
         key += f"|{fmt}|head {HEAD_FORMAT[fmt]}|torch {torch.__version__}|cpu {torch.backends.cpu.get_cpu_capability()}"
         name += f"-{fmt}"
-    if fmt == "w8a8":  # its int8 weights carry SmoothQuant's factors: another calibration, other weights
+    if "w8a8" in (fmt, HEAD_FORMAT.get(fmt)):  # its int8 weights carry SmoothQuant's factors
         from llumnix.model.smooth import ALPHA, CALIBRATION_TOKENS
 
         key += f"|smoothquant alpha {ALPHA} on {CALIBRATION_TOKENS} seeded ids"
