@@ -89,8 +89,8 @@ class LLM:
                  chunked_prefill: bool = False, cuda_graphs: bool | None = None,
                  gpu_memory_utilization: float | None = None, weight_format: str = "fp32",
                  pace: dict[str, Any] | None = None) -> None:
-        """``weight_format``: fp32 (the weights as loaded, exact), or bf16, int8 or int4 packed
-        for the CPU weight-only kernels (``llumnix.model.quant``).
+        """``weight_format``: fp32 (the weights as loaded, exact), or bf16, int8, int4, auto
+        packed for the CPU weight-only kernels, or w8a8 (int8 activations too) (``llumnix.model.quant``).
         ``cuda_graphs``: replay decode steps from CUDA graphs (None: on a CUDA device).
         ``gpu_memory_utilization`` (CUDA only; vLLM's): size the KV cache from the device's
         memory instead of ``kv_cache_bytes`` (``kv_bytes_for_utilization``).

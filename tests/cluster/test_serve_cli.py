@@ -246,6 +246,7 @@ def test_admin_key_from_the_flag_or_the_environment_and_the_body_limit(monkeypat
 def test_the_weight_format_flag_sets_the_engine_field(capsys):
     assert _build().engine.get("weight_format", "fp32") == "fp32"
     assert _build("--weight-format", "int4").engine["weight_format"] == "int4"
+    assert _build("--weight-format", "w8a8").engine["weight_format"] == "w8a8"
     with pytest.raises(SystemExit):
         _build("--weight-format", "q4")
     assert "invalid choice: 'q4'" in capsys.readouterr().err

@@ -70,14 +70,15 @@ def test_live_migration_between_devices_keeps_the_token_stream(tiny_llama_dir, s
     assert [t for _, t in sorted(got)] == _unmigrated(load_model(path))
 
 
-def test_live_migration_between_int4_instances_keeps_the_token_stream(tiny_llama_dir):
+@pytest.mark.parametrize("fmt", ["int4", "w8a8"])
+def test_live_migration_between_packed_instances_keeps_the_token_stream(tiny_llama_dir, fmt):
     """Same packed weights on both sides: the migrated stream is the unmigrated one."""
     from llumnix.model import load_model
 
     path = str(tiny_llama_dir[0])
-    expected = _unmigrated(load_model(path, weight_format="int4"))
-    src, dst = load_model(path, weight_format="int4"), load_model(path, weight_format="int4")
-    assert src.model.weight_format == dst.model.weight_format == "int4"
+    expected = _unmigrated(load_model(path, weight_format=fmt))
+    src, dst = load_model(path, weight_format=fmt), load_model(path, weight_format=fmt)
+    assert src.model.weight_format == dst.model.weight_format == fmt
     got = _migrate_midway(src, dst)
     assert [t for _, t in sorted(got)] == expected
 

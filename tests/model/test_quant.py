@@ -24,9 +24,9 @@ from llumnix.model.quant import (
 )
 
 # Relative error of x @ w against float32 (bf16 activations: about 2^-8 per product).
-TOLERANCE = {"fp32": 1e-6, "bf16": 0.02, "int8": 0.03, "int4": 0.12, "auto": 0.12}
-# Bytes kept per weight: auto keeps int4's and a bf16 copy.
-BYTES_PER_WEIGHT = {"bf16": 2.0, "int8": 1.05, "int4": 0.65, "auto": 2.65}
+TOLERANCE = {"fp32": 1e-6, "bf16": 0.02, "int8": 0.03, "int4": 0.12, "auto": 0.12, "w8a8": 0.03}
+# Bytes kept per weight: auto keeps int4's and a bf16 copy; w8a8 its int8 and fbgemm's packing of it.
+BYTES_PER_WEIGHT = {"bf16": 2.0, "int8": 1.05, "int4": 0.65, "auto": 2.65, "w8a8": 2.1}
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -90,7 +90,7 @@ def test_int4_refuses_a_width_it_cannot_group():
         Int4Weight(torch.randn(48, 64))
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "auto"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4", "auto", "w8a8"])
 def test_a_packed_model_tracks_float32(tiny_llama_dir, fmt):
     """Logits within the head format's matmul tolerance (an int4 head's is int4's); the
     embedding within int8's, whatever the head: a tied int4 head keeps int8 rows for it."""
@@ -99,10 +99,11 @@ def test_a_packed_model_tracks_float32(tiny_llama_dir, fmt):
     exact = load_model(str(tiny_llama_dir[0]))
     fast = load_model(str(tiny_llama_dir[0]), weight_format=fmt)
     assert fast.model.weight_format == fmt and exact.model.weight_format == "fp32"
-    h = torch.randn(3, exact.config.hidden_size)
-    logits = fast.model.logits(h)
+    h = torch.randn(3, exact.config.hidden_size)  # before the final norm (w8a8 folds factors into it)
+    logits = fast.model.logits(fast.model._final_norm(h))
     assert logits.shape == (3, exact.config.vocab_size)  # 257: the int4 head's padding sliced off
-    assert _rel(logits, exact.model.logits(h)) < (TOLERANCE["int4"] if HEAD_FORMAT[fmt] == "int4" else 0.05)
+    assert _rel(logits, exact.model.logits(exact.model._final_norm(h))) < \
+        (TOLERANCE["int4"] if HEAD_FORMAT[fmt] == "int4" else 0.05)
     ids = torch.tensor([1, 5, 200])
     assert _rel(fast.model.embed_tokens(ids), exact.model.embed_tokens(ids)) < 0.02
 

@@ -57,6 +57,19 @@ def test_a_packed_cache_from_another_kind_of_cpu_is_a_miss(cache, source, monkey
     assert weight_cache.load(source, torch.float32, "int4") is None
 
 
+def test_a_w8a8_cache_of_another_smoothing_is_a_miss(cache, source, monkeypatch):
+    """w8a8's int8 weights carry SmoothQuant's factors: weights smoothed with another
+    strength are other weights, never served for these."""
+    from llumnix.model import smooth
+
+    weight_cache.save(source, torch.float32, tensors(), "w8a8")
+    weight_cache.save(source, torch.float32, tensors(), "int4")
+    assert weight_cache.load(source, torch.float32, "w8a8") is not None
+    monkeypatch.setattr(smooth, "ALPHA", smooth.ALPHA + 0.1)
+    assert weight_cache.load(source, torch.float32, "w8a8") is None
+    assert weight_cache.load(source, torch.float32, "int4") is not None
+
+
 def test_off_by_environment(cache, source, monkeypatch):
     monkeypatch.setenv(weight_cache.ENV_OFF, "0")
     assert weight_cache.save(source, torch.float32, tensors()) is None
@@ -98,11 +111,11 @@ def test_smollm2_second_load_comes_from_the_cache(cache, monkeypatch):
     assert heads[0] is not None and torch.equal(heads[0], heads[1])  # the tied embedding and output head
 
 
-@pytest.mark.parametrize("fmt", ["int4", "auto"])
+@pytest.mark.parametrize("fmt", ["int4", "auto", "w8a8"])
 def test_a_packed_format_is_cached_packed(cache, monkeypatch, fmt):
     """A packed start after the first maps the packed tensors: neither dequantizes nor
-    packs, and computes what the first computed, bit for bit."""
-    from llumnix.model import gguf_loader, quant
+    packs (nor, for w8a8, calibrates), and computes what the first computed, bit for bit."""
+    from llumnix.model import gguf_loader, quant, smooth
     from llumnix.model.loader import load_model
 
     first = load_model("smollm2", weight_format=fmt)
@@ -114,6 +127,7 @@ def test_a_packed_format_is_cached_packed(cache, monkeypatch, fmt):
 
     monkeypatch.setattr(gguf_loader, "_weights", no_work)
     monkeypatch.setattr(quant, "_int4_groups", no_work)
+    monkeypatch.setattr(smooth, "activation_maxima", no_work)
     second = load_model("smollm2", weight_format=fmt)
     assert second.model.weight_format == fmt
     a, b = gguf_loader.packed_tensors(first.model), gguf_loader.packed_tensors(second.model)

@@ -18,7 +18,7 @@ REFUSED: dict[tuple[str, ...], tuple[str, str | None]] = {
     ("--kv-cache-dtype",): ("the KV cache is kept in the weights' dtype; nearest: --dtype", "auto"),
     ("--tokenizer",): ("the tokenizer is the model's own (GGUF or tokenizer.json); nearest: --model", None),
     ("--tokenizer-mode",): ("the tokenizer is the model's own; nearest: --model", "auto"),
-    ("-q", "--quantization"): ("weights are kept in one of our formats; nearest: --weight-format (fp32, bf16, int8, int4 on CPU)", None),
+    ("-q", "--quantization"): ("weights are kept in one of our formats; nearest: --weight-format (fp32, bf16, int8, int4, auto, w8a8 on CPU)", None),
     ("--load-format",): ("the format follows the model path (.gguf or safetensors); nearest: --model", "auto"),
     ("--download-dir",): (f"{_HUB}; nearest: --model", None),
     ("--revision",): (f"{_HUB}; nearest: --model", None),

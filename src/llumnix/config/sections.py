@@ -27,7 +27,7 @@ the decodes riding in it, so the stall is spread, not shrunk.
 CUDA: vLLM's usual default, not measured here (no GPU lent since chunking landed)."""
 
 DTYPES = ("float32", "bfloat16", "float16")
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "auto")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "auto", "w8a8")
 """``llumnix.model.quant.WEIGHT_FORMATS``, named here without importing torch."""
 TRANSPORTS = ("tcp", "gloo", "ray")
 """``llumnix.migration.transport.TRANSPORTS``, named here without importing torch."""
@@ -90,7 +90,8 @@ class LLMConfig:
     weight_format: str = "fp32"
     """Projection weights: fp32 (as loaded in dtype: the exact path), or on cpu with float32
     packed for weight-only kernels: bf16, int8 (per channel), int4 (32-wide groups, a
-    GGUF Q4_1 block's own integers) or auto (int4 below 16 rows a step, bf16 from 16). The
+    GGUF Q4_1 block's own integers) or auto (int4 below 16 rows a step, bf16 from 16), or
+    w8a8 (int8 weights times 8-bit activations, fbgemm; SmoothQuant-calibrated). The
     KV cache stays in dtype either way."""
     kv_cache_bytes: int = 512 * 2**20
     """KV cache per instance (`--kv-cache-mib` in MiB), unless num_blocks is given."""

@@ -154,14 +154,19 @@ class LlamaModel:
 
     def pack_weights(self, fmt: str) -> None:
         """Pack the projections in ``fmt`` (``quant.WEIGHT_FORMATS``), once, at load; the head
-        as ``quant.HEAD_FORMAT`` says. A tied int4 head keeps the embedding's rows in int8."""
+        as ``quant.HEAD_FORMAT`` says. A tied int4 head, or w8a8's (its columns smoothed),
+        keeps the embedding's rows in int8."""
         if fmt == self.weight_format:
             return
-        head = self.lm_head
+        head = embed_head = self.lm_head
+        if HEAD_FORMAT[fmt] == "w8a8":  # SmoothQuant's factors into the float weights first
+            from llumnix.model.smooth import smooth_model
+
+            head = smooth_model(self, layers=fmt == "w8a8")
         self.layers = [lw.packed(fmt) for lw in self.layers]
         self._qhead = pack_head(head, fmt)
-        tied_int4 = self.embed is None and HEAD_FORMAT[fmt] == "int4"
-        self._embed_rows = Int8Weight(head) if tied_int4 else None
+        tied_apart = self.embed is None and HEAD_FORMAT[fmt] in ("int4", "w8a8")
+        self._embed_rows = Int8Weight(embed_head) if tied_apart else None
         self._head = self._panels = None
         self.norm = self.norm.clone()
         self.embed = None if self.embed is None else self.embed.clone()
@@ -257,7 +262,7 @@ class LlamaModel:
         cos = self.cos[fb.positions].unsqueeze(1)
         sin = self._sin_signed[fb.positions].unsqueeze(1)
         half, q_size, kv_size = cfg.head_dim // 2, cfg.q_size, cfg.kv_size
-        xbuf = None if self.weight_format == "fp32" else h.new_empty(h.shape, dtype=torch.bfloat16)
+        xbuf = None if self.weight_format in ("fp32", "w8a8") else h.new_empty(h.shape, dtype=torch.bfloat16)
         for lw, kv in zip(self.layers, kv_cache.unbind(0), strict=True):
             x = self._norm(h, lw.attn_norm, xbuf)
             qkv = matmul_f32(x, lw.wqkv)  # [T, q | k | v], a fresh tensor: rotated in place

@@ -16,6 +16,15 @@ load for PyTorch's weight-only kernels, so a decode step streams a fraction of t
           ``DENSE_ROWS`` and above (big batches and prefill, where the int kernels pay
           their dequantization again for every few rows). Both are kept: 63 + 203 MiB for
           SmolLM2-135M's layers, with the int8 head (27 MiB), 293 MiB against fp32's 513.
+    w8a8  int8 weights per output channel times activations quantized to 8 bits per row at
+          each call (``W8A8Weight``, fbgemm's integer GEMM with VNNI dot products): float32
+          in and out, and no kernel that dequantizes the weights again for every few rows,
+          so it is the fastest format at every row count here (CPU time a step, one thread:
+          batch 1 0.90x auto's, batch 8 and 32 0.71x; benchmarks/engine_speed.md, section
+          12). 8-bit activations need SmoothQuant (``model/smooth.py``, folded in at packing):
+          without it perplexity rose 266%; with it +1.0%, but greedy agreement with fp32 is
+          9/64 prompts (auto's 42), so it is opt-in. Its head is w8a8 too (its columns
+          smoothed), a tied embedding reading int8 rows kept beside it.
 
 The int8 and int4 kernels take bfloat16 activations: with float32 ones PyTorch 2.13 runs
 a scalar fallback 10-500x slower than float32 BLAS (576x960 at batch 1, one thread: int4
@@ -34,16 +43,17 @@ perplexity rose 4.3% (0.3% with int8's; benchmarks/engine_speed.md, section 10).
 """
 from __future__ import annotations
 
-from typing import Protocol
+import warnings
+from typing import Any, Protocol
 
 import torch
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "auto")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "auto", "w8a8")
 INT4_GROUP = 32
 """Input columns per int4 group: GGUF's Q4_0/Q4_1 block size."""
 INT4_COLUMNS = 16
 """The int4 kernel's output width must be a multiple of this."""
-HEAD_FORMAT = {"bf16": "bf16", "int8": "int8", "int4": "int8", "auto": "int8"}
+HEAD_FORMAT = {"bf16": "bf16", "int8": "int8", "int4": "int8", "auto": "int8", "w8a8": "w8a8"}
 """The output projection's format under each packed weight format ("int4" is measured by
 benchmarks/engine_speed.py's ``auto/int4`` arms; it fails quality, see above)."""
 DENSE_ROWS = 16
@@ -194,6 +204,77 @@ class Int4Weight:
         return int(self.packed.numel() * self.packed.element_size()) + self.scales_zeros.numel() * 2
 
 
+REDUCE_RANGE = not getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
+"""``w8a8`` quantizes activations to 7 bits where the CPU lacks VNNI: fbgemm's AVX2 path sums
+pairs of u8 x s8 products in int16, which 8-bit activations could overflow."""
+
+
+def _fbgemm_prepack(q: torch.Tensor, scale: torch.Tensor) -> Any:
+    """int8 ``q`` [out, in] with its float32 per-row ``scale``, packed for fbgemm's int8 GEMM
+    (chosen here, whatever ``torch.backends.quantized.engine`` says: oneDNN's was slower).
+    torch 2.13 marks its quantized tensor types deprecated; the kernels stand, and the
+    warning is this module's to track (benchmarks/engine_speed.md, section 12), not a
+    user's to read at every start."""
+    zeros = torch.zeros(q.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated")
+        qt = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
+    saved = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "fbgemm"
+    try:
+        return torch.ops.quantized.linear_prepack(qt, None)
+    finally:
+        torch.backends.quantized.engine = saved
+
+
+class W8A8Weight:
+    """``w8a8``: int8 weights per output channel, and activations quantized to 8 bits at
+    each call, so fbgemm multiplies integers (VNNI dot products) and streams a byte a
+    weight once for all rows: float32 in and out, no bfloat16 cast. A step of several
+    rows is quantized row by row (each row divided by its own max |x| first, the product
+    multiplied back): one token's outliers then cost no other token its precision, and a
+    request's result hardly depends on who shares its step."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        wt = w.t().float().contiguous()  # [out, in]
+        self.scale = (wt.abs().amax(dim=1) / 127).clamp(min=1e-12).contiguous()
+        self.q = (wt / self.scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+        self.packed = _fbgemm_prepack(self.q, self.scale)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"q": self.q, "scale": self.scale}
+
+    @classmethod
+    def of(cls, t: dict[str, torch.Tensor]) -> W8A8Weight:
+        self = cls.__new__(cls)
+        self.q, self.scale = t["q"], t["scale"]
+        self.packed = _fbgemm_prepack(self.q, self.scale)
+        return self
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            y: torch.Tensor = torch.ops.quantized.linear_dynamic(x, self.packed, REDUCE_RANGE)
+            return y
+        peak = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)
+        y = torch.ops.quantized.linear_dynamic(x / peak, self.packed, REDUCE_RANGE)
+        return y.mul_(peak)
+
+    def mm_bf16(self, x: torch.Tensor) -> torch.Tensor:
+        """``mm``: this kernel's product is float32 already."""
+        return self.mm(x)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.q[ids].float() * self.scale[ids, None]
+
+    def dense(self) -> torch.Tensor:
+        return (self.q.float() * self.scale[:, None]).t()
+
+    @property
+    def nbytes(self) -> int:
+        """``q`` and fbgemm's packed copy of it (the cache's source, the kernel's operand)."""
+        return self.q.numel() * 2 + self.scale.numel() * 4
+
+
 class RowAwareWeight:
     """``auto``: the int4 kernel for fewer than ``DENSE_ROWS`` rows, a bf16 dense copy of
     the same weights for more (both resident: 0.625 + 2 bytes a weight)."""
@@ -231,11 +312,12 @@ class RowAwareWeight:
         return self.int4.nbytes + self.bf16.nbytes
 
 
-Weight = torch.Tensor | Bf16Weight | Int8Weight | Int4Weight | RowAwareWeight
-PackedHead = Bf16Weight | Int8Weight | Int4Weight
-HEADS: dict[str, type[PackedHead]] = {"bf16": Bf16Weight, "int8": Int8Weight, "int4": Int4Weight}
-PACKED: dict[str, type[Bf16Weight | Int8Weight | Int4Weight | RowAwareWeight]] = {
-    "bf16": Bf16Weight, "int8": Int8Weight, "int4": Int4Weight, "auto": RowAwareWeight}
+Weight = torch.Tensor | Bf16Weight | Int8Weight | Int4Weight | RowAwareWeight | W8A8Weight
+PackedHead = Bf16Weight | Int8Weight | Int4Weight | W8A8Weight
+HEADS: dict[str, type[PackedHead]] = {"bf16": Bf16Weight, "int8": Int8Weight, "int4": Int4Weight,
+                                      "w8a8": W8A8Weight}
+PACKED: dict[str, type[Bf16Weight | Int8Weight | Int4Weight | RowAwareWeight | W8A8Weight]] = {
+    "bf16": Bf16Weight, "int8": Int8Weight, "int4": Int4Weight, "auto": RowAwareWeight, "w8a8": W8A8Weight}
 
 
 def pack(w: torch.Tensor, fmt: str) -> Weight:
@@ -274,6 +356,8 @@ def check_cpu_format(fmt: str, device: str | torch.device, dtype: torch.dtype) -
     """The packed formats run on CPU with float32 activations only."""
     if fmt not in WEIGHT_FORMATS:
         raise ValueError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, not {fmt!r}")
+    if fmt == "w8a8" and "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ValueError("weight format w8a8 needs torch's fbgemm int8 kernels (an x86 CPU build)")
     if fmt != "fp32" and (torch.device(device).type != "cpu" or dtype != torch.float32):
         raise ValueError(f"weight format {fmt} needs device cpu and dtype float32 "
                          f"(got {device}, {str(dtype).removeprefix('torch.')})")

@@ -10,7 +10,7 @@ replacement, an auto-scaling scale-out) maps them instead of dequantizing again
            is torch's own layout, and differs between AVX2 and AVX-512: a cache on a home
            shared by two kinds of machine must not hand one the other's packing), so a
            packed start neither dequantizes nor packs again (SmolLM2 int4: 7-9 s -> what
-           fp32 takes)
+           fp32 takes); for w8a8 SmoothQuant's settings as well (its weights carry the factors)
     file   ``$LLUMNIX_CACHE/weights/<key>.safetensors`` (default ``~/.cache/llumnix``),
            written under a temporary name and renamed, so a reader never sees half a
            file; read through a memory map, so instances on one node share its pages
@@ -49,6 +49,10 @@ def cache_path(source: Path, dtype: torch.dtype, fmt: str = "fp32") -> Path:
     if fmt != "fp32":
         key += f"|{fmt}|head {HEAD_FORMAT[fmt]}|torch {torch.__version__}|cpu {torch.backends.cpu.get_cpu_capability()}"
         name += f"-{fmt}"
+    if "w8a8" in (fmt, HEAD_FORMAT.get(fmt)):  # its int8 weights carry SmoothQuant's factors
+        from llumnix.model.smooth import ALPHA, CALIBRATION_TOKENS
+
+        key += f"|smoothquant alpha {ALPHA} on {CALIBRATION_TOKENS} seeded ids"
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     return cache_dir() / "weights" / f"{name}-{digest}.safetensors"
 
