@@ -1,0 +1,325 @@
+"""The migration downtime tail in both worlds, on one matched scenario (issue 49).
+
+The scenario is `llumnix bench migration`'s with arrivals: two instances, 4 requests
+decoding on each (64-token prompts), one target request (LENGTH tokens) migrated back and
+forth over tcp, ``--gap`` seconds of ordinary steps before each migration, and new prompts
+(``--arrivals RATE:PROMPT:OUTPUT``, Poisson at each instance, seeded) arriving all along, so
+a destination may be running or have queued a prefill when a migration commits. Both
+worlds run it with the paper's engine (prefill-only steps) and, with ``--chunked N``, with
+chunked prefill as well:
+
+* real: `llumnix bench migration --transport tcp --arrivals ... --gap ... [--chunked-prefill N]`
+  in a subprocess (two Ray actors, ``ray.init(num_cpus=2)``), its migration.json read back;
+* sim: the same engines (`EngineCore`, the same limits and KV blocks) as `SimInstance`s
+  driven through `MigrationRun` in virtual time, the same arrival streams (one seed), the
+  same loop (gap, migrate, wait for the first step with it, 0.5 s, gap...).
+
+The simulator's step time is fitted on the real run's own step log (``--latency fit``, the
+default when a real run is there: prefill = a + b * tokens on its prefill steps, decode =
+c + d * batch on its decode steps, plus the median gap between back-to-back steps), or taken
+from a `llumnix profile` file (``--latency PATH``; `benchmarks/fidelity/profile-smollm2-cpu.json`
+is the committed CPU profile). Migration stage costs come from that profile in both cases.
+
+For every committed migration of a running request: the downtime (pause on the source to
+the destination's first step with it), the part before the commit (the last stage) and the
+wait after it, split (`llumnix.bench.downtime_split`) into the rest of the destination's
+step in flight (``boundary``), later prefill steps without it, decode steps without it and
+idle time; per world n, mean, P50, P90, P99, max; and sim / real at P50 and P99.
+
+    nice -n 19 .venv/bin/python benchmarks/sim/downtime_matched.py                # both worlds (~9 min)
+    .venv/bin/python benchmarks/sim/downtime_matched.py --sim-only                 # profile model, no Ray
+    .venv/bin/python benchmarks/sim/downtime_matched.py --real-from DIR            # sim against a saved real run
+
+Writes ``downtime_matched.json`` under ``--out`` (default ./llumnix-results/downtime_matched/),
+with the machine, the settings and the load average before and after each world.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llumnix.bench.downtime_split import ratios, summarize_waits, wait_row
+from llumnix.bench.machine import machine_info
+from llumnix.bench.migration_bench import CO_RUNNING, Arrivals
+from llumnix.core.config import CacheConfig, EngineConfig, SchedulerConfig
+from llumnix.core.sampling_params import SamplingParams
+from llumnix.engine import EngineCore
+from llumnix.migration.protocol import MigrationConfig, MigrationReport
+from llumnix.sim.events import Event, EventKind
+from llumnix.sim.executor import HostSteps, SimExecutor
+from llumnix.sim.instance import SimInstance
+from llumnix.sim.latency import NO_CONTENTION, LatencyModel, ParametricLatencyModel
+from llumnix.sim.loop import EventLoop
+from llumnix.sim.migration import MigrationRun
+from llumnix.sim.profile import load_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / "benchmarks" / "fidelity" / "profile-smollm2-cpu.json"
+KV_BYTES = 2048 * 2**20
+"""What `bench migration` gives each instance with arrivals (``Scenario.engine``)."""
+MAX_MODEL_LEN = 8192
+"""SmolLM2's context: the long-running requests stop there in both worlds."""
+LONG_RUN_TOKENS = 20000
+SETTLE_S = 0.55
+"""After a first step on the destination, `bench migration` polls (50 ms), sleeps 0.5 s and
+reads the step logs before the next gap."""
+
+
+def _load() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+# -- the simulated world ---------------------------------------------------------------
+class LoggedInstance(SimInstance):
+    """A SimInstance that keeps every step's (start, end, prefill?)."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.steps: list[tuple[float, float, bool]] = []
+
+    def start_step(self, now: float) -> Event | None:
+        ev = super().start_step(now)
+        if ev is not None and self._batch is not None:
+            self.steps.append((now, ev.time, self._batch.is_prefill))
+        return ev
+
+
+class SimScenario:
+    """The matched scenario in virtual time: two instances, the target migrated back and
+    forth ``num_migrations`` times, arrivals on both."""
+
+    def __init__(self, latency: LatencyModel, arrivals: Arrivals, *, length: int, gap_s: float,
+                 num_migrations: int, chunked: int = 0, seed: int = 0) -> None:
+        self.latency, self.arrivals, self.length, self.gap_s = latency, arrivals, length, gap_s
+        self.num_migrations, self.seed = num_migrations, seed
+        self.loop = EventLoop()
+        blocks = KV_BYTES // latency.migration.bytes_per_block
+        sched = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=chunked or 8192,
+                                chunked_prefill=bool(chunked))
+        cfg = EngineConfig(cache=CacheConfig(block_size=16, num_blocks=blocks), scheduler=sched,
+                           max_model_len=MAX_MODEL_LEN)
+        host = HostSteps()
+        self.inst: dict[str, LoggedInstance] = {}
+        for name in ("src", "dst"):
+            ex = SimExecutor(latency, host)
+            self.inst[name] = LoggedInstance(name, EngineCore(cfg, ex, blocks, clock=self.loop.clock,
+                                                               instance_id=name), ex)
+        self.reports: list[MigrationReport] = []
+        self.holder = "src"
+        self._started = 0
+        self.loop.on(EventKind.STEP_END, lambda ev: ev.target.finish_step(self.loop.clock.now())[1])
+        self.loop.on(EventKind.MIGRATION_STAGE, lambda ev: ev.target.on_stage_done(self.loop.clock.now()))
+        self.loop.on(EventKind.ARRIVAL, lambda ev: ev.target(self.loop.clock.now()))
+
+    def _add(self, name: str, rid: str, prompt: int, max_tokens: int, now: float) -> list[Event]:
+        inst = self.inst[name]
+        inst.engine.add_request(rid, [0] * prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                                arrival_time=now)
+        return inst.wake(now)
+
+    def _decoding(self) -> bool:
+        return all(r.num_output_tokens >= 2 for i in self.inst.values() for r in i.engine.requests.values())
+
+    def run(self) -> list[dict[str, float]]:
+        loop, now = self.loop, 0.0
+        for name in self.inst:
+            for i in range(CO_RUNNING):
+                loop.push_all(self._add(name, f"bg-{name}-{i}", 64, LONG_RUN_TOKENS, now))
+        loop.push_all(self._add("src", "target", self.length - 16, LONG_RUN_TOKENS, now))
+        loop.run(stop=self._decoding)
+        t0 = loop.clock.now()
+        for t, name in self.arrivals.plan(self.seed, tuple(self.inst), horizon_s=3600.0):
+            loop.push(Event(t0 + t, EventKind.ARRIVAL, self._arrival(name)))
+        loop.push(Event(t0 + self.gap_s, EventKind.ARRIVAL, self._migrate))
+        loop.run(stop=lambda: len(self.reports) >= self.num_migrations)
+        return self.rows()
+
+    def _arrival(self, name: str) -> Any:
+        a = self.arrivals
+
+        def arrive(now: float) -> list[Event]:
+            return self._add(name, f"arr-{name}-{now:.6f}", a.prompt, a.output, now)
+        return arrive
+
+    def _migrate(self, now: float) -> list[Event]:
+        src = self.inst[self.holder]
+        dst = self.inst["dst" if self.holder == "src" else "src"]
+        self._started += 1
+        run = MigrationRun(src, dst, "target", MigrationConfig(timeout_s=60.0), self.latency.migration, now,
+                           on_done=lambda r, t: [])
+        run.on_report(self._on_report)
+        return run.start(now)
+
+    def _on_report(self, rep: MigrationReport) -> None:
+        self.reports.append(rep)
+        if rep.committed:
+            self.holder = rep.dst_instance_id
+        end = rep.marks.get("resumed", rep.end_time)
+        if len(self.reports) < self.num_migrations:
+            self.loop.push(Event(end + SETTLE_S + self.gap_s, EventKind.ARRIVAL, self._migrate))
+
+    def rows(self) -> list[dict[str, float]]:
+        return [wait_row(r.marks["paused"], r.end_time, r.marks["resumed"], self.inst[r.dst_instance_id].steps)
+                for r in self.reports if r.committed and "resumed" in r.marks and "paused" in r.marks]
+
+
+# -- the real world ----------------------------------------------------------------------
+def run_real(args: argparse.Namespace, chunked: int, out: Path) -> dict[str, Any]:
+    """`llumnix bench migration` with the scenario's flags, in a subprocess; its result."""
+    cmd = [sys.executable, "-m", "llumnix.cli", "bench", "migration", "--transport", "tcp",
+           "--repeats", str(args.migrations), "--arrivals", args.arrivals, "--gap", str(args.gap),
+           "--seed", str(args.seed), "--out", str(out)]
+    if chunked:
+        cmd += ["--chunked-prefill", str(chunked)]
+    env = {**os.environ, "LLUMNIX_BENCH_LENGTHS": str(args.length)}
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, env=env, check=True)
+    result: dict[str, Any] = json.loads((out / "migration.json").read_text())
+    return result
+
+
+def real_rows(result: dict[str, Any]) -> list[dict[str, float]]:
+    return [r["wait"] for r in result["rows"] if r["mode"] == "live" and r.get("wait")]
+
+
+def real_steps(result: dict[str, Any]) -> dict[str, list[tuple[float, float, int, bool]]]:
+    """Each instance's steps seen in the rows' windows, on one clock, deduplicated:
+    (start, end, batch, prefill?); the first migration's window (start-up prefills) left out."""
+    seen: dict[str, dict[float, tuple[float, float, int, bool]]] = {"src": {}, "dst": {}}
+    for row in result["rows"][1:]:
+        if "t0" not in row:
+            continue
+        other = "dst" if row["from"] == "src" else "src"
+        for side, name in (("src", row["from"]), ("dst", other)):
+            for s, e, k, _c, *p in row[f"{side}_steps"]:
+                seen[name][round(row["t0"] + s, 3)] = (row["t0"] + s, row["t0"] + e, int(k), bool(p and p[0]))
+    return {n: sorted(v.values()) for n, v in seen.items()}
+
+
+def fit_latency(result: dict[str, Any], prompt: int, base: LatencyModel) -> tuple[ParametricLatencyModel, dict[str, Any]]:
+    """Step time from the real run's own step log (the paper's engine: prefill-only steps
+    of ``prompt``-token arrivals): prefill a + b * tokens, decode c + d * batch, the median
+    gap between back-to-back steps as the serving loop's overhead per step."""
+    steps = real_steps(result)
+    pre = [(k * prompt, e - s) for log in steps.values() for s, e, k, p in log if p and k > 0]
+    dec = [(k, e - s) for log in steps.values() for s, e, k, p in log if not p and k > 0]
+    gaps = [b[0] - a[1] for log in steps.values() for a, b in zip(log, log[1:], strict=False)
+            if 0 <= b[0] - a[1] < 0.05]
+    if len(pre) < 3 or len(dec) < 3:
+        raise SystemExit("the real run has too few prefill or decode steps to fit a step time")
+
+    def line(xy: list[tuple[int, float]]) -> tuple[float, float]:
+        x, y = np.asarray([p[0] for p in xy], float), np.asarray([p[1] for p in xy], float)
+        if np.ptp(x) == 0:
+            return float(np.median(y)), 0.0
+        b, a = np.polyfit(x, y, 1)
+        return float(a), float(max(0.0, b))
+
+    (pa, pb), (da, db) = line(pre), line(dec)
+    overhead = float(np.median(gaps)) if gaps else 0.0
+    model = ParametricLatencyModel(pa, pb, 0.0, da, db, 0.0, base.migration, NO_CONTENTION, step_overhead_s=overhead)
+    info = {"source": "fit on the real run's step log", "prefill_s": [pa, pb], "decode_s": [da, db],
+            "step_overhead_s": overhead, "num_prefill_steps": len(pre), "num_decode_steps": len(dec),
+            "prefill_step_median_s": float(np.median([y for _, y in pre])),
+            "decode_step_median_s": float(np.median([y for _, y in dec]))}
+    return model, info
+
+
+# -- both -----------------------------------------------------------------------------------
+def world(rows: list[dict[str, float]], load: list[float]) -> dict[str, Any]:
+    return {**summarize_waits(rows), "load_avg": load}
+
+
+def compare(args: argparse.Namespace, chunked: int, real: dict[str, Any] | None,
+            latency: LatencyModel, arrivals: Arrivals) -> dict[str, Any]:
+    out: dict[str, Any] = {"chunked_prefill_tokens": chunked}
+    load = _load()
+    sim = SimScenario(latency, arrivals, length=args.length, gap_s=args.gap, num_migrations=args.migrations,
+                      chunked=chunked, seed=args.seed * 100)
+    t = time.process_time()
+    out["sim"] = world(sim.run(), load)
+    out["sim"]["cpu_s"] = time.process_time() - t
+    out["sim"]["steps"] = {n: _step_stats(i.steps) for n, i in sim.inst.items()}
+    if real is not None:
+        out["real"] = world(real_rows(real), real.get("_load", []))
+        out["real"]["steps"] = {n: _step_stats([(s, e, p) for s, e, _k, p in log])
+                                for n, log in real_steps(real).items()}
+        out["sim_over_real"] = ratios(out["sim"], out["real"])
+    return out
+
+
+def _step_stats(steps: list[tuple[float, float, bool]]) -> dict[str, Any]:
+    pre = [e - s for s, e, p in steps if p]
+    dec = [e - s for s, e, p in steps if not p]
+    return {"num_prefill": len(pre), "num_decode": len(dec),
+            "prefill_median_s": float(np.median(pre)) if pre else None,
+            "decode_median_s": float(np.median(dec)) if dec else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--length", type=int, default=1024, help="target request's tokens")
+    ap.add_argument("--arrivals", default="0.25:256:16", help="RATE:PROMPT:OUTPUT at each instance")
+    ap.add_argument("--gap", type=float, default=1.0, help="seconds before each migration")
+    ap.add_argument("--migrations", type=int, default=80, help="live migrations per world and engine")
+    ap.add_argument("--chunked", type=int, default=256, help="chunked prefill's tokens a step (0: skip that run)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--latency", default=None, help="'fit' (the real run's steps; default with a real run) "
+                                                     "or a profile JSON (default without one)")
+    ap.add_argument("--sim-only", action="store_true", help="no real run (no Ray)")
+    ap.add_argument("--real-from", default=None, help="a directory of an earlier run's real/*/migration.json")
+    ap.add_argument("--out", default="llumnix-results/downtime_matched")
+    args = ap.parse_args()
+    arrivals = Arrivals.parse(args.arrivals)
+    out_dir = Path(args.out)
+    engines = [0] + ([args.chunked] if args.chunked else [])
+    real: dict[int, dict[str, Any] | None] = {}
+    for c in engines:
+        d = Path(args.real_from or out_dir) / "real" / ("chunked" if c else "unchunked")
+        if args.sim_only:
+            real[c] = None
+        elif args.real_from:
+            real[c] = json.loads((d / "migration.json").read_text())
+        else:
+            before = _load()
+            real[c] = run_real(args, c, d)
+            real[c]["_load"] = before + _load()  # type: ignore[index]
+    profile = load_profile(args.latency if args.latency not in (None, "fit") else PROFILE)
+    latency: LatencyModel = profile
+    model_info: dict[str, Any] = {"source": str(args.latency or PROFILE)}
+    if real[0] is not None and args.latency in (None, "fit"):
+        latency, model_info = fit_latency(real[0], arrivals.prompt, profile)
+    result = {"scenario": {"length": args.length, "arrivals": vars(arrivals), "gap_s": args.gap,
+                           "migrations": args.migrations, "co_running": CO_RUNNING, "seed": args.seed,
+                           "kv_bytes": KV_BYTES, "max_model_len": MAX_MODEL_LEN},
+              "latency_model": model_info, "machine": machine_info(),
+              "worlds": [compare(args, c, real[c], latency, arrivals) for c in engines]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "downtime_matched.json").write_text(json.dumps(result, indent=1))
+    for w in result["worlds"]:
+        print(f"chunked={w['chunked_prefill_tokens']}")
+        for name in ("real", "sim"):
+            if name in w:
+                print(f"  {name}: wait {_fmt(w[name]['wait'])}; downtime {_fmt(w[name]['downtime'])}")
+        if "sim_over_real" in w:
+            print("  sim/real:", {k: None if v is None else round(v, 2) for k, v in w["sim_over_real"].items()})
+    print(f"wrote {out_dir / 'downtime_matched.json'}")
+
+
+def _fmt(q: dict[str, float]) -> str:
+    if not q.get("n"):
+        return "n=0"
+    return f"n={q['n']} P50 {1e3 * q['p50']:.0f} P90 {1e3 * q['p90']:.0f} P99 {1e3 * q['p99']:.0f} " \
+           f"max {1e3 * q['max']:.0f} ms"
+
+
+if __name__ == "__main__":
+    main()
