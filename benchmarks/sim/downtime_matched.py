@@ -190,27 +190,33 @@ def real_rows(result: dict[str, Any]) -> list[dict[str, float]]:
     return [r["wait"] for r in result["rows"] if r["mode"] == "live" and r.get("wait")]
 
 
-def real_steps(result: dict[str, Any]) -> dict[str, list[tuple[float, float, int, bool]]]:
-    """Each instance's steps seen in the rows' windows, on one clock, deduplicated:
-    (start, end, batch, prefill?); the first migration's window (start-up prefills) left out."""
-    seen: dict[str, dict[float, tuple[float, float, int, bool]]] = {"src": {}, "dst": {}}
+Shaped = tuple[float, float, int, bool, int, int]
+"""A real step: (start, end, outputs, prefill?, tokens computed, decodes among them)."""
+
+
+def real_steps(result: dict[str, Any]) -> dict[str, list[Shaped]]:
+    """Each instance's steps seen in the rows' windows, on one clock, deduplicated; the first
+    migration's window (start-up prefills) left out."""
+    seen: dict[str, dict[float, Shaped]] = {"src": {}, "dst": {}}
     for row in result["rows"][1:]:
         if "t0" not in row:
             continue
         other = "dst" if row["from"] == "src" else "src"
         for side, name in (("src", row["from"]), ("dst", other)):
-            for s, e, k, _c, *p in row[f"{side}_steps"]:
-                seen[name][round(row["t0"] + s, 3)] = (row["t0"] + s, row["t0"] + e, int(k), bool(p and p[0]))
+            for s, e, k, _c, *x in row[f"{side}_steps"]:
+                shape = (int(x[1]), int(x[2])) if len(x) >= 3 else (-1, -1)  # -1: not logged
+                seen[name][round(row["t0"] + s, 3)] = (row["t0"] + s, row["t0"] + e, int(k), bool(x and x[0]), *shape)
     return {n: sorted(v.values()) for n, v in seen.items()}
 
 
 def fit_latency(result: dict[str, Any], prompt: int, base: LatencyModel) -> tuple[ParametricLatencyModel, dict[str, Any]]:
-    """Step time from the real run's own step log (the paper's engine: prefill-only steps
-    of ``prompt``-token arrivals): prefill a + b * tokens, decode c + d * batch, the median
-    gap between back-to-back steps as the serving loop's overhead per step."""
+    """Step time from a real run's own step log (the paper's engine: prefill-only steps):
+    prefill a + b * tokens (the tokens logged, else outputs x ``prompt``), decode c + d *
+    batch, the median gap between back-to-back steps as the serving loop's overhead per step."""
     steps = real_steps(result)
-    pre = [(k * prompt, e - s) for log in steps.values() for s, e, k, p in log if p and k > 0]
-    dec = [(k, e - s) for log in steps.values() for s, e, k, p in log if not p and k > 0]
+    pre = [(tok if tok >= 0 else k * prompt, e - s) for log in steps.values() for s, e, k, p, tok, nd in log
+           if p and nd <= 0 and k > 0]
+    dec = [(k, e - s) for log in steps.values() for s, e, k, p, _t, _d in log if not p and k > 0]
     gaps = [b[0] - a[1] for log in steps.values() for a, b in zip(log, log[1:], strict=False)
             if 0 <= b[0] - a[1] < 0.05]
     if len(pre) < 3 or len(dec) < 3:
@@ -233,6 +239,31 @@ def fit_latency(result: dict[str, Any], prompt: int, base: LatencyModel) -> tupl
     return model, info
 
 
+def step_check(result: dict[str, Any], model: LatencyModel) -> dict[str, Any]:
+    """Measured over priced, per kind of real step (median and count), with the prices the
+    simulator's executor gives a step of that shape: a prefill step its tokens, a mixed step
+    (chunked prefill) a chunk after the first plus its decodes' marginal cost, a decode step
+    its batch (context not logged: ``model`` at none)."""
+    ratios: dict[str, list[float]] = {"prefill": [], "mixed": [], "decode": []}
+    fixed = model.prefill_time(())
+    over = model.step_overhead_s
+    for log in real_steps(result).values():
+        for s, e, k, p, tok, nd in log:
+            if tok < 0 or k <= 0:
+                continue
+            if not p:
+                ratios["decode"].append((e - s) / (model.decode_time(k, 0) + over))
+            elif nd == 0:
+                ratios["prefill"].append((e - s) / (model.prefill_time([tok]) + over))
+            else:  # the chunk as a first one (a later one's marginal price is the same on a
+                # linear fit), its decodes' marginal cost as the executor prices it
+                chunk = model.prefill_time([tok - nd])
+                extra = (model.prefill_time([1] * nd) - fixed) + (model.decode_time(nd, 0) - model.decode_time(0, 0))
+                ratios["mixed"].append((e - s) / (chunk + extra + over))
+    return {k: {"n": len(v), "median_measured_over_priced": float(np.median(v)) if v else None}
+            for k, v in ratios.items()}
+
+
 # -- both -----------------------------------------------------------------------------------
 def world(rows: list[dict[str, float]], load: list[float]) -> dict[str, Any]:
     return {**summarize_waits(rows), "load_avg": load}
@@ -242,16 +273,23 @@ def compare(args: argparse.Namespace, chunked: int, real: dict[str, Any] | None,
             latency: LatencyModel, arrivals: Arrivals) -> dict[str, Any]:
     out: dict[str, Any] = {"chunked_prefill_tokens": chunked}
     load = _load()
-    sim = SimScenario(latency, arrivals, length=args.length, gap_s=args.gap, num_migrations=args.migrations,
-                      chunked=chunked, seed=args.seed * 100)
     t = time.process_time()
-    out["sim"] = world(sim.run(), load)
+    rows: list[dict[str, float]] = []
+    steps: dict[str, list[tuple[float, float, bool]]] = {"src": [], "dst": []}
+    for r in range(args.sim_runs):
+        sim = SimScenario(latency, arrivals, length=args.length, gap_s=args.gap, num_migrations=args.migrations,
+                          chunked=chunked, seed=args.seed * 100 + r)
+        rows += sim.run()
+        for n, i in sim.inst.items():
+            steps[n] += i.steps
+    out["sim"] = world(rows, load)
     out["sim"]["cpu_s"] = time.process_time() - t
-    out["sim"]["steps"] = {n: _step_stats(i.steps) for n, i in sim.inst.items()}
+    out["sim"]["steps"] = {n: _step_stats(v) for n, v in steps.items()}
     if real is not None:
         out["real"] = world(real_rows(real), real.get("_load", []))
-        out["real"]["steps"] = {n: _step_stats([(s, e, p) for s, e, _k, p in log])
+        out["real"]["steps"] = {n: _step_stats([(s, e, p) for s, e, _k, p, *_ in log])
                                 for n, log in real_steps(real).items()}
+        out["real"]["measured_over_priced"] = step_check(real, latency)
         out["sim_over_real"] = ratios(out["sim"], out["real"])
     return out
 
@@ -269,7 +307,11 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=1024, help="target request's tokens")
     ap.add_argument("--arrivals", default="0.25:256:16", help="RATE:PROMPT:OUTPUT at each instance")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds before each migration")
-    ap.add_argument("--migrations", type=int, default=80, help="live migrations per world and engine")
+    ap.add_argument("--migrations", type=int, default=80, help="live migrations of the real world, per engine")
+    ap.add_argument("--sim-runs", type=int, default=5,
+                    help="simulated runs of the scenario, pooled (the first on the real run's arrival streams, "
+                         "the others on the next seeds): each as long as the real one, so the long-running "
+                         "requests' contexts grow alike, and percentiles on more migrations")
     ap.add_argument("--chunked", type=int, default=256, help="chunked prefill's tokens a step (0: skip that run)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--latency", default=None, help="'fit' (the real run's steps; default with a real run) "
@@ -298,7 +340,7 @@ def main() -> None:
     if real[0] is not None and args.latency in (None, "fit"):
         latency, model_info = fit_latency(real[0], arrivals.prompt, profile)
     result = {"scenario": {"length": args.length, "arrivals": vars(arrivals), "gap_s": args.gap,
-                           "migrations": args.migrations, "co_running": CO_RUNNING, "seed": args.seed,
+                           "migrations": args.migrations, "sim_runs": args.sim_runs, "co_running": CO_RUNNING, "seed": args.seed,
                            "kv_bytes": KV_BYTES, "max_model_len": MAX_MODEL_LEN},
               "latency_model": model_info, "machine": machine_info(),
               "worlds": [compare(args, c, real[c], latency, arrivals) for c in engines]}

@@ -243,9 +243,10 @@ def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transpor
         # ratio near 1 with a slowdown means the steps waited (for the GIL or a core)
         row[f"{side}_step_cpu_ratio"] = _ratio(_mean_cpu(log, start, hi), _mean_cpu(log, start - WINDOW_S, start))
         # the raw steps around it (seconds from the start, batch size), for re-analysis
-        # (with the prefill flag: 1 if the step ran prefill work)
-        row[f"{side}_steps"] = [(round(s - start, 4), round(e - start, 4), k, round(c, 4), int(bool(x and x[0])))
-                                for s, e, k, c, *x in log if e > start - span - 2 * WINDOW_S and s < end + 1.0]
+        # (with the prefill flag, 1 if the step ran prefill work, the tokens it computed and
+        # the decodes among them)
+        row[f"{side}_steps"] = [(round(s - start, 4), round(e - start, 4), k, round(c, 4), int(bool(x and x[0])),
+                                 *x[1:3]) for s, e, k, c, *x in log if e > start - span - 2 * WINDOW_S and s < end + 1.0]
     return row
 
 
