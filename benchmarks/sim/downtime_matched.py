@@ -41,6 +41,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +53,11 @@ from llumnix.bench.migration_bench import CO_RUNNING, Arrivals
 from llumnix.core.config import CacheConfig, EngineConfig, SchedulerConfig
 from llumnix.core.sampling_params import SamplingParams
 from llumnix.engine import EngineCore
-from llumnix.migration.protocol import MigrationConfig, MigrationReport
+from llumnix.migration.protocol import MigrationConfig, MigrationPhase, MigrationReport
 from llumnix.sim.events import Event, EventKind
 from llumnix.sim.executor import HostSteps, SimExecutor
 from llumnix.sim.instance import SimInstance
-from llumnix.sim.latency import NO_CONTENTION, LatencyModel, ParametricLatencyModel
+from llumnix.sim.latency import NO_CONTENTION, LatencyModel, MigrationCost, ParametricLatencyModel
 from llumnix.sim.loop import EventLoop
 from llumnix.sim.migration import MigrationRun
 from llumnix.sim.profile import load_profile
@@ -92,13 +93,45 @@ class LoggedInstance(SimInstance):
         return ev
 
 
+P = MigrationPhase
+
+
+class BoundaryMigration(MigrationRun):
+    """A migration whose first stage starts as the real driver's does: its blocks read at
+    the source's step boundary, then reserved at the destination's (a call served on the
+    destination's step thread), so the copy, and the pause after it, follow a boundary of
+    each (``--boundaries``; `MigrationRun` reserves at once and charges the waits in its
+    stage overhead)."""
+
+    def start(self, now: float) -> list[Event]:
+        self._topped_up = False
+        return self._at_boundary(self.src, now, lambda t: self._at_boundary(self.dst, t, super(BoundaryMigration,
+                                                                                                self).start))
+
+    def _advance(self, now: float) -> list[Event]:
+        # the real driver's top-up before the pause: a reservation at the destination's boundary
+        if self.protocol.phase == P.PAUSE and not self._topped_up:
+            self._topped_up = True
+            return self._at_boundary(self.dst, now, super()._advance)
+        return super()._advance(now)
+
+    @staticmethod
+    def _at_boundary(inst: SimInstance, now: float, then: Any) -> list[Event]:
+        if inst.is_busy:
+            inst.at_boundary.append(then)
+            return []
+        out: list[Event] = then(now)
+        return out
+
+
 class SimScenario:
     """The matched scenario in virtual time: two instances, the target migrated back and
     forth ``num_migrations`` times, arrivals on both."""
 
     def __init__(self, latency: LatencyModel, arrivals: Arrivals, *, length: int, gap_s: float,
-                 num_migrations: int, chunked: int = 0, seed: int = 0) -> None:
+                 num_migrations: int, chunked: int = 0, seed: int = 0, boundaries: bool = False) -> None:
         self.latency, self.arrivals, self.length, self.gap_s = latency, arrivals, length, gap_s
+        self.run_class = BoundaryMigration if boundaries else MigrationRun
         self.num_migrations, self.seed = num_migrations, seed
         self.loop = EventLoop()
         blocks = KV_BYTES // latency.migration.bytes_per_block
@@ -153,7 +186,7 @@ class SimScenario:
         src = self.inst[self.holder]
         dst = self.inst["dst" if self.holder == "src" else "src"]
         self._started += 1
-        run = MigrationRun(src, dst, "target", MigrationConfig(timeout_s=60.0), self.latency.migration, now,
+        run = self.run_class(src, dst, "target", MigrationConfig(timeout_s=60.0), self.latency.migration, now,
                            on_done=lambda r, t: [])
         run.on_report(self._on_report)
         return run.start(now)
@@ -227,16 +260,34 @@ def fit_latency(result: dict[str, Any], prompt: int, base: LatencyModel) -> tupl
         if np.ptp(x) == 0:
             return float(np.median(y)), 0.0
         b, a = np.polyfit(x, y, 1)
-        return float(a), float(max(0.0, b))
+        if a < 0 or b < 0:  # no step may cost less than nothing: through the origin, or flat
+            b = max(0.0, float(np.dot(x, y) / np.dot(x, x)))
+            return (0.0, b) if b > 0 else (float(np.median(y)), 0.0)
+        return float(a), float(b)
 
     (pa, pb), (da, db) = line(pre), line(dec)
     overhead = float(np.median(gaps)) if gaps else 0.0
-    model = ParametricLatencyModel(pa, pb, 0.0, da, db, 0.0, base.migration, NO_CONTENTION, step_overhead_s=overhead)
+    # The last stage as the real one took it (pause to commit: the copy of a block or two
+    # and the install's round trip to the destination's actor), less a block's copy.
+    last = [r["before_commit"] for r in real_rows(result)]
+    mig = base.migration if not last else replace(
+        base.migration, last_stage_overhead_s=max(0.0, float(np.median(last)) - base.migration.copy_time(1)))
+    model = ParametricLatencyModel(pa, pb, 0.0, da, db, 0.0, mig, NO_CONTENTION, step_overhead_s=overhead)
     info = {"source": "fit on the real run's step log", "prefill_s": [pa, pb], "decode_s": [da, db],
-            "step_overhead_s": overhead, "num_prefill_steps": len(pre), "num_decode_steps": len(dec),
+            "step_overhead_s": overhead, "last_stage_overhead_s": mig.last_stage_overhead_s,
+            "num_prefill_steps": len(pre), "num_decode_steps": len(dec),
             "prefill_step_median_s": float(np.median([y for _, y in pre])),
             "decode_step_median_s": float(np.median([y for _, y in dec]))}
     return model, info
+
+
+def first_stage_overhead(result: dict[str, Any], cost: MigrationCost) -> float | None:
+    """The first stage's fixed cost without its boundary waits: from its reservation to its
+    KV written (median), less the copy of its blocks at the cost's bandwidth."""
+    xs = [r["last_stage_s"]["first_sent"] - r["last_stage_s"]["first_reserved"] - cost.copy_time(r["blocks"] - 1)
+          for r in result["rows"] if r["mode"] == "live" and r["committed"]
+          and {"first_sent", "first_reserved"} <= set(r.get("last_stage_s", {}))]
+    return max(0.0, float(np.median(xs))) if xs else None
 
 
 def step_check(result: dict[str, Any], model: LatencyModel) -> dict[str, Any]:
@@ -269,28 +320,40 @@ def world(rows: list[dict[str, float]], load: list[float]) -> dict[str, Any]:
     return {**summarize_waits(rows), "load_avg": load}
 
 
-def compare(args: argparse.Namespace, chunked: int, real: dict[str, Any] | None,
-            latency: LatencyModel, arrivals: Arrivals) -> dict[str, Any]:
-    out: dict[str, Any] = {"chunked_prefill_tokens": chunked}
-    load = _load()
-    t = time.process_time()
+VARIANTS = {"sim": False, "sim_boundaries": True}
+"""The simulator as it is (``MigrationRun``), and with ``BoundaryMigration``'s boundaries."""
+
+
+def simulate(args: argparse.Namespace, chunked: int, latency: LatencyModel, arrivals: Arrivals,
+             boundaries: bool) -> dict[str, Any]:
+    """``args.sim_runs`` runs of the scenario (seeds ``seed * 100 + r``, the first the real
+    run's arrival streams), pooled."""
+    load, t = _load(), time.process_time()
     rows: list[dict[str, float]] = []
     steps: dict[str, list[tuple[float, float, bool]]] = {"src": [], "dst": []}
     for r in range(args.sim_runs):
         sim = SimScenario(latency, arrivals, length=args.length, gap_s=args.gap, num_migrations=args.migrations,
-                          chunked=chunked, seed=args.seed * 100 + r)
+                          chunked=chunked, seed=args.seed * 100 + r, boundaries=boundaries)
         rows += sim.run()
         for n, i in sim.inst.items():
             steps[n] += i.steps
-    out["sim"] = world(rows, load)
-    out["sim"]["cpu_s"] = time.process_time() - t
-    out["sim"]["steps"] = {n: _step_stats(v) for n, v in steps.items()}
+    out = world(rows, load)
+    out.update(cpu_s=time.process_time() - t, steps={n: _step_stats(v) for n, v in steps.items()})
+    return out
+
+
+def compare(args: argparse.Namespace, chunked: int, real: dict[str, Any] | None,
+            models: dict[str, LatencyModel], arrivals: Arrivals) -> dict[str, Any]:
+    out: dict[str, Any] = {"chunked_prefill_tokens": chunked}
+    for name, boundaries in VARIANTS.items():
+        out[name] = simulate(args, chunked, models[name], arrivals, boundaries)
     if real is not None:
         out["real"] = world(real_rows(real), real.get("_load", []))
         out["real"]["steps"] = {n: _step_stats([(s, e, p) for s, e, _k, p, *_ in log])
                                 for n, log in real_steps(real).items()}
-        out["real"]["measured_over_priced"] = step_check(real, latency)
-        out["sim_over_real"] = ratios(out["sim"], out["real"])
+        out["real"]["measured_over_priced"] = step_check(real, models["sim"])
+        for name in VARIANTS:
+            out[f"{name}_over_real"] = ratios(out[name], out["real"])
     return out
 
 
@@ -308,7 +371,7 @@ def main() -> None:
     ap.add_argument("--arrivals", default="0.25:256:16", help="RATE:PROMPT:OUTPUT at each instance")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds before each migration")
     ap.add_argument("--migrations", type=int, default=80, help="live migrations of the real world, per engine")
-    ap.add_argument("--sim-runs", type=int, default=5,
+    ap.add_argument("--sim-runs", type=int, default=10,
                     help="simulated runs of the scenario, pooled (the first on the real run's arrival streams, "
                          "the others on the next seeds): each as long as the real one, so the long-running "
                          "requests' contexts grow alike, and percentiles on more migrations")
@@ -339,20 +402,27 @@ def main() -> None:
     model_info: dict[str, Any] = {"source": str(args.latency or PROFILE)}
     if real[0] is not None and args.latency in (None, "fit"):
         latency, model_info = fit_latency(real[0], arrivals.prompt, profile)
+    models = {"sim": latency, "sim_boundaries": latency}
+    first = None if real[0] is None else first_stage_overhead(real[0], latency.migration)
+    if first is not None and isinstance(latency, ParametricLatencyModel):
+        # the boundaries are waited for: the stage's fixed cost without them
+        models["sim_boundaries"] = replace(latency, migration=replace(latency.migration, stage_overhead_s=first))
+        model_info["boundaries_stage_overhead_s"] = first
     result = {"scenario": {"length": args.length, "arrivals": vars(arrivals), "gap_s": args.gap,
                            "migrations": args.migrations, "sim_runs": args.sim_runs, "co_running": CO_RUNNING, "seed": args.seed,
                            "kv_bytes": KV_BYTES, "max_model_len": MAX_MODEL_LEN},
               "latency_model": model_info, "machine": machine_info(),
-              "worlds": [compare(args, c, real[c], latency, arrivals) for c in engines]}
+              "worlds": [compare(args, c, real[c], models, arrivals) for c in engines]}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "downtime_matched.json").write_text(json.dumps(result, indent=1))
     for w in result["worlds"]:
         print(f"chunked={w['chunked_prefill_tokens']}")
-        for name in ("real", "sim"):
+        for name in ("real", *VARIANTS):
             if name in w:
                 print(f"  {name}: wait {_fmt(w[name]['wait'])}; downtime {_fmt(w[name]['downtime'])}")
-        if "sim_over_real" in w:
-            print("  sim/real:", {k: None if v is None else round(v, 2) for k, v in w["sim_over_real"].items()})
+        for name in VARIANTS:
+            if f"{name}_over_real" in w:
+                print(f"  {name}/real:", {k: None if v is None else round(v, 2) for k, v in w[f"{name}_over_real"].items()})
     print(f"wrote {out_dir / 'downtime_matched.json'}")
 
 

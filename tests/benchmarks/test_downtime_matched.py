@@ -13,9 +13,9 @@ COST = MigrationCost(bytes_per_block=737280, bandwidth=5e8, stage_overhead_s=0.0
 MODEL = ParametricLatencyModel(0.1, 0.002, 0.0, 0.05, 0.01, 0.0, COST)
 
 
-def run(chunked: int = 0, rate: float = 0.5, seed: int = 0) -> list[dict[str, float]]:
+def run(chunked: int = 0, rate: float = 0.5, seed: int = 0, boundaries: bool = False) -> list[dict[str, float]]:
     sim = SimScenario(MODEL, Arrivals(rate, 256, 8), length=512, gap_s=0.5, num_migrations=12,
-                      chunked=chunked, seed=seed)
+                      chunked=chunked, seed=seed, boundaries=boundaries)
     return sim.run()
 
 
@@ -27,6 +27,15 @@ def test_every_migration_commits_and_its_wait_adds_up():
         assert parts == pytest.approx(r["wait"], abs=1e-9)
         assert r["downtime"] == pytest.approx(r["before_commit"] + r["wait"])
         assert r["decode"] == 0.0  # the simulator never leaves a committed request out of a decode step
+
+
+def test_the_boundaries_variant_starts_each_migration_after_a_boundary_of_each_instance():
+    sim = SimScenario(MODEL, Arrivals(1.5, 256, 8), length=512, gap_s=0.5, num_migrations=12, boundaries=True)
+    rows = sim.run()
+    assert len(rows) == 12 and rows != run(rate=1.5)
+    for rep in sim.reports:  # its first stage began at a step boundary of its destination
+        ends = {round(e, 9) for _, e, _ in sim.inst[rep.dst_instance_id].steps}
+        assert round(rep.marks["first_stage"], 9) in ends
 
 
 def test_the_simulated_side_is_deterministic_per_seed():
@@ -68,7 +77,9 @@ def test_the_fit_recovers_a_step_model_from_a_real_step_log():
     assert info["decode_s"] == pytest.approx([0.03, 0.01], abs=1e-6)
     assert info["step_overhead_s"] == pytest.approx(0.002, abs=1e-6)
     assert model.prefill_time([128]) + model.step_overhead_s == pytest.approx(0.2 + 0.128 + 0.002, abs=1e-6)
-    assert model.migration is COST
+    # the last stage: the real rows' median pause-to-commit (10 ms) less one block's copy
+    assert model.migration.last_stage_overhead_s == pytest.approx(0.01 - COST.copy_time(1))
+    assert model.migration.bandwidth == COST.bandwidth
 
 
 def test_the_step_check_prices_each_kind_of_logged_step():
