@@ -14,11 +14,19 @@ chunked prefill as well:
   driven through `MigrationRun` in virtual time, the same arrival streams (one seed), the
   same loop (gap, migrate, wait for the first step with it, 0.5 s, gap...).
 
-The simulator's step time is fitted on the real run's own step log (``--latency fit``, the
-default when a real run is there: prefill = a + b * tokens on its prefill steps, decode =
-c + d * batch on its decode steps, plus the median gap between back-to-back steps), or taken
-from a `llumnix profile` file (``--latency PATH``; `benchmarks/fidelity/profile-smollm2-cpu.json`
-is the committed CPU profile). Migration stage costs come from that profile in both cases.
+The simulator's step time is fitted on the real (unchunked) run's own step log (``--latency
+fit``, the default when a real run is there: prefill = a + b * tokens on its prefill steps,
+decode = c + d * batch on its decode steps, plus the median gap between back-to-back steps;
+the last stage's cost from the real pause-to-commit), or taken from a `llumnix profile` file
+(``--latency PATH``; `benchmarks/fidelity/profile-smollm2-cpu.json`, the committed CPU
+profile, is the default without a real run). The copy's bandwidth comes from that profile.
+Each kind of real step (prefill, chunked prefill's mixed step, decode) is checked against the
+price the simulator's executor gives its shape (``measured_over_priced``).
+
+Two simulated variants run, each ``--sim-runs`` times (the first on the real run's arrival
+streams), pooled: ``sim``, the simulator as it is, and ``sim_boundaries``
+(``BoundaryMigration``: the first stage and the top-up wait for step boundaries as the
+real driver's calls do).
 
 For every committed migration of a running request: the downtime (pause on the source to
 the destination's first step with it), the part before the commit (the last stage) and the
@@ -26,7 +34,7 @@ wait after it, split (`llumnix.bench.downtime_split`) into the rest of the desti
 step in flight (``boundary``), later prefill steps without it, decode steps without it and
 idle time; per world n, mean, P50, P90, P99, max; and sim / real at P50 and P99.
 
-    nice -n 19 .venv/bin/python benchmarks/sim/downtime_matched.py                # both worlds (~9 min)
+    nice -n 19 .venv/bin/python benchmarks/sim/downtime_matched.py                # both worlds (~8 min quiet, estimated)
     .venv/bin/python benchmarks/sim/downtime_matched.py --sim-only                 # profile model, no Ray
     .venv/bin/python benchmarks/sim/downtime_matched.py --real-from DIR            # sim against a saved real run
 
@@ -97,11 +105,12 @@ P = MigrationPhase
 
 
 class BoundaryMigration(MigrationRun):
-    """A migration whose first stage starts as the real driver's does: its blocks read at
-    the source's step boundary, then reserved at the destination's (a call served on the
-    destination's step thread), so the copy, and the pause after it, follow a boundary of
-    each (``--boundaries``; `MigrationRun` reserves at once and charges the waits in its
-    stage overhead)."""
+    """A migration whose stages wait for step boundaries as the real driver's calls do: the
+    first stage's blocks read at the source's boundary, then reserved at the destination's
+    (a call served on its step thread), and the top-up before the pause at the
+    destination's again; so the copy, and the pause after it, follow a boundary of each
+    (the ``sim_boundaries`` variant; `MigrationRun` reserves at once and charges the waits
+    in its stage overhead)."""
 
     def start(self, now: float) -> list[Event]:
         self._topped_up = False
@@ -370,7 +379,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=1024, help="target request's tokens")
     ap.add_argument("--arrivals", default="0.25:256:16", help="RATE:PROMPT:OUTPUT at each instance")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds before each migration")
-    ap.add_argument("--migrations", type=int, default=80, help="live migrations of the real world, per engine")
+    ap.add_argument("--migrations", type=int, default=60, help="live migrations of the real world, per engine")
     ap.add_argument("--sim-runs", type=int, default=10,
                     help="simulated runs of the scenario, pooled (the first on the real run's arrival streams, "
                          "the others on the next seeds): each as long as the real one, so the long-running "
