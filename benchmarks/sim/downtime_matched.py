@@ -123,7 +123,7 @@ class BoundaryMigration(MigrationRun):
         # (its usual path: 33 of 40 migrations of the development run; the rest pause at the check)
         if self.protocol.phase == P.PAUSE and not self._topped_up:
             self._topped_up = True
-            advance = super(BoundaryMigration, self)._advance
+            advance = super()._advance
             return self._at_boundary(self.src, now, lambda t: self._at_boundary(self.dst, t, advance))
         return super()._advance(now)
 
