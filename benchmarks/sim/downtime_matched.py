@@ -5,8 +5,8 @@ decoding on each (64-token prompts), one target request (LENGTH tokens) migrated
 forth over tcp, ``--gap`` seconds of ordinary steps before each migration, and new prompts
 (``--arrivals RATE:PROMPT:OUTPUT``, Poisson at each instance, seeded) arriving all along, so
 a destination may be running or have queued a prefill when a migration commits. Both
-worlds run it with the paper's engine (prefill-only steps) and, with ``--chunked N``, with
-chunked prefill as well:
+worlds run it with the paper's engine (prefill-only steps) and then with chunked prefill
+(``--chunked N`` tokens a step, 256 by default; 0 skips it):
 
 * real: `llumnix bench migration --transport tcp --arrivals ... --gap ... [--chunked-prefill N]`
   in a subprocess (two Ray actors, ``ray.init(num_cpus=2)``), its migration.json read back;
