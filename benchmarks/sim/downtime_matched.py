@@ -382,7 +382,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=1024, help="target request's tokens")
     ap.add_argument("--arrivals", default="0.25:256:16", help="RATE:PROMPT:OUTPUT at each instance")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds before each migration")
-    ap.add_argument("--migrations", type=int, default=60, help="live migrations of the real world, per engine")
+    ap.add_argument("--migrations", type=int, default=40, help="live migrations of the real world, per engine")
     ap.add_argument("--sim-runs", type=int, default=10,
                     help="simulated runs of the scenario, pooled (the first on the real run's arrival streams, "
                          "the others on the next seeds): each as long as the real one, so the long-running "
