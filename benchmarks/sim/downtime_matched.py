@@ -21,7 +21,9 @@ the last stage's cost from the real pause-to-commit), or taken from a `llumnix p
 (``--latency PATH``; `benchmarks/fidelity/profile-smollm2-cpu.json`, the committed CPU
 profile, is the default without a real run). The copy's bandwidth comes from that profile.
 Each kind of real step (prefill, chunked prefill's mixed step, decode) is checked against the
-price the simulator's executor gives its shape (``measured_over_priced``).
+price the simulator's executor gives its shape (``measured_over_priced``); the chunked
+world's model is that fit rescaled on the chunked run's own mixed and decode steps
+(``chunked_rescale``: the executor's mixed-step price is not calibrated).
 
 Two simulated variants run, each ``--sim-runs`` times (the first on the real run's arrival
 streams), pooled: ``sim``, the simulator as it is, and ``sim_boundaries``
@@ -302,6 +304,26 @@ def first_stage_overhead(result: dict[str, Any], cost: MigrationCost) -> float |
     return max(0.0, float(np.median(xs))) if xs else None
 
 
+def _chunked_models(models: dict[str, LatencyModel], real: dict[str, Any] | None,
+                    info: dict[str, Any]) -> dict[str, LatencyModel]:
+    """The chunked world's models: the fit (made on the unchunked run) rescaled by the
+    chunked run's own steps, prefill terms by its mixed steps' measured over priced and
+    decode terms by its decode steps' (the simulator's mixed-step model is not calibrated:
+    this calibrates it on the run). Unchanged without a fit or without such steps."""
+    base = models["sim"]
+    if real is None or not isinstance(base, ParametricLatencyModel):
+        return models
+    check = step_check(real, base)
+    rp, rd = (check[k]["median_measured_over_priced"] or 1.0 for k in ("mixed", "decode"))
+    info["chunked_rescale"] = {"prefill": rp, "decode": rd}
+    out: dict[str, LatencyModel] = {"base": base}
+    for name, m in models.items():
+        assert isinstance(m, ParametricLatencyModel)
+        out[name] = replace(m, prefill_fixed_s=m.prefill_fixed_s * rp, prefill_per_token_s=m.prefill_per_token_s * rp,
+                            decode_fixed_s=m.decode_fixed_s * rd, decode_per_seq_s=m.decode_per_seq_s * rd)
+    return out
+
+
 def step_check(result: dict[str, Any], model: LatencyModel) -> dict[str, Any]:
     """Measured over priced, per kind of real step (median and count), with the prices the
     simulator's executor gives a step of that shape: a prefill step its tokens, a mixed step
@@ -363,7 +385,7 @@ def compare(args: argparse.Namespace, chunked: int, real: dict[str, Any] | None,
         out["real"] = world(real_rows(real), real.get("_load", []))
         out["real"]["steps"] = {n: _step_stats([(s, e, p) for s, e, _k, p, *_ in log])
                                 for n, log in real_steps(real).items()}
-        out["real"]["measured_over_priced"] = step_check(real, models["sim"])
+        out["real"]["measured_over_priced"] = step_check(real, models.get("base", models["sim"]))
         for name in VARIANTS:
             out[f"{name}_over_real"] = ratios(out[name], out["real"])
     return out
@@ -424,7 +446,8 @@ def main() -> None:
                            "migrations": args.migrations, "sim_runs": args.sim_runs, "co_running": CO_RUNNING, "seed": args.seed,
                            "kv_bytes": KV_BYTES, "max_model_len": MAX_MODEL_LEN},
               "latency_model": model_info, "machine": machine_info(),
-              "worlds": [compare(args, c, real[c], models, arrivals) for c in engines]}
+              "worlds": [compare(args, c, real[c], _chunked_models(models, real[c], model_info) if c else models,
+                                 arrivals) for c in engines]}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "downtime_matched.json").write_text(json.dumps(result, indent=1))
     for w in result["worlds"]:
