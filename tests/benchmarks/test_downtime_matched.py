@@ -3,7 +3,14 @@ a short run of the matched scenario on a closed-form step model, and a synthetic
 from __future__ import annotations
 
 import pytest
-from benchmarks.sim.downtime_matched import SimScenario, fit_latency, real_rows, real_steps, step_check
+from benchmarks.sim.downtime_matched import (
+    SimScenario,
+    _chunked_models,
+    fit_latency,
+    real_rows,
+    real_steps,
+    step_check,
+)
 
 from llumnix.bench.migration_bench import Arrivals
 from llumnix.sim.latency import MigrationCost, ParametricLatencyModel
@@ -92,3 +99,19 @@ def test_the_step_check_prices_each_kind_of_logged_step():
     check = step_check({"rows": rows}, MODEL)
     for kind in ("prefill", "decode", "mixed"):
         assert check[kind]["n"] == 1 and check[kind]["median_measured_over_priced"] == pytest.approx(1.0)
+
+
+def test_the_chunked_world_is_rescaled_on_its_own_mixed_and_decode_steps():
+    # mixed steps at half the model's price, decode steps at 1.2x: prefill terms x0.5, decode x1.2
+    mixed = 0.5 * (0.1 + 0.002 * 96 + 0.002 * 4 + 0.01 * 4)
+    dec = 1.2 * (0.05 + 0.01 * 4)
+    steps = [(1.0, 1.0 + mixed, 4, 0.0, 1, 100, 4), (2.0, 2.0 + dec, 4, 0.0, 0, 4, 4)]
+    rows = [{"t0": 0.0, "from": "src", "src_steps": [], "dst_steps": []},
+            {"t0": 10.0, "from": "src", "src_steps": steps, "dst_steps": []}]
+    info: dict = {}
+    models = _chunked_models({"sim": MODEL, "sim_boundaries": MODEL}, {"rows": rows}, info)
+    assert info["chunked_rescale"] == {"prefill": pytest.approx(0.5), "decode": pytest.approx(1.2)}
+    m = models["sim_boundaries"]
+    assert (m.prefill_fixed_s, m.prefill_per_token_s) == (pytest.approx(0.05), pytest.approx(0.001))
+    assert (m.decode_fixed_s, m.decode_per_seq_s) == (pytest.approx(0.06), pytest.approx(0.012))
+    assert models["base"] is MODEL and _chunked_models({"sim": MODEL}, None, {}) == {"sim": MODEL}
