@@ -158,6 +158,6 @@ def run_real(setup: FidelitySetup, system: str, trace: Any) -> dict[str, Any]:
             "loadavg_after": list(os.getloadavg()),
             "steps": step_stats([[s for s in log if s[0] >= t0] for log in logs]),
             "step_logs": [[(round(s - t0, 4), round(e - t0, 4), n, round(c, 4), int(pf))
-                           for s, e, n, c, pf in log if s >= t0] for log in logs],
+                           for s, e, n, c, pf, *_ in log if s >= t0] for log in logs],
             "arrival_s": [float(trace.arrival_times[i]) for i, r in enumerate(recs) if any(r is o for o in ok)]}
 

@@ -9,7 +9,10 @@ commit and that first step:
 * ``prefill``: whole prefill steps the destination ran after it without the request
   (vLLM 0.1.x's engine: a step that can admit queued requests is a prefill step, and
   running requests wait for a decode step);
-* ``other``: whole decode steps without it (none is expected).
+* ``decode``: whole decode steps without it (none is expected).
+
+The split is ``llumnix.bench.downtime_split``'s, shared with `llumnix bench migration
+--arrivals` and `downtime_matched.py` (the same scenario on the real engine).
 
     .venv/bin/python benchmarks/sim/downtime_wait.py [benchmarks/sim/speed.yaml] [--set k=v]
 
@@ -18,15 +21,13 @@ Prints the distributions and writes JSON to ./llumnix-results/downtime_wait/ (``
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import platform
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from llumnix.bench.downtime_split import quantiles, split_wait
 from llumnix.migration.protocol import MigrationReport
 from llumnix.sim.config import load_config
 from llumnix.sim.events import Event
@@ -55,29 +56,6 @@ def logged_steps() -> Steps:
     return steps
 
 
-def split_wait(commit: float, resumed: float, steps: list[tuple[float, float, bool]]) -> dict[str, float]:
-    """The wait from ``commit`` to ``resumed`` on a destination with ``steps`` (sorted by start)."""
-    parts = {"boundary": 0.0, "prefill": 0.0, "other": 0.0, "num_prefill_steps": 0.0}
-    i = bisect.bisect_left(steps, (commit, -1.0, False))
-    if i > 0 and steps[i - 1][1] > commit:  # a step in flight at the commit
-        parts["boundary"] = min(steps[i - 1][1], resumed) - commit
-    while i < len(steps) and steps[i][0] < resumed:
-        start, end, is_prefill = steps[i]
-        key = "prefill" if is_prefill else "other"
-        parts[key] += min(end, resumed) - start
-        parts["num_prefill_steps"] += is_prefill
-        i += 1
-    return parts
-
-
-def quantiles(xs: list[float]) -> dict[str, float]:
-    if not xs:
-        return {}
-    a = np.asarray(xs)
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "max": float(a.max())}
-
-
 def study(config: str, overrides: list[str]) -> dict[str, Any]:
     spec = plan(load_config(config, overrides))[0]
     steps = logged_steps()
@@ -101,7 +79,7 @@ def study(config: str, overrides: list[str]) -> dict[str, Any]:
     long = [row for row in rows if row["wait"] > 0.2]
     out["waits_over_200ms"] = {"num": len(long), "with_prefill_steps": sum(1 for r in long if r["num_prefill_steps"]),
                                "prefill_share": sum(r["prefill"] for r in long) / max(1e-9, sum(r["wait"] for r in long))}
-    out["num_with_decode_steps_without_it"] = sum(1 for row in rows if row["other"] > 0)
+    out["num_with_decode_steps_without_it"] = sum(1 for row in rows if row["decode"] > 0)
     return out
 
 

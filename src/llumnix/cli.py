@@ -127,6 +127,14 @@ def _add_bench_parser(sub: Any) -> None:
                     help="pace pre-copy stages to this many MB/s (the last stage is never paced)")
     mb.add_argument("--bulk-idle", action=argparse.BooleanOptionalAction, default=True,
                     help="run pre-copy threads in SCHED_IDLE, only on otherwise idle cores (default: on)")
+    mb.add_argument("--arrivals", default=None, metavar="RATE[:PROMPT[:OUTPUT]]",
+                    help="new prompts at each instance while the target migrates: RATE a second (Poisson, "
+                         "--seed), PROMPT tokens (256), OUTPUT tokens (16); each migration's wait after its "
+                         "commit is split (issue 49)")
+    mb.add_argument("--gap", type=float, default=None, metavar="S",
+                    help="seconds of ordinary steps before each migration (default: the baseline windows)")
+    mb.add_argument("--chunked-prefill", type=int, default=None, metavar="TOKENS",
+                    help="the engines' chunked prefill, at most TOKENS a step (default: off)")
     from llumnix.bench.serve_bench import add_serve_bench_args
 
     add_serve_bench_args(b)

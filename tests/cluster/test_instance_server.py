@@ -119,7 +119,8 @@ def test_the_step_log_marks_prefill_steps_and_times_the_step_thread():
     finally:
         srv.stop()
     assert [step[4] for step in log] == [True, False, False, False, False]  # one prefill, four decodes
-    assert all(0 <= cpu <= end - start + 0.01 for start, end, _, cpu, _ in log)
+    assert all(0 <= cpu <= end - start + 0.01 for start, end, _, cpu, *_ in log)
+    assert [step[5:] for step in log] == [(4, 0), (1, 1), (1, 1), (1, 1), (1, 1)]  # tokens, decodes
     stats = step_stats([log])
     assert stats["num_steps"] == 5 and stats["count_by_batch"] == {"1": 5}
     assert set(stats["decode_mean_s_by_batch"]) == {"1"} and "1" in stats["wall_over_cpu_by_batch"]

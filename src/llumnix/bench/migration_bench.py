@@ -28,6 +28,15 @@ migration, all on the host's monotonic clock:
   inspection paradox), so with a 0.5-1 s "during" window against a 2.5 s "before"
   that estimator reads a few percent of slowdown where there is none, and its
   control, with equal windows, could not show it.
+
+With ``--arrivals RATE[:PROMPT[:OUTPUT]]`` new prompts reach each instance while the
+target migrates (Poisson, RATE a second each, seeded by ``--seed``), so a destination may
+be running or have queued a prefill when a migration commits: the scenario of issue 49's
+downtime tail (``benchmarks/sim/downtime_matched.py`` runs it in both worlds). Each
+committed row then carries ``wait`` (``bench/downtime_split.py``: the downtime, the part
+before the commit, the wait after it and its split), and the result their distributions
+(``downtime_wait``). ``--gap S`` replaces the baseline windows before each migration,
+``--chunked-prefill TOKENS`` turns on the engines' chunked prefill.
 """
 from __future__ import annotations
 
@@ -36,10 +45,15 @@ import json
 import math
 import os
 import statistics
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from llumnix.bench.downtime_split import summarize_waits, wait_row
 from llumnix.bench.machine import machine_info, write_result
 from llumnix.core.errors import LlumnixError
 from llumnix.core.sampling_params import SamplingParams
@@ -49,7 +63,72 @@ LENGTHS = (256, 512, 1024, 2048, 4096)
 TRANSPORTS = ("tcp", "gloo", "ray")
 CO_RUNNING = 4
 WINDOW_S = 2.5
+LONG_RUN_TOKENS = 20000
+"""Output tokens of the target and the co-running requests with ``--arrivals``."""
 Log = list[tuple[float, ...]]  # (start, end, batch size[, CPU seconds of the step thread])
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """New prompts at each instance while the target migrates (``--arrivals``)."""
+
+    rate: float
+    """Prompts a second at each instance (Poisson)."""
+    prompt: int = 256
+    """Prompt tokens of each."""
+    output: int = 16
+    """Output tokens of each (EOS ignored)."""
+
+    @staticmethod
+    def parse(spec: str) -> Arrivals:
+        try:
+            parts = [float(x) for x in spec.split(":")]
+        except ValueError:
+            parts = []
+        if not 1 <= len(parts) <= 3 or parts[0] <= 0 or any(x < 1 or x != int(x) for x in parts[1:]):
+            raise LlumnixError(f"--arrivals must be RATE[:PROMPT[:OUTPUT]] (RATE > 0 a second, token counts >= 1), "
+                               f"got {spec!r}")
+        return Arrivals(parts[0], *(int(x) for x in parts[1:]))
+
+    def times(self, seed: int, horizon_s: float) -> list[float]:
+        """Seconds from the stream's start of one instance's arrivals (seeded)."""
+        rng = np.random.default_rng(seed)
+        n = int(self.rate * horizon_s * 1.5) + 20
+        t = np.cumsum(rng.exponential(1.0 / self.rate, n))
+        return [float(x) for x in t[t < horizon_s]]
+
+    def plan(self, seed: int, names: tuple[str, ...], horizon_s: float) -> list[tuple[float, str]]:
+        """(seconds from the streams' start, instance) in time order, one seeded stream per
+        instance (the simulator's side of the matched scenario replays the same)."""
+        return sorted((t, name) for k, name in enumerate(names) for t in self.times(seed * 1000 + k, horizon_s))
+
+
+class ArrivalFeeder:
+    """Sends ``Arrivals`` to each actor from a thread, each instance its own seeded stream."""
+
+    def __init__(self, actors: dict[str, Any], spec: Arrivals, seed: int, horizon_s: float = 3600.0) -> None:
+        self.actors, self.spec = actors, spec
+        self.plan = spec.plan(seed, tuple(actors), horizon_s)
+        self.sent: list[tuple[str, float, str]] = []
+        """(instance, monotonic time sent, request id)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="arrivals", daemon=True)
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._thread.start()
+
+    def _run(self) -> None:
+        for i, (t, name) in enumerate(self.plan):
+            if self._stop.wait(max(0.0, self._t0 + t - time.monotonic())):
+                return
+            rid = f"arr-{name}-{i}"
+            self.actors[name].add_request.remote(_req(rid, self.spec.prompt, self.spec.output, 1000 + i))
+            self.sent.append((name, time.monotonic(), rid))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
 
 
 def _prompt(n: int, salt: int) -> list[int]:
@@ -115,10 +194,11 @@ def _resume(log: Log, paused_at: float) -> tuple[float, float] | None:
 
 
 def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transport: str,
-                 mode: str, expect_s: float = WINDOW_S) -> dict[str, Any]:
+                 mode: str, expect_s: float = WINDOW_S, gap_s: float | None = None,
+                 arrivals: bool = False) -> dict[str, Any]:
     # Ordinary decode steps on both sides before the migration: the baseline window and,
     # before it, room for a control pair of the lengths the migration is expected to take.
-    time.sleep(WINDOW_S + 1.5 * expect_s + 0.5)
+    time.sleep(WINDOW_S + 1.5 * expect_s + 0.5 if gap_s is None else gap_s)
     # Niced copies yield to the engines, so on a loaded machine a long sequence may take
     # longer than the serving default timeout to pre-copy; the benchmark allows a minute.
     overrides: dict[str, Any] = {"timeout_s": 60.0, **({"max_stages": 1} if mode == "blocking" else {})}
@@ -133,11 +213,18 @@ def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transpor
         "transport": transport, "mode": mode, "committed": rep["committed"],
         "abort_reason": rep["abort_reason"], "downtime_s": rep["downtime"], "stages": rep["num_stages"],
         "blocks": rep["num_blocks"], "bytes": rep["num_bytes"], "duration_s": rep["duration"],
+        "t0": start,  # the host's monotonic clock: the step windows below are relative to it
         # where the downtime went: seconds after the pause (same host: one monotonic clock)
         "last_stage_s": {k: v - paused_at for k, v in rep.get("marks", {}).items()} if rep["committed"] else {}}
     resumed = _resume(dst_log, paused_at) if rep["committed"] else None
+    marked = rep.get("marks", {}).get("resumed") if rep["committed"] else None
+    if arrivals:  # other requests join batches too: the driver's mark, not the batch that grew
+        resumed = None if marked is None else (marked, marked)
     row["resume_s"] = None if resumed is None else resumed[0] - paused_at
     row["token_gap_s"] = None if resumed is None else resumed[1] - paused_at
+    if marked is not None:  # the wait from the commit to the destination's first step with it
+        steps = [(s, e, bool(x[2])) for s, e, *x in dst_log if len(x) > 2]
+        row["wait"] = wait_row(paused_at, end, marked, steps)
     row["src_step_before_s"] = _mean_step(src_log, start - WINDOW_S, start)
     for side, log, hi in (("src", src_log, paused_at), ("dst", dst_log, end)):
         span = hi - start
@@ -156,20 +243,24 @@ def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transpor
         # ratio near 1 with a slowdown means the steps waited (for the GIL or a core)
         row[f"{side}_step_cpu_ratio"] = _ratio(_mean_cpu(log, start, hi), _mean_cpu(log, start - WINDOW_S, start))
         # the raw steps around it (seconds from the start, batch size), for re-analysis
-        row[f"{side}_steps"] = [(round(s - start, 4), round(e - start, 4), k, round(c, 4))
-                                for s, e, k, c, *_ in log if e > start - span - 2 * WINDOW_S and s < end + 1.0]
+        # (with the prefill flag, 1 if the step ran prefill work, the tokens it computed and
+        # the decodes among them)
+        row[f"{side}_steps"] = [(round(s - start, 4), round(e - start, 4), k, round(c, 4), int(bool(x and x[0])),
+                                 *x[1:3]) for s, e, k, c, *x in log if e > start - span - 2 * WINDOW_S and s < end + 1.0]
     return row
 
 
 def run_length(ray: Any, actors: dict[str, Any], length: int, transports: tuple[str, ...], repeats: int,
-               salt: int) -> list[dict[str, Any]]:
+               salt: int, gap_s: float | None = None, feeder: ArrivalFeeder | None = None) -> list[dict[str, Any]]:
     names = ("src", "dst")
+    # With arrivals the run is one long series of migrations: the requests must outlive it.
+    max_bg, max_target = (6000, 3000) if feeder is None else (LONG_RUN_TOKENS, LONG_RUN_TOKENS)
     bg = {n: [f"bg-{length}-{n}-{i}" for i in range(CO_RUNNING)] for n in names}
     for k, (n, rids) in enumerate(bg.items()):
         for i, rid in enumerate(rids):
-            ray.get(actors[n].add_request.remote(_req(rid, 64, 6000, salt * 10 + k * CO_RUNNING + i)))
+            ray.get(actors[n].add_request.remote(_req(rid, 64, max_bg, salt * 10 + k * CO_RUNNING + i)))
     target = f"t-{length}"
-    ray.get(actors["src"].add_request.remote(_req(target, length - 16, 3000, salt)))
+    ray.get(actors["src"].add_request.remote(_req(target, length - 16, max_target, salt)))
     _wait_decoding(ray, actors["src"], target)
     for n, rids in bg.items():
         for rid in rids:
@@ -177,15 +268,22 @@ def run_length(ray: Any, actors: dict[str, Any], length: int, transports: tuple[
     rows, holder = [], "src"
     plan = [(t, "live") for t in transports for _ in range(repeats)] + [("tcp", "blocking")]
     expect = WINDOW_S  # how long a migration of this length takes, from the last one
-    for transport, mode in plan:
-        other = "dst" if holder == "src" else "src"
-        row = migrate_once(ray, actors[holder], actors[other], other, target, transport, mode, expect)
-        expect = max(row["duration_s"] or 0.0, 0.5)
-        row.update({"length": length, "from": holder})
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        if row["committed"]:
-            holder = other
+    if feeder is not None:
+        feeder.start()
+    try:
+        for transport, mode in plan:
+            other = "dst" if holder == "src" else "src"
+            row = migrate_once(ray, actors[holder], actors[other], other, target, transport, mode, expect,
+                               gap_s=gap_s, arrivals=feeder is not None)
+            expect = max(row["duration_s"] or 0.0, 0.5)
+            row.update({"length": length, "from": holder})
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if not k.endswith("_steps")}), flush=True)
+            if row["committed"]:
+                holder = other
+    finally:
+        if feeder is not None:
+            feeder.stop()
     for n in names:
         for rid in bg[n] + [target]:
             ray.get(actors[n].abort.remote(rid))
@@ -214,17 +312,47 @@ def _choices(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...]
     return lengths, transports, repeats
 
 
-def main_migration_bench(args: argparse.Namespace) -> int:
-    import ray
+@dataclass(frozen=True)
+class Scenario:
+    """What ``--arrivals``, ``--gap`` and ``--chunked-prefill`` change (defaults: none of it)."""
 
-    from llumnix.cluster.instance_actor import InstanceActor
-    from llumnix.cluster.launcher import check_gpu_capacity, instance_gpus, ray_gpus
-    from llumnix.cluster.llumsched import LLUMSCHED_NAME, LlumSchedActor
-    from llumnix.config.sections import LiveMigrationConfig
+    arrivals: Arrivals | None = None
+    gap_s: float | None = None
+    chunked_prefill: int = 0
+    """Tokens a step at most with chunked prefill; 0: off (the paper's engine)."""
+    seed: int = 0
+
+    @staticmethod
+    def from_args(args: argparse.Namespace) -> Scenario:
+        spec, gap, chunk = (getattr(args, k, None) for k in ("arrivals", "gap", "chunked_prefill"))
+        if gap is not None and not gap >= 0:
+            raise LlumnixError(f"--gap must be >= 0 seconds, got {gap:g}")
+        if chunk is not None and chunk < 0:
+            raise LlumnixError(f"--chunked-prefill must be >= 0 tokens (0: off), got {chunk}")
+        return Scenario(None if spec is None else Arrivals.parse(spec), gap, int(chunk or 0),
+                        int(getattr(args, "seed", None) or 0))
+
+    def engine(self, device: str) -> dict[str, Any]:
+        # The co-running requests grow by a token per step for the whole run: on a GPU, whose
+        # steps are several times faster, 512 MiB fills up before the longest lengths (and
+        # so it does on a CPU in a long series of migrations with arrivals).
+        big = str(device).startswith("cuda") or self.arrivals is not None
+        out: dict[str, Any] = {"kv_cache_bytes": (2048 if big else 512) * 2**20, "max_num_seqs": 16,
+                               "max_num_batched_tokens": 8192}
+        if self.chunked_prefill:
+            out.update(chunked_prefill=True, max_num_batched_tokens=self.chunked_prefill)
+        return out
+
+    def settings(self) -> dict[str, Any]:
+        a = self.arrivals
+        return {"arrivals": None if a is None else {"rate_per_instance_s": a.rate, "prompt_tokens": a.prompt,
+                                                    "output_tokens": a.output, "seed": self.seed},
+                "gap_s": self.gap_s, "chunked_prefill_tokens": self.chunked_prefill}
+
+
+def _migration_config(args: argparse.Namespace, transports: tuple[str, ...]) -> dict[str, Any]:
     from llumnix.migration.transports import check_transport
-    from llumnix.policy import ReschedulingConfig, SchedulingConfig
 
-    lengths, transports, repeats = _choices(args)
     for t in transports:
         try:
             check_transport(t)
@@ -233,21 +361,32 @@ def main_migration_bench(args: argparse.Namespace) -> int:
     bulk_rate = getattr(args, "bulk_rate", None)
     if bulk_rate is not None and bulk_rate <= 0:
         raise LlumnixError(f"--bulk-rate must be > 0 MB/s, got {bulk_rate:g}")
-    bulk_idle = bool(getattr(args, "bulk_idle", True))
-    mig: dict[str, Any] = {"transport": "tcp", "transport_options": {"bulk_idle": bulk_idle}}
+    mig: dict[str, Any] = {"transport": "tcp", "transport_options": {"bulk_idle": bool(getattr(args, "bulk_idle", True))}}
     if bulk_rate:
         mig["transport_options"]["bulk_rate_bytes_per_s"] = bulk_rate * 1e6
+    return mig
+
+
+def main_migration_bench(args: argparse.Namespace) -> int:
+    import ray
+
+    from llumnix.cluster.instance_actor import InstanceActor
+    from llumnix.cluster.launcher import check_gpu_capacity, instance_gpus, ray_gpus
+    from llumnix.cluster.llumsched import LLUMSCHED_NAME, LlumSchedActor
+    from llumnix.config.sections import LiveMigrationConfig
+    from llumnix.policy import ReschedulingConfig, SchedulingConfig
+
+    lengths, transports, repeats = _choices(args)
+    mig = _migration_config(args, transports)
+    scenario = Scenario.from_args(args)
     ray.init(num_cpus=2, include_dashboard=False, namespace="llumnix-bench", log_to_driver=False)
     token = b"bench-token"
     # (Ray's stubs do not know a decorated class's .options(): hence the ignores.)
     sched = LlumSchedActor.options(name=LLUMSCHED_NAME, num_cpus=0).remote(  # type: ignore[attr-defined]
         SchedulingConfig(rescheduling=ReschedulingConfig(enabled=False)), None, reschedule_interval_s=3600)
     ray.get(sched.cluster_info.remote())  # instances push status to it; the handle keeps it alive
-    # The co-running requests grow by a token per step for the whole run: on a GPU, whose
-    # steps are several times faster, 512 MiB fills up before the longest lengths.
-    kv_bytes = (2048 if str(args.device).startswith("cuda") else 512) * 2**20
-    engine = {"kv_cache_bytes": kv_bytes, "max_num_seqs": 16, "max_num_batched_tokens": 8192,
-              "device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs}
+    engine = {**scenario.engine(args.device), "device": args.device, "dtype": args.dtype,
+              "cuda_graphs": args.cuda_graphs}
     # Both instances share one GPU when on CUDA: half a GPU each, so Ray pins them to it.
     gpus = instance_gpus(engine) / 2
     check_gpu_capacity(2, gpus, ray_gpus())
@@ -255,9 +394,11 @@ def main_migration_bench(args: argparse.Namespace) -> int:
                   n, args.model, engine, None, LLUMSCHED_NAME, args.threads or 1, token, LiveMigrationConfig(**mig))
               for n in ("src", "dst")}
     ray.get([a.ready.remote() for a in actors.values()])
-    rows, recompute = [], {}
+    rows, recompute, arrived = [], {}, {}
     for k, n in enumerate(lengths):
-        rows += run_length(ray, actors, n, transports, repeats, salt=k)
+        feeder = None if scenario.arrivals is None else ArrivalFeeder(actors, scenario.arrivals, scenario.seed * 100 + k)
+        rows += run_length(ray, actors, n, transports, repeats, salt=k, gap_s=scenario.gap_s, feeder=feeder)
+        arrived[n] = None if feeder is None else len(feeder.sent)
         recompute[n] = recompute_time(ray, actors["dst"], n, salt=k)
     gc_stats = {n: ray.get(a.gc_stats.remote()) for n, a in actors.items()}
     ray.shutdown()
@@ -267,10 +408,12 @@ def main_migration_bench(args: argparse.Namespace) -> int:
                    "machine": machine_info(), "settings": {
                        "co_running_per_instance": CO_RUNNING, "torch_threads_per_instance": args.threads or 1,
                        "live_repeats_per_transport": repeats, "baseline_window_s": WINDOW_S,
-                       "bulk_rate_mb_per_s": bulk_rate, "bulk_idle": bulk_idle,
+                       "bulk_rate_mb_per_s": getattr(args, "bulk_rate", None),
+                       "bulk_idle": mig["transport_options"]["bulk_idle"],
                        "gil_switch_interval_s": float(os.environ.get("LLUMNIX_GIL_SWITCH_S") or 0.005),
                        "gc_freeze": all(s["frozen"] > 0 for s in gc_stats.values()),
                        "engine": engine, "processes": "two Ray actors (separate processes) on this machine",
+                       **scenario.settings(), "num_arrivals": arrived,
                        "note": "one long request per length, migrated back and forth; the blocking "
                                "copy (tcp) and recompute are single runs"}})
     out = write_result(Path(args.out) / "migration.json", result, quiet=True).parent
@@ -331,7 +474,8 @@ def summarize(rows: list[dict[str, Any]], recompute: dict[int, float], lengths: 
             "control_median_overlap_mean": (statistics.median(ctrl_o) - 1.0) if ctrl_o else None,
             "all_committed": all(r["committed"] for r in rows if r["transport"] == t),
         }
-    return {"table": table, "rows": rows, "floors": floors}
+    waits = [r["wait"] for r in rows if r["mode"] == "live" and r.get("wait")]
+    return {"table": table, "rows": rows, "floors": floors, "downtime_wait": summarize_waits(waits) if waits else None}
 
 
 def _ms(seconds: float | None) -> float:

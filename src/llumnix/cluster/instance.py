@@ -70,10 +70,11 @@ class InstanceServer:
         self._report_due = False
         """Commands ran since the last status: the next delivery carries one."""
         self.last_step_time = time.monotonic()
-        self.step_log: collections.deque[tuple[float, float, int, float, bool]] = collections.deque(maxlen=4096)
-        """(start, end, batch size, CPU seconds of the step thread, prefill?) of recent
-        steps, monotonic seconds: for benchmarks. A step whose wall time grows without its
-        CPU time waited (for the GIL or a core)."""
+        self.step_log: collections.deque[tuple[float, float, int, float, bool, int, int]] = \
+            collections.deque(maxlen=4096)
+        """(start, end, batch size, CPU seconds of the step thread, prefill?, tokens computed,
+        decodes among them) of recent steps, monotonic seconds: for benchmarks. A step whose
+        wall time grows without its CPU time waited (for the GIL or a core)."""
         self.error: BaseException | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -253,8 +254,7 @@ class InstanceServer:
                         began = t0 if cycle_from is None else cycle_from
                         self.llumlet.on_step(self.engine.last_batch, self.last_step_time - began)
                     cycle_from = self.last_step_time
-                    self.step_log.append((t0, self.last_step_time, len(outputs), time.thread_time() - c0,
-                                          self.engine.last_step_was_prefill))
+                    self._log_step(t0, c0, len(outputs))
                     self._deliver(outputs, force_report=any(o.is_finished for o in outputs))
                     if self.on_step is not None:
                         self.on_step(outputs, self.engine.last_step_was_prefill)
@@ -270,6 +270,15 @@ class InstanceServer:
             self._fail_pending()
             with self._outbox_cv:
                 self._outbox_cv.notify_all()
+
+    def _log_step(self, t0: float, c0: float, num_outputs: int) -> None:
+        b = self.engine.last_batch
+        # the batch's shape: tokens computed, decodes among them (a decode step's entries are
+        # not built for this: one token each)
+        shape = (0, 0) if b is None else (b.num_batched_tokens, b.num_decodes) if b.is_prefill \
+            else (b.num_entries, b.num_entries)
+        self.step_log.append((t0, self.last_step_time, num_outputs, time.thread_time() - c0,
+                              self.engine.last_step_was_prefill, *shape))
 
     def _only_paused(self) -> bool:
         s = self.engine.scheduler

@@ -301,7 +301,8 @@ class InstanceActor:
 
     def step_log(self, cpu: bool = False) -> list[tuple[float, ...]]:
         """(start, end, batch size) of recent steps; with ``cpu``, also the step
-        thread's CPU seconds in each and whether it was a prefill step."""
+        thread's CPU seconds in each, whether it was a prefill step, the tokens it computed
+        and the decodes among them."""
         return [step if cpu else step[:3] for step in list(self.server.step_log)]
 
     def num_output_tokens(self, request_id: str) -> int:
