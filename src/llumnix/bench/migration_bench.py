@@ -224,7 +224,10 @@ def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transpor
     row["token_gap_s"] = None if resumed is None else resumed[1] - paused_at
     if marked is not None:  # the wait from the commit to the destination's first step with it
         steps = [(s, e, bool(x[2])) for s, e, *x in dst_log if len(x) > 2]
-        row["wait"] = wait_row(paused_at, end, marked, steps)
+        # From the destination's install (its clock, same host): its first step with the
+        # request may begin before the source hears the ack that ends the report.
+        commit = rep["marks"].get("dst_queued", min(end, marked))
+        row["wait"] = wait_row(paused_at, commit, marked, steps)
     row["src_step_before_s"] = _mean_step(src_log, start - WINDOW_S, start)
     for side, log, hi in (("src", src_log, paused_at), ("dst", dst_log, end)):
         span = hi - start
