@@ -225,8 +225,11 @@ def migrate_once(ray: Any, src: Any, dst: Any, dst_name: str, rid: str, transpor
     if marked is not None:  # the wait from the commit to the destination's first step with it
         steps = [(s, e, bool(x[2])) for s, e, *x in dst_log if len(x) > 2]
         # From the destination's install (its clock, same host): its first step with the
-        # request may begin before the source hears the ack that ends the report.
-        commit = rep["marks"].get("dst_queued", min(end, marked))
+        # request may begin before the source hears the ack that ends the report, and a
+        # step's start is stamped at the top of the serving loop, before its scheduler
+        # admits what was installed meanwhile (up to a millisecond before the install):
+        # such a request joined the very next step, a wait of 0.
+        commit = min(rep["marks"].get("dst_queued", end), marked)
         row["wait"] = wait_row(paused_at, commit, marked, steps)
     row["src_step_before_s"] = _mean_step(src_log, start - WINDOW_S, start)
     for side, log, hi in (("src", src_log, paused_at), ("dst", dst_log, end)):
