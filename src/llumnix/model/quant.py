@@ -115,13 +115,19 @@ class Bf16Weight:
         return self.w.numel() * 2
 
 
+def _rowwise_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` ([in, out]) as int8 rows of its transpose ([out, in]) and each row's float32
+    scale (its largest magnitude over 127)."""
+    wt = w.t().float().contiguous()
+    scale = (wt.abs().amax(dim=1) / 127).clamp(min=1e-12).contiguous()
+    return (wt / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), scale
+
+
 class Int8Weight:
     """Symmetric per-output-channel int8: w[:, j] = q[j] * scale[j]."""
 
     def __init__(self, w: torch.Tensor) -> None:
-        wt = w.t().float().contiguous()  # [out, in]
-        scale = (wt.abs().amax(dim=1) / 127).clamp(min=1e-12)
-        self.q = (wt / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+        self.q, scale = _rowwise_int8(w)
         self.scale = scale.to(torch.bfloat16).contiguous()
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -236,9 +242,7 @@ class W8A8Weight:
     request's result hardly depends on who shares its step."""
 
     def __init__(self, w: torch.Tensor) -> None:
-        wt = w.t().float().contiguous()  # [out, in]
-        self.scale = (wt.abs().amax(dim=1) / 127).clamp(min=1e-12).contiguous()
-        self.q = (wt / self.scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+        self.q, self.scale = _rowwise_int8(w)
         self.packed = _fbgemm_prepack(self.q, self.scale)
 
     def tensors(self) -> dict[str, torch.Tensor]:
