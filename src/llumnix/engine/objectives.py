@@ -3,8 +3,9 @@
 
 Per SLO class (by name: ``Request.slo_class``, which the request carries from its entry
 and through migrations), a time-to-first-token objective and a time-per-output-token
-objective; a request of no class with objectives has none. From them each request has a deadline, and the queue and the preemption victims are ordered by
-``key``: (overdue, higher priority first, earlier deadline).
+objective; a request of no class with objectives has none. From them each request has a
+deadline, and the queue and the preemption victims are ordered by ``key``: (overdue,
+higher priority first, earlier deadline).
 
 * A request still waiting for its first token must have it by arrival + TTFT. Past that it
   is **overdue**: it has missed for good, so it goes behind every request that can still

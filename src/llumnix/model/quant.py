@@ -19,9 +19,10 @@ load for PyTorch's weight-only kernels, so a decode step streams a fraction of t
     w8a8  int8 weights per output channel times activations quantized to 8 bits per row at
           each call (``W8A8Weight``, fbgemm's integer GEMM with VNNI dot products): float32
           in and out, and no kernel that dequantizes the weights again for every few rows,
-          so it is the fastest format at every row count here (CPU time a step, one thread:
-          batch 1 0.90x auto's, batch 8 and 32 0.71x; benchmarks/engine_speed.md, section
-          12). 8-bit activations need SmoothQuant (``model/smooth.py``, folded in at packing):
+          so it takes the least CPU time a step at every row count here (one thread: batch
+          1 0.90x auto's, batch 8 and 32 0.71x); in wall time on two threads it is slower
+          than auto at batch 1 and 8 (0.92x, 0.85x) and faster at 32 (1.12x; quiet,
+          benchmarks/engine_speed.md, section 12). 8-bit activations need SmoothQuant (``model/smooth.py``, folded in at packing):
           without it perplexity rose 266%; with it +1.0%, but greedy agreement with fp32 is
           9/64 prompts (auto's 42), so it is opt-in. Its head is w8a8 too (its columns
           smoothed), a tied embedding reading int8 rows kept beside it.
