@@ -113,7 +113,7 @@ async def drive(url: str, model: str, reqs: list[Any], shed_every_s: float) -> t
             end = reqs[-1].arrival_s
             while time.perf_counter() - t0 < end:
                 await asyncio.sleep(shed_every_s)
-                rec: dict[str, Any] = {}
+                rec: dict[str, Any] = {"sent_s": time.perf_counter() - t0}
                 shed.append(rec)
                 await one(client, url, model, reqs[0].prompt, 4, "shed", rec)
 
@@ -160,7 +160,9 @@ def run_round(server: Server, settings: Any, pairs: Any, vocab: int, load: float
             "ttft": {**errors(ttfts), "measured_p50_s": pct([m for _, m in ttfts], 0.5)},
             "shed": {"n": len(shed), "num_429": len(shed_s), "max_s": max(shed_s, default=None),
                      "p50_s": pct(shed_s, 0.5), "retry_after": sorted({r.get("retry_after") for r in shed} - {None}),
-                     "statuses": sorted({r.get("status") for r in shed})},
+                     "statuses": sorted({r.get("status") for r in shed}),
+                     "slowest": sorted(([round(r["answer_s"], 4), round(r["sent_s"], 2), i] for i, r in enumerate(shed)
+                                        if "answer_s" in r), reverse=True)[:3]},
             "loadavg_before": list(load_avg), "loadavg_after": list(os.getloadavg())}
 
 
