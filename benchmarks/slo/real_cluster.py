@@ -140,12 +140,15 @@ class Server:
 def run_round(server: Server, settings: Any, pairs: Any, vocab: int, load: float, seed: int,
               capacity: float, n: int, shed_every_s: float, raw: list[Any] | None = None) -> dict[str, Any]:
     from llumnix.bench.cluster_bench import make_requests
+    from llumnix.cluster.gc_watch import GCWatch
 
     pred = server.backend.gs.slo
     reqs = make_requests(settings, pairs, n, load * capacity, seed, vocab)
     before = len(pred.step_log)
+    gcw = GCWatch()  # full collections in this process (the gateway's too) during the round
     load_avg = os.getloadavg()
     served, shed = asyncio.run(drive(server.url, server.model, reqs, shed_every_s))
+    gcw.close()
     server.wait_idle()
     steps = list(pred.step_log)[before:]
     if raw is not None:  # every step, for replaying the predictor offline
@@ -163,7 +166,7 @@ def run_round(server: Server, settings: Any, pairs: Any, vocab: int, load: float
                      "statuses": sorted({r.get("status") for r in shed}),
                      "slowest": sorted(([round(r["answer_s"], 4), round(r["sent_s"], 2), i] for i, r in enumerate(shed)
                                         if "answer_s" in r), reverse=True)[:3]},
-            "loadavg_before": list(load_avg), "loadavg_after": list(os.getloadavg())}
+            "gateway_gc": gcw.stats(), "loadavg_before": list(load_avg), "loadavg_after": list(os.getloadavg())}
 
 
 def summarize(rounds: list[dict[str, Any]], loads: list[float]) -> dict[str, Any]:

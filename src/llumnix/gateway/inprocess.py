@@ -1,8 +1,16 @@
 """The OpenAI gateway for a backend, served by uvicorn in a thread of this process on a
 free loopback port (benchmarks and tests; `llumnix serve` and `llumnix gateway` run
-uvicorn in the foreground instead)."""
+uvicorn in the foreground instead).
+
+Like `llumnix serve` (``cluster/startup.py``), it freezes what the process holds once it
+serves (``gc_watch.freeze_startup_objects``): a benchmark's or a test run's heap is larger
+than a server's, and a full collection of it holds the gateway's loop for tens of
+milliseconds (a shed request's 429 took 56 ms in the first round of a quiet
+``benchmarks/slo/real_cluster.py`` run, against 8-15 ms in the others). The block's end
+unfreezes it."""
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 import time
@@ -46,6 +54,9 @@ class InProcessGateway:
         if not self.server.started:
             self.__exit__()
             raise LlumnixError(f"the in-process gateway did not start within {self.startup_timeout_s:g} s")
+        from llumnix.cluster.gc_watch import freeze_startup_objects
+
+        freeze_startup_objects()
         return f"http://127.0.0.1:{port}"
 
     def __exit__(self, *exc: object) -> None:
@@ -53,3 +64,4 @@ class InProcessGateway:
             self.server.should_exit = True
         if self.thread is not None:
             self.thread.join(10)
+        gc.unfreeze()
