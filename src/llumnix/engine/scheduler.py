@@ -191,6 +191,8 @@ class LocalScheduler:
         within a level a prompt already started finishes first. A request mid-prefill holds
         its blocks already, so only the decodes grow (and may preempt, from the back of
         the service order)."""
+        if self.objectives is not None and self.waiting:
+            self._preempt_for_head()
         preempted = self._grow_running()
         decodes: list[ScheduledRequest] = []
         prefilling: list[Request] = []
@@ -313,6 +315,16 @@ class LocalScheduler:
             self._victims.append(victim.request_id)
             self.num_preempted_for_deadlines += 1
         return self.kv.can_allocate(req.num_tokens, cached)
+
+    def _preempt_for_head(self) -> None:
+        """With chunked prefill, the queue's head that memory stops may preempt for its first
+        token (``_preempt_for``) before the step's decodes are taken: ``_admit`` runs after
+        them, when a victim is in the step already. Without this the deadline order never
+        preempted on a chunked engine, and at issue 47's fair point an urgent interactive
+        request waited behind running batch requests far ahead of their pace (helper slo6)."""
+        head = self.waiting[0]
+        if len(self.running) < self.config.max_num_seqs and not self.kv.can_allocate(head.num_tokens):
+            self._preempt_for(head, None)
 
     def _is_still_blocked(self, min_priority: int | None) -> bool:
         """The head of line that memory stopped at the last admission is still first, may
