@@ -32,74 +32,43 @@ sys.path.insert(0, str(HERE))
 from paced_classes_predict import settings  # noqa: E402
 
 CAUSES = ("tpot_predicted_miss", "tpot_unpredicted", "preempted_by_growth", "preempted_for_deadline",
-          "queued_behind_interactive", "queued_behind_batch", "head_blocked_no_preempt_try",
+          "queued_behind_interactive", "queued_behind_batch", "head_blocked_no_deadline_preemption",
           "head_blocked_on_memory", "ttft_other")
 """``preempted_*``: preempted before its TTFT was due; ``queued_behind_*``: when its TTFT fell due
 it still waited behind queued requests of that class; ``head_blocked_*``: it was the head of its
-instance's queue, memory stopped it, batch requests ran, and no deadline preemption was tried
-(``_no_preempt_try``) or one was and found no room; ``ttft_other``: the rest (its prefill, a
-late first token with memory free)."""
+instance's queue and memory stopped it, with batch requests running and no deadline preemption
+on its instance while it waited (``_no_deadline_preemption``) or otherwise (``_on_memory``);
+``ttft_other``: the rest (its prefill itself, a late first token with memory free)."""
 
 
 class Trace:
     """What the hooks saw in one run."""
 
     def __init__(self) -> None:
-        self.rule: list[str] = []
-        self.culprit: list[Any] = []
         self.preempts: dict[str, list[tuple[float, str, str | None]]] = collections.defaultdict(list)
         self.admits: list[tuple[float, int, str, str]] = []  # (time, scheduler id, request id, class)
         self.dispatch: dict[str, dict[str, Any]] = {}
         self.finished: list[str] = []
-        self.attempts: dict[str, list[tuple[float, bool, int, bool, bool]]] = collections.defaultdict(list)
+        self.preempt_log: list[tuple[float, int, str]] = []  # (time, scheduler id, rule)
         self.at_due: dict[str, dict[str, Any]] = {}
-        self.cls: dict[str, str] = {}
-        self.now = lambda: 0.0
 
 
 T = Trace()
 
 
 def _hook() -> None:
-    pf, gw, pre, adm = (LocalScheduler._preempt_for, LocalScheduler._grow_with_preemption,
-                        LocalScheduler.preempt, LocalScheduler._admit)
-
-    def preempt_for(self: LocalScheduler, req: Any, cached: Any) -> bool:
-        T.rule.append("deadline")
-        T.culprit.append(req)
-        try:
-            obj, now = self.objectives, self._now()
-            may = obj is not None and obj.may_preempt_for(req)
-            vs = obj.victims(req, self.running, now) if may and obj is not None else []
-            room = self.kv.num_free_blocks + sum(len(self.kv.tables[v.request_id]) for v in vs) \
-                - self.kv.blocks_needed(req.num_tokens, cached) >= self.kv.num_watermark_blocks
-            ok = pf(self, req, cached)
-            T.attempts[req.request_id].append((now, may, len(vs), room, ok))
-            return ok
-        finally:
-            T.rule.pop()
-            T.culprit.pop()
-
-    def grow(self: LocalScheduler) -> list[str]:
-        T.rule.append("growth")
-        T.culprit.append(None)
-        try:
-            return gw(self)
-        finally:
-            T.rule.pop()
-            T.culprit.pop()
+    """Wrap public entry points only (the repository's rule for study code): a preemption's
+    rule is read off its caller's frame, an admission off the queue before and after a step."""
+    pre = LocalScheduler.preempt
+    rules = {"_preempt_for": "deadline", "_grow_with_preemption": "growth"}
 
     def preempt(self: LocalScheduler, req: Any) -> None:
-        c = T.culprit[-1] if T.culprit else None
-        T.preempts[req.request_id].append((self._now(), T.rule[-1] if T.rule else "other",
-                                           None if c is None else c.slo_class))
+        caller = sys._getframe(1)
+        rule = rules.get(caller.f_code.co_name, "other")
+        head = caller.f_locals.get("req") if rule == "deadline" else None
+        T.preempts[req.request_id].append((self._now(), rule, None if head is None else head.slo_class))
+        T.preempt_log.append((self._now(), id(self), rule))
         pre(self, req)
-
-    def admit(self: LocalScheduler, budget: int, **kw: Any) -> Any:
-        out = adm(self, budget, **kw)
-        for r, _ in out:
-            T.admits.append((self._now(), id(self), r.request_id, r.slo_class or ""))
-        return out
 
     sc = LocalScheduler.schedule
 
@@ -116,7 +85,12 @@ def _hook() -> None:
                         "running": dict(collections.Counter(w.slo_class for w in self.running)),
                         "free_blocks": self.kv.num_free_blocks,
                         "needs_blocks": self.kv.blocks_needed(r.num_tokens, None)}
-        return sc(self)
+        queued = {r.request_id for r in self.waiting}
+        out = sc(self)
+        for r in self.running:
+            if r.request_id in queued:
+                T.admits.append((now, id(self), r.request_id, r.slo_class or ""))
+        return out
 
     gd = GlobalScheduler.dispatch
 
@@ -141,11 +115,8 @@ def _hook() -> None:
         T.finished += [o.request_id for o in done]
         return done
 
-    LocalScheduler._preempt_for = preempt_for  # type: ignore[method-assign]
-    LocalScheduler._grow_with_preemption = grow  # type: ignore[method-assign]
     LocalScheduler.preempt = preempt  # type: ignore[method-assign]
     LocalScheduler.schedule = schedule  # type: ignore[method-assign]
-    LocalScheduler._admit = admit  # type: ignore[method-assign]
     GlobalScheduler.dispatch = dispatch  # type: ignore[method-assign]
     MetricsCollector.on_outputs = on_outputs  # type: ignore[method-assign]
 
@@ -183,7 +154,8 @@ def run_one(s: Any, system: str, pairs: Any, latency: Any, rate: float, seed: in
         ahead = collections.Counter(c for t, sid, r, c in T.admits
                                     if sched_of.get(sid) == to and m.arrival_time <= t < min(first, m.arrival_time + ttft_lim)
                                     and r != rid)
-        tries = [a for a in T.attempts.get(rid, []) if a[0] <= m.arrival_time + ttft_lim]
+        tries = [w for w, sid, rule in T.preempt_log
+                 if rule == "deadline" and sched_of.get(sid) == to and m.arrival_time <= w <= m.arrival_time + ttft_lim]
         mine = pred.get(to, (None, None, None, None))
         others_meet = [i for i, p in pred.items() if i != to and p[0] <= ttft_lim and p[1] <= tpot_lim]
         pre = T.preempts.get(rid, [])
@@ -201,7 +173,7 @@ def run_one(s: Any, system: str, pairs: Any, latency: Any, rate: float, seed: in
         elif due["queued_ahead"]:
             cause = "queued_behind_batch"
         elif due["free_blocks"] - due["needs_blocks"] < 2:
-            cause = ("head_blocked_no_preempt_try" if not tries and due["running"].get("batch")
+            cause = ("head_blocked_no_deadline_preemption" if not tries and due["running"].get("batch")
                      else "head_blocked_on_memory")
         else:
             cause = "ttft_other"
@@ -213,8 +185,7 @@ def run_one(s: Any, system: str, pairs: Any, latency: Any, rate: float, seed: in
                     "prompt": m.num_prompt_tokens, "output": m.num_output_tokens,
                     "preemptions": dict(rules), "preempted_before_due": len(early), "migrations": m.num_migrations,
                     "admitted_ahead": dict(ahead), "dispatched_to": to, "at_due": T.at_due.get(rid),
-                    "preempt_for_tries": len(tries), "tries_without_victims": sum(1 for a in tries if not a[2]),
-                    "tries_without_room": sum(1 for a in tries if a[2] and not a[3]),
+                    "deadline_preemptions_there_while_due": len(tries),
                     "predicted_here": [None if x is None else round(x, 3) for x in mine],
                     "others_predicted_to_meet": len(others_meet)})
     return out
