@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--classes", nargs="+", default=[str(HERE / "classes.yaml")], help="classes files")
     ap.add_argument("--pace", default="a10-llama7b-serving")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     points = []
@@ -62,10 +63,11 @@ def main() -> None:
         for load in (float(x) for x in a.loads.split(",")):
             points.append({"classes": s.slo_classes, "classes_file": Path(path).name, "load": load,
                            "rate_req_s": round(load * a.capacity, 3),
-                           "systems": point(s, load * a.capacity, range(a.seeds))})
+                           "systems": point(s, load * a.capacity,
+                                                                                    range(a.first_seed, a.first_seed + a.seeds))})
             inter = {n: r.get("interactive", {}).get("mean") for n, r in points[-1]["systems"].items()}
             print(f"{Path(path).name} load {load}: interactive mean {inter}")
-    a.out.write_text(json.dumps({"capacity_req_s": a.capacity, "pace": a.pace, "seeds": a.seeds,
+    a.out.write_text(json.dumps({"capacity_req_s": a.capacity, "pace": a.pace, "seeds": a.seeds, "first_seed": a.first_seed,
                                  "loadavg": os.getloadavg(), "points": points}, indent=1) + "\n")
     print(f"wrote {a.out}")
 

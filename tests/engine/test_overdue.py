@@ -110,11 +110,11 @@ def run_steps(eng, n: int, dt: float = 0.01, until_preempted: bool = False) -> l
     return preempted
 
 
-def two_running(ttft: float):
+def two_running(ttft: float, chunked: bool = False):
     """20 blocks of 4 tokens, two requests decoding at 0.23 s: "long" (8-token prompt at 0 s,
     22 tokens made: 30 tokens, 8 blocks), on pace until 0 s + 22 x its 1 s TPOT; "young"
     (32-token prompt at 0.21 s, 2 tokens: 9 blocks), on pace until 2.21 s. 3 blocks free."""
-    eng = make_engine(num_blocks=20, block_size=4, max_num_seqs=8)
+    eng = make_engine(num_blocks=20, block_size=4, max_num_seqs=8, chunked=chunked)
     by_priority(eng, {int(Priority.NORMAL): (ttft, 1.0)})
     eng.add_request("long", [1] * 8, SamplingParams(max_tokens=60), arrival_time=0.0)
     assert run_steps(eng, 21) == []
@@ -137,6 +137,34 @@ def test_a_queued_first_token_takes_the_blocks_of_a_request_far_ahead_of_its_pac
     assert [r.request_id for r in eng.scheduler.waiting] == ["long"]  # due after them, it waits
     eng.update(batch, eng.executor.execute(batch))
     eng.check_invariants()
+
+
+def test_with_chunked_prefill_a_queued_first_token_takes_the_blocks_before_the_decodes_are_taken():
+    """A chunked engine admits after the step's decodes are in it, so the head preempts first
+    (``_preempt_for_head``): before it, the deadline order never preempted on a chunked engine
+    (issue 47's fair point: 24 of 28 interactive misses, benchmarks/slo/fair_misses.py)."""
+    eng = two_running(10.0, chunked=True)
+    now = eng.clock.now()
+    eng.add_request("new", [2] * 16, SamplingParams(max_tokens=2), arrival_time=now - 6)
+    batch = eng.schedule()
+    assert batch.preempted_request_ids == ["long"]  # not "young": due before "new"
+    assert [e.request_id for e in batch.scheduled] == ["young", "new"]  # young's decode, new's prefill
+    assert batch.num_decodes == 1 and eng.scheduler.num_preempted_for_deadlines == 1
+    assert [r.request_id for r in eng.scheduler.waiting] == ["long"]
+    eng.update(batch, eng.executor.execute(batch))
+    eng.check_invariants()
+    assert finish_order(eng)  # and the rest runs to its end, invariants checked each step
+
+
+def test_with_chunked_prefill_nothing_is_preempted_before_the_head_is_urgent_or_without_objectives():
+    eng = two_running(10.0, chunked=True)
+    eng.add_request("new", [2] * 16, SamplingParams(max_tokens=2), arrival_time=eng.clock.now() - 4)
+    assert run_steps(eng, 1, dt=1.0) == []  # waited 4 s of 10: memory may yet free by itself
+    assert run_steps(eng, 1) == ["long"]  # 5 s: urgent
+    eng = two_running(10.0, chunked=True)
+    eng.set_objectives({}, "fcfs")  # the plain order: a blocked head waits for memory
+    eng.add_request("new", [2] * 16, SamplingParams(max_tokens=2), arrival_time=eng.clock.now() - 6)
+    assert run_steps(eng, 3) == [] and [r.request_id for r in eng.scheduler.waiting] == ["new"]
 
 
 def test_no_request_is_preempted_for_one_due_later_or_when_its_blocks_would_not_do():

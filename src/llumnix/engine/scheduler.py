@@ -36,6 +36,15 @@ def service_key(req: Request) -> tuple[bool, int, float]:
     return (req.is_overdue, -req.priority, req.arrival_time)
 
 
+def chunk_size(req: Request, n: int, budget: int, others: bool) -> int:
+    """Tokens of ``req``'s ``n`` left to prefill that this step computes: what the
+    budget leaves; all of them for a request that asks for prompt logprobs (computed
+    at once), or 0 if that would exceed the budget beside other prefills."""
+    if req.sampling_params.prompt_logprobs is not None and n > budget:
+        return 0 if others else n
+    return min(n, budget)
+
+
 class LocalScheduler:
     def __init__(self, config: SchedulerConfig, kv: KVManager, now: Callable[[], float]) -> None:
         self.config = config
@@ -191,6 +200,8 @@ class LocalScheduler:
         within a level a prompt already started finishes first. A request mid-prefill holds
         its blocks already, so only the decodes grow (and may preempt, from the back of
         the service order)."""
+        if self.objectives is not None and self.waiting:
+            self._preempt_for_head()
         preempted = self._grow_running()
         decodes: list[ScheduledRequest] = []
         prefilling: list[Request] = []
@@ -209,7 +220,7 @@ class LocalScheduler:
         for level in sorted(levels, reverse=True):
             while budget > 0 and i < len(prefilling) and prefilling[i].priority >= level:
                 req = prefilling[i]
-                n = self._chunk_size(req, req.num_new_tokens, budget, bool(chunks))
+                n = chunk_size(req, req.num_new_tokens, budget, bool(chunks))
                 if n == 0:
                     break
                 chunks.append(self._entry(req, n))
@@ -221,15 +232,6 @@ class LocalScheduler:
                     budget -= n
         return SchedulerOutput(decodes + chunks, is_prefill=bool(chunks),
                                preempted_request_ids=preempted, num_decodes=len(decodes))
-
-    @staticmethod
-    def _chunk_size(req: Request, n: int, budget: int, others: bool) -> int:
-        """Tokens of ``req``'s ``n`` left to prefill that this step computes: what the
-        budget leaves; all of them for a request that asks for prompt logprobs (computed
-        at once), or 0 if that would exceed the budget beside other prefills."""
-        if req.sampling_params.prompt_logprobs is not None and n > budget:
-            return 0 if others else n
-        return min(n, budget)
 
     def _admit(self, budget: int, *, chunked: bool | None = None,
                min_priority: int | None = None) -> list[tuple[Request, int]]:
@@ -264,7 +266,7 @@ class LocalScheduler:
             else:
                 if num_tokens >= budget:
                     break
-                n = self._chunk_size(req, n, budget - num_tokens, chunked or bool(admitted))
+                n = chunk_size(req, n, budget - num_tokens, chunked or bool(admitted))
                 if n == 0:
                     break
             if len(self.running) + len(admitted) >= self.config.max_num_seqs:
@@ -313,6 +315,13 @@ class LocalScheduler:
             self._victims.append(victim.request_id)
             self.num_preempted_for_deadlines += 1
         return self.kv.can_allocate(req.num_tokens, cached)
+
+    def _preempt_for_head(self) -> None:
+        """Chunked prefill: the head that memory stops preempts for its first token before the step's
+        decodes are taken (``_admit`` runs after them; issue 47's fair point, helper slo6)."""
+        head = self.waiting[0]
+        if len(self.running) < self.config.max_num_seqs and not self.kv.can_allocate(head.num_tokens):
+            self._preempt_for(head, None)
 
     def _is_still_blocked(self, min_priority: int | None) -> bool:
         """The head of line that memory stopped at the last admission is still first, may
