@@ -13,7 +13,7 @@ already in one of its orders; at most one rescue order per instance a round:
   picks (with the paper's, the lowest priority first: a batch request that slows the
   interactive ones, "the requests hurting it") to the instance, among those with the
   room to reserve it whose own requests (and the moved one) still meet their TPOT
-  objectives after it joins, with the lowest predicted TPOT.
+  objectives after it joins, with the lowest predicted TPOT. The order names it.
 
 The ablation switch is ``scheduling.slo.rescue``. The simulator moves the request an order
 names, and that one only: no chain of the freeness rule follows it (``sim/policy_bridge.py``;
@@ -114,5 +114,5 @@ def tpot_rescues(live: list[InstanceStatus], predictor: SLOPredictor, now: float
             if tpot <= limit and (best is None or tpot < best[0]):
                 best = (tpot, i)
         if best is not None:
-            orders.append(MigrationOrder(src.instance_id, dsts.pop(best[1]).instance_id))
+            orders.append(MigrationOrder(src.instance_id, dsts.pop(best[1]).instance_id, ids[0]))
     return orders
