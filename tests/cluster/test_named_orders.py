@@ -91,3 +91,28 @@ def test_a_named_request_gone_ends_the_order_with_its_reason(monkeypatch: pytest
     assert rep["request_id"] == "finished-one" and not rep["committed"]
     assert rep["abort_code"] == "source_finished" and "is not on a" in rep["abort_reason"]
     assert rep["start_time"] is not None  # LlumSched counts it once (told now, returned with the round)
+
+
+def test_llumsched_sends_the_name_with_the_order() -> None:
+    import threading
+    from types import SimpleNamespace
+
+    from llumnix.cluster.rescheduler import Rescheduler
+    from llumnix.policy.pairing import MigrationOrder
+
+    sent: list[tuple[Any, ...]] = []
+
+    class Handle:
+        class migrate_out:  # noqa: N801 - a Ray actor method's shape
+            @staticmethod
+            def remote(*args: Any) -> str:
+                sent.append(args)
+                return "ref"
+
+    orders = [MigrationOrder("a", "b", "q"), MigrationOrder("c", "d")]
+    handles = {k: Handle() for k in "abcd"}
+    gs = SimpleNamespace(reschedule=lambda now: orders)
+    state = SimpleNamespace(lock=threading.Lock(), in_flight={}, handles=handles, gs=gs)
+    Rescheduler(state, SchedulingConfig(), 1.0).run_pass()  # type: ignore[arg-type]
+    assert sent == [("b", handles["b"], None, "q"), ("d", handles["d"], None, None)]
+    assert state.in_flight == {"a": "ref", "c": "ref"}
