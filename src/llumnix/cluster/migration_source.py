@@ -1,7 +1,8 @@
 """An instance's migrations out: its channels to destinations (one per transport and
 destination, reopened after a transport error), one named request moved on demand
 (benchmarks, admin, PD hand-offs), and a rescheduling round's moves to one destination
-while the paper's pairing rule holds. The destination is another instance actor, reached
+while the paper's pairing rule holds (or, for an order that names its request, a rescue's,
+that request alone). The destination is another instance actor, reached
 through ``RemoteDestination``'s Ray calls."""
 from __future__ import annotations
 
