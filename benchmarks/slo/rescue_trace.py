@@ -1,5 +1,5 @@
 """Rescue by migration request by request, in one run of issue 47's goal (``goal.yaml``): each
-rescue order (TTFT: a queued request named; TPOT: a running one its source's llumlet picks),
+rescue order (the request it names: TTFT a queued one, TPOT the one the selection rule picked),
 where the moved request stood in the destination's queue when it arrived there, whether it
 then met its objectives, how many running requests the destination preempted for first
 tokens around the move, and how the requests queued at the destination when it arrived

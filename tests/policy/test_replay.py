@@ -107,7 +107,7 @@ class LiteralEngine:
 
 class SimSide:
     def __init__(self, scheduling: dict[str, Any] = SCHEDULING) -> None:
-        spec = SystemSpec("llumnix", "llumnix", enable_migration=True,
+        spec = SystemSpec("llumnix", scheduling.get("dispatch", {}).get("policy", "llumnix"), enable_migration=True,
                           options={k: v for k, v in scheduling.items() if k != "dispatch"})
         self.bridge = PolicyBridge(scheduling_config(spec), seed=0, scaling_interval_s=0.5)
         trace = Trace("one", 1.0, 0, np.array([1e9]), np.array([16]), np.array([1]), np.array([0]))
@@ -159,11 +159,14 @@ class ClusterSide:
         self.handles: dict[str, object] = {}
         self.victims: dict[str, float] = {}
         self.chains: list[tuple[str, str, str | None]] = []
+        self.named: dict[tuple[str, str], str | None] = {}
+        """The request each order of the last round named (a rescue's), by (source, destination)."""
 
     def pick(self, src: str, dst: str, t: float) -> str | None:
         """The source's first pick, as ``InstanceActor.migrate_out`` asks its llumlet."""
-        ll = self.llumlets[src]
-        picked = ll.select_requests_to_migrate(t, 1, self.llumlets[dst].report(t) if ll.reads_destination else None)
+        ll, named = self.llumlets[src], self.named[(src, dst)]
+        reads = named is None and ll.reads_destination
+        picked, _ = ll.select_for_order(t, named, self.llumlets[dst].report(t) if reads else None)
         return picked[0] if picked else None
 
     def round(self, t: float, snaps: dict[str, InstanceStatus], first: bool) -> Decisions:
@@ -177,10 +180,10 @@ class ClusterSide:
                     self.handles[iid] = object()
                 else:  # update_status()
                     gs.update_status(status)
-        kept = [self.llumlets[s].should_keep_migrating(t, self.llumlets[d].report(t), 0) for s, d, _ in self.chains
-                if s in self.llumlets and d in self.llumlets]  # as migrate_out
-        pairs = [(o.src_instance_id, o.dst_instance_id) for o in gs.reschedule(t)]
-        started = self.chains = [(s, d, self.pick(s, d, t)) for s, d in pairs_to_start(pairs, (), self.handles)]
+        kept = [self.llumlets[s].should_keep_migrating(t, self.llumlets[d].report(t), 0, self.named[(s, d)])
+                for s, d, _ in self.chains if s in self.llumlets and d in self.llumlets]  # as migrate_out
+        self.named = {(o.src_instance_id, o.dst_instance_id): o.request_id for o in gs.reschedule(t)}
+        started = self.chains = [(s, d, self.pick(s, d, t)) for s, d in pairs_to_start(self.named, (), self.handles)]
         act = scaling_round(gs, t)
         if act.kind == "in" and act.instance_id in self.handles:
             gs.mark_terminating(act.instance_id)
@@ -248,3 +251,45 @@ def test_even_pairing_decides_alike_in_the_simulator_and_the_cluster():
     assert even[2] == paper[2] == [("instance-0", "instance-1", "instance-0-w0")]  # the jam is relieved
     assert ("instance-2", "instance-3", "instance-2-r0") in paper[3]
     assert even[3] == [("instance-0", "instance-1", "instance-0-w0")]  # the new tipping source waits
+
+
+# Rescue by migration (policy/slo_rescue.py): instance-0's queued interactive request q
+# would miss its 1 s TTFT behind p's 3,000-token prompt; the others are nearly idle.
+RESCUE: dict[str, Any] = {
+    "dispatch": {"policy": "slo"}, "slo": {"rescue": True}, "scaling": {"enabled": False},
+    # no freeness pairs: every order is a rescue's
+    "rescheduling": {"enabled": True, "out_threshold": -1e9, "in_threshold": -1e9},
+}
+
+
+def _rescue_snaps(queue: bool) -> dict[str, InstanceStatus]:
+    def light(iid: str, n: int) -> InstanceStatus:
+        waiting = [wait(f"{iid}-p", 3000, 1), wait(f"{iid}-q", 200, 1)] if queue and iid == IDS[0] else []
+        return inst(iid, total=4000, running=[run(f"{iid}-r{k}", 7, 100) for k in range(n)], waiting=waiting)
+    return {iid: light(iid, 2 if iid == IDS[0] else 1) for iid in IDS}
+
+
+def test_a_rescue_order_moves_the_request_it_names_alike_in_the_simulator_and_the_cluster(monkeypatch):
+    # the freeness rule would keep any chain going (keep_migrating's source and destination
+    # tests; the pairing's own are not touched): a rescue's must end anyway
+    monkeypatch.setattr("llumnix.policy.rounds.is_source", lambda *a: True)
+    monkeypatch.setattr("llumnix.policy.rounds.is_destination", lambda *a: True)
+    sim, cluster = SimSide(RESCUE), ClusterSide(RESCUE)
+    log = []
+    for k, (t, snaps) in enumerate([(0.0, _rescue_snaps(False)), (0.5, _rescue_snaps(True)),
+                                    (0.6, _rescue_snaps(True))]):
+        got_sim, got_cluster = sim.round(t, snaps, k == 0), cluster.round(t, snaps, k == 0)
+        assert got_sim == got_cluster, f"round at t={t}: simulator {got_sim} vs cluster {got_cluster}"
+        log.append(got_sim)
+    [(src, dst, moved)] = log[1].started
+    assert (src, moved) == ("instance-0", "instance-0-q") and dst != src
+    # the source's own selection would have given up another request: the name decides
+    picked, _ = cluster.llumlets[src].select_for_order(0.5, None, None)
+    assert picked and picked != [moved]
+    assert log[2].kept == [False]  # and no chain follows the named request
+    # an order naming a request no longer there moves nothing, in either world
+    instances = sim.sim.cluster.instances
+    sim.bridge._named[(src, dst)] = "instance-0-gone"
+    assert sim.bridge.select_request(instances[src], instances[dst]) is None
+    picked, why = cluster.llumlets[src].select_for_order(0.6, "instance-0-gone")
+    assert picked == [] and "is not on instance-0" in str(why)

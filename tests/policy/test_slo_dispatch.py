@@ -110,7 +110,8 @@ def test_tpot_rescue_moves_work_off_an_instance_past_its_objective() -> None:
     pred = SLOPredictor(SLOConfig())
     assert pred.tpot_now(pred.load(a), 0.0) > 0.1
     orders = tpot_rescues([a, b], pred, 0.0, SchedulingConfig().rescheduling)
-    assert [(o.src_instance_id, o.dst_instance_id, o.request_id) for o in orders] == [("a", "b", None)]
+    # the order names the request it chose: a batch one (the lowest priority), not an interactive one
+    assert [(o.src_instance_id, o.dst_instance_id, o.request_id) for o in orders] == [("a", "b", "n0")]
 
 
 def test_rescue_is_an_ablation_switch_in_reschedule() -> None:

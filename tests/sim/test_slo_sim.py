@@ -170,11 +170,12 @@ def test_a_trace_of_named_classes_is_checked() -> None:
 
 
 def test_a_rescue_moves_the_request_it_names_and_no_chain_follows(monkeypatch) -> None:
-    from llumnix.policy.llumlet import Llumlet
     from llumnix.sim.runner import make_simulator
 
-    # the freeness rule would keep every pair going: a rescue's chain must end anyway
-    monkeypatch.setattr(Llumlet, "should_keep_migrating", lambda *a, **kw: True)
+    # the freeness rule would keep every pair going (every source stays a source, every
+    # destination one): a rescue's chain must end anyway (policy.rounds.keep_migrating)
+    monkeypatch.setattr("llumnix.policy.rounds.is_source", lambda *a: True)
+    monkeypatch.setattr("llumnix.policy.rounds.is_destination", lambda *a: True)
     sim = make_simulator(RunSpec(_slo(slo={"rescue": True}), TRACE, 24.0, 0, CLUSTER, "a10-llama7b-serving"))
     bridge = sim.policy
     select, keep = bridge.select_request, bridge.keep_migrating

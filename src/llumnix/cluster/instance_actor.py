@@ -321,8 +321,9 @@ class InstanceActor:
         """Migrate one named request (benchmarks, admin); returns its report."""
         return self.source.migrate_request(request_id, dst_instance_id, dst, overrides, transport, exclusive)
 
-    def migrate_out(self, dst_instance_id: str, dst: Any,
-                    overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    def migrate_out(self, dst_instance_id: str, dst: Any, overrides: dict[str, Any] | None = None,
+                    request_id: str | None = None) -> list[dict[str, Any]]:
         """A rescheduling round's migrations to ``dst``; returns the reports (``overrides``:
-        MigrationConfig fields for this round, for benchmarks)."""
-        return self.source.migrate_out(dst_instance_id, dst, overrides)
+        MigrationConfig fields for this round, for benchmarks; ``request_id``: the request
+        the order names, a rescue's, moved alone)."""
+        return self.source.migrate_out(dst_instance_id, dst, overrides, request_id)

@@ -1,7 +1,8 @@
 """An instance's migrations out: its channels to destinations (one per transport and
 destination, reopened after a transport error), one named request moved on demand
 (benchmarks, admin, PD hand-offs), and a rescheduling round's moves to one destination
-while the paper's pairing rule holds. The destination is another instance actor, reached
+while the paper's pairing rule holds (or, for an order that names its request, a rescue's,
+that request alone). The destination is another instance actor, reached
 through ``RemoteDestination``'s Ray calls."""
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import ray
 
 from llumnix.core.status import InstanceStatus
+from llumnix.migration import reasons
 from llumnix.migration.protocol import MigrationConfig
 from llumnix.policy import Llumlet
 
@@ -90,11 +92,13 @@ class MigrationSource:
             self._drop_if_broken(rep, dst_instance_id, transport)
         return dataclasses.asdict(rep)
 
-    def migrate_out(self, dst_instance_id: str, dst: Any,
-                    overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    def migrate_out(self, dst_instance_id: str, dst: Any, overrides: dict[str, Any] | None = None,
+                    named: str | None = None) -> list[dict[str, Any]]:
         """Migrate requests to ``dst`` one at a time while the pairing holds (the paper's
         rule, ``policy.rounds.keep_migrating``, as in the simulator); returns the reports.
-        ``overrides``: MigrationConfig fields for this round (benchmarks)."""
+        ``overrides``: MigrationConfig fields for this round (benchmarks). ``named``: the
+        request the order names (a rescue): that one only, if it can still move
+        (``policy.rounds.why_not_named``; else the round's one report says why)."""
         marks = {"order_received": time.monotonic()}  # the report's clock: where its start's wait began
         if not self._migrating.acquire(blocking=False):
             return []  # one migration out at a time
@@ -102,7 +106,7 @@ class MigrationSource:
         picked: list[str] = []
         try:
             cfg = dataclasses.replace(self.migration_config, **(overrides or {}))
-            self._round(dst_instance_id, dst, reports, picked, cfg, marks)
+            self._round(dst_instance_id, dst, reports, picked, cfg, marks, named)
             return reports
         except Exception as e:  # noqa: BLE001 - a failed round is reported, never fatal
             for old in self._senders.values():
@@ -116,24 +120,30 @@ class MigrationSource:
             self._migrating.release()
 
     def _round(self, dst_instance_id: str, dst: Any, reports: list[dict[str, Any]], picked: list[str],
-               cfg: MigrationConfig, marks: dict[str, float]) -> None:
+               cfg: MigrationConfig, marks: dict[str, float], named: str | None = None) -> None:
         """The moves of one round, appended to ``reports`` (``picked``: the one under way).
         With ``cfg.merge_boundaries`` the keep-migrating test, the pick and the start happen
-        at one source boundary (``driver.migrate_next``); else each at a boundary of its own."""
+        at one source boundary (``driver.migrate_next``); else each at a boundary of its own.
+        The first pick and the chain's test are the simulator's (``Llumlet.select_for_order``,
+        ``should_keep_migrating``)."""
         from llumnix.migration.driver import migrate, migrate_next
 
         sender = self._sender(dst_instance_id, dst)
         remote = RemoteDestination(dst_instance_id, dst)
-        dst_status = ray.get(dst.status.remote(), timeout=30) if self.llumlet.reads_destination else None
+        reads = named is None and self.llumlet.reads_destination
+        dst_status = ray.get(dst.status.remote(), timeout=30) if reads else None
         num_in: int | None = None  # after a migration: others coming in at dst (keep migrating?)
+        why: list[str] = []  # why a named request could not move
         while True:
             marks["dst_read"] = time.monotonic()
 
             def pick(d: InstanceStatus | None = dst_status, n: int | None = num_in) -> list[str]:
                 now = time.time()
-                if n is not None and d is not None and not self.llumlet.should_keep_migrating(now, d, n):
-                    return []
-                return self.llumlet.select_requests_to_migrate(now, 1, d)
+                if n is not None and d is not None and not self.llumlet.should_keep_migrating(now, d, n, named):
+                    return []  # after a move: the chain's test (never after a named one)
+                ids, no = self.llumlet.select_for_order(now, named, d)
+                why[:] = [] if no is None else [no]
+                return ids
 
             if cfg.merge_boundaries:
                 got = migrate_next(pick, self.server, remote, sender, cfg, marks=marks)
@@ -142,6 +152,9 @@ class MigrationSource:
                 picked[:] = self.server.call(pick)
                 got = migrate(picked[0], self.server, remote, sender, cfg, marks=marks) if picked else None
             if got is None:
+                if why:
+                    reports.append(self._not_moved(named, dst_instance_id, why[0]))
+                    self._on_report(reports[-1])
                 return
             rep, marks = got, {"order_received": time.monotonic()}  # the next one's wait begins
             reports.append(dataclasses.asdict(rep))
@@ -149,4 +162,15 @@ class MigrationSource:
             self._drop_if_broken(rep, dst_instance_id)
             if not rep.committed:
                 return
+            if named is not None:
+                return  # the request it named, and only it
             dst_status, num_in = ray.get([dst.status.remote(), dst.mig_num_reservations.remote()], timeout=30)
+
+    def _not_moved(self, request_id: str | None, dst_instance_id: str, why: str) -> dict[str, Any]:
+        """The report of an order whose named request could not move (``why``): nothing
+        started on either side, nothing failed."""
+        now, text = time.monotonic(), f"rescue order: {why}"
+        return {"request_id": request_id, "src_instance_id": self.llumlet.instance_id,
+                "dst_instance_id": dst_instance_id, "committed": False, "abort_reason": text,
+                "abort_code": reasons.of_report({"abort_reason": text}), "num_stages": 0, "num_blocks": 0, "num_bytes": 0,
+                "downtime": None, "duration": 0.0, "start_time": now, "end_time": now}

@@ -52,9 +52,11 @@ class Rescheduler:
         with st.lock:
             self.num_passes += 1
             self._reap_finished()
-            pairs = [(o.src_instance_id, o.dst_instance_id) for o in st.gs.reschedule(time.time())]
-            for src_id, dst_id in pairs_to_start(pairs, st.in_flight, st.handles):
-                st.in_flight[src_id] = st.handles[src_id].migrate_out.remote(dst_id, st.handles[dst_id])
+            orders = st.gs.reschedule(time.time())
+            named = {(o.src_instance_id, o.dst_instance_id): o.request_id for o in orders}  # a rescue names one
+            for src_id, dst_id in pairs_to_start(named, st.in_flight, st.handles):
+                st.in_flight[src_id] = st.handles[src_id].migrate_out.remote(
+                    dst_id, st.handles[dst_id], None, named[(src_id, dst_id)])
                 reaction = self.reactions.on_order(src_id, dst_id, time.time())
                 if reaction is not None:
                     self.reaction.observe(reaction)

@@ -16,7 +16,7 @@ from llumnix.core.status import MAX_STEP_SAMPLES, InstanceStatus, RequestBrief, 
 from llumnix.policy.config import FreenessConfig, ReschedulingConfig
 from llumnix.policy.freeness import freeness, room_for_migration, room_for_queued
 from llumnix.policy.pairing import MOVE_TESTS, accepts_move, demand_of
-from llumnix.policy.rounds import is_drained, keep_migrating
+from llumnix.policy.rounds import is_drained, keep_migrating, why_not_named
 from llumnix.policy.selection import select_requests
 
 if TYPE_CHECKING:
@@ -132,18 +132,30 @@ class Llumlet:
             return []
         return picks
 
+    def select_for_order(self, now: float, named: str | None = None,
+                         dst: InstanceStatus | None = None) -> tuple[list[str], str | None]:
+        """An order's first move, at the source: the request it names, if it names one and
+        may move it (``policy.rounds.why_not_named``; else none, and why), or the one the
+        selection picks (``select_requests_to_migrate``). The simulator and the cluster
+        both start an order here."""
+        if named is None:
+            return self.select_requests_to_migrate(now, 1, dst), None
+        why = why_not_named(self.report(now), named, self.migrating_out)
+        return ([], why) if why is not None else ([named], None)
+
     @property
     def reads_destination(self) -> bool:
         """Selection needs the destination's status (``queued_moves: fits``, ``pairing: stable``
         or ``even``)."""
         return self.rescheduling.queued_moves != "any" or self.rescheduling.pairing in MOVE_TESTS
 
-    def should_keep_migrating(self, now: float, dst: InstanceStatus, num_in: int) -> bool:
+    def should_keep_migrating(self, now: float, dst: InstanceStatus, num_in: int, named: str | None = None) -> bool:
         """After a migration to ``dst`` (its latest status; ``num_in`` other migrations
         coming in there) ends: migrate the next request there? (``policy.rounds.
-        keep_migrating``: the one rule of the simulator and the cluster)."""
+        keep_migrating``: the one rule of the simulator and the cluster; never after the
+        request an order ``named``)."""
         return keep_migrating(self.report(now), dst, num_in, self.rescheduling, self.freeness_cfg,
-                              self.migrating_out)
+                              self.migrating_out, named)
 
     def is_drained(self, now: float) -> bool:
         """Terminating and empty: the instance may stop (``policy.rounds.is_drained``)."""

@@ -68,13 +68,14 @@ MOVE_TESTS = ("stable", "even")
 @dataclass(frozen=True)
 class MigrationOrder:
     """Move requests from ``src_instance_id`` to ``dst_instance_id``; the source's llumlet
-    picks them and keeps going while it is still a source."""
+    picks them and keeps going while it is still a source, or, where the order names its
+    request, moves that one only (``policy.rounds.why_not_named``)."""
 
     src_instance_id: str
     dst_instance_id: str
     request_id: str | None = None
-    """The request to move first, when the rescheduler chose it (rescue by migration,
-    ``policy/slo_rescue.py``); None: the source's llumlet selects."""
+    """The request to move, and the only one, when the rescheduler chose it (rescue by
+    migration, ``policy/slo_rescue.py``); None: the source's llumlet selects."""
 
 
 def is_source(status: InstanceStatus, f: float, cfg: ReschedulingConfig) -> bool:

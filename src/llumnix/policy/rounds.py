@@ -1,8 +1,9 @@
 """What happens in and between rescheduling rounds, as pure functions of snapshots:
-which of a round's pairings start a migration chain (``pairs_to_start``), whether a
-source keeps migrating to the destination its round paired it with (``keep_migrating``),
-when a draining instance is empty (``is_drained``) and which scale-in victims may stop
-(``victims_to_stop``), and a scaling round (``scaling_round``). The simulator and the
+which of a round's pairings start a migration chain (``pairs_to_start``), what an
+order that names its request moves (``why_not_named``), whether a source keeps migrating
+to the destination its round paired it with (``keep_migrating``), when a draining instance
+is empty (``is_drained``) and which scale-in victims may stop (``victims_to_stop``), and a
+scaling round (``scaling_round``). The simulator and the
 cluster both decide through these (``keep_migrating`` via ``Llumlet``), so the two cannot
 drift apart again: they once did, the simulator testing the destination's freeness and
 ``max_in``, the cluster only the source and a cap of 16
@@ -39,12 +40,28 @@ if TYPE_CHECKING:
 
 
 def keep_migrating(src: InstanceStatus, dst: InstanceStatus, num_in: int, cfg: ReschedulingConfig,
-                   fcfg: FreenessConfig, migrating_out: Collection[str] = ()) -> bool:
+                   fcfg: FreenessConfig, migrating_out: Collection[str] = (), named: str | None = None) -> bool:
     """After a migration of the pairing ``src`` -> ``dst`` ends: start the next one?
-    ``num_in``: migrations into ``dst`` under way, not counting the one that ended."""
+    ``num_in``: migrations into ``dst`` under way, not counting the one that ended.
+    ``named``: the request the order named, if it named one (``why_not_named``): then no."""
+    if named is not None:
+        return False
     if not movable_requests(src, migrating_out) or not is_source(src, freeness(src, fcfg), cfg):
         return False
     return num_in < cfg.max_in and is_destination(dst, destination_freeness(dst, cfg, fcfg), cfg)
+
+
+def why_not_named(src: InstanceStatus, request_id: str, migrating_out: Collection[str] = ()) -> str | None:
+    """Why an order that names ``request_id`` (rescue by migration, ``policy/slo_rescue.py``)
+    cannot move it off ``src`` now; None if it can: ``src`` still holds it, running or queued
+    (moved as metadata), and it is not migrating already. Such an order moves that request
+    and only it: no selection, and no chain follows (``keep_migrating``)."""
+    for r in (*src.running, *src.waiting):
+        if r.request_id == request_id:
+            if r.is_migrating or request_id in migrating_out:
+                return f"the named request {request_id} is migrating out of {src.instance_id} already"
+            return None
+    return f"the named request {request_id} is not on {src.instance_id} any more (finished or aborted)"
 
 
 def is_drained(status: InstanceStatus) -> bool:

@@ -9,17 +9,20 @@ already in one of its orders; at most one rescue order per instance a round:
   (``ttft``, the request joining its queue) it would meet it, moves there (a queued
   request moves as metadata: nothing to copy). The order names it.
 * TPOT: an instance whose running requests' predicted TPOT (``tpot_now``) breaks the
-  tightest objective among their classes gives up the request its llumlet's selection
-  picks (with the paper's, the lowest priority first: a batch request that slows the
+  tightest objective among their classes gives up the request the selection rule
+  (``rescheduling.selection``) picks on its status (with the paper's, the lowest priority first: a batch request that slows the
   interactive ones, "the requests hurting it") to the instance, among those with the
   room to reserve it whose own requests (and the moved one) still meet their TPOT
-  objectives after it joins, with the lowest predicted TPOT.
+  objectives after it joins, with the lowest predicted TPOT. The order names it.
 
-The ablation switch is ``scheduling.slo.rescue``. The simulator moves the request an order
-names, and that one only: no chain of the freeness rule follows it (``sim/policy_bridge.py``;
-chains after rescues cost goodput: issue 47, benchmarks/slo/README.md). The serving
-cluster's rounds do not read the name yet: its source's llumlet selects as for any order,
-and keeps going while the freeness rule holds.
+The ablation switch is ``scheduling.slo.rescue``. Every rescue order names its request, and
+the simulator and the serving cluster alike move that request and that one only: no
+selection, and no chain of the freeness rule follows it (chains after rescues cost goodput:
+issue 47, benchmarks/slo/README.md). One rule decides it for both (``policy.rounds.
+why_not_named`` and ``keep_migrating``, through ``Llumlet.select_for_order``;
+``sim/policy_bridge.py``, ``cluster/migration_source.py``): a request no longer at the
+source, or migrating already, is not moved, and on the cluster the order ends with one
+report saying why (LlumSched's migration log, abort code ``source_finished``).
 """
 from __future__ import annotations
 
@@ -114,5 +117,5 @@ def tpot_rescues(live: list[InstanceStatus], predictor: SLOPredictor, now: float
             if tpot <= limit and (best is None or tpot < best[0]):
                 best = (tpot, i)
         if best is not None:
-            orders.append(MigrationOrder(src.instance_id, dsts.pop(best[1]).instance_id))
+            orders.append(MigrationOrder(src.instance_id, dsts.pop(best[1]).instance_id, ids[0]))
     return orders

@@ -122,9 +122,9 @@ class PolicyBridge:
         self.track_reactions = False
         self._named: dict[tuple[str, str], str] = {}
         """The request each order of the last round named (rescue), by (source, destination)."""
-        self._rescuing: set[tuple[str, str]] = set()
-        """(source, destination) of the rescues under way: each moves the request it names, and
-        no chain follows it (``keep_migrating``)."""
+        self._rescuing: dict[tuple[str, str], str] = {}
+        """(source, destination) of the rescues under way -> the request each names: it moves
+        that one, and no chain follows it (``keep_migrating``)."""
         self.scaling_interval_s = scaling_interval_s if config.scaling.enabled else 0.0
 
     def bind(self, clock: Clock) -> None:
@@ -233,18 +233,20 @@ class PolicyBridge:
     # -- migration -----------------------------------------------------------------
     def pair_migrations(self) -> list[tuple[str, str]]:
         orders = self.gs_decode.reschedule(self._now())
-        # an order that names its request (rescue, policy/slo_rescue.py) moves that one first
+        # an order that names its request (rescue, policy/slo_rescue.py) moves that one only
         self._named = {(o.src_instance_id, o.dst_instance_id): o.request_id for o in orders if o.request_id}
         return [(o.src_instance_id, o.dst_instance_id) for o in orders]
 
     def select_request(self, src: SimInstance, dst: SimInstance) -> str | None:
-        now = self._now()
-        named = self._named.pop((src.instance_id, dst.instance_id), None)
-        if named is not None and named not in src.llumlet.migrating_out:
-            self._rescuing.add((src.instance_id, dst.instance_id))
-            return named
-        dst_status = dst.llumlet.report(now) if src.llumlet.reads_destination else None
-        picked = src.llumlet.select_requests_to_migrate(now, 1, dst_status)
+        """An order's first move, as the cluster's source picks it (``Llumlet.select_for_order``):
+        the request the order names, or none if it cannot move it, else the selection's."""
+        now, pair = self._now(), (src.instance_id, dst.instance_id)
+        named = self._named.pop(pair, None)
+        self._rescuing.pop(pair, None)
+        reads = named is None and src.llumlet.reads_destination
+        picked, _ = src.llumlet.select_for_order(now, named, dst.llumlet.report(now) if reads else None)
+        if named is not None and picked:
+            self._rescuing[pair] = named
         return picked[0] if picked else None
 
     def on_migration_started(self, src: SimInstance, request_id: str) -> None:
@@ -257,11 +259,8 @@ class PolicyBridge:
         """The cluster's rule (``Llumlet.should_keep_migrating``) on fresh statuses; a rescue
         (an order that named its request) moves that one only: the freeness pairing, which
         chose its own pairs this round, did not choose this one to keep going."""
-        if (src.instance_id, dst.instance_id) in self._rescuing:
-            self._rescuing.discard((src.instance_id, dst.instance_id))
-            return False
-        now = self._now()
-        return bool(src.llumlet.should_keep_migrating(now, dst.llumlet.report(now), len(dst.migrations_in)))
+        named, now = self._rescuing.pop((src.instance_id, dst.instance_id), None), self._now()
+        return bool(src.llumlet.should_keep_migrating(now, dst.llumlet.report(now), len(dst.migrations_in), named))
 
     def is_drained(self, inst: SimInstance) -> bool:
         # A queued request migrating in holds no reservation, so no status shows it: the
