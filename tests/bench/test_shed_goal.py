@@ -1,0 +1,101 @@
+"""Issue 47's shedding measure (``bench/shed_goal.py``): hand-made records that count and that
+do not, the gateway's real log line read back, a simulator run's records."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llumnix.bench.shed_goal import ShedRecord, measure, records_from_log, shed_from_client
+from llumnix.gateway.inprocess import InProcessGateway
+from llumnix.gateway.request_log import FinishedRequest, finished_line
+from llumnix.logging_setup import DATE_FORMAT, FORMAT
+from tests.gateway.fake_backend import EngineBackend
+
+
+def inter(inst: str, arrival: float, start: float, first: float) -> ShedRecord:
+    return ShedRecord("interactive", False, inst, arrival, start, first)
+
+
+def batch(inst: str, start: float, arrival: float = 0.0) -> ShedRecord:
+    return ShedRecord("batch", False, inst, arrival, start, start + 0.5)
+
+
+def test_a_miss_with_batch_prefilled_ahead_on_its_instance_counts():
+    got = measure([inter("i0", 10.0, 11.8, 12.0), batch("i0", 10.5), batch("i0", 11.0, arrival=10.2)], 1.0)
+    assert got["num_missed_ttft"] == 1
+    assert got["num_missed_by_batch"] == 1 and got["num_batch_prefills_ahead"] == 2
+    assert got["num_missed_other"] == 0 and got["goal_met"] is False
+
+
+def test_batch_elsewhere_before_arrival_or_after_the_first_token_does_not_count():
+    recs = [inter("i0", 10.0, 11.8, 12.0),  # a miss, 2 s
+            batch("i1", 10.5),  # another instance
+            batch("i0", 9.9),  # prefilled before it arrived (running work, not queued ahead)
+            batch("i0", 12.0),  # at its first token
+            inter("i0", 10.1, 11.0, 11.5)]  # interactive work ahead of it, itself met (1.4 s)
+    got = measure(recs, 1.5)
+    assert got["num_missed_ttft"] == 1 and got["num_missed_by_batch"] == 0
+    assert got["num_missed_other"] == 1 and got["num_missed_other_behind_own_class"] == 1
+    assert got["goal_met"] is True
+
+
+def test_a_met_request_is_no_miss_even_with_batch_ahead():
+    got = measure([inter("i0", 10.0, 10.6, 10.9), batch("i0", 10.2)], 1.0)
+    assert got["num_missed_ttft"] == 0 and got["goal_met"] is True
+
+
+def test_no_first_token_is_a_miss_and_shed_requests_count_per_class():
+    recs = [ShedRecord("interactive", False, "i0", 10.0, None, None), batch("i0", 30.0),
+            ShedRecord("batch", True), ShedRecord("batch", True), batch("i1", 1.0)]
+    got = measure(recs, 1.0)
+    assert got["num_missed_ttft"] == 1 and got["num_missed_by_batch"] == 1  # batch at 30 s: still waiting
+    assert got["classes"]["batch"] == {"num_requests": 4, "num_shed": 2, "shed_share": 0.5}
+    assert got["classes"]["interactive"]["num_shed"] == 0
+
+
+def test_client_429s_are_shed_records_and_other_errors_are_not():
+    got = shed_from_client(["batch", "interactive", "batch", None],
+                           ["HTTP 429: b'shed'", "HTTP 400: b'bad'", None, "HTTP 429: b''"])
+    assert got == [ShedRecord("batch", True)]
+
+
+def test_the_gateway_log_line_reads_back_with_its_times():
+    line = finished_line(FinishedRequest("cmpl-1", "instance-2", 40, 0, 8, "length", 1.25, 3.0, 0.75, 1,
+                                         "interactive"))
+    rec = logging.LogRecord("llumnix.gateway.request_log", logging.INFO, __file__, 1, line, None, None)
+    rec.created, rec.msecs = 1_800_000_100.0, 0.0
+    text = logging.Formatter(FORMAT, DATE_FORMAT).format(rec)
+    (r,) = records_from_log([text, "2026-11-29 10:00:00.000 INFO other: noise", text.replace(" slo_class=interactive", "")])
+    assert (r.slo_class, r.instance_id, r.num_migrations) == ("interactive", "instance-2", 1)
+    assert r.arrival_s == pytest.approx(1_800_000_100.0 - 3.0)
+    assert r.prefill_start_s == pytest.approx(r.arrival_s + 0.75)
+    assert r.first_token_s == pytest.approx(r.arrival_s + 1.25)
+
+
+def test_a_served_request_that_named_a_class_logs_it(caplog):
+    caplog.set_level(logging.INFO, logger="llumnix.gateway.request_log")
+    with InProcessGateway(EngineBackend()) as url, httpx.Client(timeout=30) as c:
+        for extra in ({"slo_class": "batch"}, {}):
+            r = c.post(f"{url}/v1/completions", json={"model": "fake", "prompt": "hi", "max_tokens": 3,
+                                                       "ignore_eos": True, **extra})
+            assert r.status_code == 200, r.text
+    lines = [x.getMessage() for x in caplog.records if x.getMessage().startswith("Finished request")]
+    assert len(lines) == 2
+    assert lines[0].endswith(" slo_class=batch") and "slo_class" not in lines[1]
+
+
+def test_a_simulator_run_gives_one_record_a_request():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "slo"))
+    from shed_goal import one, variants  # the study's own path
+
+    classes = variants(Path(__file__).resolve().parents[2] / "benchmarks/slo/classes_shed.yaml")["same_priority"]
+    got = one(classes, "slo", 6.144, 20, "a10-llama7b-serving")
+    total = sum(c["num_requests"] for c in got["classes"].values())
+    assert total == 128 and got["classes"]["interactive"]["num_requests"] == 38
+    assert got["classes"]["interactive"]["num_shed"] == 0  # shed_share 0
+    assert 0 < got["classes"]["batch"]["shed_share"] <= 0.25 + 1 / 90
+    assert got["num_missed_ttft"] == got["num_missed_by_batch"] + got["num_missed_other"]
