@@ -43,14 +43,14 @@ def variants(path: Path) -> dict[str, dict[str, Any]]:
 def one(classes: dict[str, Any], system: str, rate: float, seed: int, pace: str) -> dict[str, Any]:
     s = settings(classes, pace)
     sim, out = run_sim(s, system, trace_pairs(s), s.num_requests, rate, seed, pace_latency(pace))
-    got = measure(records_from_sim(sim.metrics), classes["interactive"]["ttft_s"])
+    got = measure(records_from_sim(sim.metrics, sim.trace.arrival_times), classes["interactive"]["ttft_s"])
     got["attainment"] = {k: round(float(c["attainment"]), 3) for k, c in out.get("by_slo_class", {}).items()}
     return got
 
 
 def mean_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("num_missed_ttft", "num_missed_by_batch", "num_missed_other", "num_missed_other_behind_own_class",
-            "num_batch_prefills_ahead", "num_missed_migrated", "num_batch_migrated")
+    keys = ("num_missed_ttft", "num_missed_by_batch", "num_missed_maybe_by_batch", "num_missed_other",
+            "num_missed_other_behind_own_class", "num_batch_prefills_ahead", "num_unknown_instance")
     out: dict[str, Any] = {k: statistics.fmean(r[k] for r in rows) for k in keys}
     out["num_seeds_goal_met"] = sum(r["goal_met"] for r in rows)
     for c in rows[0]["classes"]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llumnix.bench.shed_goal import ShedRecord, measure, records_from_log, shed_from_client
+from llumnix.bench.shed_goal import UNKNOWN, ShedRecord, measure, prefill_instance, records_from_log, shed_from_client
 from llumnix.gateway.inprocess import InProcessGateway
 from llumnix.gateway.request_log import FinishedRequest, finished_line
 from llumnix.logging_setup import DATE_FORMAT, FORMAT
@@ -48,6 +48,24 @@ def test_a_met_request_is_no_miss_even_with_batch_ahead():
     assert got["num_missed_ttft"] == 0 and got["goal_met"] is True
 
 
+def test_batch_of_unknown_instance_makes_a_miss_maybe_by_batch():
+    recs = [inter("i0", 10.0, 11.8, 12.0), batch(UNKNOWN, 11.0), inter(UNKNOWN, 20.0, 21.5, 21.6),
+            batch("i3", 21.0)]
+    got = measure(recs, 1.0)
+    assert got["num_missed_ttft"] == 2 and got["num_missed_by_batch"] == 0
+    assert got["num_missed_maybe_by_batch"] == 2 and got["num_missed_other"] == 0
+    assert got["goal_met"] is True and got["goal_met_surely"] is False
+    assert got["num_unknown_instance"] == 2
+
+
+def test_the_prefill_instance_is_the_source_of_the_first_move_after_it():
+    moves = [(5.0, "i0"), (9.0, "i1")]  # queued on i0, moved to i1 at 5; prefilled on i1 at 6; moved to i2 at 9
+    assert prefill_instance("i2", 6.0, moves) == "i1"
+    assert prefill_instance("i2", 4.0, moves) == "i0"
+    assert prefill_instance("i2", 9.5, moves) == "i2"
+    assert prefill_instance("i2", None, moves) == "i2"
+
+
 def test_no_first_token_is_a_miss_and_shed_requests_count_per_class():
     recs = [ShedRecord("interactive", False, "i0", 10.0, None, None), batch("i0", 30.0),
             ShedRecord("batch", True), ShedRecord("batch", True), batch("i1", 1.0)]
@@ -69,8 +87,10 @@ def test_the_gateway_log_line_reads_back_with_its_times():
     rec = logging.LogRecord("llumnix.gateway.request_log", logging.INFO, __file__, 1, line, None, None)
     rec.created, rec.msecs = 1_800_000_100.0, 0.0
     text = logging.Formatter(FORMAT, DATE_FORMAT).format(rec)
-    (r,) = records_from_log([text, "2026-11-29 10:00:00.000 INFO other: noise", text.replace(" slo_class=interactive", "")])
-    assert (r.slo_class, r.instance_id, r.num_migrations) == ("interactive", "instance-2", 1)
+    lines = [text, "2026-11-29 10:00:00.000 INFO other: noise", text.replace(" slo_class=interactive", ""),
+             text.replace("migrations=1", "migrations=0")]
+    r, unmoved = records_from_log(lines)
+    assert (r.slo_class, r.instance_id, unmoved.instance_id) == ("interactive", UNKNOWN, "instance-2")
     assert r.arrival_s == pytest.approx(1_800_000_100.0 - 3.0)
     assert r.prefill_start_s == pytest.approx(r.arrival_s + 0.75)
     assert r.first_token_s == pytest.approx(r.arrival_s + 1.25)
@@ -99,3 +119,4 @@ def test_a_simulator_run_gives_one_record_a_request():
     assert got["classes"]["interactive"]["num_shed"] == 0  # shed_share 0
     assert 0 < got["classes"]["batch"]["shed_share"] <= 0.25 + 1 / 90
     assert got["num_missed_ttft"] == got["num_missed_by_batch"] + got["num_missed_other"]
+    assert got["num_unknown_instance"] == 0 and got["num_missed_maybe_by_batch"] == 0  # the simulator knows
