@@ -50,7 +50,7 @@ def one(classes: dict[str, Any], system: str, rate: float, seed: int, pace: str)
 
 def mean_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("num_missed_ttft", "num_missed_by_batch", "num_missed_maybe_by_batch", "num_missed_other",
-            "num_missed_other_behind_own_class", "num_batch_prefills_ahead", "num_unknown_instance")
+            "num_missed_other_batch_once_late", "num_missed_other_behind_own_class", "num_batch_prefills_ahead", "num_unknown_instance")
     out: dict[str, Any] = {k: statistics.fmean(r[k] for r in rows) for k in keys}
     out["num_seeds_goal_met"] = sum(r["goal_met"] for r in rows)
     for c in rows[0]["classes"]:

@@ -9,7 +9,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llumnix.bench.shed_goal import UNKNOWN, ShedRecord, measure, prefill_instance, records_from_log, shed_from_client
+from llumnix.bench.shed_goal import (
+    UNKNOWN,
+    ShedRecord,
+    measure,
+    prefill_instance,
+    records_from_log,
+    shed_from_client,
+)
 from llumnix.gateway.inprocess import InProcessGateway
 from llumnix.gateway.request_log import FinishedRequest, finished_line
 from llumnix.logging_setup import DATE_FORMAT, FORMAT
@@ -25,7 +32,7 @@ def batch(inst: str, start: float, arrival: float = 0.0) -> ShedRecord:
 
 
 def test_a_miss_with_batch_prefilled_ahead_on_its_instance_counts():
-    got = measure([inter("i0", 10.0, 11.8, 12.0), batch("i0", 10.5), batch("i0", 11.0, arrival=10.2)], 1.0)
+    got = measure([inter("i0", 10.0, 11.8, 12.0), batch("i0", 10.5), batch("i0", 10.9, arrival=10.2)], 1.0)
     assert got["num_missed_ttft"] == 1
     assert got["num_missed_by_batch"] == 1 and got["num_batch_prefills_ahead"] == 2
     assert got["num_missed_other"] == 0 and got["goal_met"] is False
@@ -43,14 +50,20 @@ def test_batch_elsewhere_before_arrival_or_after_the_first_token_does_not_count(
     assert got["goal_met"] is True
 
 
+def test_batch_ahead_only_once_the_request_was_late_did_not_make_it_miss():
+    got = measure([inter("i0", 10.0, 11.8, 12.0), batch("i0", 11.0), batch("i0", 11.5)], 1.0)
+    assert got["num_missed_ttft"] == 1 and got["num_missed_by_batch"] == 0
+    assert got["num_missed_other_batch_once_late"] == 1 and got["goal_met"] is True
+
+
 def test_a_met_request_is_no_miss_even_with_batch_ahead():
     got = measure([inter("i0", 10.0, 10.6, 10.9), batch("i0", 10.2)], 1.0)
     assert got["num_missed_ttft"] == 0 and got["goal_met"] is True
 
 
 def test_batch_of_unknown_instance_makes_a_miss_maybe_by_batch():
-    recs = [inter("i0", 10.0, 11.8, 12.0), batch(UNKNOWN, 11.0), inter(UNKNOWN, 20.0, 21.5, 21.6),
-            batch("i3", 21.0)]
+    recs = [inter("i0", 10.0, 11.8, 12.0), batch(UNKNOWN, 10.5), inter(UNKNOWN, 20.0, 21.5, 21.6),
+            batch("i3", 20.5)]
     got = measure(recs, 1.0)
     assert got["num_missed_ttft"] == 2 and got["num_missed_by_batch"] == 0
     assert got["num_missed_maybe_by_batch"] == 2 and got["num_missed_other"] == 0
@@ -67,10 +80,10 @@ def test_the_prefill_instance_is_the_source_of_the_first_move_after_it():
 
 
 def test_no_first_token_is_a_miss_and_shed_requests_count_per_class():
-    recs = [ShedRecord("interactive", False, "i0", 10.0, None, None), batch("i0", 30.0),
+    recs = [ShedRecord("interactive", False, "i0", 10.0, None, None), batch("i0", 10.5),
             ShedRecord("batch", True), ShedRecord("batch", True), batch("i1", 1.0)]
     got = measure(recs, 1.0)
-    assert got["num_missed_ttft"] == 1 and got["num_missed_by_batch"] == 1  # batch at 30 s: still waiting
+    assert got["num_missed_ttft"] == 1 and got["num_missed_by_batch"] == 1  # never served, batch ahead in time
     assert got["classes"]["batch"] == {"num_requests": 4, "num_shed": 2, "shed_share": 0.5}
     assert got["classes"]["interactive"]["num_shed"] == 0
 
