@@ -6,6 +6,9 @@ file) and at the default priorities (interactive high); `slo` sheds, INFaaS++ an
 
     PYTHONPATH=src nice -n 19 .venv/bin/python benchmarks/slo/shed_goal.py --out FILE.json \
         [--capacity 5.12] [--load 1.2] [--seeds 20,21,22,23,24] [--classes benchmarks/slo/classes_shed.yaml]
+
+The same measure of a real run (`paced_classes.sh` with these classes; each run's record
+carries it, read from its gateway's log): ``--real OUT/cluster.json --out FILE.json``.
 """
 from __future__ import annotations
 
@@ -49,15 +52,32 @@ def one(classes: dict[str, Any], system: str, rate: float, seed: int, pace: str)
 
 
 def mean_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("num_missed_ttft", "num_missed_by_batch", "num_missed_maybe_by_batch", "num_missed_other",
-            "num_missed_other_batch_once_late", "num_missed_other_behind_own_class", "num_batch_prefills_ahead", "num_unknown_instance")
+    keys = ("num_missed_ttft", "num_missed_by_batch", "num_missed_by_batch_before_deadline",
+            "num_missed_maybe_by_batch", "num_missed_other", "num_missed_other_behind_own_class", "num_batch_prefills_ahead", "num_unknown_instance")
     out: dict[str, Any] = {k: statistics.fmean(r[k] for r in rows) for k in keys}
     out["num_seeds_goal_met"] = sum(r["goal_met"] for r in rows)
+    out["num_seeds_goal_met_before_deadline"] = sum(r["goal_met_before_deadline"] for r in rows)
     for c in rows[0]["classes"]:
         out[f"shed_share_{c}"] = statistics.fmean(r["classes"][c]["shed_share"] for r in rows)
         out[f"num_shed_{c}"] = statistics.fmean(r["classes"][c]["num_shed"] for r in rows)
         out[f"attainment_{c}"] = statistics.fmean(r["attainment"].get(c, 0.0) for r in rows)
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def real(path: Path) -> dict[str, Any]:
+    """A real ``bench cluster --slo-classes`` run's measure (``cluster.json``: each run's
+    ``shed_goal``, read from its gateway's log), per system and seed and over the seeds."""
+    data = json.loads(path.read_text())
+    out: dict[str, Any] = {}
+    for sysrec in data["systems"]:
+        rows = {str(r["seed"]): {**r["shed_goal"], "attainment": {c: x["attainment"] for c, x in
+                                                                  r["by_slo_class"].items()}}
+                for r in sysrec["runs"] if r.get("shed_goal")}
+        if rows:
+            out[sysrec["system"]] = {"per_seed": rows, "mean": mean_of(list(rows.values()))}
+            print(f"real {sysrec['system']}: {json.dumps(out[sysrec['system']]['mean'])}")
+    return {"what": "issue 47 shedding goal, first half, real cluster", "source": str(path),
+            "loadavg_before": data.get("loadavg_before"), "wall_s": data.get("wall_s"), "systems": out}
 
 
 def main() -> None:
@@ -68,8 +88,13 @@ def main() -> None:
     ap.add_argument("--classes", type=Path, default=HERE / "classes_shed.yaml")
     ap.add_argument("--pace", default="a10-llama7b-serving")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--real", type=Path, help="instead: summarize a real run's cluster.json")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
+    if a.real is not None:
+        a.out.write_text(json.dumps(real(a.real), indent=1) + "\n")
+        print(f"wrote {a.out}")
+        return
     seeds, rate, t0 = [int(x) for x in a.seeds.split(",")], a.load * a.capacity, time.time()
     result: dict[str, Any] = {}
     for vname, classes in variants(a.classes).items():

@@ -4,11 +4,13 @@ batch work". Pure: it reads per-request records, whichever world made them.
 
 An interactive request that missed its TTFT objective missed it *because of queued batch work*
 when a batch request was prefilled (first scheduled) on the instance where it was prefilled,
-after it arrived and while it could still meet its objective (before its arrival + TTFT
-objective, and before its first token): batch work went ahead of it. Batch work prefilled
-only once it was already late (the `slo` engines put an overdue request behind all work
-that can still meet its objectives) did not make it miss; those misses are counted apart,
-as are the others (behind interactive work, its own long prefill, memory).
+after it arrived and before its first token: batch work went ahead of it (the goal's measure).
+Of those, the ones with batch work ahead while they could still meet their objective (before
+arrival + TTFT) are counted apart: batch work that went ahead only once the request was late
+(an FCFS queue's older batch requests when memory freed; the `slo` engines put an overdue
+request behind all work that can still meet) came after the miss was settled. The other
+misses (behind interactive work, their own prefill, memory held by running requests) are
+reported apart.
 
 A record's instance is where its prefill ran. The simulator knows it (the finishing instance
 and the committed migrations' sources); the gateway's log names only the finishing one, so a
@@ -65,10 +67,10 @@ def measure(records: Sequence[ShedRecord], ttft_s: float, tight: str = "interact
             loose: str = "batch") -> dict[str, Any]:
     """The goal's counts: per class requests, shed and their share; of ``tight``'s served
     requests those over ``ttft_s`` (no first token counts as over), split into those with
-    ``loose`` work prefilled ahead of them on their instance before their deadline, those with
-    only ``loose`` work of unknown instance there (maybe), and the rest (of which those with
-    ``loose`` work ahead only once late, and with other ``tight`` work ahead before the
-    deadline). The goal is met when the first is 0 (surely when the second too)."""
+    ``loose`` work prefilled ahead of them on their instance (of which those with some before
+    their deadline), those with only ``loose`` work of unknown instance ahead (maybe), and the
+    rest (of which those with other ``tight`` work ahead). The goal is met when the first is 0
+    (surely when the maybe ones are 0 too)."""
     by_class: dict[str, dict[str, Any]] = {}
     for r in records:
         c = by_class.setdefault(r.slo_class, {"num_requests": 0, "num_shed": 0})
@@ -83,18 +85,17 @@ def measure(records: Sequence[ShedRecord], ttft_s: float, tight: str = "interact
     def mine(r: ShedRecord) -> Sequence[float]:
         return batch.get(r.instance_id, ()) if r.instance_id != UNKNOWN else ()
 
-    known = [ahead(mine(r), r, r.arrival_s + ttft_s) for r in missed]
-    maybe = [ahead(batch.get(UNKNOWN, ()) if r.instance_id != UNKNOWN else every, r, r.arrival_s + ttft_s)
-             for r in missed]
+    known = [ahead(mine(r), r) for r in missed]
+    maybe = [ahead(batch.get(UNKNOWN, ()) if r.instance_id != UNKNOWN else every, r) for r in missed]
     other = [r for r, k, m in zip(missed, known, maybe, strict=True) if not k and not m]
     num_by, num_maybe = sum(k > 0 for k in known), sum(not k and m > 0 for k, m in zip(known, maybe, strict=True))
+    in_time = sum(ahead(mine(r), r, r.arrival_s + ttft_s) > 0 for r in missed)
     return {"classes": by_class, "ttft_s": ttft_s, "num_missed_ttft": len(missed),
-            "num_missed_by_batch": num_by, "num_missed_maybe_by_batch": num_maybe,
-            "num_missed_other": len(other),
-            "num_missed_other_batch_once_late": sum(ahead(mine(r), r) > 0 for r in other),
-            "num_missed_other_behind_own_class": sum(
-                ahead(own.get(r.instance_id, ()), r, r.arrival_s + ttft_s) > 0 for r in other),
+            "num_missed_by_batch": num_by, "num_missed_by_batch_before_deadline": in_time,
+            "num_missed_maybe_by_batch": num_maybe, "num_missed_other": len(other),
+            "num_missed_other_behind_own_class": sum(ahead(own.get(r.instance_id, ()), r) > 0 for r in other),
             "num_batch_prefills_ahead": sum(known), "goal_met": num_by == 0, "goal_met_surely": num_by + num_maybe == 0,
+            "goal_met_before_deadline": in_time == 0,
             "num_unknown_instance": sum(r.instance_id == UNKNOWN for r in records if not r.is_shed)}
 
 
