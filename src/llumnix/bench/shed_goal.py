@@ -138,7 +138,10 @@ def _secs(x: str) -> float | None:
 def records_from_log(lines: Iterable[str]) -> list[ShedRecord]:
     """A serve log's finished requests that named a class (the line's ``slo_class=``): the
     line's stamp (wall clock, ms) is the finish, so arrival = stamp - e2e, the prefill's
-    start arrival + queue, the first token arrival + ttft; a migrated one's instance unknown."""
+    start arrival + queue, the first token arrival + ttft; a migrated one's instance unknown.
+    ``queue`` runs from the request's arrival at its instance, so the prefill's start is early
+    by the dispatch (milliseconds, against TTFT objectives of a second); a request that live
+    migration moved has the times of its last instance (``engine.install_request``)."""
     out = []
     for line in lines:
         m = FINISHED.match(line.rstrip("\n"))
