@@ -140,8 +140,7 @@ def records_from_log(lines: Iterable[str]) -> list[ShedRecord]:
     line's stamp (wall clock, ms) is the finish, so arrival = stamp - e2e, the prefill's
     start arrival + queue, the first token arrival + ttft; a migrated one's instance unknown.
     ``queue`` runs from the request's arrival at its instance, so the prefill's start is early
-    by the dispatch (milliseconds, against TTFT objectives of a second); a request that live
-    migration moved has the times of its last instance (``engine.install_request``)."""
+    by the dispatch (milliseconds, against TTFT objectives of a second)."""
     out = []
     for line in lines:
         m = FINISHED.match(line.rstrip("\n"))
