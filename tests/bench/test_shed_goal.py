@@ -156,3 +156,48 @@ def test_a_real_runs_record_summarizes_per_system_and_seed(tmp_path):
     mean = got["slo"]["mean"]
     assert (mean["num_missed_by_batch"], mean["num_seeds_goal_met"], mean["shed_share_batch"]) == (0.5, 1, 0.25)
     assert got["slo"]["per_seed"]["20"]["goal_met"] is False
+
+
+def test_run_once_keeps_the_runs_own_log_lines_and_the_run_gets_its_measure(tmp_path):
+    """``bench cluster``'s code path on a real socket: the gateway's Finished lines go to the
+    server's log file, ``run_once`` keeps only those written during the run, ``run_record``
+    measures them with the client's records."""
+    from llumnix.bench.cluster_bench import ClusterBenchSettings, run_once
+    from llumnix.bench.cluster_report import run_record
+    from llumnix.bench.serve_bench import PlannedRequest
+    from tests.gateway.test_metrics import StatusBackend
+
+    log_path = tmp_path / "serve.log"
+    log_path.write_text("2026-11-29 09:00:00.000 INFO llumnix.gateway.request_log: Finished request cmpl-old: "
+                        "instance=instance-0 prompt_tokens=1 cached_tokens=0 output_tokens=1 finish_reason=length "
+                        "ttft=9.000s e2e=9.000s queue=0.000s migrations=0 slo_class=interactive\n")  # an earlier run's
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(logging.Formatter(FORMAT, DATE_FORMAT))
+    logger = logging.getLogger("llumnix.gateway.request_log")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+    class Server:
+        model = "fake"
+
+        def __init__(self, url: str) -> None:
+            self.url, self.log_path = url, log_path
+
+        def wait_idle(self) -> None:
+            pass
+
+    classes = {"interactive": {"share": 0.5, "ttft_s": 1.0, "tpot_s": 0.5, "shed_share": 0.0, "priority": 0},
+               "batch": {"share": 0.5, "ttft_s": 10.0, "tpot_s": 1.0, "shed_share": 0.0, "priority": 0}}
+    reqs = [PlannedRequest(0.01 * i, f"request {i}", 2, 3, c) for i, c in enumerate(["interactive", "batch"] * 2)]
+    try:
+        with InProcessGateway(StatusBackend()) as url:
+            raw = run_once(Server(url), reqs)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        handler.close()
+    assert len(raw["log_lines"]) == 4 and not any("cmpl-old" in x for x in raw["log_lines"])
+    got = run_record(ClusterBenchSettings(slo_classes=classes), raw, 1.2, 0, 1.0)["shed_goal"]
+    assert {c: x["num_requests"] for c, x in got["classes"].items()} == {"interactive": 2, "batch": 2}
+    assert got["num_missed_ttft"] == 0 and got["num_unknown_instance"] == 0 and got["goal_met_surely"] is True
