@@ -141,11 +141,31 @@ def test_attainment_per_class_counts_both_objectives_and_errors_as_misses(tmp_pa
            "before": _counters({"interactive": 5.0}, {"interactive": 2.0}),
            "after": _counters({"interactive": 8.0, "batch": 3.0}, {"interactive": 3.0, "batch": 2.0})}
     r = run_record(s, raw, 0.85, 0, 1.0)["by_slo_class"]
-    assert r["interactive"] == {"num_requests": 4, "num_met": 1, "attainment": 0.25, "goodput_req_s": 0.1,
-                                "gateway_requests": 3, "gateway_met": 1}
-    assert r["batch"] == {"num_requests": 3, "num_met": 2, "attainment": pytest.approx(2 / 3),
+    assert r["interactive"] == {"num_requests": 4, "num_met": 1, "attainment": 0.25, "num_shed": 0,
+                                "goodput_req_s": 0.1, "gateway_requests": 3, "gateway_met": 1}
+    assert r["batch"] == {"num_requests": 3, "num_met": 2, "attainment": pytest.approx(2 / 3), "num_shed": 0,
                           "goodput_req_s": 0.2, "gateway_requests": 3, "gateway_met": 2}
     assert run_record(s, raw, 0.85, 0, 1.0)["line"].endswith("; interactive 1/4 met, batch 2/3 met")
+
+
+def test_a_run_with_its_gateway_log_reports_429s_and_the_shedding_measure(tmp_path):
+    s = settings_from_args(_args("--slo-classes", str(_file(tmp_path))))
+    records = [_rec(2.0, 3.0, 11), _rec(None, None, 0, "HTTP 429: b'shed'"), _rec(1.0, 2.0, 5)]
+    names = ["interactive", "batch", "batch"]
+    stamp = "2026-11-29 10:00:{:06.3f} INFO llumnix.gateway.request_log: Finished request cmpl-{}: instance=instance-0 "
+    log = [stamp.format(13.0, 1) + "prompt_tokens=9 cached_tokens=0 output_tokens=11 finish_reason=length "
+           "ttft=2.000s e2e=3.000s queue=1.500s migrations=0 slo_class=interactive",  # arrived at 10 s, first token 12
+           stamp.format(12.5, 2) + "prompt_tokens=9 cached_tokens=0 output_tokens=5 finish_reason=length "
+           "ttft=1.000s e2e=2.000s queue=0.200s migrations=0 slo_class=batch",  # prefilled at 10.7: ahead of it
+           "2026-11-29 10:00:14.000 INFO llumnix.gateway.request_log: Avg prompt throughput: 1.0 tokens/s"]
+    raw = {"records": records, "duration_s": 10.0, "samples": [], "slo_classes": names, "log_lines": log,
+           "before": _counters({}, {}), "after": _counters({}, {})}
+    run = run_record(s, raw, 1.2, 0, 1.0)
+    assert run["by_slo_class"]["batch"]["num_shed"] == 1 and run["by_slo_class"]["interactive"]["num_shed"] == 0
+    got = run["shed_goal"]
+    assert (got["tight"], got["loose"]) == ("interactive", "batch")
+    assert got["classes"]["batch"] == {"num_requests": 2, "num_shed": 1, "shed_share": 0.5}
+    assert (got["num_missed_ttft"], got["num_missed_by_batch"], got["goal_met"]) == (1, 1, False)
 
 
 def test_the_paired_difference_and_its_interval():

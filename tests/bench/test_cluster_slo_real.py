@@ -38,6 +38,11 @@ def test_a_real_run_reports_attainment_per_class(tmp_path, monkeypatch, capsys):
     assert run["num_ok"] == 10
     by = run["by_slo_class"]
     assert (by["never"]["attainment"], by["always"]["attainment"]) == (0.0, 1.0)
+    # the shedding measure read the run's gateway log: every "never" request missed its TTFT
+    shed = run["shed_goal"]
+    assert (shed["tight"], shed["loose"], shed["num_missed_ttft"]) == ("never", "always", 4)
+    assert {c: x["num_requests"] for c, x in shed["classes"].items()} == {"never": 4, "always": 6}
+    assert shed["num_unknown_instance"] == 0  # one instance: no migration
     # the gateway saw each request's class (the body's slo_class) and judged it the same
     assert (by["never"]["gateway_requests"], by["always"]["gateway_requests"]) == (4, 6)
     assert (by["never"]["gateway_met"], by["always"]["gateway_met"]) == (0, 6)

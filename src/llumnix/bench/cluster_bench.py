@@ -226,6 +226,9 @@ def run_once(server: ServeProcess, reqs: list[PlannedRequest], poll_s: float = 0
     from llumnix.bench.cluster_server import cluster_counters, poll_cluster
 
     before = cluster_counters(server.url)
+    # with classes, the gateway's Finished lines name each request's class: the run's lines
+    # (from here to the end) give the shedding measure (``shed_goal``) its per-request times
+    log_from = server.log_path.stat().st_size if any(r.slo_class for r in reqs) else None
     wall0 = time.time()
     samples: list[dict[str, Any]] = []
 
@@ -243,6 +246,10 @@ def run_once(server: ServeProcess, reqs: list[PlannedRequest], poll_s: float = 0
     after = cluster_counters(server.url)
     out = {"records": records, "duration_s": duration, "before": before, "after": after, "samples": samples,
            "slo_classes": [r.slo_class for r in reqs]}
+    if log_from is not None:
+        with server.log_path.open("rb") as f:
+            f.seek(log_from)
+            out["log_lines"] = f.read().decode(errors="replace").splitlines()
     if trace is not None:
         from llumnix.bench import cluster_trace, engine_trace
 

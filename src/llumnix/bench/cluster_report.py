@@ -85,6 +85,10 @@ def run_record(settings: Any, raw: dict[str, Any], load: float | str, seed: int,
         from llumnix.bench.cluster_slo import run_classes
 
         out["by_slo_class"] = run_classes(settings.slo_classes, raw["slo_classes"], recs, dur, b, a)
+        if "log_lines" in raw:
+            from llumnix.bench.shed_goal import real_run
+
+            out["shed_goal"] = real_run(settings.slo_classes, raw["slo_classes"], recs, raw["log_lines"])
     paced = int(a.get("paced_steps", 0) - b.get("paced_steps", 0))
     if paced:  # the emulation held where few steps overran the model (engine/pace.py)
         out["paced_steps"] = paced

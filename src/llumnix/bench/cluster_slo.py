@@ -96,7 +96,8 @@ def draw_classes(classes: dict[str, dict[str, Any]], n: int, seed: int) -> list[
 def run_classes(classes: dict[str, dict[str, Any]], names: list[str | None], records: list[Any],
                 duration_s: float, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Per class: requests, those meeting both objectives at the client (``RequestRecord``s,
-    parallel to ``names``), attainment, goodput; and what the gateway counted meanwhile."""
+    parallel to ``names``), attainment, those shed (429s), goodput; and what the gateway
+    counted meanwhile."""
     out: dict[str, Any] = {}
     for name, c in classes.items():
         cls = slo_class(name, c)
@@ -104,6 +105,7 @@ def run_classes(classes: dict[str, dict[str, Any]], names: list[str | None], rec
         met = sum(r.error is None and r.e2e_s is not None and cls.is_met(r.ttft_s, r.tpot_s) for r in mine)
         gw = {k: _delta(before, after, k, name) for k in ("slo_requests", "slo_met")}
         out[name] = {"num_requests": len(mine), "num_met": met, "attainment": met / len(mine) if mine else None,
+                     "num_shed": sum((r.error or "").startswith("HTTP 429") for r in mine),
                      "goodput_req_s": met / duration_s if duration_s > 0 else 0.0,
                      "gateway_requests": gw["slo_requests"], "gateway_met": gw["slo_met"]}
     return out

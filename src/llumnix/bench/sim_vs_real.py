@@ -96,6 +96,22 @@ def simulate(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.nda
              seed: int, latency: Any, info: InfoPath | None = None,
              calibration: dict[str, Any] | None = None) -> dict[str, float]:
     """One run of ``name`` in the simulator at ``rate`` req/s, as ``bench cluster`` would serve it."""
+    sim, out = run_sim(s, name, pairs, n, rate, seed, latency, info, calibration)
+    # P99 as the bench takes it of a run (``cluster_report.pct``, nearest rank: of 64 requests,
+    # the largest), not the simulator's interpolated one (of 64: 0.4 of the way from the
+    # second largest to the largest), which read a run's TTFT tail at half its size or less
+    ttft = [t for m in sim.metrics.requests if (t := m.ttft) is not None]
+    return {"num_preemptions": float(out["num_preemptions"]), "ttft_p99_s": float(pct(ttft, 99) or 0.0),
+            "itl_p99_s": float(pct(list(sim.metrics.token_gaps), 99) or 0.0),
+            "migrations": float(out["migrations"]["num_committed"]),
+            "migrations_aborted": float(out["migrations"]["num_aborted"]),
+            **{f"{ATTAINMENT}{k}": float(c["attainment"]) for k, c in out.get("by_slo_class", {}).items()}}
+
+
+def run_sim(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.ndarray], n: int, rate: float,
+            seed: int, latency: Any, info: InfoPath | None = None,
+            calibration: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """``simulate``'s run: the finished ``Simulator`` (its per-request metrics) and its summary."""
     from llumnix.core.config import CacheConfig
     from llumnix.sim.cluster import ClusterConfig
     from llumnix.sim.config import parse_system
@@ -122,16 +138,7 @@ def simulate(s: ClusterBenchSettings, name: str, pairs: tuple[np.ndarray, np.nda
     sim = Simulator(cluster, latency, policy, sim_trace(pairs, n, rate, seed, s.slo_classes))
     if s.slo_classes:
         sim.metrics.slo_classes = policy.config.slo
-    out = sim.run()
-    # P99 as the bench takes it of a run (``cluster_report.pct``, nearest rank: of 64 requests,
-    # the largest), not the simulator's interpolated one (of 64: 0.4 of the way from the
-    # second largest to the largest), which read a run's TTFT tail at half its size or less
-    ttft = [t for m in sim.metrics.requests if (t := m.ttft) is not None]
-    return {"num_preemptions": float(out["num_preemptions"]), "ttft_p99_s": float(pct(ttft, 99) or 0.0),
-            "itl_p99_s": float(pct(list(sim.metrics.token_gaps), 99) or 0.0),
-            "migrations": float(out["migrations"]["num_committed"]),
-            "migrations_aborted": float(out["migrations"]["num_aborted"]),
-            **{f"{ATTAINMENT}{k}": float(c["attainment"]) for k, c in out.get("by_slo_class", {}).items()}}
+    return sim, sim.run()
 
 
 def real_metrics(run: dict[str, Any]) -> dict[str, float]:

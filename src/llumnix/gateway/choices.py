@@ -128,7 +128,7 @@ class _Progress:
         self.ctx.request_log.on_finished(FinishedRequest(
             gen.request_id, m.instance_id if m else "", n_prompt, step.num_cached_tokens,
             step.num_output_tokens, step.finish_reason or "", ttft, e2e,
-            None if m is None else m.queue_time, m.num_migrations if m else 0))
+            None if m is None else m.queue_time, m.num_migrations if m else 0, gen.slo_class))
 
 
 @asynccontextmanager

@@ -3,6 +3,7 @@ while there is traffic a throughput line every interval, as vLLM's server logs t
 
     Finished request cmpl-1f0e-0: instance=instance-1 prompt_tokens=42 cached_tokens=32
         output_tokens=128 finish_reason=length ttft=0.081s e2e=2.412s queue=0.004s migrations=1
+        [slo_class=interactive: only when the request named a class]
     Avg prompt throughput: 84.0 tokens/s, Avg generation throughput: 251.3 tokens/s,
         Running: 6 reqs, Waiting: 0 reqs, KV cache usage: 12.5%, Prefix cache hit rate: 40.2%,
         Migrations: 2, Instances: 2
@@ -35,6 +36,8 @@ class FinishedRequest:
     e2e_s: float | None
     queue_s: float | None
     num_migrations: int
+    slo_class: str | None = None
+    """The class the request named (body or header), logged only then."""
 
 
 def _secs(x: float | None) -> str:
@@ -45,7 +48,8 @@ def finished_line(r: FinishedRequest) -> str:
     return (f"Finished request {r.request_id}: instance={r.instance_id or '-'} "
             f"prompt_tokens={r.num_prompt_tokens} cached_tokens={r.num_cached_tokens} "
             f"output_tokens={r.num_output_tokens} finish_reason={r.finish_reason} ttft={_secs(r.ttft_s)} "
-            f"e2e={_secs(r.e2e_s)} queue={_secs(r.queue_s)} migrations={r.num_migrations}")
+            f"e2e={_secs(r.e2e_s)} queue={_secs(r.queue_s)} migrations={r.num_migrations}"
+            + ("" if r.slo_class is None else f" slo_class={r.slo_class}"))
 
 
 @dataclass
