@@ -17,11 +17,12 @@ pytestmark = pytest.mark.slow
 
 N_TOKENS = 300
 COOLDOWN_S = 20.0  # no decision between the scale-out and phase B's start (see phase B)
-LEAD_S = 0.4
-"""Phase B starts this long before the cooldown ends. Its requests (480 tokens) run about
-1.3 s here, so the scale-in decision finds them running and the drain has most of that
-time left to move the victim's request (with a 1 s lead it had 0.2 s, and 1 run in 8 saw
-the request end before the drain began)."""
+LEAD_S = 0.25
+"""Phase B starts this long before the cooldown ends, so the scale-in decision finds its
+requests running and the drain has the rest of them to move the victim's request. They
+are 480 tokens (the tiny model's context is 512): 1.3 s when this was 0.4, but 0.5-0.7 s
+with the engine's faster weights, so a 0.4 s lead left the drain 0.1-0.3 s and 1 run in 4
+saw the request end before the drain began (2026-11-29, quiet); with a 1 s lead, 1 in 8."""
 PROMPTS = [f"scaling request number {i}" for i in range(4)]
 
 
