@@ -17,7 +17,7 @@ import ray
 
 from llumnix.core.status import InstanceStatus
 from llumnix.migration import reasons
-from llumnix.migration.protocol import MigrationConfig
+from llumnix.migration.protocol import MigrationConfig, MigrationReport
 from llumnix.policy import Llumlet
 
 
@@ -170,7 +170,7 @@ class MigrationSource:
         """The report of an order whose named request could not move (``why``): nothing
         started on either side, nothing failed."""
         now, text = time.monotonic(), f"rescue order: {why}"
-        return {"request_id": request_id, "src_instance_id": self.llumlet.instance_id,
-                "dst_instance_id": dst_instance_id, "committed": False, "abort_reason": text,
-                "abort_code": reasons.of_report({"abort_reason": text}), "num_stages": 0, "num_blocks": 0, "num_bytes": 0,
-                "downtime": None, "duration": 0.0, "start_time": now, "end_time": now}
+        return dataclasses.asdict(MigrationReport(
+            request_id or "", self.llumlet.instance_id, dst_instance_id, committed=False, abort_reason=text,
+            num_stages=0, num_blocks=0, num_bytes=0, downtime=None, duration=0.0, start_time=now, end_time=now,
+            abort_code=reasons.of_report({"abort_reason": text})))

@@ -30,6 +30,8 @@ class InProcessGateway:
         self.startup_timeout_s = startup_timeout_s
         self.server: Any = None
         self.thread: threading.Thread | None = None
+        self._froze = False
+        """This gateway froze the heap (``LLUMNIX_GC_FREEZE=0`` turns it off): its end unfreezes it."""
 
     def __enter__(self) -> str:
         import uvicorn
@@ -56,7 +58,7 @@ class InProcessGateway:
             raise LlumnixError(f"the in-process gateway did not start within {self.startup_timeout_s:g} s")
         from llumnix.cluster.gc_watch import freeze_startup_objects
 
-        freeze_startup_objects()
+        self._froze = freeze_startup_objects() > 0
         return f"http://127.0.0.1:{port}"
 
     def __exit__(self, *exc: object) -> None:
@@ -64,4 +66,6 @@ class InProcessGateway:
             self.server.should_exit = True
         if self.thread is not None:
             self.thread.join(10)
-        gc.unfreeze()
+        if self._froze:
+            gc.unfreeze()
+            self._froze = False

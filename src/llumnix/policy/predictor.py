@@ -14,10 +14,12 @@ over the next (kernels that switch with the row count, weights read once for the
 batch). On the CPU engine (SmolLM2, ``auto`` weights) a decode step is 39 ms at one
 sequence, 83 ms at four and 98 ms at eight; linear in the sequences, the best fit in
 hindsight of a run missed by 8% at P50 and 21% at P90, with the root 5% and 15%
-(benchmarks/slo/README.md, "The predictor's seventh feature"). ``StepTimeModel`` starts from a seed (a latency
-model's fit, ``from_latency``, or the A10/LLaMA-7B serving fit) and follows the engine's
-own step reports by recursive least squares on relative error, with forgetting, so it
-tracks a machine that is slower (or busier) than its calibration.
+(benchmarks/slo/README.md, "The predictor's seventh feature").
+
+``StepTimeModel`` starts from a seed (a latency model's fit, ``from_latency``, or the
+A10/LLaMA-7B serving fit) and follows the engine's own step reports by recursive least
+squares on relative error, with forgetting, so it tracks a machine that is slower (or
+busier) than its calibration.
 """
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ already in one of its orders; at most one rescue order per instance a round:
   request moves as metadata: nothing to copy). The order names it.
 * TPOT: an instance whose running requests' predicted TPOT (``tpot_now``) breaks the
   tightest objective among their classes gives up the request the selection rule
-  (``rescheduling.selection``) picks on its status (with the paper's, the lowest priority first: a batch request that slows the
-  interactive ones, "the requests hurting it") to the instance, among those with the
+  (``rescheduling.selection``) picks on its status (with the paper's, the lowest
+  priority first: a batch request that slows the interactive ones, "the requests
+  hurting it") to the instance, among those with the
   room to reserve it whose own requests (and the moved one) still meet their TPOT
   objectives after it joins, with the lowest predicted TPOT. The order names it.
 
