@@ -135,10 +135,13 @@ def test_disable_log_requests_silences_the_request_lines_only(tiny_model_dir, tm
 
 
 def test_an_instance_actors_lines_reach_the_terminal_too(tiny_model_dir, tmp_path):
-    """PD: each prefill instance logs its hand-offs, forwarded by Ray with its prefix."""
+    """PD: each prefill instance logs its hand-offs, forwarded by Ray with its prefix. The
+    requests are 480 tokens (the tiny model's context is 512): 64 took 26-51 ms with the
+    engine's faster weights, and in a fresh-clone CI all three ended on the prefill
+    instance before a hand-off committed (one that the request's end overtakes logs nothing)."""
     log = tmp_path / "serve.log"
     with serve(tiny_model_dir, log, "--instances", "2", "--prefill-instances", "1") as (url, _):
         for _ in range(3):
-            complete(url, 64)
+            complete(url, 480)
         wait_for(log, rf"^\(InstanceActor pid=\d+\) {STAMP} INFO llumnix\.cluster\.handoff: "
                       r"PD hand-off of \S+ instance-0 -> instance-1 committed: .*, downtime [\d.]+ ms$")
