@@ -18,7 +18,7 @@ TOKEN = b"test-processes-token"
 ENGINE = {"num_blocks": 256, "block_size": 4, "max_num_seqs": 8}
 PROMPT = [(i * 37 + 11) % 250 for i in range(48)]
 PAIR_ENGINE = {**ENGINE, "pace": {"model": "a10-llama7b-serving", "scale": 0.5}}
-"""The transports' pair holds each step to about 10 ms (``engine/pace.py``): unpaced, the tiny
+"""The transports' pair holds each step to about 18 ms (``engine/pace.py``): unpaced, the tiny
 model's 300 tokens once ended before a loaded CI machine had set up gloo's group, and the
 migration found its request finished."""
 
