@@ -188,24 +188,41 @@ def test_a_request_beyond_the_batch_cap_waits_for_a_running_one_to_end() -> None
     assert pred.ttft(lr, 200, NORMAL) == pytest.approx(step_r / 2 + prefill)
 
 
-def test_the_expected_ttft_counts_the_deadline_preemption_but_dispatch_does_not() -> None:
-    """A full batch of batch requests: an interactive newcomer may preempt them at once
-    (``engine/objectives.py``), so the TTFT to expect (``objective_s``) has no wait for a
-    place; a batch newcomer may preempt none of them (all due before it) and waits for the
-    soonest to end either way. Dispatch scores the wait without preemption: it places a
-    request where it takes nothing from anyone."""
+def test_the_expected_ttft_counts_the_deadline_preemption_for_blocks_but_dispatch_does_not() -> None:
+    """Memory is full of batch requests: an interactive newcomer may preempt them for its
+    blocks at once (``engine/objectives.py``), so the TTFT to expect (``objective_s``) has no
+    wait for memory; a batch newcomer may preempt none of them (all due before it) and waits
+    for the soonest to end either way. Dispatch scores the wait without preemption: it places
+    a request where it takes nothing from anyone. An engine that does not preempt for
+    deadlines (prefix caching) is expected to make the interactive request wait too."""
     pred = SLOPredictor(SLOConfig())
-    full = _busy("a", 64, NORMAL, 100, total=8000)
+    full = replace(_busy("a", 20, NORMAL, 400, total=505), preempts_for_deadlines=True)
     load = pred.load(full)
-    assert load.max_num_seqs == 64 and load.num_free_blocks > 1000
-    step = load.steps.decode_s(64, load.num_context_tokens)
-    queue_wait = load.release[0][0] * step
+    assert load.num_free_blocks < 13 and load.num_running < load.max_num_seqs  # 200 tokens need 13 blocks
+    step = load.steps.decode_s(20, load.num_context_tokens)
+    memory_wait = load.release[0][0] * step
     hi, lo = SLOConfig().class_of("interactive", HIGH), SLOConfig().class_of("batch", NORMAL)
     prefill = load.steps.prefill_s((200,))
     assert pred.ttft(load, 200, HIGH, hi.ttft_s, objective_s=hi.ttft_s) == pytest.approx(step / 2 + prefill)
-    assert pred.ttft(load, 200, HIGH, hi.ttft_s) == pytest.approx(step / 2 + queue_wait + prefill)
+    assert pred.ttft(load, 200, HIGH, hi.ttft_s) == pytest.approx(step / 2 + memory_wait + prefill)
     assert pred.ttft(load, 200, NORMAL, lo.ttft_s, objective_s=lo.ttft_s) == pytest.approx(
-        step / 2 + queue_wait + prefill)
+        step / 2 + memory_wait + prefill)
     # preempting, it would meet its 1 s; taking nothing, it would not: dispatch says it misses
-    assert step / 2 + prefill < hi.ttft_s < step / 2 + queue_wait + prefill
+    assert step / 2 + prefill < hi.ttft_s < step / 2 + memory_wait + prefill
     assert candidate_score(full, SLODispatch(pred, hi, HIGH, 200), 0.0) < MEETS
+    caching = SLOPredictor(SLOConfig()).load(replace(full, preempts_for_deadlines=False))
+    assert pred.ttft(caching, 200, HIGH, hi.ttft_s, objective_s=hi.ttft_s) == pytest.approx(
+        step / 2 + memory_wait + prefill)
+
+
+def test_a_full_batch_is_waited_out_even_where_the_engine_preempts_for_blocks() -> None:
+    """The engine preempts for blocks only, never for a place in the batch: an interactive
+    newcomer behind 64 running batch requests (the cap) waits for the soonest to end."""
+    pred = SLOPredictor(SLOConfig())
+    full = replace(_busy("a", 64, NORMAL, 100, total=8000), preempts_for_deadlines=True)
+    load = pred.load(full)
+    assert load.max_num_seqs == 64 and load.num_free_blocks > 1000
+    step = load.steps.decode_s(64, load.num_context_tokens)
+    hi = SLOConfig().class_of("interactive", HIGH)
+    assert pred.ttft(load, 200, HIGH, hi.ttft_s, objective_s=hi.ttft_s) == pytest.approx(
+        step / 2 + load.release[0][0] * step + load.steps.prefill_s((200,)))
