@@ -169,8 +169,22 @@ def run_round(server: Server, settings: Any, pairs: Any, vocab: int, load: float
             "gateway_gc": gcw.stats(), "loadavg_before": list(load_avg), "loadavg_after": list(os.getloadavg())}
 
 
-def summarize(rounds: list[dict[str, Any]], loads: list[float]) -> dict[str, Any]:
+def pooled(raw: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per load, the errors over every step and every request of its rounds together (the
+    issue's goals are per load): from the raw record (``--raw``'s, or an earlier run's file
+    with ``--pooled FILE``)."""
     out: dict[str, Any] = {}
+    for load in sorted({r["load"] for r in raw}):
+        rs = [r for r in raw if r["load"] == load]
+        steps = [(s[1], s[-1]) for r in rs for s in r["steps"]]
+        ttfts = [(r["ttft_pred"][rid][1], m) for r in rs for rid, m in r["ttft"] if rid in r["ttft_pred"] and m]
+        out[str(load)] = {"step": errors(steps), "ttft": errors(ttfts)}
+    return out
+
+
+def summarize(rounds: list[dict[str, Any]], loads: list[float], raw: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"pooled": pooled(raw)}
+    pool = out["pooled"].values()
     for load in loads:
         rs = [r for r in rounds if r["load"] == load]
 
@@ -186,10 +200,13 @@ def summarize(rounds: list[dict[str, Any]], loads: list[float]) -> dict[str, Any
                           "num_shed": sum(r["shed"]["num_429"] for r in rs),
                           "num_shed_not_429": sum(r["shed"]["n"] - r["shed"]["num_429"] for r in rs)}
     steps = [r["step"] for r in rounds]
-    out["goals"] = {
-        "step_p50<=0.10": all(s["p50"] is not None and s["p50"] <= 0.10 for s in steps),
-        "step_p90<=0.25": all(s["p90"] is not None and s["p90"] <= 0.25 for s in steps),
-        "ttft_p50<=0.25": all(r["ttft"]["p50"] is not None and r["ttft"]["p50"] <= 0.25 for r in rounds),
+    out["goals"] = {  # pooled per load, as the issue states them; then the stricter every-round reading
+        "step_p50<=0.10": all(p["step"]["p50"] is not None and p["step"]["p50"] <= 0.10 for p in pool),
+        "step_p90<=0.25": all(p["step"]["p90"] is not None and p["step"]["p90"] <= 0.25 for p in pool),
+        "ttft_p50<=0.25": all(p["ttft"]["p50"] is not None and p["ttft"]["p50"] <= 0.25 for p in pool),
+        "every_round_step_p50<=0.10": all(s["p50"] is not None and s["p50"] <= 0.10 for s in steps),
+        "every_round_step_p90<=0.25": all(s["p90"] is not None and s["p90"] <= 0.25 for s in steps),
+        "every_round_ttft_p50<=0.25": all(r["ttft"]["p50"] is not None and r["ttft"]["p50"] <= 0.25 for r in rounds),
         "every_shed_429_within_50ms": all(r["shed"]["n"] == r["shed"]["num_429"] and (r["shed"]["max_s"] or 0) <= 0.05
                                           for r in rounds)}
     return out
@@ -208,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-requests", type=int, default=64)
     p.add_argument("--shed-every-s", type=float, default=1.0)
     p.add_argument("--raw", default=None, help="write every step and request here (large; not committed)")
+    p.add_argument("--pooled", default=None, metavar="RAW", help="print the pooled errors of an earlier run's --raw file; run nothing")
     args = p.parse_args(argv)
+    if args.pooled:
+        print(json.dumps(pooled(json.loads(Path(args.pooled).read_text())), indent=1))
+        return 0
     return run(args)
 
 
@@ -256,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"capacity {cap['capacity_req_s']:.2f} req/s", flush=True)
             n = max(16, round(args.run_seconds * cap["capacity_req_s"]))
             rounds: list[dict[str, Any]] = []
-            raw: list[Any] | None = [] if args.raw else None
+            raw: list[Any] = []
             for k, seed in enumerate(seeds):
                 for load in loads if k % 2 == 0 else loads[::-1]:  # alternate the arms
                     r = run_round(server, settings, pairs, tok.vocab_size, load, seed, cap["capacity_req_s"], n,
@@ -267,9 +288,9 @@ def run(args: argparse.Namespace) -> int:
                           f" | loadavg {r['loadavg_after'][0]:.1f}", flush=True)
                     record["rounds"] = rounds
                     Path(args.out).write_text(json.dumps(record, indent=1, default=str))
-                    if raw is not None:
+                    if args.raw:
                         Path(args.raw).write_text(json.dumps(raw, default=str))
-            record["summary"] = summarize(rounds, loads)
+            record["summary"] = summarize(rounds, loads, raw)
     finally:
         cluster.shutdown()
         ray.shutdown()
