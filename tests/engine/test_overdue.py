@@ -133,7 +133,7 @@ def test_a_queued_first_token_takes_the_blocks_of_a_request_far_ahead_of_its_pac
     batch = eng.schedule()
     assert batch.is_prefill and batch.preempted_request_ids == ["long"]  # not "young": due before them
     assert [e.request_id for e in batch.scheduled] == ["new", "later"]
-    assert eng.scheduler.num_preempted_for_deadlines == 1
+    assert eng.scheduler.deadlines.num_preempted == 1
     assert [r.request_id for r in eng.scheduler.waiting] == ["long"]  # due after them, it waits
     eng.update(batch, eng.executor.execute(batch))
     eng.check_invariants()
@@ -141,7 +141,7 @@ def test_a_queued_first_token_takes_the_blocks_of_a_request_far_ahead_of_its_pac
 
 def test_with_chunked_prefill_a_queued_first_token_takes_the_blocks_before_the_decodes_are_taken():
     """A chunked engine admits after the step's decodes are in it, so the head preempts first
-    (``_preempt_for_head``): before it, the deadline order never preempted on a chunked engine
+    (``DeadlinePreemption.for_head``): before it, the deadline order never preempted on a chunked engine
     (issue 47's fair point: 24 of 28 interactive misses, benchmarks/slo/fair_misses.py)."""
     eng = two_running(10.0, chunked=True)
     now = eng.clock.now()
@@ -149,7 +149,7 @@ def test_with_chunked_prefill_a_queued_first_token_takes_the_blocks_before_the_d
     batch = eng.schedule()
     assert batch.preempted_request_ids == ["long"]  # not "young": due before "new"
     assert [e.request_id for e in batch.scheduled] == ["young", "new"]  # young's decode, new's prefill
-    assert batch.num_decodes == 1 and eng.scheduler.num_preempted_for_deadlines == 1
+    assert batch.num_decodes == 1 and eng.scheduler.deadlines.num_preempted == 1
     assert [r.request_id for r in eng.scheduler.waiting] == ["long"]
     eng.update(batch, eng.executor.execute(batch))
     eng.check_invariants()
@@ -250,3 +250,38 @@ def test_the_status_says_whether_a_queue_head_may_preempt_by_deadline():
         if order is not None:
             by_priority(eng, limits, order)
         assert eng.get_status().preempts_for_deadlines is expected, (order, caching)
+
+
+def full_batch(chunked: bool = False, caching: bool = False):
+    """Two normal requests fill a batch of two (plenty of memory); objectives per priority."""
+    eng = make_engine(num_blocks=64, max_num_seqs=2, chunked=chunked, prefix_caching=caching)
+    by_priority(eng, {int(Priority.NORMAL): (10.0, 1.0), int(Priority.HIGH): (1.0, 0.1)})
+    eng.add_request("early", [1] * 8, SamplingParams(max_tokens=30), arrival_time=0.0)
+    eng.add_request("late", [1] * 8, SamplingParams(max_tokens=30), arrival_time=0.5)
+    assert run_steps(eng, 3) == [] and len(eng.scheduler.running) == 2
+    return eng
+
+
+def test_a_first_token_takes_a_place_in_a_full_batch_from_a_lower_priority():
+    """The batch cap, not memory, stops the head: it preempts for a place as for blocks (the
+    running request due last goes), with and without chunked prefill; not with prefix caching, and not a
+    request of its own priority before it is urgent."""
+    for chunked in (False, True):
+        eng = full_batch(chunked)
+        eng.add_request("chat", [2] * 8, SamplingParams(max_tokens=2), priority=Priority.HIGH,
+                        arrival_time=eng.clock.now())
+        obj, running = eng.scheduler.objectives, list(eng.scheduler.running)
+        last = max(running, key=obj.key).request_id  # the latest due of the two goes
+        batch = eng.schedule()
+        assert batch.preempted_request_ids == [last], chunked
+        assert "chat" in [e.request_id for e in batch.scheduled]
+        assert [r.request_id for r in eng.scheduler.waiting] == [last]
+        eng.update(batch, eng.executor.execute(batch))
+        eng.check_invariants()
+        assert set(finish_order(eng)) == {"early", "late", "chat"}
+    eng = full_batch(caching=True)
+    eng.add_request("chat", [2] * 8, SamplingParams(max_tokens=2), priority=Priority.HIGH, arrival_time=eng.clock.now())
+    assert run_steps(eng, 2) == [] and [r.request_id for r in eng.scheduler.waiting] == ["chat"]
+    eng = full_batch()
+    eng.add_request("same", [2] * 8, SamplingParams(max_tokens=2), arrival_time=eng.clock.now())
+    assert run_steps(eng, 2) == [] and [r.request_id for r in eng.scheduler.waiting] == ["same"]

@@ -215,14 +215,18 @@ def test_the_expected_ttft_counts_the_deadline_preemption_for_blocks_but_dispatc
         step / 2 + memory_wait + prefill)
 
 
-def test_a_full_batch_is_waited_out_even_where_the_engine_preempts_for_blocks() -> None:
-    """The engine preempts for blocks only, never for a place in the batch: an interactive
-    newcomer behind 64 running batch requests (the cap) waits for the soonest to end."""
+def test_a_full_batch_is_no_wait_for_a_first_token_that_may_preempt_for_a_place() -> None:
+    """The engine preempts for a place in a full batch as for blocks (``engine/
+    deadline_preemption.py``): an interactive newcomer behind 64 running batch requests (the
+    cap) expects no wait; a batch newcomer, which may preempt none of them, waits for the
+    soonest to end."""
     pred = SLOPredictor(SLOConfig())
     full = replace(_busy("a", 64, NORMAL, 100, total=8000), preempts_for_deadlines=True)
     load = pred.load(full)
     assert load.max_num_seqs == 64 and load.num_free_blocks > 1000
     step = load.steps.decode_s(64, load.num_context_tokens)
-    hi = SLOConfig().class_of("interactive", HIGH)
-    assert pred.ttft(load, 200, HIGH, hi.ttft_s, objective_s=hi.ttft_s) == pytest.approx(
-        step / 2 + load.release[0][0] * step + load.steps.prefill_s((200,)))
+    hi, lo = SLOConfig().class_of("interactive", HIGH), SLOConfig().class_of("batch", NORMAL)
+    prefill = load.steps.prefill_s((200,))
+    assert pred.ttft(load, 200, HIGH, hi.ttft_s, objective_s=hi.ttft_s) == pytest.approx(step / 2 + prefill)
+    assert pred.ttft(load, 200, NORMAL, lo.ttft_s, objective_s=lo.ttft_s) == pytest.approx(
+        step / 2 + load.release[0][0] * step + prefill)

@@ -26,6 +26,7 @@ from llumnix.core.batch import ScheduledRequest, SchedulerOutput, decode_output
 from llumnix.core.config import SchedulerConfig
 from llumnix.core.errors import InvalidRequestError
 from llumnix.core.request import Request, RequestStatus
+from llumnix.engine.deadline_preemption import DeadlinePreemption
 from llumnix.engine.objectives import ORDERS, Objectives
 from llumnix.kv.kv_manager import KVManager
 
@@ -68,13 +69,11 @@ class LocalScheduler:
         self._key: Callable[[Request], tuple[bool, int, float]] = service_key
         self.num_overdue = 0
         """Requests found overdue so far (``engine/objectives.py``)."""
-        self.num_preempted_for_deadlines = 0
-        """Running requests preempted so that a queued request gets its first token in time."""
         self._next_overdue = math.inf
         """The earliest time a queued request not yet overdue becomes so (or later: a
         request that left the queue is not taken back out of it)."""
-        self._victims: list[str] = []
-        """Requests this step's admission preempted (``Objectives.victims``)."""
+        self.deadlines: DeadlinePreemption | None = None
+        """With the ``deadline`` order: the queue head's preemption for its first token."""
         self._seq = itertools.count()
         self._blocked: tuple[Request, int] | None = None
         """The head of line the last admission left waiting for memory, and the free
@@ -96,6 +95,8 @@ class LocalScheduler:
             raise InvalidRequestError("objectives are keyed by SLO class name", "limits")
         self.objectives = Objectives(dict(limits), order == "deadline") if limits and order != "fcfs" else None
         self._key = service_key if self.objectives is None else self.objectives.key
+        obj = self.objectives
+        self.deadlines = DeadlinePreemption(self, obj, self._now) if obj is not None and obj.by_deadline else None
         queued = list(self.waiting)
         self.waiting.clear()
         self._waiting_keys.clear()
@@ -174,9 +175,8 @@ class LocalScheduler:
         if self.objectives is not None:
             self.demote_overdue()
             out = self._schedule()
-            if self._victims:
-                out.preempted_request_ids[:0] = self._victims
-                self._victims = []
+            if self.deadlines is not None and self.deadlines.victims:
+                out.preempted_request_ids[:0] = self.deadlines.take_victims()
             return out
         return self._schedule()
 
@@ -200,8 +200,8 @@ class LocalScheduler:
         within a level a prompt already started finishes first. A request mid-prefill holds
         its blocks already, so only the decodes grow (and may preempt, from the back of
         the service order)."""
-        if self.objectives is not None and self.waiting:
-            self._preempt_for_head()
+        if self.deadlines is not None and self.deadlines.enabled and self.waiting:
+            self.deadlines.for_head()
         preempted = self._grow_running()
         decodes: list[ScheduledRequest] = []
         prefilling: list[Request] = []
@@ -244,6 +244,7 @@ class LocalScheduler:
         admitted: list[tuple[Request, int]] = []
         num_tokens = 0
         caching = self.kv.prefix is not None
+        deadlines = self.deadlines if chunked is None else None  # chunked: before the decodes (for_head)
         while self.waiting:
             req = self.waiting[0]
             if min_priority is not None and req.priority < min_priority:
@@ -269,10 +270,11 @@ class LocalScheduler:
                 n = chunk_size(req, n, budget - num_tokens, chunked or bool(admitted))
                 if n == 0:
                     break
-            if len(self.running) + len(admitted) >= self.config.max_num_seqs:
+            if len(self.running) + len(admitted) >= self.config.max_num_seqs and not (
+                    deadlines is not None and deadlines.for_place(req)):
                 break
-            if not self.kv.can_allocate(req.num_tokens, cached) and not (chunked is None
-                                                                        and self._preempt_for(req, cached)):
+            if not self.kv.can_allocate(req.num_tokens, cached) and not (
+                    deadlines is not None and deadlines.for_blocks(req, cached)):
                 self._blocked = (req, self.kv.blocks_needed(req.num_tokens, cached))
                 if cached is not None and (self._blocked_keys is None or self._blocked_keys[0] is not req):
                     self._blocked_keys = (req, self.kv.prefix_keys(req.prompt_token_ids, req.output_token_ids))
@@ -298,35 +300,8 @@ class LocalScheduler:
 
     @property
     def preempts_for_deadlines(self) -> bool:
-        """Whether a queue head stopped by memory may preempt by deadline (``_preempt_for``)."""
-        return self.objectives is not None and self.objectives.by_deadline and self.kv.prefix is None
-
-    def _preempt_for(self, req: Request, cached: tuple[list[int], bytes] | None) -> bool:
-        """With deadline objectives: preempt running requests whose keys come after the
-        queue's head ``req`` (latest first) if their blocks make it fit; whether it fits.
-        Not with prefix caching (a victim's blocks may be the head's cached prefix)."""
-        obj = self.objectives
-        if obj is None or self.kv.prefix is not None or not obj.may_preempt_for(req):
-            return False
-        victims = obj.victims(req, self.running, self._now())
-        tables = self.kv.tables
-        need = self.kv.blocks_needed(req.num_tokens, cached)
-        if self.kv.num_free_blocks + sum(len(tables[v.request_id]) for v in victims) - need \
-                < self.kv.num_watermark_blocks:
-            return False  # all of them would not make room: preempt none
-        while victims and not self.kv.can_allocate(req.num_tokens, cached):
-            victim = victims.pop(0)
-            self.preempt(victim)
-            self._victims.append(victim.request_id)
-            self.num_preempted_for_deadlines += 1
-        return self.kv.can_allocate(req.num_tokens, cached)
-
-    def _preempt_for_head(self) -> None:
-        """Chunked prefill: the head that memory stops preempts for its first token before the step's
-        decodes are taken (``_admit`` runs after them; issue 47's fair point, helper slo6)."""
-        head = self.waiting[0]
-        if len(self.running) < self.config.max_num_seqs and not self.kv.can_allocate(head.num_tokens):
-            self._preempt_for(head, None)
+        """Whether a queue head may preempt by deadline (``engine/deadline_preemption.py``)."""
+        return self.deadlines is not None and self.deadlines.enabled
 
     def _is_still_blocked(self, min_priority: int | None) -> bool:
         """The head of line that memory stopped at the last admission is still first, may

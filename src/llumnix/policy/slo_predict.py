@@ -70,8 +70,8 @@ class InstanceLoad:
     (priority, due, blocks) of each running request, due = arrival + its class's TTFT
     objective. A queued head may preempt the lower priorities at once and, once urgent
     (``URGENT_SHARE`` of its objective passed), those of its own due after it
-    (``engine/objectives.py``): its wait for blocks is at most that (``preempt_wait``); its
-    wait for a place in the batch is not shortened (the engine preempts for blocks only)."""
+    (``engine/objectives.py``): its wait for blocks or a place in the batch is at most that
+    (``preempt_wait``)."""
 
 
 def is_overdue(w: RequestBrief, now: float, limits: dict[str, float], slo: SLOConfig) -> bool:
@@ -105,21 +105,22 @@ def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths, ste
                         tuple(due), s.max_num_seqs, runners)
 
 
-def preempt_wait(load: InstanceLoad, deficit: int, priority: int, due: float, ttft_s: float) -> float:
+def preempt_wait(load: InstanceLoad, deficit: int, slots: int, priority: int, due: float, ttft_s: float) -> float:
     """How long a queued head of ``priority`` due at ``due`` waits before the engine's deadline
-    order lets it take ``deficit`` blocks from running requests: at once from lower
-    priorities, after ``URGENT_SHARE`` of its objective from its own priority's requests due
-    after it; inf when they do not hold enough. (Blocks only: the engine never preempts for
-    a place in the batch.)"""
-    now_blocks = later_blocks = 0
+    order lets it take ``deficit`` blocks and ``slots`` places in the batch from running
+    requests: at once from lower priorities, after ``URGENT_SHARE`` of its objective from its
+    own priority's requests due after it; inf when they do not hold enough."""
+    now_blocks = now_seqs = later_blocks = later_seqs = 0
     for p, d, blocks in load.runners:
         if p < priority:
             now_blocks += blocks
+            now_seqs += 1
         elif p == priority and d > due:
             later_blocks += blocks
-    if now_blocks >= deficit:
+            later_seqs += 1
+    if now_blocks >= deficit and now_seqs >= slots:
         return 0.0
-    if now_blocks + later_blocks >= deficit:
+    if now_blocks + later_blocks >= deficit and now_seqs + later_seqs >= slots:
         return URGENT_SHARE * ttft_s
     return math.inf
 
@@ -247,8 +248,8 @@ class SLOPredictor:
         before it only (None: for all of them). It waits for blocks and for a place in the
         batch as the running requests expected to end first free them (``memory_wait``).
 
-        With ``objective_s`` (its class's TTFT objective) too, the wait for blocks is at most
-        what the engine's deadline preemption leaves of it (``preempt_wait``): the TTFT to expect,
+        With ``objective_s`` (its class's TTFT objective) too, that wait is at most what the
+        engine's deadline preemption leaves of it (``preempt_wait``): the TTFT to expect,
         which is recorded against the measured one and tells a shed request when to retry.
         Dispatch leaves it out: it places a request where it meets its objectives without
         taking blocks or places from anyone. Placing by the expected TTFT sent interactive
@@ -268,11 +269,9 @@ class SLOPredictor:
         need = sum(blocks_for(n + 1, load.block_size) for n in (*ahead, num_prompt_tokens))
         slots = load.num_running + len(ahead) + 1 - load.max_num_seqs if load.max_num_seqs else 0
         deficit = need - load.num_free_blocks
-        if deficit > 0 and load.runners and due is not None and objective_s is not None:
-            wait = max(min(self.memory_wait(load, deficit, step), preempt_wait(load, deficit, priority, due, objective_s)),
-                       self.memory_wait(load, 0, step, slots))
-        else:
-            wait = self.memory_wait(load, deficit, step, slots)
+        wait = self.memory_wait(load, deficit, step, slots)
+        if wait > 0.0 and load.runners and due is not None and objective_s is not None:
+            wait = min(wait, preempt_wait(load, deficit, slots, priority, due, objective_s))
         return step / 2 + wait + prefill
 
     def ttft_queued(self, load: InstanceLoad, index: int) -> float:
