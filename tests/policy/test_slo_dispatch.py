@@ -1,6 +1,8 @@
 """The slo dispatch policy and rescue by migration, on literal snapshots."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from llumnix.core.request import Priority
@@ -41,7 +43,7 @@ def test_interactive_request_goes_where_its_ttft_holds() -> None:
 def test_batch_request_does_not_push_interactive_requests_past_tpot() -> None:
     # a runs interactive requests at a TPOT just under 0.1 s; one more long request breaks it
     a = _busy("a", 40, HIGH, 740, total=8000)
-    b = _busy("b", 70, NORMAL, 1600, total=8000)
+    b = replace(_busy("b", 70, NORMAL, 1600, total=8000), max_num_seqs=128)  # 70 run: a cap above it
     pred = SLOPredictor(SLOConfig())
     la, lb = pred.load(a), pred.load(b)
     assert pred.tpot_now(la, 0.0) < 0.1 < pred.tpot(la, 1600, 0.0)  # the join breaks a's requests
@@ -169,3 +171,18 @@ def test_a_queue_memory_holds_back_does_not_put_the_running_requests_past_their_
     b = _busy("b", 1, NORMAL, 100)
     assert tpot_rescues([full, b], pred, 0.0, SchedulingConfig().rescheduling) == []  # on pace: nothing moves
     assert [o.src_instance_id for o in tpot_rescues([roomy, b], pred, 0.0, SchedulingConfig().rescheduling)] == ["a"]
+
+
+def test_a_request_beyond_the_batch_cap_waits_for_a_running_one_to_end() -> None:
+    """Memory is plenty on both; ``full`` runs its engine's 64 sequences (the snapshots'
+    ``max_num_seqs``), so a newcomer's first token waits for the soonest to end, as it
+    waits for blocks (``room`` has a place: no wait)."""
+    pred = SLOPredictor(SLOConfig())
+    full, room = _busy("a", 64, NORMAL, 100, total=8000), _busy("b", 63, NORMAL, 100, total=8000)
+    lf, lr = pred.load(full), pred.load(room)
+    assert lf.max_num_seqs == 64 and lf.num_free_blocks > 1000
+    prefill = lf.steps.prefill_s((200,))
+    step_f = lf.steps.decode_s(64, lf.num_context_tokens)
+    step_r = lr.steps.decode_s(63, lr.num_context_tokens)
+    assert pred.ttft(lf, 200, NORMAL) == pytest.approx(step_f / 2 + lf.release[0][0] * step_f + prefill)
+    assert pred.ttft(lr, 200, NORMAL) == pytest.approx(step_r / 2 + prefill)

@@ -59,6 +59,10 @@ class InstanceLoad:
     """With the engines' ``deadline`` order, when each of ``queued`` is due its first token
     (arrival + its class's TTFT objective): a newcomer of the same priority waits only for
     those due before it (empty: every queued request of its priority or above is ahead)."""
+    max_num_seqs: int = 0
+    """The engine's batch cap (0: none known). A request beyond it waits for a running one
+    to end, as for blocks: on the real CPU engine (32 sequences) a burst at 0.85 load filled
+    the batch and TTFTs of 1.1-1.5 s were predicted at 0.18 s (benchmarks/slo/README.md)."""
 
 
 def is_overdue(w: RequestBrief, now: float, limits: dict[str, float], slo: SLOConfig) -> bool:
@@ -87,7 +91,7 @@ def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths, ste
             due.append(w.arrival_time + slo.class_of(w.slo_class, w.priority).ttft_s)
     return InstanceLoad(len(s.running), ctx, tuple(queued), s.num_free_blocks - s.num_watermark_blocks,
                         tuple(release), min(tpots) if tpots else None, s.block_size, steps, tuple(overdue),
-                        tuple(due))
+                        tuple(due), s.max_num_seqs)
 
 
 class SLOPredictor:
@@ -222,7 +226,8 @@ class SLOPredictor:
         else:
             prefill = steps.prefill_s((num_prompt_tokens,)) + sum(steps.prefill_s((n,)) for n in ahead)
         need = sum(blocks_for(n + 1, load.block_size) for n in (*ahead, num_prompt_tokens))
-        return step / 2 + self.memory_wait(load, need - load.num_free_blocks, step) + prefill
+        slots = load.num_running + len(ahead) + 1 - load.max_num_seqs if load.max_num_seqs else 0
+        return step / 2 + self.memory_wait(load, need - load.num_free_blocks, step, slots) + prefill
 
     def ttft_queued(self, load: InstanceLoad, index: int) -> float:
         """What is left of the wait of the request queued ``index``-th on ``load``, to its first token."""
@@ -230,17 +235,18 @@ class SLOPredictor:
         ahead = load.queued[:index]
         return self.ttft(InstanceLoad(load.num_running, load.num_context_tokens, ahead, load.num_free_blocks,
                                       load.release, load.tightest_tpot_s, load.block_size, load.steps,
-                                      load.overdue, load.queued_due[:index]),
+                                      load.overdue, load.queued_due[:index], load.max_num_seqs),
                          tokens, priority)
 
-    def memory_wait(self, load: InstanceLoad, deficit: int, step_s: float) -> float:
-        """Until the running requests expected to end first have freed ``deficit`` blocks."""
-        if deficit <= 0:
+    def memory_wait(self, load: InstanceLoad, deficit: int, step_s: float, slots: int = 0) -> float:
+        """Until the running requests expected to end first have freed ``deficit`` blocks
+        and ``slots`` places in the batch."""
+        if deficit <= 0 and slots <= 0:
             return 0.0
         freed = 0
-        for remaining, blocks in load.release:
+        for k, (remaining, blocks) in enumerate(load.release, 1):
             freed += blocks
-            if freed >= deficit:
+            if freed >= deficit and k >= slots:
                 return remaining * step_s
         last = load.release[-1][0] if load.release else self.lengths.mean
         return 2 * last * max(step_s, load.steps.decode_s(1, 1))  # more than all it runs: a long wait
