@@ -186,3 +186,26 @@ def test_a_request_beyond_the_batch_cap_waits_for_a_running_one_to_end() -> None
     step_r = lr.steps.decode_s(63, lr.num_context_tokens)
     assert pred.ttft(lf, 200, NORMAL) == pytest.approx(step_f / 2 + lf.release[0][0] * step_f + prefill)
     assert pred.ttft(lr, 200, NORMAL) == pytest.approx(step_r / 2 + prefill)
+
+
+def test_the_expected_ttft_counts_the_deadline_preemption_but_dispatch_does_not() -> None:
+    """A full batch of batch requests: an interactive newcomer may preempt them at once
+    (``engine/objectives.py``), so the TTFT to expect (``objective_s``) has no wait for a
+    place; a batch newcomer may preempt none of them (all due before it) and waits for the
+    soonest to end either way. Dispatch scores the wait without preemption: it places a
+    request where it takes nothing from anyone."""
+    pred = SLOPredictor(SLOConfig())
+    full = _busy("a", 64, NORMAL, 100, total=8000)
+    load = pred.load(full)
+    assert load.max_num_seqs == 64 and load.num_free_blocks > 1000
+    step = load.steps.decode_s(64, load.num_context_tokens)
+    queue_wait = load.release[0][0] * step
+    hi, lo = SLOConfig().class_of("interactive", HIGH), SLOConfig().class_of("batch", NORMAL)
+    prefill = load.steps.prefill_s((200,))
+    assert pred.ttft(load, 200, HIGH, hi.ttft_s, objective_s=hi.ttft_s) == pytest.approx(step / 2 + prefill)
+    assert pred.ttft(load, 200, HIGH, hi.ttft_s) == pytest.approx(step / 2 + queue_wait + prefill)
+    assert pred.ttft(load, 200, NORMAL, lo.ttft_s, objective_s=lo.ttft_s) == pytest.approx(
+        step / 2 + queue_wait + prefill)
+    # preempting, it would meet its 1 s; taking nothing, it would not: dispatch says it misses
+    assert step / 2 + prefill < hi.ttft_s < step / 2 + queue_wait + prefill
+    assert candidate_score(full, SLODispatch(pred, hi, HIGH, 200), 0.0) < MEETS

@@ -272,7 +272,7 @@ class GlobalScheduler:
             self.shed.check(ctx.slo, self._views[iid], now)
             slo = ctx.slo.predictor
             ttft = slo.ttft(slo.load(self._views[iid]), req.num_prompt_tokens, req.priority,
-                            req.arrival_time + ctx.slo.slo_class.ttft_s)
+                            req.arrival_time + ctx.slo.slo_class.ttft_s, objective_s=ctx.slo.slo_class.ttft_s)
             slo.record_ttft(req.request_id, req.arrival_time, now - req.arrival_time + ttft)
         if keys and self.prefix_index is not None:
             self.prefix_index.record(iid, keys, self.cluster.statuses[iid].num_total_blocks, now)

@@ -40,7 +40,7 @@ def candidate_score(s: InstanceStatus, req: SLODispatch, now: float) -> float:
     load = pred.load(s)
     cls = req.slo_class
     tpot = pred.tpot(load, req.num_prompt_tokens, now)
-    ttft = pred.ttft(load, req.num_prompt_tokens, req.priority, now + cls.ttft_s)
+    ttft = pred.ttft(load, req.num_prompt_tokens, req.priority, now + cls.ttft_s)  # taking nothing (ttft())
     own = min(1.0 - ttft / cls.ttft_s, 1.0 - tpot / cls.tpot_s)
     # the requests already there: a constraint, not a ranking (else a loose class avoids
     # every instance that runs a tight one, and piles up where none does)
@@ -96,7 +96,8 @@ class ShedBook:
             return
         self.num_shed[name] = shed + 1
         pred = req.predictor
-        wait = pred.ttft(pred.load(chosen), req.num_prompt_tokens, req.priority, now + req.slo_class.ttft_s)
+        wait = pred.ttft(pred.load(chosen), req.num_prompt_tokens, req.priority, now + req.slo_class.ttft_s,
+                         objective_s=req.slo_class.ttft_s)
         raise RequestShedError(name, max(1, math.ceil(wait - req.slo_class.ttft_s)))
 
 
