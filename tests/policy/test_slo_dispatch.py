@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from llumnix.core.request import Priority
+from llumnix.core.status import RequestBrief
 from llumnix.policy import DispatchRequest, GlobalScheduler, PolicyConfigError, SchedulingConfig
 from llumnix.policy.slo import SLOConfig
 from llumnix.policy.slo_dispatch import MEETS, RequestShedError, SLODispatch, candidate_score, should_shed
@@ -209,3 +210,42 @@ def test_the_expected_ttft_counts_the_deadline_preemption_but_dispatch_does_not(
     # preempting, it would meet its 1 s; taking nothing, it would not: dispatch says it misses
     assert step / 2 + prefill < hi.ttft_s < step / 2 + queue_wait + prefill
     assert candidate_score(full, SLODispatch(pred, hi, HIGH, 200), 0.0) < MEETS
+
+
+def test_requests_with_tokens_banked_are_due_by_their_tpot_not_ahead_of_a_first_token() -> None:
+    """Queued requests preempted back with 200 tokens made are due at arrival + 0.3 s x 200
+    (the engine's deadline, ``engine/objectives.py``), after a batch newcomer's first token
+    (due now + 10 s): it does not wait for their prefills or their blocks. The same prompts
+    queued for their first tokens (due at arrival + 10 s) are ahead of it."""
+    pred = SLOPredictor(SLOConfig())
+    running = [run(f"r{i}", 10, 160, NORMAL) for i in range(20)]
+
+    def queued(made: int) -> list[RequestBrief]:
+        return [RequestBrief(f"q{i}", NORMAL, 0, 2000 + made, 0.0, False, num_output_tokens=made) for i in range(5)]
+
+    banked = pred.load(inst("a", total=300, running=running, waiting=queued(200), ts=5.0))
+    fresh = pred.load(inst("b", total=300, running=running, waiting=queued(0), ts=5.0))
+    assert banked.queued_due == (60.0,) * 5 and fresh.queued_due == (10.0,) * 5
+    step = banked.steps.decode_s(20, banked.num_context_tokens)
+    alone = step / 2 + banked.steps.prefill_s((200,))
+    assert pred.ttft(banked, 200, NORMAL, 15.0) == pytest.approx(alone)
+    assert pred.ttft(fresh, 200, NORMAL, 15.0) > alone + 5 * fresh.steps.prefill_s((2000,))
+
+
+def test_running_requests_with_tokens_banked_may_be_preempted_for_an_urgent_first_token() -> None:
+    """A full batch of batch requests 100 tokens in (due at 0.3 s x 100 = 30 s): a batch
+    newcomer due at 11 s may take a place from them once urgent (half its 10 s objective),
+    so the TTFT to expect waits 5 s at most, not the ~12 s until the soonest is expected to
+    end (what dispatch still scores). Counted due at arrival + 10 s, as before, they were
+    due before it and the bound never applied."""
+    pred = SLOPredictor(SLOConfig())
+    full = inst("a", total=8000, running=[RequestBrief(f"r{i}", NORMAL, 7, 100, 0.0, True, num_output_tokens=100)
+                                          for i in range(64)], ts=1.0)
+    load = pred.load(full)
+    assert load.runners[0] == (NORMAL, 30.0, 7)
+    step = load.steps.decode_s(64, load.num_context_tokens)
+    prefill = load.steps.prefill_s((200,))
+    queue_wait = load.release[0][0] * step
+    assert queue_wait > 10.0
+    assert pred.ttft(load, 200, NORMAL, 11.0, objective_s=10.0) == pytest.approx(step / 2 + 5.0 + prefill)
+    assert pred.ttft(load, 200, NORMAL, 11.0) == pytest.approx(step / 2 + queue_wait + prefill)
