@@ -249,3 +249,21 @@ def test_running_requests_with_tokens_banked_may_be_preempted_for_an_urgent_firs
     assert queue_wait > 10.0
     assert pred.ttft(load, 200, NORMAL, 11.0, objective_s=10.0) == pytest.approx(step / 2 + 5.0 + prefill)
     assert pred.ttft(load, 200, NORMAL, 11.0) == pytest.approx(step / 2 + queue_wait + prefill)
+
+
+def test_queued_requests_that_fit_share_the_newcomers_prefill_step() -> None:
+    """Three batch prompts queued behind an interactive newcomer (lower priority) fit in
+    memory: an engine without chunked prefill admits them in the newcomer's prefill step, so
+    the first token to expect (``objective_s``) waits for their prefills too; dispatch scores
+    its own prompt's step. Where memory holds only the newcomer, they stay queued."""
+    pred = SLOPredictor(SLOConfig())
+    running = [run(f"r{i}", 10, 160, NORMAL) for i in range(4)]
+    queue = [wait(f"q{i}", 1000, NORMAL) for i in range(3)]
+    roomy = pred.load(inst("a", total=4000, running=running, waiting=queue))
+    tight = pred.load(inst("b", total=84, running=running, waiting=queue))  # 43 free: 13 for it, 63 a prompt
+    step = roomy.steps.decode_s(4, roomy.num_context_tokens)
+    shared = step / 2 + roomy.steps.prefill_s((200, 1000, 1000, 1000))
+    alone = step / 2 + roomy.steps.prefill_s((200,))
+    assert pred.ttft(roomy, 200, HIGH, 1.0, objective_s=1.0) == pytest.approx(shared)
+    assert pred.ttft(roomy, 200, HIGH, 1.0) == pytest.approx(alone)
+    assert pred.ttft(tight, 200, HIGH, 1.0, objective_s=1.0) == pytest.approx(alone)
