@@ -51,7 +51,7 @@ class Tap:
 
 def install(tap: Tap) -> None:
     load0, ttft0, record0 = SLOPredictor.load, SLOPredictor.ttft, SLOPredictor.record_ttft
-    schedule0, admit0 = LocalScheduler.schedule, LocalScheduler._admit
+    schedule0 = LocalScheduler.schedule
     outputs0 = MetricsCollector.on_outputs
 
     def on_outputs(self: MetricsCollector, outputs: Any, now: float) -> Any:
@@ -79,21 +79,18 @@ def install(tap: Tap) -> None:
 
     def schedule(self: LocalScheduler) -> Any:
         out = schedule0(self)
-        tap.steps[id(self)].append((self._now(), bool(out.is_prefill)))
-        if out.preempted_request_ids:
-            tap.preempted[id(self)].append((self._now(), len(out.preempted_request_ids)))
-        return out
-
-    def admit(self: LocalScheduler, *a: Any, **k: Any) -> Any:
-        out = admit0(self, *a, **k)
         now = self._now()
-        for req, _ in out:
-            tap.admits[id(self)].append((now, req.request_id))
-            tap.first_admit.setdefault(req.request_id, (id(self), now))
+        tap.steps[id(self)].append((now, bool(out.is_prefill)))
+        if out.preempted_request_ids:
+            tap.preempted[id(self)].append((now, len(out.preempted_request_ids)))
+        if out.is_prefill:  # without chunked prefill (goal.yaml) a prefill step's entries are its admissions
+            for e in out.scheduled:
+                tap.admits[id(self)].append((now, e.request_id))
+                tap.first_admit.setdefault(e.request_id, (id(self), now))
         return out
 
     SLOPredictor.load, SLOPredictor.ttft, SLOPredictor.record_ttft = load, ttft, record  # type: ignore[method-assign]
-    LocalScheduler.schedule, LocalScheduler._admit = schedule, admit  # type: ignore[method-assign]
+    LocalScheduler.schedule = schedule  # type: ignore[method-assign]
     MetricsCollector.on_outputs = on_outputs  # type: ignore[method-assign]
 
 
