@@ -238,3 +238,15 @@ def test_objectives_are_keyed_by_class_name():
 
     with pytest.raises(InvalidRequestError, match="keyed by SLO class name"):
         make_engine().set_objectives({0: (1.0, 1.0)})
+
+
+def test_the_status_says_whether_a_queue_head_may_preempt_by_deadline():
+    """The latency predictor reads it (``policy/slo_predict.py``): only the deadline order
+    preempts, and not with prefix caching (a victim's blocks may be the head's prefix)."""
+    limits = {int(Priority.NORMAL): (5.0, 1.0)}
+    cases = [(None, False, False), ("deadline", False, True), ("overdue", False, False), ("deadline", True, False)]
+    for order, caching, expected in cases:
+        eng = make_engine(prefix_caching=caching)
+        if order is not None:
+            by_priority(eng, limits, order)
+        assert eng.get_status().preempts_for_deadlines is expected, (order, caching)

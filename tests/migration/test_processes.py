@@ -17,6 +17,10 @@ from llumnix.core.wire import GenerateRequest  # noqa: E402
 TOKEN = b"test-processes-token"
 ENGINE = {"num_blocks": 256, "block_size": 4, "max_num_seqs": 8}
 PROMPT = [(i * 37 + 11) % 250 for i in range(48)]
+PAIR_ENGINE = {**ENGINE, "pace": {"model": "a10-llama7b-serving", "scale": 0.5}}
+"""The transports' pair holds each step to about 18 ms (``engine/pace.py``): unpaced, the tiny
+model's 300 tokens once ended before a loaded CI machine had set up gloo's group, and the
+migration found its request finished."""
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +107,7 @@ def drained(actor, timeout=30.0):
 
 @pytest.fixture(scope="module")
 def pair(session):
-    src, dst = start(session, "p-src"), start(session, "p-dst")
+    src, dst = start(session, "p-src", engine=PAIR_ENGINE), start(session, "p-dst", engine=PAIR_ENGINE)
     col = Collector(src, dst)
     add(src, "ref", 300)
     reference = col.result("ref")

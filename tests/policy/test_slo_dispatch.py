@@ -189,27 +189,44 @@ def test_a_request_beyond_the_batch_cap_waits_for_a_running_one_to_end() -> None
     assert pred.ttft(lr, 200, NORMAL) == pytest.approx(step_r / 2 + prefill)
 
 
-def test_the_expected_ttft_counts_the_deadline_preemption_but_dispatch_does_not() -> None:
-    """A full batch of batch requests: an interactive newcomer may preempt them at once
-    (``engine/objectives.py``), so the TTFT to expect (``objective_s``) has no wait for a
-    place; a batch newcomer may preempt none of them (all due before it) and waits for the
-    soonest to end either way. Dispatch scores the wait without preemption: it places a
-    request where it takes nothing from anyone."""
+def test_the_expected_ttft_counts_the_deadline_preemption_for_blocks_but_dispatch_does_not() -> None:
+    """Memory is full of batch requests: an interactive newcomer may preempt them for its
+    blocks at once (``engine/objectives.py``), so the TTFT to expect (``objective_s``) has no
+    wait for memory; a batch newcomer may preempt none of them (all due before it) and waits
+    for the soonest to end either way. Dispatch scores the wait without preemption: it places
+    a request where it takes nothing from anyone. An engine that does not preempt for
+    deadlines (prefix caching) is expected to make the interactive request wait too."""
     pred = SLOPredictor(SLOConfig())
-    full = _busy("a", 64, NORMAL, 100, total=8000)
+    full = replace(_busy("a", 20, NORMAL, 400, total=505), preempts_for_deadlines=True)
     load = pred.load(full)
-    assert load.max_num_seqs == 64 and load.num_free_blocks > 1000
-    step = load.steps.decode_s(64, load.num_context_tokens)
-    queue_wait = load.release[0][0] * step
+    assert load.num_free_blocks < 13 and load.num_running < load.max_num_seqs  # 200 tokens need 13 blocks
+    step = load.steps.decode_s(20, load.num_context_tokens)
+    memory_wait = load.release[0][0] * step
     hi, lo = SLOConfig().class_of("interactive", HIGH), SLOConfig().class_of("batch", NORMAL)
     prefill = load.steps.prefill_s((200,))
     assert pred.ttft(load, 200, HIGH, hi.ttft_s, objective_s=hi.ttft_s) == pytest.approx(step / 2 + prefill)
-    assert pred.ttft(load, 200, HIGH, hi.ttft_s) == pytest.approx(step / 2 + queue_wait + prefill)
+    assert pred.ttft(load, 200, HIGH, hi.ttft_s) == pytest.approx(step / 2 + memory_wait + prefill)
     assert pred.ttft(load, 200, NORMAL, lo.ttft_s, objective_s=lo.ttft_s) == pytest.approx(
-        step / 2 + queue_wait + prefill)
+        step / 2 + memory_wait + prefill)
     # preempting, it would meet its 1 s; taking nothing, it would not: dispatch says it misses
-    assert step / 2 + prefill < hi.ttft_s < step / 2 + queue_wait + prefill
+    assert step / 2 + prefill < hi.ttft_s < step / 2 + memory_wait + prefill
     assert candidate_score(full, SLODispatch(pred, hi, HIGH, 200), 0.0) < MEETS
+    caching = SLOPredictor(SLOConfig()).load(replace(full, preempts_for_deadlines=False))
+    assert pred.ttft(caching, 200, HIGH, hi.ttft_s, objective_s=hi.ttft_s) == pytest.approx(
+        step / 2 + memory_wait + prefill)
+
+
+def test_a_full_batch_is_waited_out_even_where_the_engine_preempts_for_blocks() -> None:
+    """The engine preempts for blocks only, never for a place in the batch: an interactive
+    newcomer behind 64 running batch requests (the cap) waits for the soonest to end."""
+    pred = SLOPredictor(SLOConfig())
+    full = replace(_busy("a", 64, NORMAL, 100, total=8000), preempts_for_deadlines=True)
+    load = pred.load(full)
+    assert load.max_num_seqs == 64 and load.num_free_blocks > 1000
+    step = load.steps.decode_s(64, load.num_context_tokens)
+    hi = SLOConfig().class_of("interactive", HIGH)
+    assert pred.ttft(load, 200, HIGH, hi.ttft_s, objective_s=hi.ttft_s) == pytest.approx(
+        step / 2 + load.release[0][0] * step + load.steps.prefill_s((200,)))
 
 
 def test_requests_with_tokens_banked_are_due_by_their_tpot_not_ahead_of_a_first_token() -> None:
@@ -233,22 +250,22 @@ def test_requests_with_tokens_banked_are_due_by_their_tpot_not_ahead_of_a_first_
 
 
 def test_running_requests_with_tokens_banked_may_be_preempted_for_an_urgent_first_token() -> None:
-    """A full batch of batch requests 100 tokens in (due at 0.3 s x 100 = 30 s): a batch
-    newcomer due at 11 s may take a place from them once urgent (half its 10 s objective),
-    so the TTFT to expect waits 5 s at most, not the ~12 s until the soonest is expected to
-    end (what dispatch still scores). Counted due at arrival + 10 s, as before, they were
-    due before it and the bound never applied."""
+    """Memory full of batch requests 100 tokens in (due at 0.3 s x 100 = 30 s): a batch
+    newcomer due at 11 s may take their blocks once urgent (half its 10 s objective), so the
+    TTFT to expect waits 5 s at most, not the ~8 s until the soonest is expected to end (what
+    dispatch still scores). Counted due at arrival + 10 s, as before, they were due before
+    it and the bound never applied."""
     pred = SLOPredictor(SLOConfig())
-    full = inst("a", total=8000, running=[RequestBrief(f"r{i}", NORMAL, 7, 100, 0.0, True, num_output_tokens=100)
-                                          for i in range(64)], ts=1.0)
+    running = [RequestBrief(f"r{i}", NORMAL, 25, 400, 0.0, True, num_output_tokens=100) for i in range(20)]
+    full = replace(inst("a", total=505, running=running, ts=1.0), preempts_for_deadlines=True)
     load = pred.load(full)
-    assert load.runners[0] == (NORMAL, 30.0, 7)
-    step = load.steps.decode_s(64, load.num_context_tokens)
+    assert load.runners[0] == (NORMAL, 30.0, 25) and load.num_free_blocks < 13  # 200 tokens need 13 blocks
+    step = load.steps.decode_s(20, load.num_context_tokens)
     prefill = load.steps.prefill_s((200,))
-    queue_wait = load.release[0][0] * step
-    assert queue_wait > 10.0
+    memory_wait = load.release[0][0] * step
+    assert memory_wait > 5.0
     assert pred.ttft(load, 200, NORMAL, 11.0, objective_s=10.0) == pytest.approx(step / 2 + 5.0 + prefill)
-    assert pred.ttft(load, 200, NORMAL, 11.0) == pytest.approx(step / 2 + queue_wait + prefill)
+    assert pred.ttft(load, 200, NORMAL, 11.0) == pytest.approx(step / 2 + memory_wait + prefill)
 
 
 def test_queued_requests_that_fit_share_the_newcomers_prefill_step() -> None:

@@ -119,6 +119,10 @@ class InstanceStatus:
     subtracts it, so each physical block counts once."""
     num_migrating_in: int = 0
     num_migrating_out: int = 0
+    preempts_for_deadlines: bool = False
+    """The engine's queue head may preempt running requests for blocks by the SLO classes'
+    deadlines (``engine/objectives.py``; not with prefix caching, and never for a place in
+    the batch): the latency predictor counts it in the TTFT to expect."""
     is_terminating: bool = False
     is_schedulable: bool = True
     step_id: int = 0

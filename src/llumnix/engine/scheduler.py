@@ -296,6 +296,11 @@ class LocalScheduler:
             self.running.extend(r for r, _ in admitted)
         return admitted
 
+    @property
+    def preempts_for_deadlines(self) -> bool:
+        """Whether a queue head stopped by memory may preempt by deadline (``_preempt_for``)."""
+        return self.objectives is not None and self.objectives.by_deadline and self.kv.prefix is None
+
     def _preempt_for(self, req: Request, cached: tuple[list[int], bytes] | None) -> bool:
         """With deadline objectives: preempt running requests whose keys come after the
         queue's head ``req`` (latest first) if their blocks make it fit; whether it fits.

@@ -87,6 +87,7 @@ def build_status(engine: EngineCore, migrating: Collection[str] = (),
     state["num_reserved_blocks"] = reserved
     state["num_shared_block_holds"] = shared
     state["num_migrating_in"] = num_in
+    state["preempts_for_deadlines"] = sched.preempts_for_deadlines
     state["step_id"] = engine.step_id
     if fields:
         if not _FIELDS.issuperset(fields):

@@ -66,11 +66,12 @@ class InstanceLoad:
     to end, as for blocks: on the real CPU engine (32 sequences) a burst at 0.85 load filled
     the batch and TTFTs of 1.1-1.5 s were predicted at 0.18 s (benchmarks/slo/README.md)."""
     runners: tuple[tuple[int, float, int], ...] = ()
-    """With the engines' ``deadline`` order: (priority, due, blocks) of each running request,
-    due = its ``deadline``. A queued head may preempt the lower
-    priorities at once and, once urgent (``URGENT_SHARE`` of its objective passed), those
-    of its own due after it (``engine/objectives.py``): its wait for blocks or a place is
-    at most that (``preempt_wait``)."""
+    """Where the engine preempts for deadlines (``InstanceStatus.preempts_for_deadlines``):
+    (priority, due, blocks) of each running request, due = its ``deadline``. A queued head
+    may preempt the lower priorities at once and, once urgent (``URGENT_SHARE`` of its
+    objective passed), those of its own due after it (``engine/objectives.py``): its wait for
+    blocks is at most that (``preempt_wait``); its wait for a place in the batch is not
+    shortened (the engine preempts for blocks only)."""
 
 
 def is_overdue(w: RequestBrief, now: float, limits: dict[str, float], slo: SLOConfig) -> bool:
@@ -104,7 +105,8 @@ def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths, ste
     due: list[float] = []
     limits = overdue_limits or {}
     by_deadline = slo.engine_order == "deadline"
-    runners = tuple((r.priority, deadline(r, slo), r.num_blocks) for r in s.running) if by_deadline else ()
+    runners = tuple((r.priority, deadline(r, slo), r.num_blocks) for r in s.running) \
+        if s.preempts_for_deadlines else ()
     for w in s.waiting:
         if is_overdue(w, s.timestamp, limits, slo):
             overdue.append((w.priority, w.num_tokens))
@@ -117,22 +119,21 @@ def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths, ste
                         tuple(due), s.max_num_seqs, runners)
 
 
-def preempt_wait(load: InstanceLoad, deficit: int, slots: int, priority: int, due: float, ttft_s: float) -> float:
+def preempt_wait(load: InstanceLoad, deficit: int, priority: int, due: float, ttft_s: float) -> float:
     """How long a queued head of ``priority`` due at ``due`` waits before the engine's deadline
-    order lets it take ``deficit`` blocks and ``slots`` places from running requests: at once
-    from lower priorities, after ``URGENT_SHARE`` of its objective from its own priority's
-    requests due after it; inf when they do not hold enough."""
-    now_blocks = now_seqs = later_blocks = later_seqs = 0
+    order lets it take ``deficit`` blocks from running requests: at once from lower
+    priorities, after ``URGENT_SHARE`` of its objective from its own priority's requests due
+    after it; inf when they do not hold enough. (Blocks only: the engine never preempts for
+    a place in the batch.)"""
+    now_blocks = later_blocks = 0
     for p, d, blocks in load.runners:
         if p < priority:
             now_blocks += blocks
-            now_seqs += 1
         elif p == priority and d > due:
             later_blocks += blocks
-            later_seqs += 1
-    if now_blocks >= deficit and now_seqs >= slots:
+    if now_blocks >= deficit:
         return 0.0
-    if now_blocks + later_blocks >= deficit and now_seqs + later_seqs >= slots:
+    if now_blocks + later_blocks >= deficit:
         return URGENT_SHARE * ttft_s
     return math.inf
 
@@ -278,8 +279,8 @@ class SLOPredictor:
         before it only (None: for all of them). It waits for blocks and for a place in the
         batch as the running requests expected to end first free them (``memory_wait``).
 
-        With ``objective_s`` (its class's TTFT objective) too, that wait is at most what the
-        engine's deadline preemption leaves of it (``preempt_wait``): the TTFT to expect,
+        With ``objective_s`` (its class's TTFT objective) too, the wait for blocks is at most
+        what the engine's deadline preemption leaves of it (``preempt_wait``): the TTFT to expect,
         which is recorded against the measured one and tells a shed request when to retry.
         Dispatch leaves it out: it places a request where it meets its objectives without
         taking blocks or places from anyone. Placing by the expected TTFT sent interactive
@@ -307,9 +308,12 @@ class SLOPredictor:
             seats = -slots if load.max_num_seqs else len(behind)
             join = joining(behind, load.num_free_blocks - need, seats, load.block_size) if objective_s else []
             prefill = steps.prefill_s((num_prompt_tokens, *join)) + sum(steps.prefill_s((n,)) for n in ahead)
-        wait = self.memory_wait(load, need - load.num_free_blocks, step, slots)
-        if wait > 0.0 and load.runners and due is not None and objective_s is not None:
-            wait = min(wait, preempt_wait(load, need - load.num_free_blocks, slots, priority, due, objective_s))
+        deficit = need - load.num_free_blocks
+        if deficit > 0 and load.runners and due is not None and objective_s is not None:
+            wait = max(min(self.memory_wait(load, deficit, step), preempt_wait(load, deficit, priority, due, objective_s)),
+                       self.memory_wait(load, 0, step, slots))
+        else:
+            wait = self.memory_wait(load, deficit, step, slots)
         return step / 2 + wait + prefill
 
     def ttft_queued(self, load: InstanceLoad, index: int) -> float:
