@@ -207,7 +207,7 @@ def analyse(tap: Tap, sim: Any) -> list[dict[str, Any]]:
             "same_ahead": sum(a in ahead for a in same), "same_queued_behind": sum(a in queued - ahead for a in same),
             "same_later": sum(a not in queued and a not in running for a in same),
             "same_rerun": sum(a in running for a in same),
-            "preemptions_while_queued": n_pre, "preempted": m.num_preemptions > 0, "migrated": m.num_migrations > 0})
+            "preemptions_while_queued": n_pre, "tpot": m.decode_per_token, "preempted": m.num_preemptions > 0, "migrated": m.num_migrations > 0})
     return rows
 
 
