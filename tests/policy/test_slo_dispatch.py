@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from llumnix.core.request import Priority
+from llumnix.core.status import RequestBrief
 from llumnix.policy import DispatchRequest, GlobalScheduler, PolicyConfigError, SchedulingConfig
 from llumnix.policy.slo import SLOConfig
 from llumnix.policy.slo_dispatch import MEETS, RequestShedError, SLODispatch, candidate_score, should_shed
@@ -230,3 +231,60 @@ def test_a_full_batch_is_no_wait_for_a_first_token_that_may_preempt_for_a_place(
     assert pred.ttft(load, 200, HIGH, hi.ttft_s, objective_s=hi.ttft_s) == pytest.approx(step / 2 + prefill)
     assert pred.ttft(load, 200, NORMAL, lo.ttft_s, objective_s=lo.ttft_s) == pytest.approx(
         step / 2 + load.release[0][0] * step + prefill)
+
+
+def test_requests_with_tokens_banked_are_due_by_their_tpot_not_ahead_of_a_first_token() -> None:
+    """Queued requests preempted back with 200 tokens made are due at arrival + 0.3 s x 200
+    (the engine's deadline, ``engine/objectives.py``), after a batch newcomer's first token
+    (due now + 10 s): it does not wait for their prefills or their blocks. The same prompts
+    queued for their first tokens (due at arrival + 10 s) are ahead of it."""
+    pred = SLOPredictor(SLOConfig())
+    running = [run(f"r{i}", 10, 160, NORMAL) for i in range(20)]
+
+    def queued(made: int) -> list[RequestBrief]:
+        return [RequestBrief(f"q{i}", NORMAL, 0, 2000 + made, 0.0, False, num_output_tokens=made) for i in range(5)]
+
+    banked = pred.load(inst("a", total=300, running=running, waiting=queued(200), ts=5.0))
+    fresh = pred.load(inst("b", total=300, running=running, waiting=queued(0), ts=5.0))
+    assert banked.queued_due == (60.0,) * 5 and fresh.queued_due == (10.0,) * 5
+    step = banked.steps.decode_s(20, banked.num_context_tokens)
+    alone = step / 2 + banked.steps.prefill_s((200,))
+    assert pred.ttft(banked, 200, NORMAL, 15.0) == pytest.approx(alone)
+    assert pred.ttft(fresh, 200, NORMAL, 15.0) > alone + 5 * fresh.steps.prefill_s((2000,))
+
+
+def test_running_requests_with_tokens_banked_may_be_preempted_for_an_urgent_first_token() -> None:
+    """Memory full of batch requests 100 tokens in (due at 0.3 s x 100 = 30 s): a batch
+    newcomer due at 11 s may take their blocks once urgent (half its 10 s objective), so the
+    TTFT to expect waits 5 s at most, not the ~8 s until the soonest is expected to end (what
+    dispatch still scores). Counted due at arrival + 10 s, as before, they were due before
+    it and the bound never applied."""
+    pred = SLOPredictor(SLOConfig())
+    running = [RequestBrief(f"r{i}", NORMAL, 25, 400, 0.0, True, num_output_tokens=100) for i in range(20)]
+    full = replace(inst("a", total=505, running=running, ts=1.0), preempts_for_deadlines=True)
+    load = pred.load(full)
+    assert load.runners[0] == (NORMAL, 30.0, 25) and load.num_free_blocks < 13  # 200 tokens need 13 blocks
+    step = load.steps.decode_s(20, load.num_context_tokens)
+    prefill = load.steps.prefill_s((200,))
+    memory_wait = load.release[0][0] * step
+    assert memory_wait > 5.0
+    assert pred.ttft(load, 200, NORMAL, 11.0, objective_s=10.0) == pytest.approx(step / 2 + 5.0 + prefill)
+    assert pred.ttft(load, 200, NORMAL, 11.0) == pytest.approx(step / 2 + memory_wait + prefill)
+
+
+def test_queued_requests_that_fit_share_the_newcomers_prefill_step() -> None:
+    """Three batch prompts queued behind an interactive newcomer (lower priority) fit in
+    memory: an engine without chunked prefill admits them in the newcomer's prefill step, so
+    the first token to expect (``objective_s``) waits for their prefills too; dispatch scores
+    its own prompt's step. Where memory holds only the newcomer, they stay queued."""
+    pred = SLOPredictor(SLOConfig())
+    running = [run(f"r{i}", 10, 160, NORMAL) for i in range(4)]
+    queue = [wait(f"q{i}", 1000, NORMAL) for i in range(3)]
+    roomy = pred.load(inst("a", total=4000, running=running, waiting=queue))
+    tight = pred.load(inst("b", total=84, running=running, waiting=queue))  # 43 free: 13 for it, 63 a prompt
+    step = roomy.steps.decode_s(4, roomy.num_context_tokens)
+    shared = step / 2 + roomy.steps.prefill_s((200, 1000, 1000, 1000))
+    alone = step / 2 + roomy.steps.prefill_s((200,))
+    assert pred.ttft(roomy, 200, HIGH, 1.0, objective_s=1.0) == pytest.approx(shared)
+    assert pred.ttft(roomy, 200, HIGH, 1.0) == pytest.approx(alone)
+    assert pred.ttft(tight, 200, HIGH, 1.0, objective_s=1.0) == pytest.approx(alone)

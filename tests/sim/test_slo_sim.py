@@ -68,15 +68,17 @@ def test_slo_records_carry_the_predictor_ttft_error() -> None:
     assert "slo_predictor" not in _run(SystemSpec("infaas++", "infaas++"))
 
 
-def test_ttft_errors_match_predictions_to_requests_by_arrival() -> None:
+def test_ttft_errors_match_predictions_to_requests_by_id() -> None:
     from llumnix.core.batch import RequestMetrics
     from llumnix.sim.runner import ttft_errors
 
     def req(arrival: float, ttft: float) -> RequestMetrics:
         return RequestMetrics(arrival, arrival, arrival + ttft, arrival + 1, 10, 5, 0, 0.0, 0)
 
-    out = ttft_errors([(0.0, 1.5), (1.0, 0.5), (2.0, 9.0)], [req(0.0, 1.0), req(1.0, 1.0)])  # 2.0 never finished
-    assert out == {"num": 2, "ttft_rel_error_p50": 0.5, "ttft_rel_error_p90": 0.5, "ttft_signed_p50": 0.0}
+    predicted = {"a": (0.0, 1.5), "b": (1.0, 0.5), "c": (2.0, 9.0), "d": (1.0, 4.0)}  # c never finished
+    out = ttft_errors(predicted, [req(0.0, 1.0), req(1.0, 1.0), req(1.0, 4.0)], ["a", "b", "d"])
+    # b and d arrived together: each is compared with its own TTFT (by arrival, both were with d's)
+    assert out == {"num": 3, "ttft_rel_error_p50": 0.5, "ttft_rel_error_p90": 0.5, "ttft_signed_p50": 0.0}
 
 
 def test_only_the_slo_policy_engines_serve_overdue_requests_last() -> None:

@@ -58,8 +58,8 @@ class InstanceLoad:
     the engine serves after the rest (``SLOConfig.engine_order``): no newcomer waits for
     them, but they will join the batch."""
     queued_due: tuple[float, ...] = ()
-    """With the engines' ``deadline`` order, when each of ``queued`` is due its first token
-    (arrival + its class's TTFT objective): a newcomer of the same priority waits only for
+    """With the engines' ``deadline`` order, each of ``queued``'s deadline (``deadline``: for a
+    first token, arrival + its class's TTFT objective): a newcomer of the same priority waits only for
     those due before it (empty: every queued request of its priority or above is ahead)."""
     max_num_seqs: int = 0
     """The engine's batch cap (0: none known). A request beyond it waits for a running one
@@ -67,17 +67,30 @@ class InstanceLoad:
     the batch and TTFTs of 1.1-1.5 s were predicted at 0.18 s (benchmarks/slo/README.md)."""
     runners: tuple[tuple[int, float, int], ...] = ()
     """Where the engine preempts for deadlines (``InstanceStatus.preempts_for_deadlines``):
-    (priority, due, blocks) of each running request, due = arrival + its class's TTFT
-    objective. A queued head may preempt the lower priorities at once and, once urgent
-    (``URGENT_SHARE`` of its objective passed), those of its own due after it
-    (``engine/objectives.py``): its wait for blocks or a place in the batch is at most that
-    (``preempt_wait``)."""
+    (priority, due, blocks) of each running request, due = its ``deadline``. A queued head
+    may preempt the lower priorities at once and, once urgent (``URGENT_SHARE`` of its
+    objective passed), those of its own due after it (``engine/objectives.py``): its wait for
+    blocks or a place in the batch is at most that (``preempt_wait``)."""
 
 
 def is_overdue(w: RequestBrief, now: float, limits: dict[str, float], slo: SLOConfig) -> bool:
     """A queued request past its class's limit with no output yet (``engine/objectives.py``)."""
     limit = limits.get(w.slo_class or slo.class_of("", w.priority).name) if limits else None
     return limit is not None and not w.num_output_tokens and now - w.arrival_time > limit
+
+
+def deadline(r: RequestBrief, slo: SLOConfig) -> float:
+    """The engine's deadline for ``r`` (``Objectives.deadline``), its first token taken at its
+    arrival (a brief does not carry it; TTFTs are mostly far shorter than the objectives): the
+    TTFT objective's before its first token, after it its TPOT objective per token made. A
+    request preempted back into the queue, or running, with tokens banked is due late. Taken
+    due at arrival + TTFT objective, as before, such requests counted ahead of every newcomer
+    of their class: on goal.yaml's seed 0 at 36 req/s, 108 batch requests predicted to wait
+    a median 5.9 s for memory got their first token within 0.1 s, and batch TTFTs were
+    predicted a median 72% late (``benchmarks/slo/ttft_causes.py``)."""
+    cls = slo.class_of(r.slo_class, r.priority)
+    n = r.num_output_tokens
+    return r.arrival_time + (cls.tpot_s * n if n else cls.ttft_s)
 
 
 def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths, steps: StepTimeModel,
@@ -91,15 +104,15 @@ def instance_load(s: InstanceStatus, slo: SLOConfig, lengths: OutputLengths, ste
     due: list[float] = []
     limits = overdue_limits or {}
     by_deadline = slo.engine_order == "deadline"
-    runners = tuple((r.priority, r.arrival_time + slo.class_of(r.slo_class, r.priority).ttft_s, r.num_blocks)
-                    for r in s.running) if s.preempts_for_deadlines else ()
+    runners = tuple((r.priority, deadline(r, slo), r.num_blocks) for r in s.running) \
+        if s.preempts_for_deadlines else ()
     for w in s.waiting:
         if is_overdue(w, s.timestamp, limits, slo):
             overdue.append((w.priority, w.num_tokens))
             continue
         queued.append((w.priority, w.num_tokens))
         if by_deadline:
-            due.append(w.arrival_time + slo.class_of(w.slo_class, w.priority).ttft_s)
+            due.append(deadline(w, slo))
     return InstanceLoad(len(s.running), ctx, tuple(queued), s.num_free_blocks - s.num_watermark_blocks,
                         tuple(release), min(tpots) if tpots else None, s.block_size, steps, tuple(overdue),
                         tuple(due), s.max_num_seqs, runners)
@@ -123,6 +136,24 @@ def preempt_wait(load: InstanceLoad, deficit: int, slots: int, priority: int, du
     if now_blocks + later_blocks >= deficit and now_seqs + later_seqs >= slots:
         return URGENT_SHARE * ttft_s
     return math.inf
+
+
+def joining(behind: list[int], num_free_blocks: int, seats: int, block_size: int) -> list[int]:
+    """Of the queued requests behind a newcomer (prompt tokens, in service order), those an
+    engine without chunked prefill admits in the newcomer's own prefill step: after it, while
+    blocks and places last (a queue that fits has arrived since the step under way began).
+    Its first token waits for their prefills too: interactive requests whose TTFT was 0.3-1 s
+    on goal.yaml's seed 0 at 36 req/s were predicted a median 0.13 s, their own prefill step
+    taking 0.31 s against 0.04 s predicted for their prompt alone."""
+    out: list[int] = []
+    for n in behind:
+        blocks = blocks_for(n + 1, block_size)
+        if blocks > num_free_blocks or seats < 1:
+            break
+        num_free_blocks -= blocks
+        seats -= 1
+        out.append(n)
+    return out
 
 
 class SLOPredictor:
@@ -254,20 +285,29 @@ class SLOPredictor:
         Dispatch leaves it out: it places a request where it meets its objectives without
         taking blocks or places from anyone. Placing by the expected TTFT sent interactive
         requests where they would preempt batch ones, and goal.yaml's batch attainment at
-        40 req/s (seed 0) fell from 0.947 to 0.848 (benchmarks/slo/README.md)."""
+        40 req/s (seed 0) fell from 0.947 to 0.848 (benchmarks/slo/README.md).
+
+        The TTFT to expect counts too the queued requests behind it that share its prefill
+        step (``joining``); dispatch does not: scoring with them, goal.yaml's goodput (seeds
+        0-4, 28-56 req/s) was 44, 48, 52, 44, 28 req/s against 44, 48, 56, 40, 32 without."""
         steps = load.steps
         step = steps.decode_s(load.num_running, load.num_context_tokens) if load.num_running else 0.0
+        ahead: list[int] = []
+        behind: list[int] = []
         if due is None or not load.queued_due:
-            ahead = [n for p, n in load.queued if p >= priority]
+            for p, n in load.queued:
+                (ahead if p >= priority else behind).append(n)
         else:
-            ahead = [n for (p, n), d in zip(load.queued, load.queued_due, strict=True)
-                     if p > priority or (p == priority and d <= due)]
+            for (p, n), d in zip(load.queued, load.queued_due, strict=True):
+                (ahead if p > priority or (p == priority and d <= due) else behind).append(n)
+        need = sum(blocks_for(n + 1, load.block_size) for n in (*ahead, num_prompt_tokens))
+        slots = load.num_running + len(ahead) + 1 - load.max_num_seqs if load.max_num_seqs else 0
         if steps.mixes and load.num_running:  # chunked prefill: one step prefills them beside the decodes
             prefill = steps.mixed_s((*ahead, num_prompt_tokens), load.num_running, load.num_context_tokens)
         else:
-            prefill = steps.prefill_s((num_prompt_tokens,)) + sum(steps.prefill_s((n,)) for n in ahead)
-        need = sum(blocks_for(n + 1, load.block_size) for n in (*ahead, num_prompt_tokens))
-        slots = load.num_running + len(ahead) + 1 - load.max_num_seqs if load.max_num_seqs else 0
+            seats = -slots if load.max_num_seqs else len(behind)
+            join = joining(behind, load.num_free_blocks - need, seats, load.block_size) if objective_s else []
+            prefill = steps.prefill_s((num_prompt_tokens, *join)) + sum(steps.prefill_s((n,)) for n in ahead)
         deficit = need - load.num_free_blocks
         wait = self.memory_wait(load, deficit, step, slots)
         if wait > 0.0 and load.runners and due is not None and objective_s is not None:

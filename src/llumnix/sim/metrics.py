@@ -115,6 +115,8 @@ class MetricsCollector:
     the trace names classes: ``by_slo_class`` then reads them, not the priorities)."""
     num_shed_by_name: dict[str, int] = field(default_factory=dict)
     """Shed requests by the SLO class the trace named (when it names them)."""
+    request_ids: list[str] = field(default_factory=list)
+    """Per finished request, its id (parallel to ``requests``; "" where not given)."""
     token_gaps: array = field(default_factory=lambda: array("d"))  # type: ignore[type-arg]
     """Every inter-token gap of every request (seconds)."""
     _last_token: dict[str, float] = field(default_factory=dict)
@@ -140,8 +142,10 @@ class MetricsCollector:
                 done.append(out)
         return done
 
-    def on_finished(self, m: RequestMetrics, priority_class: int | None = None, slo_class: str | None = None) -> None:
+    def on_finished(self, m: RequestMetrics, priority_class: int | None = None, slo_class: str | None = None,
+                    request_id: str = "") -> None:
         self.requests.append(m)
+        self.request_ids.append(request_id)
         self.classes.append(m.priority if priority_class is None else priority_class)
         if slo_class is not None:
             self.slo_names.append(slo_class)

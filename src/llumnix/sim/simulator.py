@@ -262,7 +262,7 @@ class Simulator:
         if finished:
             for out in finished:
                 assert out.metrics is not None
-                self.metrics.on_finished(out.metrics, *self._trace_class(out.request_id))
+                self.metrics.on_finished(out.metrics, *self._trace_class(out.request_id), request_id=out.request_id)
             self._count_done(len(finished))
         if self.config.check_invariants:
             inst.engine.check_invariants()
