@@ -236,8 +236,10 @@ def test_a_full_batch_is_no_wait_for_a_first_token_that_may_preempt_for_a_place(
 def test_requests_with_tokens_banked_are_due_by_their_tpot_not_ahead_of_a_first_token() -> None:
     """Queued requests preempted back with 200 tokens made are due at arrival + 0.3 s x 200
     (the engine's deadline, ``engine/objectives.py``), after a batch newcomer's first token
-    (due now + 10 s): it does not wait for their prefills or their blocks. The same prompts
-    queued for their first tokens (due at arrival + 10 s) are ahead of it."""
+    (due now + 10 s): the TTFT to expect (``objective_s``) does not wait for their prefills
+    or their blocks. The same prompts queued for their first tokens (due at arrival + 10 s)
+    are ahead of it. Dispatch counts the banked ones ahead too: it does not place a request
+    where it would push them back."""
     pred = SLOPredictor(SLOConfig())
     running = [run(f"r{i}", 10, 160, NORMAL) for i in range(20)]
 
@@ -247,10 +249,12 @@ def test_requests_with_tokens_banked_are_due_by_their_tpot_not_ahead_of_a_first_
     banked = pred.load(inst("a", total=300, running=running, waiting=queued(200), ts=5.0))
     fresh = pred.load(inst("b", total=300, running=running, waiting=queued(0), ts=5.0))
     assert banked.queued_due == (60.0,) * 5 and fresh.queued_due == (10.0,) * 5
+    assert banked.queued_banked == (True,) * 5 and fresh.queued_banked == (False,) * 5
     step = banked.steps.decode_s(20, banked.num_context_tokens)
     alone = step / 2 + banked.steps.prefill_s((200,))
-    assert pred.ttft(banked, 200, NORMAL, 15.0) == pytest.approx(alone)
-    assert pred.ttft(fresh, 200, NORMAL, 15.0) > alone + 5 * fresh.steps.prefill_s((2000,))
+    assert pred.ttft(banked, 200, NORMAL, 15.0, objective_s=10.0) == pytest.approx(alone)
+    assert pred.ttft(fresh, 200, NORMAL, 15.0, objective_s=10.0) > alone + 5 * fresh.steps.prefill_s((2000,))
+    assert pred.ttft(banked, 200, NORMAL, 15.0) > alone + 5 * banked.steps.prefill_s((2200,))  # dispatch
 
 
 def test_running_requests_with_tokens_banked_may_be_preempted_for_an_urgent_first_token() -> None:
