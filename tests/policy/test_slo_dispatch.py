@@ -292,3 +292,25 @@ def test_queued_requests_that_fit_share_the_newcomers_prefill_step() -> None:
     assert pred.ttft(roomy, 200, HIGH, 1.0, objective_s=1.0) == pytest.approx(shared)
     assert pred.ttft(roomy, 200, HIGH, 1.0) == pytest.approx(alone)
     assert pred.ttft(tight, 200, HIGH, 1.0, objective_s=1.0) == pytest.approx(alone)
+
+
+def test_a_shed_decision_reads_the_expected_tpot_not_the_whole_queues() -> None:
+    """40 interactive requests run just under their 0.1 s TPOT; ten batch prompts queue
+    behind, which memory holds back. Dispatch scores the TPOT with the whole queue in the
+    batch (it joins in time: a miss there); a shed decision asks whether the newcomer would
+    miss, with the batch that memory admits (it would not), so it is queued, not refused.
+    Shedding by the whole queue's TPOT refused batch requests that all would have met
+    (benchmarks/slo/shed_would_meet.json)."""
+    cfg = SchedulingConfig.from_dict({
+        "dispatch": {"policy": "slo"},
+        "slo": {"classes": {"interactive": {"ttft_s": 1, "tpot_s": 0.1, "priority": "high", "shed_share": 1.0},
+                            "batch": {"ttft_s": 10, "tpot_s": 0.3}}}})
+    a = _busy("a", 40, HIGH, 700, total=1900, waiting=[wait(f"q{i}", 2000, NORMAL) for i in range(10)])
+    gs = GlobalScheduler(cfg)
+    gs.add_instance(a)
+    assert gs.slo is not None
+    load, req = gs.slo.load(a), SLODispatch(gs.slo, cfg.slo.get("interactive"), HIGH, 100)
+    assert gs.slo.tpot(load, 100, 0.0, expected=True) < 0.1 < gs.slo.tpot(load, 100, 0.0)
+    assert candidate_score(a, req, 0.0) < MEETS <= candidate_score(a, req, 0.0, expected=True)
+    assert gs.dispatch(DispatchRequest("x", 100, HIGH), 0.0) == "a"
+    assert gs.shed.num_shed == {}

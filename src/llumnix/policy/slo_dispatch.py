@@ -35,12 +35,16 @@ class SLODispatch:
     num_prompt_tokens: int
 
 
-def candidate_score(s: InstanceStatus, req: SLODispatch, now: float) -> float:
+def candidate_score(s: InstanceStatus, req: SLODispatch, now: float, *, expected: bool = False) -> float:
+    """``expected``: by the TTFT and TPOT to expect (a shed decision: would it miss?), not by
+    the conservative ones dispatch ranks by (taking nothing from anyone, the whole queue in
+    the batch)."""
     pred = req.predictor
     load = pred.load(s)
     cls = req.slo_class
-    tpot = pred.tpot(load, req.num_prompt_tokens, now)
-    ttft = pred.ttft(load, req.num_prompt_tokens, req.priority, now + cls.ttft_s)  # taking nothing (ttft())
+    tpot = pred.tpot(load, req.num_prompt_tokens, now, expected=expected)
+    ttft = pred.ttft(load, req.num_prompt_tokens, req.priority, now + cls.ttft_s,
+                     objective_s=cls.ttft_s if expected else None)
     own = min(1.0 - ttft / cls.ttft_s, 1.0 - tpot / cls.tpot_s)
     # the requests already there: a constraint, not a ranking (else a loose class avoids
     # every instance that runs a tight one, and piles up where none does)
@@ -91,8 +95,8 @@ class ShedBook:
         name = req.slo_class.name
         seen, shed = self.num_seen.get(name, 0), self.num_shed.get(name, 0)
         self.num_seen[name] = seen + 1
-        if req.slo_class.shed_share <= 0.0 or not should_shed(candidate_score(chosen, req, now), req.slo_class,
-                                                               shed, seen):
+        if req.slo_class.shed_share <= 0.0 or not should_shed(candidate_score(chosen, req, now, expected=True),
+                                                               req.slo_class, shed, seen):
             return
         self.num_shed[name] = shed + 1
         pred = req.predictor
