@@ -80,13 +80,18 @@ def real(path: Path) -> dict[str, Any]:
             "loadavg_before": data.get("loadavg_before"), "wall_s": data.get("wall_s"), "systems": out}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_point_args(ap: argparse.ArgumentParser) -> None:
+    """The study's point (capacity, load, seeds, classes, pace): this script's and shed_would_meet.py's."""
     ap.add_argument("--capacity", type=float, default=5.12, help="req/s: the paced cluster's probed capacity")
     ap.add_argument("--load", type=float, default=1.2)
     ap.add_argument("--seeds", default="20,21,22,23,24")
     ap.add_argument("--classes", type=Path, default=HERE / "classes_shed.yaml")
     ap.add_argument("--pace", default="a10-llama7b-serving")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_point_args(ap)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--real", type=Path, help="instead: summarize a real run's cluster.json")
     ap.add_argument("--out", type=Path, required=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paced_classes_predict import settings  # noqa: E402
-from shed_goal import variants  # noqa: E402
+from shed_goal import add_point_args, variants  # noqa: E402
 
 from llumnix.bench.cluster_bench import pace_latency, trace_pairs  # noqa: E402
 from llumnix.bench.sim_vs_real import run_sim  # noqa: E402
@@ -96,11 +96,7 @@ def run(tap: Tap, classes: dict[str, Any], rate: float, seed: int, pace: str) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--capacity", type=float, default=5.12, help="req/s: the paced cluster's probed capacity")
-    ap.add_argument("--load", type=float, default=1.2)
-    ap.add_argument("--seeds", default="20,21,22,23,24")
-    ap.add_argument("--classes", type=Path, default=HERE / "classes_shed.yaml")
-    ap.add_argument("--pace", default="a10-llama7b-serving")
+    add_point_args(ap)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     seeds, rate, t0 = [int(x) for x in a.seeds.split(",")], a.load * a.capacity, time.time()
