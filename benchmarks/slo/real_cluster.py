@@ -148,20 +148,38 @@ def run_round(server: Server, settings: Any, pairs: Any, vocab: int, load: float
     before = len(pred.step_log)
     gcw = GCWatch()  # full collections in this process (the gateway's too) during the round
     load_avg = os.getloadavg()
-    served, shed = asyncio.run(drive(server.url, server.model, reqs, shed_every_s))
+    seen: dict[str, list[float]] = {}
+    record = pred.record_ttft
+
+    def seen_at_dispatch(request_id: str, arrival_time: float, predicted_s: float) -> None:
+        """What the dispatch saw of the first instance: its status's age (the view keeps the
+        report's timestamp, wall clock) and the running and queued requests in its view."""
+        v = server.backend.gs.view()[0]
+        seen[request_id] = [time.time() - v.timestamp, len(v.running), len(v.waiting)]
+        record(request_id, arrival_time, predicted_s)
+
+    pred.record_ttft = seen_at_dispatch  # type: ignore[method-assign]
+    try:
+        served, shed = asyncio.run(drive(server.url, server.model, reqs, shed_every_s))
+    finally:
+        del pred.record_ttft  # the class's method again
     gcw.close()
     server.wait_idle()
     steps = list(pred.step_log)[before:]
     if raw is not None:  # every step, for replaying the predictor offline
         raw.append({"load": load, "seed": seed, "steps": [[iid, p, *dataclasses.astuple(s)] for p, s, iid in steps],
                     "ttft": [[r.get("id"), r.get("ttft_s")] for r in served],
-                    "ttft_pred": {r["id"]: pred.ttft_log[r["id"]] for r in served if r.get("id") in pred.ttft_log}})
+                    "ttft_pred": {r["id"]: pred.ttft_log[r["id"]] for r in served if r.get("id") in pred.ttft_log},
+                    "seen": {r["id"]: seen[r["id"]] for r in served if r.get("id") in seen}})
     ttfts = [(pred.ttft_log[r["id"]][1], r["ttft_s"]) for r in served if r.get("id") in pred.ttft_log]
     shed_s = [r["answer_s"] for r in shed if r.get("status") == 429]
     return {"load": load, "seed": seed, "rate": load * capacity, "num_requests": n,
             "num_served": sum(1 for r in served if r.get("status") == 200), "step": step_errors(steps),
             "step_noise_floor": noise_floor(steps),
             "ttft": {**errors(ttfts), "measured_p50_s": pct([m for _, m in ttfts], 0.5)},
+            "status_age_s": {"p50": pct([a for a, _, _ in seen.values()], 0.5),
+                             "p90": pct([a for a, _, _ in seen.values()], 0.9),
+                             "max": max((a for a, _, _ in seen.values()), default=None)},
             "shed": {"n": len(shed), "num_429": len(shed_s), "max_s": max(shed_s, default=None),
                      "p50_s": pct(shed_s, 0.5), "retry_after": sorted({r.get("retry_after") for r in shed} - {None}),
                      "statuses": sorted({r.get("status") for r in shed}),
