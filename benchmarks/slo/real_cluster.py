@@ -150,6 +150,7 @@ def run_round(server: Server, settings: Any, pairs: Any, vocab: int, load: float
     load_avg = os.getloadavg()
     seen: dict[str, list[float]] = {}
     record = pred.record_ttft
+    preempted_before = server.backend.gs.view()[0].num_preemptions
 
     def seen_at_dispatch(request_id: str, arrival_time: float, predicted_s: float) -> None:
         """What the dispatch saw of the first instance: its status's age (the view keeps the
@@ -165,6 +166,7 @@ def run_round(server: Server, settings: Any, pairs: Any, vocab: int, load: float
         del pred.record_ttft  # the class's method again
     gcw.close()
     server.wait_idle()
+    num_preempted = server.backend.gs.view()[0].num_preemptions - preempted_before
     steps = list(pred.step_log)[before:]
     if raw is not None:  # every step, for replaying the predictor offline
         raw.append({"load": load, "seed": seed, "steps": [[iid, p, *dataclasses.astuple(s)] for p, s, iid in steps],
@@ -176,7 +178,9 @@ def run_round(server: Server, settings: Any, pairs: Any, vocab: int, load: float
     return {"load": load, "seed": seed, "rate": load * capacity, "num_requests": n,
             "num_served": sum(1 for r in served if r.get("status") == 200), "step": step_errors(steps),
             "step_noise_floor": noise_floor(steps),
-            "ttft": {**errors(ttfts), "measured_p50_s": pct([m for _, m in ttfts], 0.5)},
+            "ttft": {**errors(ttfts), "measured_p50_s": pct([m for _, m in ttfts], 0.5),
+                     "measured_p90_s": pct([m for _, m in ttfts], 0.9)},
+            "num_preempted": num_preempted,
             "status_age_s": {"p50": pct([a for a, _, _ in seen.values()], 0.5),
                              "p90": pct([a for a, _, _ in seen.values()], 0.9),
                              "max": max((a for a, _, _ in seen.values()), default=None)},
