@@ -2,6 +2,8 @@
 overdue requests go last, the queue and preemption follow deadlines."""
 from __future__ import annotations
 
+import pytest
+
 from llumnix.core.request import Priority
 from llumnix.core.sampling_params import SamplingParams
 from tests.engine.helpers import make_engine
@@ -285,3 +287,28 @@ def test_a_first_token_takes_a_place_in_a_full_batch_from_a_lower_priority():
     eng = full_batch()
     eng.add_request("same", [2] * 8, SamplingParams(max_tokens=2), arrival_time=eng.clock.now())
     assert run_steps(eng, 2) == [] and [r.request_id for r in eng.scheduler.waiting] == ["same"]
+
+
+def test_a_reports_arrival_times_are_on_its_timestamps_clock():
+    """The engine stamps arrivals on its own clock (monotonic on a cluster) and the llumlet
+    stamps reports with the wall clock dispatch runs on: the briefs come on the report's
+    clock, so the SLO predictor reads a queued request's wait, not the gap between two
+    clocks (which made every queued request look overdue on a real cluster)."""
+    from llumnix.policy.slo import SLOConfig
+    from llumnix.policy.slo_predict import SLOPredictor
+
+    eng = make_engine(max_num_seqs=1)
+    by_priority(eng, {int(Priority.NORMAL): (10.0, 0.3)})
+    eng.clock.advance_to(100.0)  # the engine's clock: 100 s since it started
+    eng.add_request("run", [1, 2], SamplingParams(max_tokens=50), arrival_time=98.0)
+    eng.add_request("queued", [1, 2], SamplingParams(max_tokens=1), arrival_time=99.0)
+    eng.update(b := eng.schedule(), eng.executor.execute(b))
+    wall = 1_800_000_000.0
+    status = eng.get_status(timestamp=wall)
+    assert [w.request_id for w in status.waiting] == ["queued"]
+    assert status.waiting[0].arrival_time == pytest.approx(wall - 1.0)
+    assert status.running[0].arrival_time == pytest.approx(wall - 2.0)
+    assert eng.get_status().waiting[0].arrival_time == 99.0  # no timestamp given: the engine's clock
+    load = SLOPredictor(SLOConfig(classes={"p0": {"ttft_s": 10.0, "tpot_s": 0.3, "priority": "normal"}},
+                                   default_class="p0")).load(status)
+    assert load.queued == ((int(Priority.NORMAL), 2),) and load.overdue == ()  # waited 1 s of its 10

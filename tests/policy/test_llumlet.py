@@ -110,6 +110,7 @@ def test_engine_snapshot_equals_flagging_a_plain_snapshot():
     for k, n in enumerate((8, 4, 12, 30)):
         eng.add_request(f"r{k}", list(range(1, n + 1)), SamplingParams(max_tokens=4))
     eng.step()
+    eng.clock.advance_to(3.0)  # the report's timestamp on the engine's clock (a shift moves arrivals: test_overdue)
     fields = {"instance_id": "x", "timestamp": 3.0, "is_terminating": True, "num_migrating_out": 2}
     fast = eng.get_status(migrating={"r1", "r3"}, **fields)
     slow = flag_status(eng.get_status(), {"r1", "r3"}, **fields)

@@ -79,7 +79,7 @@ class EngineCore(MigrationOpsMixin):
         self._first_step_hooks: dict[str, Callable[[float | None], None]] = {}
         self.slo_classes_of: dict[int, str] = {}
         """Per priority, the SLO class of a request that names none (``set_objectives``)."""
-        self.waiting_briefs: tuple[int, frozenset[str], tuple[RequestBrief, ...]] | None = None
+        self.waiting_briefs: tuple[int, frozenset[str], tuple[RequestBrief, ...], float] | None = None
         """The last status's queue briefs, with the queue version and the migrating ids
         they were built for (``status_builder``)."""
 
