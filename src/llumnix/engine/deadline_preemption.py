@@ -7,9 +7,11 @@ priorities at once, its own priority's requests with more time banked once it is
 
 * blocks, when memory stops it (``for_blocks``): the latest first, and none unless all of
   them would make room;
-* a place, when the batch is full (``max_num_seqs``; ``for_place``): the latest one. Behind
-  a full batch of batch requests an interactive one waited 1.7-2.2 s for a place on the CPU
-  engine (32 sequences) against its 1 s objective (benchmarks/slo/README.md).
+* a place, when the batch is full (``max_num_seqs``; ``for_place``): the latest one. A full
+  batch stops a first token as memory does: without this, requests with time banked would
+  hold every place while a first token due sooner waits out their ends. No measured run has
+  had it act yet (benchmarks/slo/README.md: goal.yaml's and the fair point's caps never bind,
+  and a single-class CPU run at 0.85 load preempted nothing).
 
 Not with prefix caching: a victim's blocks may be the head's cached prefix. The victims go
 back to the queue (recompute), behind the head; the step reports them as preempted.
