@@ -421,9 +421,8 @@ def measure_migration(llm: Any, grid: ProfileGrid) -> dict[str, Any]:
     vocab = llm.loaded.config.vocab_size
     servers = sibling_servers(llm, ("src", "dst"))
     src, dst = servers
-    # The copies at nice 19 but not SCHED_IDLE (serving's default): both engines step without
-    # a pause here, so an idle-class copy ran only when nothing else did, and on a loaded
-    # 2-core machine (a CI's lint beside it) every try's request ended before its pre-copy did.
+    # copies at nice 19, not SCHED_IDLE: both engines step without a pause here, and with a CI's
+    # lint beside them on 2 cores an idle-class copy never ran before a try's request ended
     options = TransportOptions(bulk_idle=False)
     endpoint = DestinationEndpoint(dst, token, reservation_timeout_s=20.0, options=options)
     sender = _TimedSender(KVSender(endpoint.address, token, options))
