@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llumnix.core.status import InstanceStatus, RequestBrief, StepSample
 from llumnix.engine.objectives import URGENT_SHARE
@@ -71,8 +71,9 @@ class InstanceLoad:
     dispatch keeps the interactive class's margin (benchmarks/slo/README.md)."""
     max_num_seqs: int = 0
     """The engine's batch cap (0: none known). A request beyond it waits for a running one
-    to end, as for blocks: on the real CPU engine (32 sequences) a burst at 0.85 load filled
-    the batch and TTFTs of 1.1-1.5 s were predicted at 0.18 s (benchmarks/slo/README.md)."""
+    to end, as for blocks (the CPU engine's 32 sequences fill in a burst at 0.85 load; the
+    0.18 s predictions of 1.1-1.5 s TTFTs that first showed it in session 35 were also the
+    clock defect's, ``engine/status_builder.py``)."""
     runners: tuple[tuple[int, float, int], ...] = ()
     """Where the engine preempts for deadlines (``InstanceStatus.preempts_for_deadlines``):
     (priority, due, blocks) of each running request, due = its ``deadline``. A queued head
@@ -329,11 +330,8 @@ class SLOPredictor:
         """What is left of the wait of the request queued ``index``-th on ``load``, to its first token."""
         priority, tokens = load.queued[index]
         ahead = load.queued[:index]
-        return self.ttft(InstanceLoad(load.num_running, load.num_context_tokens, ahead, load.num_free_blocks,
-                                      load.release, load.tightest_tpot_s, load.block_size, load.steps,
-                                      load.overdue, load.queued_due[:index], load.queued_banked[:index],
-                                      load.max_num_seqs, load.runners),
-                         tokens, priority)
+        return self.ttft(replace(load, queued=ahead, queued_due=load.queued_due[:index],
+                                 queued_banked=load.queued_banked[:index]), tokens, priority)
 
     def memory_wait(self, load: InstanceLoad, deficit: int, step_s: float, slots: int = 0) -> float:
         """Until the running requests expected to end first have freed ``deficit`` blocks
@@ -359,9 +357,8 @@ class SLOPredictor:
         if expected:
             need = blocks_for(num_prompt_tokens + 1, load.block_size)
             ctx = load.num_context_tokens + num_prompt_tokens + int(self.lengths.mean / 2)
-            return self.tpot_now(InstanceLoad(load.num_running + 1, ctx, load.queued, load.num_free_blocks - need,
-                                              load.release, load.tightest_tpot_s, load.block_size, load.steps,
-                                              load.overdue), now)
+            return self.tpot_now(replace(load, num_running=load.num_running + 1, num_context_tokens=ctx,
+                                         num_free_blocks=load.num_free_blocks - need), now)
         batch = load.num_running + len(load.queued) + len(load.overdue) + 1
         ctx = (load.num_context_tokens + sum(n for _, n in load.queued) + sum(n for _, n in load.overdue)
                + num_prompt_tokens)
